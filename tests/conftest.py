@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random models, exported bundles (session-scoped), the one GPU gate."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tests.variants import variant_config
+from xform.models.checkpoint import save_checkpoint
+from xform.models.transformer import Seq2SeqTransformer
+
+
+def has_cuda_gpu() -> tuple[bool, str]:
+    """The one hardware gate: (available, reason when not)."""
+    if shutil.which("nvidia-smi") is None:
+        return False, "needs an NVIDIA GPU (nvidia-smi not found)"
+    return True, ""
+
+
+requires_gpu = pytest.mark.skipif(not has_cuda_gpu()[0], reason=has_cuda_gpu()[1] or "gpu")
+
+
+def make_model(name: str = "seed-002", seed: int = 0, **overrides) -> Seq2SeqTransformer:
+    """A random-init tiny model with non-trivial biases and norms, so every parameter matters."""
+    torch.manual_seed(seed)
+    model = Seq2SeqTransformer(variant_config(name, **overrides))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def padded_batch(cfg, lengths, seed=0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded int64 sources: random non-special ids, eos at each row's end."""
+    rng = np.random.default_rng(seed)
+    S = max(lengths)
+    special = {cfg.pad_id, cfg.bos_id, cfg.eos_id}
+    allowed = np.array([i for i in range(cfg.src_vocab_size) if i not in special])
+    ids = allowed[rng.integers(0, len(allowed), (len(lengths), S))].astype(np.int64)
+    for r, n in enumerate(lengths):
+        ids[r, n - 1] = cfg.eos_id
+        ids[r, n:] = cfg.pad_id
+    return ids, np.array(lengths, np.int64)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "seed-002"
+    save_checkpoint(make_model("seed-002"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, checkpoint_dir):
+    from xform.exporter.export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny"
+    export_bundle(checkpoint_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(tmp_path_factory):
+    from xform.exporter.export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "demo"
+    export_bundle("demo", out)
+    return out

@@ -1,0 +1,114 @@
+"""Export: every variant exports, its graphs equal eager on ORT, the bundle is complete and atomic."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from tests.conftest import make_model, padded_batch
+from tests.variants import VARIANTS
+from xform.contract import DECODER, ENCODER
+from xform.errors import BundleError, ToleranceError, XformError
+from xform.exporter import export as export_mod
+from xform.exporter.export import export_bundle
+from xform.models.checkpoint import save_checkpoint
+from xform.models.transformer import greedy_decode
+from xform.runtime.bundle import Bundle
+
+
+@pytest.fixture(scope="module")
+def variant_bundles(tmp_path_factory):
+    out = {}
+    for name in sorted(VARIANTS):
+        ck = tmp_path_factory.mktemp("ck") / name
+        save_checkpoint(make_model(name, seed=1), ck)
+        out[name] = (ck, export_bundle(ck, tmp_path_factory.mktemp("b") / name).path)
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_exports_and_decodes_with_parity(variant_bundles, variant):
+    import xform
+    ck, bundle = variant_bundles[variant]
+    model = make_model(variant, seed=1)
+    session = xform.load(bundle, backend="ort")
+    for lengths in ([11, 3, 7], [5], [2, 9, 9, 1, 4]):
+        src, lens = padded_batch(model.cfg, lengths, seed=len(lengths))
+        got = session.generate(src, max_new_tokens=14, min_new_tokens=2)
+        ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), 14, 2).numpy()
+        np.testing.assert_array_equal(got, ref)
+    report = xform.check(bundle, session=session, batch=3, src_len=9, max_new_tokens=10)
+    assert report.passed and report.identical_tokens and report.max_abs_err < 1e-4
+
+
+def test_manifest_records_the_contract(tiny_bundle):
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert manifest["version"] == 1 and manifest["precision"] == "fp32" and manifest["opset"] == 17
+    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "reference/config.json",
+                                      "reference/model.safetensors"}
+    assert manifest["model"]["source"]["kind"] == "xform-checkpoint"
+    assert len(manifest["model"]["source"]["sha256"]) == 64
+    for k in ("torch", "onnx", "xform"):
+        assert manifest["versions"][k]
+    v = manifest["verification"]
+    assert v["greedy_tokens_identical"] and v["decoder_past0_max_abs_err"] < 1e-4
+
+
+def test_graphs_have_contract_names_and_dynamic_axes(tiny_bundle):
+    bundle = Bundle.open(tiny_bundle)
+    for graph in (ENCODER, DECODER):
+        spec = bundle.graph_spec(graph)
+        m = onnx.load(str(bundle.graph_file(graph)))
+        assert [i.name for i in m.graph.input] == spec.input_names
+        assert [o.name for o in m.graph.output] == spec.output_names
+        for vi, t in zip(m.graph.input, spec.inputs):
+            dims = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            assert dims == list(t.shape), (t.name, dims)
+    dec = onnx.load(str(bundle.graph_file(DECODER)))
+    assert not any(n.op_type in ("If", "Loop") for n in dec.graph.node)
+    assert any(n.op_type == "ArgMax" for n in dec.graph.node)
+    # 3 decoder layers: logits, next ids, 3 x (key, value)
+    assert len(dec.graph.output) == 2 + 2 * 3
+
+
+def test_tied_embedding_stored_once_in_decoder(tmp_path):
+    ck = tmp_path / "ck"
+    save_checkpoint(make_model("marian"), ck)
+    bundle = export_bundle(ck, tmp_path / "b").path
+    dec = onnx.load(str(bundle / "decoder.onnx"))
+    big = [i for i in dec.graph.initializer if list(i.dims) in ([37, 48], [48, 37])]
+    assert len(big) == 1, [(i.name, list(i.dims)) for i in big]
+
+
+def test_refuses_to_overwrite_without_force(tiny_bundle, checkpoint_dir):
+    before = (tiny_bundle / "manifest.json").read_text()
+    with pytest.raises(BundleError, match="already exists; pass --force"):
+        export_bundle(checkpoint_dir, tiny_bundle)
+    assert (tiny_bundle / "manifest.json").read_text() == before
+
+
+def test_force_replaces(tmp_path, checkpoint_dir):
+    out = tmp_path / "b"
+    export_bundle(checkpoint_dir, out)
+    (out / "stale.txt").write_text("old")
+    export_bundle(checkpoint_dir, out, force=True)
+    assert not (out / "stale.txt").exists()
+    Bundle.open(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_tolerance_failure_fails_and_leaves_nothing(tmp_path, checkpoint_dir, monkeypatch):
+    from xform.runtime.compare import Tolerance
+    monkeypatch.setattr(export_mod, "tolerance_for", lambda p: Tolerance(0.0, 0.0, 1.0, "impossible"))
+    with pytest.raises(ToleranceError, match="exceeds atol 0"):
+        export_bundle(checkpoint_dir, tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_precision_and_old_opset(tmp_path, checkpoint_dir):
+    with pytest.raises(XformError, match="--precision 'fp8'"):
+        export_bundle(checkpoint_dir, tmp_path / "b", precision="fp8")
+    with pytest.raises(XformError, match="--opset 13 is too old"):
+        export_bundle(checkpoint_dir, tmp_path / "b", opset=13)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,83 @@
+"""The model: cached decoding equals uncached exactly; padding and batching change nothing."""
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import make_model, padded_batch
+from tests.variants import VARIANTS
+from xform.models.transformer import cached_greedy_decode, greedy_decode
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cached_greedy_equals_uncached_exactly(variant):
+    model = make_model(variant)
+    src, lengths = padded_batch(model.cfg, [9, 4, 7, 1, 6], seed=3)
+    src, lengths = torch.from_numpy(src), torch.from_numpy(lengths)
+    for min_new in (0, 5):
+        ref = greedy_decode(model, src, lengths, 15, min_new)
+        got = cached_greedy_decode(model, src, lengths, 15, min_new)
+        assert torch.equal(ref, got)
+        assert ref.shape[0] == 5
+
+
+@pytest.mark.parametrize("variant", ["seed-001", "seed-002"])
+def test_cached_step_logits_equal_full_decode(variant):
+    model = make_model(variant)
+    src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [8, 5, 3]))
+    enc = model.encode(src, lengths)
+    tgt = torch.randint(4, model.cfg.tgt_vocab_size, (3, 6))
+    full = model.decode(tgt, enc)[0]  # (B, T, V), no cache
+    past, steps = None, []
+    for t in range(6):
+        logits, past = model.decode(tgt[:, t:t + 1], enc, past)
+        steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    assert past[0][0].shape == (3, model.cfg.n_heads, 6, model.cfg.head_dim)
+
+
+def test_padding_does_not_change_a_row():
+    model = make_model("seed-000")
+    src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [9, 4, 6]))
+    batched = greedy_decode(model, src, lengths, 12)
+    for r in range(3):
+        alone = greedy_decode(model, src[r:r + 1, :lengths[r]], lengths[r:r + 1], 12)
+        n = alone.shape[1]
+        assert torch.equal(batched[r, :n], alone[0])
+
+
+def test_min_new_tokens_and_pad_never_generated():
+    model = make_model("seed-002", output_bias=True)
+    cfg = model.cfg
+    with torch.no_grad():  # make pad and eos the favourite tokens
+        model.output_bias[cfg.pad_id] = 100.0
+        model.output_bias[cfg.eos_id] = 50.0
+    src, lengths = map(torch.from_numpy, padded_batch(cfg, [5, 3]))
+    out = greedy_decode(model, src, lengths, 10, min_new_tokens=4)
+    assert out.shape == (2, 5)
+    assert (out[:, :4] != cfg.eos_id).all() and (out[:, :4] != cfg.pad_id).all()
+    assert (out[:, 4] == cfg.eos_id).all()
+
+
+def test_training_forward_matches_decode():
+    model = make_model("seed-001")
+    src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [6, 2]))
+    tgt = torch.randint(4, model.cfg.tgt_vocab_size, (2, 5))
+    torch.testing.assert_close(model(src, lengths, tgt), model.decode(tgt, model.encode(src, lengths))[0])
+
+
+def test_shared_and_tied_embeddings_are_one_tensor():
+    model = make_model("marian")
+    assert model.src_embed.weight is model.tgt_embed.weight is model.lm_head.weight
+    model = make_model("seed-000")
+    assert model.src_embed.weight is not model.tgt_embed.weight
+    assert model.lm_head.weight is not model.tgt_embed.weight
+
+
+def test_encoder_cross_kv_shapes():
+    model = make_model("seed-002")
+    cfg = model.cfg
+    src, lengths = map(torch.from_numpy, padded_batch(cfg, [7, 2, 5, 3]))
+    enc = model.encode(src, lengths)
+    assert len(enc.cross_kv) == cfg.n_decoder_layers
+    assert enc.cross_kv[0][0].shape == (4, cfg.n_heads, 7, cfg.head_dim)
+    assert np.array_equal((enc.src_mask == 0).sum(1).numpy(), lengths.numpy())

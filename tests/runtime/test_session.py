@@ -1,0 +1,99 @@
+"""Session.generate on ORT: exact parity with the uncached oracle, and clear errors for bad input."""
+import numpy as np
+import pytest
+import torch
+
+import xform
+from tests.conftest import make_model, padded_batch
+from xform.errors import InputError, XformError
+from xform.models.transformer import greedy_decode
+
+
+@pytest.fixture(scope="module")
+def session(tiny_bundle):
+    return xform.load(tiny_bundle, backend="ort")
+
+
+@pytest.mark.parametrize("lengths", [[1], [6], [8, 8, 8], [13, 2, 9, 5, 1, 7, 11]])
+@pytest.mark.parametrize("min_new", [0, 3])
+def test_ort_tokens_equal_uncached_reference(session, lengths, min_new):
+    model = make_model("seed-002")
+    src, lens = padded_batch(model.cfg, lengths, seed=sum(lengths))
+    got = session.generate(src, max_new_tokens=16, min_new_tokens=min_new)
+    ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), 16, min_new).numpy()
+    np.testing.assert_array_equal(got, ref)
+    assert got.dtype == np.int64
+
+
+def test_explicit_lengths_equal_derived(session):
+    model = make_model("seed-002")
+    src, lens = padded_batch(model.cfg, [9, 3, 6])
+    np.testing.assert_array_equal(session.generate(src, lens, max_new_tokens=10),
+                                  session.generate(src, max_new_tokens=10))
+
+
+def test_rows_end_independently_and_pad_follows(session):
+    model = make_model("seed-002")
+    src, _ = padded_batch(model.cfg, [9, 3, 6, 4, 8], seed=7)
+    out = session.generate(src, max_new_tokens=30)
+    cfg = session.config
+    assert not (out == cfg["pad_id"]).all()
+    for row in out:
+        ends = np.flatnonzero(row == cfg["eos_id"])
+        if len(ends):
+            assert (row[ends[0] + 1:] == cfg["pad_id"]).all()
+            assert (row[:ends[0]] != cfg["pad_id"]).all()
+        else:
+            assert (row != cfg["pad_id"]).all()
+
+
+def test_forced_length(session):
+    src, _ = padded_batch(make_model("seed-002").cfg, [5, 2])
+    out = session.generate(src, max_new_tokens=12, min_new_tokens=12)
+    assert out.shape == (2, 12) and (out != session.config["pad_id"]).all()
+
+
+def test_torch_backend_equals_ort(tiny_bundle, session):
+    ref = xform.load(tiny_bundle, backend="torch")
+    src, _ = padded_batch(make_model("seed-002").cfg, [7, 3, 5])
+    np.testing.assert_array_equal(ref.generate(src, max_new_tokens=10), session.generate(src, max_new_tokens=10))
+
+
+@pytest.mark.parametrize("src, fragment", [
+    (np.zeros((0, 4), np.int64), "empty batch"),
+    (np.array([[5, 6, 99]], np.int64), r"src_ids\[0, 2\] = 99 is outside the source vocabulary \[0, 37\)"),
+    (np.array([[5, -1]], np.int64), "outside the source vocabulary"),
+    (np.full((1, 41), 5, np.int64), "src_len 41, longer than the model's max_len 40"),
+    (np.array([[5, 6]], np.int32), "dtype int64, got int32"),
+    ([[5, 6]], "numpy int64 array"),
+    (np.array([5, 6], np.int64), "2-D"),
+    (np.array([[5, 0, 6]], np.int64), "row 0 is not right-padded"),
+    (np.array([[0, 0]], np.int64), "source row 0 is empty"),
+])
+def test_bad_sources(session, src, fragment):
+    with pytest.raises(InputError, match=fragment):
+        session.generate(src, max_new_tokens=4)
+
+
+def test_bad_lengths_and_limits(session):
+    src = np.array([[5, 6, 7]], np.int64)
+    with pytest.raises(InputError, match="src_lengths"):
+        session.generate(src, np.array([2], np.int32))
+    with pytest.raises(InputError, match="exceeds src_len 3"):
+        session.generate(src, np.array([4], np.int64))
+    with pytest.raises(InputError, match="min_new_tokens"):
+        session.generate(src, max_new_tokens=3, min_new_tokens=4)
+    with pytest.raises(InputError, match="max_new_tokens 41 exceeds the model's max_len 40"):
+        session.generate(src, max_new_tokens=41)
+
+
+def test_translate_needs_a_tokenizer(session):
+    with pytest.raises(XformError, match="no tokenizer"):
+        session.translate(["12"])
+
+
+def test_unknown_backend_and_device(tiny_bundle):
+    with pytest.raises(XformError, match="unknown backend 'tvm'"):
+        xform.load(tiny_bundle, backend="tvm")
+    with pytest.raises(XformError, match="unknown device 'tpu'"):
+        xform.load(tiny_bundle, device="tpu")

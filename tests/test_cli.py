@@ -1,0 +1,83 @@
+"""The command line through click's CliRunner: results, exit codes, and nothing written on error."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from xform.cli import main
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_export_run_check_benchmark_json(runner, checkpoint_dir, tmp_path):
+    out = tmp_path / "b"
+    r = runner.invoke(main, ["export", str(checkpoint_dir), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "greedy tokens identical" in r.output
+    js = tmp_path / "r.json"
+    r = runner.invoke(main, ["run", str(out), "--backend", "ort", "--check", "--benchmark", "--batch", "2",
+                             "--src-len", "6", "--new-tokens", "5", "--warmup", "1", "--iters", "2",
+                             "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "check passed" in r.output and "tokens/s" in r.output
+    data = json.loads(js.read_text())
+    assert data["check"]["passed"] and data["check"]["identical_tokens"]
+    assert data["benchmark"]["batch"] == 2 and data["benchmark"]["new_tokens"] == 5
+    assert data["benchmark"]["tokens_per_s"] > 0 and data["benchmark"]["peak_rss_mib"] > 0
+    # an existing --json is not overwritten without --force, and nothing runs
+    r = runner.invoke(main, ["run", str(out), "--check", "--json", str(js)])
+    assert r.exit_code == 1 and "already exists" in r.output
+
+
+def test_check_fails_beyond_tolerance(runner, tiny_bundle):
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--check", "--atol", "1e-12"])
+    assert r.exit_code == 1
+    assert "check FAILED" in r.output and "smallest passing atol" in r.output
+
+
+def test_torch_backend_check(runner, tiny_bundle):
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--backend", "torch", "--check"])
+    assert r.exit_code == 0, r.output
+    assert "0.000e+00" in r.output  # the reference against itself
+
+
+def test_nothing_to_do_is_usage_error(runner, tiny_bundle):
+    r = runner.invoke(main, ["run", str(tiny_bundle)])
+    assert r.exit_code == 2 and "nothing to do" in r.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["export", "missing-dir", "-o", "{tmp}/b"], "missing-dir: no such file or directory"),
+    (["export", "{tmp}", "-o", "{tmp}/b"], "config.json: missing"),
+    (["export", "demo", "-o", "{tmp}/b", "--opset", "11"], "--opset 11 is too old"),
+    (["run", "{tmp}", "--check"], "manifest.json: missing"),
+    (["run", "{tmp}/nope", "--benchmark"], "not a directory"),
+])
+def test_errors_exit_1_with_message_and_write_nothing(runner, tmp_path, args, fragment):
+    before = sorted(tmp_path.rglob("*"))
+    r = runner.invoke(main, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.exit_code == 1, r.output
+    assert fragment in r.output and "Traceback" not in r.output
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_corrupt_checkpoint_exit_1(runner, checkpoint_dir, tmp_path):
+    import shutil
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint_dir, ck)
+    (ck / "model.safetensors").write_bytes(b"\x00" * 10)
+    r = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 1 and "not a readable safetensors file" in r.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_input_file_errors(runner, tiny_bundle, tmp_path):
+    empty = tmp_path / "in.txt"
+    empty.write_text("\n  \n")
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--input-file", str(empty)])
+    assert r.exit_code == 1 and "no non-empty lines" in r.output
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--text", "12"])
+    assert r.exit_code == 1 and "no tokenizer" in r.output

@@ -1,0 +1,83 @@
+"""The Python API: `xform.load` makes a Session on a backend; `xform.check` compares it with eager.
+
+Backends are imported when asked for: `ort` needs onnxruntime only, `torch` needs torch and the
+model (the reference), `trt` needs TensorRT and a GPU.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from xform.errors import XformError
+from xform.runtime.bundle import Bundle
+from xform.runtime.compare import CheckReport, compare_steps, tolerance_for
+from xform.runtime.session import Session
+from xform.runtime.tokenizer import VocabTokenizer
+
+BACKENDS = ("torch", "ort")
+DEVICES = ("cpu", "cuda")
+
+
+def make_backend(bundle: Bundle, backend: str, device: str, threads: int | None):
+    if device not in DEVICES:
+        raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
+    if backend == "ort":
+        from xform.runtime.ort_backend import OrtBackend
+        return OrtBackend(bundle, device, threads)
+    if backend == "torch":
+        from xform.models.backend import TorchBackend
+        from xform.models.checkpoint import load_checkpoint
+        return TorchBackend(load_checkpoint(bundle.file(bundle.manifest["reference"]["dir"])), device, threads)
+    raise XformError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+
+
+def load(bundle_dir: str | Path, backend: str = "ort", device: str = "cpu", threads: int | None = None) -> Session:
+    """A Session over a bundle; refuses a bundle whose files fail their hashes."""
+    bundle = Bundle.open(bundle_dir)
+    tok = bundle.tokenizer_file
+    tokenizer = VocabTokenizer.from_file(tok, bundle.config) if tok else None
+    return Session(make_backend(bundle, backend, device, threads), bundle.config, tokenizer, bundle)
+
+
+def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random right-padded sources (no special ids inside) for --check when no text is given."""
+    rng = np.random.default_rng(seed)
+    special = {config["pad_id"], config["bos_id"], config["eos_id"]}
+    allowed = np.array([i for i in range(config["src_vocab_size"]) if i not in special], np.int64)
+    ids = allowed[rng.integers(0, len(allowed), (batch, src_len))]
+    lengths = rng.integers(max(1, src_len // 2), src_len + 1, batch).astype(np.int64)
+    lengths[0] = src_len
+    for r, n in enumerate(lengths):
+        ids[r, n - 1] = config["eos_id"]
+        ids[r, n:] = config["pad_id"]
+    return ids, lengths
+
+
+def check(bundle_dir: str | Path, backend: str = "ort", device: str = "cpu", *, src_ids=None, src_lengths=None,
+          texts: list[str] | None = None, max_new_tokens: int = 32, atol: float | None = None,
+          rtol: float | None = None, batch: int = 4, src_len: int = 12, seed: int = 0,
+          session: Session | None = None) -> CheckReport:
+    """Greedy-decode with `backend`, then teacher-force its own tokens through it and through eager
+    PyTorch step by step, and compare logits and greedy choices at every active position."""
+    session = session or load(bundle_dir, backend, device)
+    reference = load(bundle_dir, "torch", "cpu")
+    cfg = session.config
+    if texts:
+        src_ids = session.encode_texts(texts)
+    if src_ids is None:
+        src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
+    src_ids, src_lengths = session.prepare(src_ids, src_lengths)
+    tokens = session.generate(src_ids, src_lengths, max_new_tokens=min(max_new_tokens, cfg["max_len"]))
+    if tokens.shape[1] == 0:
+        raise XformError("--check generated no tokens; raise --new-tokens")
+    got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
+    ref_choice, ref_logits = reference.teacher_forced(src_ids, src_lengths, tokens)
+    # active: every step up to and including the row's end-of-sentence
+    ended = np.cumsum(tokens == cfg["eos_id"], axis=1)
+    active = (ended == 0) | ((ended == 1) & (tokens == cfg["eos_id"]))
+    tol = tolerance_for(session.bundle.precision)
+    return compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
+                         got_choice, ref_choice, active,
+                         tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
+                         tol.min_token_agreement)

@@ -1,0 +1,167 @@
+"""The `xform` command line: thin click commands over the library.
+
+Each command turns flags into one library call and prints a summary. Errors: an XformError is a
+message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from xform.errors import XformError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def handle_errors(fn):
+    """The one place where library errors become exit codes."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except XformError as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}")
+            sys.exit(1)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="xform")
+def main() -> None:
+    """Export encoder-decoder Transformers to ONNX / TensorRT and run them, checked against PyTorch."""
+
+
+@main.command()
+@click.argument("model")
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
+              help="Bundle directory to write.")
+@click.option("--precision", type=click.Choice(["fp32"]), default="fp32", show_default=True)
+@click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
+@click.option("--force", is_flag=True, help="Replace an existing bundle.")
+@handle_errors
+def export(model: str, output: Path, precision: str, opset: int, force: bool) -> None:
+    """Export MODEL (`demo` or an xform checkpoint directory) to a verified bundle."""
+    from xform.exporter.export import export_bundle
+
+    with err.status("exporting") as status:
+        result = export_bundle(model, output, precision=precision, opset=opset, force=force,
+                               progress=lambda msg: status.update(msg))
+    v = result.manifest["verification"]
+    out.print(f"wrote {result.path} ({precision}, opset {opset})")
+    out.print("verified on onnxruntime against eager PyTorch: "
+              + ", ".join(f"{k} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))
+              + f"; greedy tokens identical on {v['greedy_rows']} rows")
+
+
+def write_json(path: Path, data: dict, force: bool) -> None:
+    from xform.runtime.bundle import atomic_write_text, refuse_existing
+
+    refuse_existing(path, force, what="file")
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_input_file(path: Path) -> list[str]:
+    try:
+        lines = [ln.rstrip("\n") for ln in path.read_text().splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise XformError(f"--input-file {path}: cannot read it ({e})") from None
+    lines = [ln for ln in lines if ln.strip()]
+    if not lines:
+        raise XformError(f"--input-file {path}: no non-empty lines to translate")
+    return lines
+
+
+def print_check(report) -> None:
+    t = Table(title=f"check: {report.backend} ({report.precision}) vs eager PyTorch, teacher-forced")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_column("tolerance", justify="right")
+    t.add_row("max abs logit error", f"{report.max_abs_err:.3e}", f"atol {report.atol:g}, rtol {report.rtol:g}")
+    t.add_row("max rel logit error", f"{report.max_rel_err:.3e}", "")
+    t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}", f"at rtol {report.rtol:g}")
+    t.add_row("token agreement", f"{report.token_agreement:.2%} of {report.tokens_compared}",
+              f">= {report.min_token_agreement:.0%}")
+    t.add_row("first divergence (row, step)", str(report.first_divergence) if report.first_divergence else "none", "")
+    t.add_row("non-finite values", "yes" if report.nonfinite else "no", "none")
+    out.print(t)
+    out.print("[bold green]check passed[/]" if report.passed else "[bold red]check FAILED[/]")
+
+
+def print_bench(r) -> None:
+    t = Table(title=f"benchmark: {r.backend} {r.precision}, batch {r.batch}, src_len {r.src_len}, "
+                    f"{r.new_tokens} new tokens, median of {r.iters}")
+    for col in ("tokens/s", "latency p50 ms", "p90 ms", "p99 ms", "peak RSS MiB"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{r.tokens_per_s:,.1f}", f"{r.latency_ms_p50:.2f}", f"{r.latency_ms_p90:.2f}",
+              f"{r.latency_ms_p99:.2f}", f"{r.peak_rss_mib:,.0f}")
+    out.print(t)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["torch", "ort"]), default="ort", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
+@click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
+@click.option("--input-file", type=click.Path(path_type=Path), help="Translate each non-empty line.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Default: the model's max_len.")
+@click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
+@click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
+@click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
+@click.option("--benchmark", is_flag=True, help="Time greedy decoding of exactly --new-tokens tokens.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--src-len", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@handle_errors
+def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, check, atol, rtol, benchmark,
+        batch, src_len, new_tokens, warmup, iters, json_path, force) -> None:
+    """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it."""
+    import xform
+
+    texts = list(texts) + (read_input_file(input_file) if input_file else [])
+    if not (texts or check or benchmark):
+        raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
+    if json_path is not None and json_path.exists() and not force:
+        raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
+    session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    report: dict = {"bundle": str(bundle), "backend": backend, "device": device}
+    failed = False
+    if texts:
+        translations = session.translate(texts, max_new_tokens=max_new_tokens)
+        for src, tgt in zip(texts, translations):
+            out.print(f"{src}\t{tgt}", markup=False)
+        report["translations"] = [{"source": s, "target": t} for s, t in zip(texts, translations)]
+    if check:
+        with err.status("checking against eager PyTorch"):
+            rep = xform.check(bundle, session=session, texts=texts or None, atol=atol, rtol=rtol,
+                              max_new_tokens=max_new_tokens or 32)
+        print_check(rep)
+        report["check"] = rep.to_dict()
+        failed = not rep.passed
+    if benchmark:
+        from rich.progress import Progress
+
+        from xform.runtime.bench import benchmark as run_benchmark
+
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
+            res = run_benchmark(session, batch, src_len, new_tokens, warmup, iters,
+                                on_iter=lambda i: progress.advance(task))
+        print_bench(res)
+        report["benchmark"] = res.to_dict()
+    if json_path is not None:
+        write_json(json_path, report, force)
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,97 @@
+"""The graph I/O contract: tensor names, dtypes and named axes of the encoder and decoder graphs.
+
+Written once here as data, derived from a few config numbers; the exporter names the ONNX
+tensors from it, the manifest records it, the engine builder derives optimization profiles from
+it and the runtime binds by it. Pure Python: no torch, no onnx.
+
+Axes: a str is a named dynamic axis (`batch`, `src_len`, `past_len`, `past_len+1`), an int is fixed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENCODER = "encoder"
+DECODER = "decoder"
+DYNAMIC_AXES = ("batch", "src_len", "past_len")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: int64, float32, float16
+    shape: tuple[int | str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: a for i, a in enumerate(self.shape) if isinstance(a, str)}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GraphSpec":
+        return cls(tuple(map(TensorSpec.from_dict, d["inputs"])), tuple(map(TensorSpec.from_dict, d["outputs"])))
+
+    def input(self, name: str) -> TensorSpec:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> TensorSpec:
+        return next(t for t in self.outputs if t.name == name)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {t.name: t.dynamic_axes() for t in (*self.inputs, *self.outputs) if t.dynamic_axes()}
+
+
+def kv_names(prefix: str, n_layers: int) -> list[str]:
+    """`{prefix}_key_{i}`, `{prefix}_value_{i}` for every layer, in layer order."""
+    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size: int,
+              kv_dtype: str = "float32") -> dict[str, GraphSpec]:
+    """The encoder and decoder graph specs for a model; kv_dtype is the K/V cache precision."""
+    kv = lambda name, length: TensorSpec(name, kv_dtype, ("batch", n_heads, length, head_dim))  # noqa: E731
+    encoder = GraphSpec(
+        inputs=(TensorSpec("src_ids", "int64", ("batch", "src_len")),
+                TensorSpec("src_lengths", "int64", ("batch",))),
+        outputs=(*(kv(n, "src_len") for n in kv_names("cross", n_decoder_layers)),
+                 TensorSpec("src_mask", "float32", ("batch", "src_len"))),
+    )
+    decoder = GraphSpec(
+        inputs=(TensorSpec("input_ids", "int64", ("batch", 1)),
+                TensorSpec("min_new_tokens", "int64", (1,)),
+                *(kv(n, "past_len") for n in kv_names("past", n_decoder_layers)),
+                *(kv(n, "src_len") for n in kv_names("cross", n_decoder_layers)),
+                TensorSpec("src_mask", "float32", ("batch", "src_len"))),
+        outputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
+                 TensorSpec("next_ids", "int64", ("batch",)),
+                 *(kv(n, "past_len+1") for n in kv_names("present", n_decoder_layers))),
+    )
+    return {ENCODER: encoder, DECODER: decoder}
+
+
+def signature_for(config: dict[str, Any], kv_dtype: str = "float32") -> dict[str, GraphSpec]:
+    """Signature from a config dict (TransformerConfig.to_dict() or a manifest's `config`)."""
+    return signature(config["n_decoder_layers"], config["n_heads"], config["d_model"] // config["n_heads"],
+                     config["tgt_vocab_size"], kv_dtype)

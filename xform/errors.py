@@ -1,0 +1,38 @@
+"""The one error hierarchy of xform.
+
+Library code raises these; the CLI turns them into exit code 1 with the message on stderr.
+Messages say what went wrong, which file / tensor / flag, what was expected and what was found.
+"""
+from __future__ import annotations
+
+
+class XformError(Exception):
+    """Base class of every error xform raises on purpose."""
+
+
+class ConfigError(XformError, ValueError):
+    """A model configuration that is inconsistent or cannot be expressed."""
+
+
+class CheckpointError(XformError):
+    """A checkpoint that is missing, corrupt, or does not match its config."""
+
+
+class BundleError(XformError):
+    """A bundle that is missing files, fails its hashes, or has an unknown manifest version."""
+
+
+class InputError(XformError, ValueError):
+    """Bad input to generate / translate: shapes, dtypes, ids outside the vocabulary, lengths."""
+
+
+class ToleranceError(XformError):
+    """A numerical check that exceeded its tolerance."""
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
+
+
+class BackendUnavailableError(XformError):
+    """A backend whose package or hardware is not present."""

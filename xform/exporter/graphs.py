@@ -1,0 +1,85 @@
+"""Trace the model's `encode` / `decode` seams into the two ONNX graphs of the contract.
+
+The wrapper modules only flatten the model's structured inputs and outputs into the tensor lists
+of xform/contract.py; all computation is the model's own. Tracing uses the TorchScript exporter
+(`dynamo=False`), which keeps a zero-length past valid (DESIGN section 3).
+It does not verify (verify.py) or write manifests (export.py).
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from xform.contract import DECODER, ENCODER, GraphSpec
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer
+
+DEFAULT_OPSET = 17
+MIN_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor, src_lengths: Tensor):
+        enc = self.model.encode(src_ids, src_lengths)
+        return (*[t for kv in enc.cross_kv for t in kv], enc.src_mask)
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+        self.n = model.cfg.n_decoder_layers
+
+    def forward(self, input_ids: Tensor, min_new_tokens: Tensor, *flat: Tensor):
+        n = self.n
+        past = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
+        cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
+        src_mask = flat[4 * n]
+        logits, present = self.model.decode(input_ids, EncoderOutput(cross, src_mask), past)
+        logits = logits[:, -1]  # (B, V)
+        past_len = past[0][0].shape[2]  # tokens generated so far
+        next_ids = self.model.suppress(logits, past_len, min_new_tokens[0]).argmax(-1)  # (B,)
+        return (logits, next_ids, *[t for kv in present for t in kv])
+
+
+def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
+                   past_len: int = 3) -> tuple[Tensor, ...]:
+    """Trace-time inputs; verification uses other shapes."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(0, cfg.src_vocab_size, (batch, src_len), generator=g)
+    lengths = torch.full((batch,), src_len, dtype=torch.long)
+    if graph == ENCODER:
+        return src, lengths
+    with torch.no_grad():
+        enc = model.encode(src, lengths)
+        tok = torch.full((batch, past_len), cfg.start_id, dtype=torch.long)
+        _, past = model.decode(tok, enc)
+    ids = torch.full((batch, 1), cfg.start_id, dtype=torch.long)
+    return (ids, torch.zeros(1, dtype=torch.long), *[t for kv in past for t in kv],
+            *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
+
+
+def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
+    """Trace one graph to `path` with the contract's names and dynamic axes."""
+    module = EncoderGraph(model) if graph == ENCODER else DecoderGraph(model)
+    module.eval()
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TracerWarnings about shape-derived python ints are expected
+        torch.onnx.export(
+            module, example_inputs(model, graph), buf, dynamo=False, opset_version=opset,
+            input_names=spec.input_names, output_names=spec.output_names,
+            dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+        )
+    path.write_bytes(buf.getvalue())
+
+
+GRAPHS = (ENCODER, DECODER)

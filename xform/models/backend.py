@@ -1,0 +1,45 @@
+"""The eager PyTorch backend: the model itself behind the runtime's numpy backend interface.
+
+It lives in models/ (it needs torch) and is duck-typed to xform.runtime.backend.Backend, so the
+runtime never imports torch. It is the reference `--check` compares other backends with.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, model: Seq2SeqTransformer, device: str = "cpu", threads: int | None = None):
+        if device == "cuda" and not torch.cuda.is_available():
+            from xform.errors import BackendUnavailableError
+            raise BackendUnavailableError("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False  # the reference never uses TF32
+            torch.backends.cudnn.allow_tf32 = False
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.enc: EncoderOutput | None = None
+        self.past = None
+        self.n_steps = 0
+
+    @torch.no_grad()
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
+        self.enc = self.model.encode(torch.from_numpy(src_ids).to(self.device),
+                                     torch.from_numpy(src_lengths).to(self.device))
+        self.past, self.n_steps = None, 0
+
+    @torch.no_grad()
+    def step(self, input_ids, min_new_tokens, want_logits=False):
+        tok = torch.from_numpy(np.ascontiguousarray(input_ids)).to(self.device).view(-1, 1)
+        logits, self.past = self.model.decode(tok, self.enc, self.past)
+        logits = logits[:, -1]
+        nxt = self.model.suppress(logits, self.n_steps, min_new_tokens).argmax(-1)
+        self.n_steps += 1
+        return nxt.cpu().numpy(), (logits.cpu().numpy() if want_logits else None)

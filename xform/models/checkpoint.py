@@ -1,0 +1,102 @@
+"""xform checkpoints: a directory with `config.json` and `model.safetensors`.
+
+Loading is strict: every parameter the config implies must be present with its exact shape, and
+nothing else; tied weights are stored once (under the first name `named_parameters` gives them).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from xform.errors import CheckpointError, ConfigError
+from xform.models.config import TransformerConfig
+from xform.models.transformer import Seq2SeqTransformer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def canonical_state(model: Seq2SeqTransformer) -> dict[str, torch.Tensor]:
+    """Parameters, each tensor once, plus persistent buffers."""
+    state = {name: p.detach() for name, p in model.named_parameters()}
+    state.update({name: b.detach() for name, b in model.named_buffers()
+                  if name in model.state_dict()})
+    return state
+
+
+def save_checkpoint(model: Seq2SeqTransformer, directory: str | Path) -> Path:
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous().to(torch.float32) for k, v in canonical_state(model).items()}
+    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt", "producer": "xform"})
+    (directory / CONFIG_FILE).write_text(model.cfg.to_json() + "\n")
+    return directory
+
+
+def read_config(directory: str | Path) -> TransformerConfig:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; an xform checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    try:
+        return TransformerConfig.from_dict(data, source=str(path))
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def load_state_into(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], source: str) -> Seq2SeqTransformer:
+    """Copy `state` into `model` after checking keys and shapes exactly (dtype cast to the model's is explicit)."""
+    expected = canonical_state(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
+             for k in sorted(set(expected) & set(state)) if tuple(expected[k].shape) != tuple(state[k].shape)]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected}")
+        if wrong:
+            parts.append("shape mismatches: " + "; ".join(wrong))
+        raise CheckpointError(f"{source}: weights do not match the config: " + "; ".join(parts))
+    with torch.no_grad():
+        for name, t in expected.items():
+            if not state[name].is_floating_point():
+                raise CheckpointError(f"{source}: tensor {name} has dtype {state[name].dtype}, expected a float tensor")
+            t.copy_(state[name].to(t.dtype))
+    return model.eval()
+
+
+def load_checkpoint(directory: str | Path) -> Seq2SeqTransformer:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    cfg = read_config(directory)
+    path = directory / WEIGHTS_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing weights file")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    return load_state_into(Seq2SeqTransformer(cfg), state, str(path))

@@ -1,0 +1,142 @@
+"""TransformerConfig: every hyper-parameter and architectural choice of the seq2seq model.
+
+Pure Python (importable without torch). The config expresses the variants the seed tutorials and
+Marian use: post-LN / pre-LN (with or without a final LayerNorm), ReLU / GELU / SiLU, biases on or
+off separately, embedding scaling, tied or separate embeddings, positions, special ids.
+It does not own weights (see checkpoint.py) or graph names (see xform/contract.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from xform.errors import ConfigError
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+NORM_POSITIONS = ("post", "pre")
+# sinusoidal: sin on even, cos on odd channels (Vaswani, the tutorials);
+# sinusoidal_split: sin on the first half, cos on the second (Marian / fairseq);
+# learned: a trained table of max_len rows.
+POSITIONS = ("sinusoidal", "sinusoidal_split", "learned")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    activation: str = "relu"
+    norm_position: str = "post"
+    # Pre-LN stacks usually end with a LayerNorm (nanoGPT, seed 004); some do not.
+    final_norm: bool = False
+    layer_norm_eps: float = 1e-5
+    norm_bias: bool = True
+    attn_bias: bool = True
+    ffn_bias: bool = True
+    output_bias: bool = False
+    scale_embedding: bool = False
+    positions: str = "sinusoidal"
+    # share_embeddings: one table for source and target tokens (needs equal vocab sizes)
+    share_embeddings: bool = False
+    # tie_output: the output projection reuses the target embedding table
+    tie_output: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    # the first decoder input; Marian starts from the pad id. None means bos_id.
+    decoder_start_id: int | None = None
+    max_len: int = 256
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every reason this config is invalid, gathered (empty when valid)."""
+        p: list[str] = []
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+                     "n_encoder_layers", "n_decoder_layers", "max_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                p.append(f"{name} must be a positive int, got {v!r}")
+        if not p and self.d_model % self.n_heads:
+            p.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.positions.startswith("sinusoidal") and isinstance(self.d_model, int) and self.d_model % 2:
+            p.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.activation not in ACTIVATIONS:
+            p.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.norm_position not in NORM_POSITIONS:
+            p.append(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
+        if self.positions not in POSITIONS:
+            p.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < 1):
+            p.append(f"layer_norm_eps must be in (0, 1), got {self.layer_norm_eps!r}")
+        if not (0.0 <= self.dropout < 1.0):
+            p.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            p.append("share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                     f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
+               "decoder_start_id": self.start_id}
+        for name, v in ids.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                p.append(f"{name} must be a non-negative int, got {v!r}")
+            elif isinstance(self.tgt_vocab_size, int) and v >= self.tgt_vocab_size:
+                p.append(f"{name} ({v}) must be below tgt_vocab_size ({self.tgt_vocab_size})")
+        if isinstance(self.pad_id, int) and isinstance(self.src_vocab_size, int) \
+                and self.pad_id >= self.src_vocab_size:
+            p.append(f"pad_id ({self.pad_id}) must be below src_vocab_size ({self.src_vocab_size})")
+        if self.eos_id == self.pad_id:
+            p.append(f"eos_id and pad_id must differ, both are {self.eos_id}")
+        return p
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def start_id(self) -> int:
+        return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "TransformerConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown TransformerConfig keys {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # a required key is missing
+            raise ConfigError(f"{source}: {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **changes: Any) -> "TransformerConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Presets by exact name. `tiny` has distinct sizes so that a swapped axis fails in tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(src_vocab_size=37, tgt_vocab_size=41, d_model=48, n_heads=3, d_ff=72,
+                 n_encoder_layers=2, n_decoder_layers=3, max_len=64),
+    "base": dict(src_vocab_size=32000, tgt_vocab_size=32000, d_model=512, n_heads=8, d_ff=2048,
+                 n_encoder_layers=6, n_decoder_layers=6, share_embeddings=True, max_len=512),
+}
+
+
+def preset(name: str, **overrides: Any) -> TransformerConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+    return TransformerConfig(**{**PRESETS[name], **overrides})

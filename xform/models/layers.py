@@ -1,0 +1,173 @@
+"""The building blocks of the encoder-decoder Transformer: attention, feed-forward, layers, positions.
+
+Shapes: B batch, S source length, T target (new) length, P past length, H heads, Dh head dim,
+D d_model. Attention is `(Q * scale) @ K^T + additive mask -> softmax -> @ V` on 4-D
+[B, H, *, Dh] tensors, the form TensorRT fuses. Masks are additive float tensors (0 or MASK_VALUE).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from xform.models.config import TransformerConfig
+
+# Finite so that 0 * MASK_VALUE stays 0 and fully masked rows give a uniform softmax, not NaN;
+# exp(MASK_VALUE - max) is exactly 0 in fp32, so the result equals masking with -inf.
+MASK_VALUE = -1e9
+
+# One layer's self-attention cache: keys and values, each [B, H, P, Dh].
+LayerKV = tuple[Tensor, Tensor]
+
+
+def activation_fn(name: str):
+    return {
+        "relu": F.relu,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "silu": F.silu,
+    }[name]
+
+
+def sinusoid_table(max_len: int, d_model: int, split: bool) -> Tensor:
+    """[max_len, d_model] fixed positions; interleaved sin/cos, or sin | cos halves (Marian)."""
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (L, 1)
+    inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * -(math.log(10000.0) / d_model))
+    angles = pos * inv  # (L, D/2)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    if split:
+        table[:, : d_model // 2] = torch.sin(angles)
+        table[:, d_model // 2:] = torch.cos(angles)
+    else:
+        table[:, 0::2] = torch.sin(angles)
+        table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+class Positions(nn.Module):
+    """Position vectors for positions [offset, offset + T)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.kind = cfg.positions
+        if self.kind == "learned":
+            self.weight = nn.Parameter(torch.zeros(cfg.max_len, cfg.d_model))
+            nn.init.normal_(self.weight, std=0.02)
+        else:
+            self.register_buffer(
+                "weight", sinusoid_table(cfg.max_len, cfg.d_model, self.kind == "sinusoidal_split"),
+                persistent=False)
+
+    def forward(self, offset: Tensor | int, length: int) -> Tensor:
+        return self.weight[offset: offset + length]  # (T, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        d, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.q_proj = nn.Linear(d, d, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(d, d, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(d, d, bias=cfg.attn_bias)
+        self.out_proj = nn.Linear(d, d, bias=cfg.attn_bias)
+        self.scale = self.head_dim ** -0.5
+        self.dropout = cfg.dropout
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, x: Tensor) -> LayerKV:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        q = self.split_heads(self.q_proj(x)) * self.scale  # (B, H, T, Dh)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        if mask is not None:
+            scores = scores + mask
+        probs = scores.softmax(dim=-1)
+        if self.training and self.dropout:
+            probs = F.dropout(probs, self.dropout)
+        out = probs @ v  # (B, H, T, Dh)
+        B, _, T, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.ffn_bias)
+        self.act = activation_fn(cfg.activation)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.fc1(x))
+        if self.training and self.dropout:
+            h = F.dropout(h, self.dropout)
+        return self.fc2(h)
+
+
+def layer_norm(cfg: TransformerConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+
+
+class Sublayer(nn.Module):
+    """Residual wrapper: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.norm = layer_norm(cfg)
+        self.pre = cfg.norm_position == "pre"
+        self.dropout = cfg.dropout
+
+    def forward(self, x: Tensor, f) -> Tensor:
+        y = f(self.norm(x)) if self.pre else f(x)
+        if self.training and self.dropout:
+            y = F.dropout(y, self.dropout)
+        return x + y if self.pre else self.norm(x + y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.attn_block = Sublayer(cfg)
+        self.ffn_block = Sublayer(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        def attn(h):
+            k, v = self.self_attn.project_kv(h)
+            return self.self_attn.attend(h, k, v, mask)
+        x = self.attn_block(x, attn)
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.cross_attn = Attention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.self_block = Sublayer(cfg)
+        self.cross_block = Sublayer(cfg)
+        self.ffn_block = Sublayer(cfg)
+
+    def forward(self, x: Tensor, past: LayerKV | None, cross: LayerKV, self_mask: Tensor | None,
+                cross_mask: Tensor) -> tuple[Tensor, LayerKV]:
+        present: list[LayerKV] = []
+
+        def self_attn(h):
+            k, v = self.self_attn.project_kv(h)  # (B, H, T, Dh)
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # (B, H, P + T, Dh)
+                v = torch.cat([past[1], v], dim=2)
+            present.append((k, v))
+            return self.self_attn.attend(h, k, v, self_mask)
+
+        x = self.self_block(x, self_attn)
+        x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
+        return self.ffn_block(x, self.ffn), present[0]

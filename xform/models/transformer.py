@@ -1,0 +1,150 @@
+"""Seq2SeqTransformer: the model, its two export seams (`encode`, `decode`) and the greedy oracle.
+
+`encode` is exactly the encoder graph: source ids and lengths in, the cross-attention K/V of every
+decoder layer and the additive source mask out. `decode` is exactly the decoder graph: new tokens,
+the self-attention past, the cross K/V and the mask in; logits and the present K/V out.
+`greedy_decode` re-runs the decoder over the whole prefix every step, without a cache; it is the
+oracle everything else is compared with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from xform.models.config import TransformerConfig
+from xform.models.layers import MASK_VALUE, DecoderLayer, EncoderLayer, LayerKV, Positions, layer_norm
+
+
+@dataclass
+class EncoderOutput:
+    cross_kv: list[LayerKV]  # per decoder layer: keys and values, each (B, H, S, Dh)
+    src_mask: Tensor  # (B, S) additive: 0 where a real token, MASK_VALUE where padding
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
+        self.src_pos = Positions(cfg)
+        self.tgt_pos = Positions(cfg)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.encoder_norm = layer_norm(cfg) if cfg.final_norm else None
+        self.decoder_norm = layer_norm(cfg) if cfg.final_norm else None
+        self.lm_head = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.lm_head.weight = self.tgt_embed.weight
+        self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        self.embed_scale = d ** 0.5 if cfg.scale_embedding else 1.0
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if "embed" in name:
+                nn.init.normal_(p, std=self.cfg.d_model ** -0.5)
+            elif p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        self.eval()
+
+    def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int) -> Tensor:
+        x = table(ids) * self.embed_scale + pos(offset, ids.shape[1])  # (B, T, D)
+        if self.training and self.cfg.dropout:
+            x = nn.functional.dropout(x, self.cfg.dropout)
+        return x
+
+    def encode(self, src_ids: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        """src_ids (B, S) int64 right-padded; src_lengths (B,) int64."""
+        S = src_ids.shape[1]
+        valid = torch.arange(S, device=src_ids.device).unsqueeze(0) < src_lengths.unsqueeze(1)  # (B, S)
+        src_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32)  # (B, S)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        x = self.embed(self.src_embed, self.src_pos, src_ids, 0)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        cross_kv = [layer.cross_attn.project_kv(x) for layer in self.decoder_layers]
+        return EncoderOutput(cross_kv, src_mask)
+
+    def decode(self, tokens: Tensor, enc: EncoderOutput, past: list[LayerKV] | None = None
+               ) -> tuple[Tensor, list[LayerKV]]:
+        """tokens (B, T) at positions [P, P + T) where P is the past length.
+
+        Returns logits (B, T, V) in fp32 and the present K/V, each (B, H, P + T, Dh).
+        """
+        T = tokens.shape[1]
+        past_len = past[0][0].shape[2] if past is not None else 0
+        x = self.embed(self.tgt_embed, self.tgt_pos, tokens, past_len)
+        self_mask = None
+        if T > 1:  # causal within the new tokens; a single new token sees the whole past
+            q = torch.arange(T, device=tokens.device).unsqueeze(1) + past_len
+            k = torch.arange(past_len + T, device=tokens.device).unsqueeze(0)
+            self_mask = torch.where(k <= q, 0.0, MASK_VALUE).to(x.dtype)  # (T, P + T)
+        cross_mask = enc.src_mask[:, None, None, :].to(x.dtype)  # (B, 1, 1, S)
+        present: list[LayerKV] = []
+        for i, layer in enumerate(self.decoder_layers):
+            x, kv = layer(x, None if past is None else past[i], enc.cross_kv[i], self_mask, cross_mask)
+            present.append(kv)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        # 2-D so the export is Gemm(transB=1) reading the embedding table itself: a tied table is
+        # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy)
+        B, _, D = x.shape
+        logits = nn.functional.linear(x.reshape(B * T, D), self.lm_head.weight, self.output_bias)
+        return logits.view(B, T, -1).float(), present
+
+    def forward(self, src_ids: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
+        """Training forward, teacher-forced: logits (B, T, V) for every target position."""
+        return self.decode(tgt_in, self.encode(src_ids, src_lengths))[0]
+
+    def suppress(self, logits: Tensor, n_generated: Tensor | int, min_new_tokens: Tensor | int) -> Tensor:
+        """The logits greedy picks from: the pad id never, end-of-sentence not before min_new_tokens."""
+        V = logits.shape[-1]
+        ids = torch.arange(V, device=logits.device)
+        blocked = (ids == self.cfg.pad_id) | ((ids == self.cfg.eos_id) & (torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)))
+        return logits.masked_fill(blocked, float("-inf"))
+
+
+@torch.no_grad()
+def greedy_decode(model: Seq2SeqTransformer, src_ids: Tensor, src_lengths: Tensor,
+                  max_new_tokens: int, min_new_tokens: int = 0) -> Tensor:
+    """The uncached oracle: (B, n) generated ids, pad after each row's end-of-sentence."""
+    cfg = model.cfg
+    enc = model.encode(src_ids, src_lengths)
+    ys = torch.full((src_ids.shape[0], 1), cfg.start_id, dtype=torch.long)
+    done = torch.zeros(src_ids.shape[0], dtype=torch.bool)
+    for step in range(max_new_tokens):
+        logits = model.decode(ys, enc)[0][:, -1]  # whole prefix again, no past
+        nxt = model.suppress(logits, step, min_new_tokens).argmax(-1)
+        nxt = torch.where(done, cfg.pad_id, nxt)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        done |= nxt == cfg.eos_id
+        if done.all():
+            break
+    return ys[:, 1:]
+
+
+@torch.no_grad()
+def cached_greedy_decode(model: Seq2SeqTransformer, src_ids: Tensor, src_lengths: Tensor,
+                         max_new_tokens: int, min_new_tokens: int = 0) -> Tensor:
+    """Greedy decoding with the KV cache, one token a step, as the exported graphs run it."""
+    cfg = model.cfg
+    enc = model.encode(src_ids, src_lengths)
+    tok = torch.full((src_ids.shape[0], 1), cfg.start_id, dtype=torch.long)
+    done = torch.zeros(src_ids.shape[0], dtype=torch.bool)
+    past, out = None, []
+    for step in range(max_new_tokens):
+        logits, past = model.decode(tok, enc, past)
+        nxt = model.suppress(logits[:, -1], step, min_new_tokens).argmax(-1)
+        nxt = torch.where(done, cfg.pad_id, nxt)
+        out.append(nxt)
+        done |= nxt == cfg.eos_id
+        tok = nxt[:, None]
+        if done.all():
+            break
+    return torch.stack(out, 1) if out else torch.zeros(src_ids.shape[0], 0, dtype=torch.long)

@@ -1,0 +1,26 @@
+"""The one small interface every backend speaks, in numpy.
+
+A backend runs the two graphs of the contract for one batch at a time and keeps the state
+between steps (the encoder's cross K/V and source mask, the self-attention cache) itself:
+
+    backend.start(src_ids, src_lengths)          # encoder; resets the cache to a zero-length past
+    next_ids, logits = backend.step(input_ids, min_new_tokens, want_logits)
+        # input_ids (B,) int64 at position `steps so far`; next_ids (B,) int64 greedy choices
+        # (pad never, end-of-sentence not before min_new_tokens); logits (B, V) float32 or None
+
+The greedy loop over it is written once, in session.py.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None: ...
+
+    def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False
+             ) -> tuple[np.ndarray, np.ndarray | None]: ...

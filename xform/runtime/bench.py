@@ -1,0 +1,85 @@
+"""Benchmark a Session: exactly `new_tokens` greedy tokens per row from random sources.
+
+End-of-sentence is suppressed until `new_tokens` (min_new_tokens), so every backend and peer does
+the same work. Reports tokens/s (median over iterations), per-token latency percentiles (one
+decoder step is one token per row) and peak RSS of the process. Timing only; no assertions.
+"""
+from __future__ import annotations
+
+import platform
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from xform.runtime.session import Session
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    precision: str
+    batch: int
+    src_len: int
+    new_tokens: int
+    warmup: int
+    iters: int
+    tokens_per_s: float
+    latency_ms_p50: float
+    latency_ms_p90: float
+    latency_ms_p99: float
+    iteration_s_median: float
+    peak_rss_mib: float
+    machine: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def peak_rss_mib() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+def random_sources(config: dict, batch: int, src_len: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    special = {config["pad_id"], config["bos_id"], config["eos_id"]}
+    allowed = np.array([i for i in range(config["src_vocab_size"]) if i not in special], np.int64)
+    return allowed[rng.integers(0, len(allowed), (batch, src_len))]
+
+
+def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: int = 64, warmup: int = 2,
+              iters: int = 10, on_iter: Callable[[int], None] | None = None) -> BenchResult:
+    src = random_sources(session.config, batch, src_len)
+    step_times: list[float] = []
+    iter_times: list[float] = []
+    for i in range(warmup + iters):
+        last = [time.perf_counter()]
+        times: list[float] = []
+
+        def on_step(_step, times=times, last=last):
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+
+        t0 = last[0]
+        out = session.generate(src, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_step=on_step)
+        elapsed = time.perf_counter() - t0
+        assert out.shape == (batch, new_tokens), out.shape  # forced length: an internal invariant
+        if i >= warmup:
+            iter_times.append(elapsed)
+            step_times.extend(times)
+        if on_iter is not None:
+            on_iter(i)
+    lat = np.array(step_times) * 1e3
+    med = float(np.median(iter_times))
+    return BenchResult(
+        backend=session.backend_name, precision=session.bundle.precision if session.bundle else "fp32",
+        batch=batch, src_len=src_len, new_tokens=new_tokens, warmup=warmup, iters=iters,
+        tokens_per_s=batch * new_tokens / med, latency_ms_p50=float(np.percentile(lat, 50)),
+        latency_ms_p90=float(np.percentile(lat, 90)), latency_ms_p99=float(np.percentile(lat, 99)),
+        iteration_s_median=med, peak_rss_mib=peak_rss_mib(),
+        machine=f"{platform.machine()} {platform.processor() or ''} {platform.system()}".strip())

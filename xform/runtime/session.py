@@ -1,0 +1,132 @@
+"""Session: batched greedy decoding over any backend, written once; input checks at the boundary.
+
+`generate` takes right-padded int64 source ids and returns generated ids, padded with the pad id
+after each row's end-of-sentence. `translate` adds the bundle's tokenizer. What backend runs the
+graphs is not this module's business (backend.py); it never imports torch.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from xform.errors import InputError, XformError
+from xform.runtime.backend import Backend
+
+
+class Session:
+    def __init__(self, backend: Backend, config: dict[str, Any], tokenizer=None, bundle=None):
+        self.backend = backend
+        self.config = config
+        self.tokenizer = tokenizer
+        self.bundle = bundle
+        self.pad_id, self.eos_id = config["pad_id"], config["eos_id"]
+        start = config.get("decoder_start_id")
+        self.start_id = config["bos_id"] if start is None else start
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def prepare(self, src_ids, src_lengths=None) -> tuple[np.ndarray, np.ndarray]:
+        """Check the source batch; derive lengths from the pad id when not given."""
+        if not isinstance(src_ids, np.ndarray):
+            raise InputError(f"src_ids must be a numpy int64 array (batch, src_len), got {type(src_ids).__name__}")
+        if src_ids.dtype != np.int64:
+            raise InputError(f"src_ids must have dtype int64, got {src_ids.dtype}; use src_ids.astype(np.int64)")
+        if src_ids.ndim != 2:
+            raise InputError(f"src_ids must be 2-D (batch, src_len), got shape {src_ids.shape}")
+        B, S = src_ids.shape
+        if B == 0:
+            raise InputError("src_ids is an empty batch (batch size 0); give at least one source")
+        if S == 0:
+            raise InputError("src_ids has src_len 0; every source needs at least one token")
+        max_len, vocab = self.config["max_len"], self.config["src_vocab_size"]
+        if S > max_len:
+            raise InputError(f"src_ids has src_len {S}, longer than the model's max_len {max_len}")
+        bad = np.argwhere((src_ids < 0) | (src_ids >= vocab))
+        if len(bad):
+            r, c = bad[0]
+            raise InputError(f"src_ids[{r}, {c}] = {src_ids[r, c]} is outside the source vocabulary [0, {vocab})")
+        if src_lengths is None:
+            is_pad = src_ids == self.pad_id
+            src_lengths = np.where(is_pad.any(1), is_pad.argmax(1), S).astype(np.int64)
+            after = np.arange(S)[None, :] >= src_lengths[:, None]
+            holes = np.argwhere(after & ~is_pad)
+            if len(holes):
+                r = holes[0][0]
+                raise InputError(f"src_ids row {r} is not right-padded: a token follows the pad id "
+                                 f"{self.pad_id} at column {src_lengths[r]}; pass src_lengths explicitly")
+        else:
+            if not isinstance(src_lengths, np.ndarray) or src_lengths.dtype != np.int64 or src_lengths.shape != (B,):
+                raise InputError(f"src_lengths must be an int64 numpy array of shape ({B},), got "
+                                 f"{getattr(src_lengths, 'dtype', type(src_lengths).__name__)} "
+                                 f"{getattr(src_lengths, 'shape', '')}")
+            if (src_lengths > S).any():
+                r = int(np.argmax(src_lengths > S))
+                raise InputError(f"src_lengths[{r}] = {src_lengths[r]} exceeds src_len {S}")
+        if (src_lengths < 1).any():
+            r = int(np.argmax(src_lengths < 1))
+            raise InputError(f"source row {r} is empty (length 0); every source needs at least one token")
+        return src_ids, src_lengths
+
+    def check_lengths(self, max_new_tokens: int, min_new_tokens: int) -> None:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
+            raise InputError(f"min_new_tokens must be an int in [0, max_new_tokens={max_new_tokens}], got {min_new_tokens!r}")
+        if max_new_tokens > self.config["max_len"]:
+            raise InputError(f"max_new_tokens {max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
+
+    def generate(self, src_ids, src_lengths=None, max_new_tokens: int = 64, min_new_tokens: int = 0,
+                 on_step: Callable[[int], None] | None = None) -> np.ndarray:
+        """Greedy decoding: (B, n) int64 generated ids, no start token, pad after end-of-sentence."""
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        self.check_lengths(max_new_tokens, min_new_tokens)
+        B = src_ids.shape[0]
+        self.backend.start(src_ids, src_lengths)
+        tokens = np.full(B, self.start_id, np.int64)
+        done = np.zeros(B, bool)
+        out = []
+        for step in range(max_new_tokens):
+            nxt, _ = self.backend.step(tokens, min_new_tokens)
+            nxt = np.where(done, self.pad_id, nxt)
+            out.append(nxt)
+            done |= nxt == self.eos_id
+            if on_step is not None:
+                on_step(step)
+            if done.all():
+                break
+            tokens = nxt
+        return np.stack(out, 1).astype(np.int64) if out else np.zeros((B, 0), np.int64)
+
+    def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Feed `tokens` (B, n) step by step; return this backend's choices (B, n) and logits (B, n, V)."""
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        self.backend.start(src_ids, src_lengths)
+        feed = np.concatenate([np.full((tokens.shape[0], 1), self.start_id, np.int64), tokens[:, :-1]], 1)
+        choices, logits = [], []
+        for step in range(tokens.shape[1]):
+            nxt, lg = self.backend.step(np.ascontiguousarray(feed[:, step]), min_new_tokens, want_logits=True)
+            choices.append(nxt)
+            logits.append(lg)
+        return np.stack(choices, 1), np.stack(logits, 1)
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        if self.tokenizer is None:
+            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
+        if not texts:
+            raise InputError("no text to translate (an empty batch)")
+        rows = [self.tokenizer.encode(t) for t in texts]
+        S = max(len(r) for r in rows)
+        src = np.full((len(rows), S), self.pad_id, np.int64)
+        for i, r in enumerate(rows):
+            src[i, :len(r)] = r
+        return src
+
+    def translate(self, texts: list[str], max_new_tokens: int | None = None) -> list[str]:
+        src = self.encode_texts(list(texts))
+        n = max_new_tokens if max_new_tokens is not None else self.config["max_len"]
+        out = self.generate(src, max_new_tokens=n)
+        return [self.tokenizer.decode(row) for row in out]
