@@ -141,7 +141,7 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
     if texts:
         translations = session.translate(texts, max_new_tokens=max_new_tokens)
         for src, tgt in zip(texts, translations):
-            out.print(f"{src}\t{tgt}", markup=False)
+            click.echo(f"{src}\t{tgt}")  # plain tab-separated lines, for scripts
         report["translations"] = [{"source": s, "target": t} for s, t in zip(texts, translations)]
     if check:
         with err.status("checking against eager PyTorch"):

@@ -1,0 +1,59 @@
+"""The bundled demo model: exported, it translates numbers exactly and passes --check."""
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xform
+from xform.models.importers import bundled_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from train_demo import to_words  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo(demo_bundle):
+    return xform.load(demo_bundle, backend="ort")
+
+
+def test_training_report_says_exact_on_held_out():
+    report = json.loads((bundled_path("demo") / "training.json").read_text())
+    assert report["validation_greedy_exact_match"] == 1.0
+    assert report["test_greedy_exact_match"] == 1.0 and report["test_numbers"] == 2000
+
+
+def test_translates_numbers_exactly(demo):
+    rng = random.Random(123)
+    numbers = [0, 7, 13, 40, 100, 105, 1000, 40512, 999999] + [rng.randrange(10 ** 6) for _ in range(200)]
+    got = demo.translate([str(n) for n in numbers])
+    wrong = [(n, g) for n, g in zip(numbers, got) if g != to_words(n)]
+    assert not wrong, wrong[:5]
+
+
+def test_check_on_text_identical_tokens(demo_bundle, demo):
+    report = xform.check(demo_bundle, session=demo, texts=["40512", "7", "310019", "88"])
+    assert report.passed and report.identical_tokens and report.tokens_compared > 12
+    assert report.max_abs_err < 1e-4
+
+
+def test_torch_backend_translates_the_same(demo_bundle, demo):
+    texts = ["123456", "20", "5"]
+    assert xform.load(demo_bundle, backend="torch").translate(texts) == demo.translate(texts)
+
+
+def test_unknown_characters_are_refused(demo):
+    # the source vocabulary has <unk>: letters map to it rather than failing
+    out = demo.generate(demo.encode_texts(["12x4"]), max_new_tokens=10)
+    assert out.shape[0] == 1
+    with pytest.raises(xform.XformError, match="longer than the model's max_len 32"):
+        demo.translate(["1" * 40])
+
+
+def test_generate_matches_translate(demo):
+    src = demo.encode_texts(["40512", "7"])
+    out = demo.generate(src, max_new_tokens=20)
+    assert [demo.tokenizer.decode(r) for r in out] == ["forty thousand five hundred twelve", "seven"]
+    assert out.dtype == np.int64

@@ -1,0 +1,41 @@
+"""The README's first command works: its xform invocations run here through the CLI."""
+import re
+import shlex
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from xform.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def block(marker: str) -> str:
+    text = README.read_text()
+    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)\n```\s*<!-- /{marker} -->", text, re.S)
+    assert m, f"README has no {marker} block"
+    return m.group(1)
+
+
+def test_main_command_xform_steps_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    steps = [s.strip() for s in block("main-command").split("&&")]
+    xform_steps = [s for s in steps if s.startswith("xform ")]
+    assert [s.split()[1] for s in xform_steps] == ["export", "run", "run"]
+    assert any("--check" in s for s in xform_steps) and any("--benchmark" in s for s in xform_steps)
+    runner = CliRunner()
+    outputs = []
+    for step in xform_steps:
+        r = runner.invoke(main, shlex.split(step)[1:])
+        assert r.exit_code == 0, (step, r.output)
+        outputs.append(r.output)
+    assert "40512\tforty thousand five hundred twelve" in outputs[1]
+    assert "check passed" in outputs[1]
+    assert "tokens/s" in outputs[2]
+
+
+def test_test_command_is_what_ci_runs():
+    cmd = block("test-command")
+    assert "pytest" in cmd and "torch==2.13.0" in cmd
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "test-command" in ci
