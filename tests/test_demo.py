@@ -57,3 +57,14 @@ def test_generate_matches_translate(demo):
     out = demo.generate(src, max_new_tokens=20)
     assert [demo.tokenizer.decode(r) for r in out] == ["forty thousand five hundred twelve", "seven"]
     assert out.dtype == np.int64
+
+
+def test_cli_input_file(demo_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    f = tmp_path / "numbers.txt"
+    f.write_text("12\n\n300001\n")
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--text", "5"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == ["5\tfive", "12\ttwelve", "300001\tthree hundred thousand one"]
