@@ -43,7 +43,8 @@ def main() -> None:
 @click.argument("model")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
               help="Bundle directory to write.")
-@click.option("--precision", type=click.Choice(["fp32"]), default="fp32", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32.")
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 @handle_errors
@@ -55,10 +56,13 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool) ->
         result = export_bundle(model, output, precision=precision, opset=opset, force=force,
                                progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
+    c = v["check"]
     out.print(f"wrote {result.path} ({precision}, opset {opset})")
-    out.print("verified on onnxruntime against eager PyTorch: "
-              + ", ".join(f"{k} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))
-              + f"; greedy tokens identical on {v['greedy_rows']} rows")
+    out.print("verified on onnxruntime against eager PyTorch: graphs "
+              + ", ".join(f"{k.removesuffix('_max_abs_err')} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))
+              + f"; decoding: max abs logit error {c['max_abs_err']:.2e}, token agreement "
+              + f"{c['token_agreement']:.2%} of {c['tokens_compared']}"
+              + ("; greedy tokens identical to the uncached reference" if v.get("greedy_tokens_identical") else ""))
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:

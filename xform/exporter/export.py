@@ -18,16 +18,23 @@ import torch
 
 from xform import __version__
 from xform.contract import DECODER, ENCODER, signature_for
-from xform.errors import XformError
+from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
+from xform.models.transformer import to_fp16
 from xform.runtime.bundle import FORMAT, VERSION, Bundle, atomic_directory, refuse_existing, write_manifest
 from xform.runtime.compare import tolerance_for
 
 log = logging.getLogger(__name__)
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "fp16")
+KV_DTYPES = {"fp32": "float32", "fp16": "float16"}
+PRECISION_PLANS = {
+    "fp32": "everything in fp32",
+    "fp16": "weights, matmuls, residual stream and KV cache in fp16; LayerNorm, softmax, the output "
+            "projection (a tied embedding table with it) and logits in fp32; source mask fp32",
+}
 REFERENCE_DIR = "reference"
 
 
@@ -56,18 +63,20 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     progress("loading model")
     loaded = loaded or resolve_model(model_ref)
     model, cfg = loaded.model.eval(), loaded.model.cfg
-    specs = signature_for(cfg.to_dict())
+    graph_model = to_fp16(model) if precision == "fp16" else model
+    specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision])
     tol = tolerance_for(precision)
     with atomic_directory(out, force) as tmp:
         for graph in GRAPHS:
-            progress(f"exporting {graph}")
-            export_graph(model, graph, specs[graph], tmp / f"{graph}.onnx", opset)
+            progress(f"exporting {graph} ({precision})")
+            export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset)
             check_graph(tmp / f"{graph}.onnx")
         save_checkpoint(model, tmp / REFERENCE_DIR)
         if loaded.tokenizer is not None:
             shutil.copyfile(loaded.tokenizer, tmp / "tokenizer.json")
         manifest = {
             "format": FORMAT, "version": VERSION, "precision": precision, "opset": opset,
+            "precision_plan": PRECISION_PLANS[precision],
             "model": {"config": cfg.to_dict(), "source": loaded.source},
             "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in GRAPHS},
             "reference": {"dir": REFERENCE_DIR},
@@ -87,13 +96,27 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
 
 
 def verify_bundle(model, bundle: Bundle, tol) -> dict:
+    """Graph by graph against eager; greedy tokens against the oracle (fp32: identical); then the
+    teacher-forced check of `xform run --check`, which must pass."""
+    import onnxruntime
+
+    from xform.api import check
     from xform.runtime.ort_backend import OrtBackend
     from xform.runtime.session import Session
 
     backend = OrtBackend(bundle, "cpu")
     figures = verify_graphs(model, {ENCODER: backend.encoder, DECODER: backend.decoder},
                             {g: bundle.graph_spec(g) for g in GRAPHS}, tol)
-    import onnxruntime
-    figures.update(verify_greedy(model, Session(backend, bundle.config)))
+    if tol.min_token_agreement == 1.0:
+        figures.update(verify_greedy(model, Session(backend, bundle.config)))
+    report = check(bundle.path, session=Session(backend, bundle.config, bundle=bundle), batch=8, src_len=12,
+                   max_new_tokens=32)
+    figures["check"] = report.to_dict()
+    if not report.passed:
+        raise ToleranceError(
+            f"{bundle.precision} graphs fail the check against eager PyTorch: max abs logit error "
+            f"{report.max_abs_err:.3g} (smallest passing atol {report.min_passing_atol:.3g} at rtol {report.rtol:g}, "
+            f"allowed atol {report.atol:g}), token agreement {report.token_agreement:.2%} "
+            f"(needed {report.min_token_agreement:.0%}), first divergence {report.first_divergence}")
     figures["onnxruntime"] = onnxruntime.__version__
     return figures

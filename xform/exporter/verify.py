@@ -13,7 +13,7 @@ from xform.contract import DECODER, ENCODER, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import DecoderGraph, EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode
-from xform.runtime.compare import Tolerance
+from xform.runtime.compare import Tolerance, excess
 
 VERIFY_BATCH = 3
 VERIFY_SRC_LEN = 7
@@ -39,24 +39,25 @@ def compare_outputs(graph: str, names: list[str], got: list[np.ndarray], ref: li
         if g.shape != r.shape:
             raise ToleranceError(f"{graph} output {name} ({where}): shape {g.shape}, eager gives {r.shape}")
         if g.dtype.kind in "iu":
+            if tol.min_token_agreement < 1.0:
+                continue  # reduced precision may flip near-ties; token agreement is checked on decoding
             if not np.array_equal(g, r):
                 raise ToleranceError(f"{graph} output {name} ({where}): ids differ from eager at "
                                      f"{np.argwhere(g != r)[:5].tolist()}")
             continue
-        diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
         if not np.isfinite(g).all():
             raise ToleranceError(f"{graph} output {name} ({where}): NaN or inf in the ONNX Runtime result")
-        excess = diff - tol.rtol * np.abs(r.astype(np.float64))
-        err = float(excess.max(initial=0.0))
+        diff, _, over = excess(g, r, tol.rtol)
         worst = max(worst, float(diff.max(initial=0.0)))
-        if err > tol.atol:
+        if over.max(initial=0.0) > tol.atol:
             raise ToleranceError(f"{graph} output {name} ({where}): max abs error {diff.max():.3g} exceeds "
-                                 f"atol {tol.atol:g} + rtol {tol.rtol:g}; smallest passing atol {err:.3g}")
+                                 f"atol {tol.atol:g} + rtol {tol.rtol:g} x scale; smallest passing atol "
+                                 f"{over.max():.3g}")
     return worst
 
 
 def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, GraphSpec],
-                  tol: Tolerance, cast_kv=None) -> dict:
+                  tol: Tolerance) -> dict:
     """Run both graphs on ORT against eager; returns the figures for the manifest."""
     cfg = model.cfg
     src, lengths = sample_sources(cfg, VERIFY_BATCH, VERIFY_SRC_LEN)
@@ -79,10 +80,9 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             ids = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, 1), generator=torch.Generator().manual_seed(9))
             min_new = torch.tensor([past_len + 1])  # exercises the end-of-sentence suppression
             ref = dec(ids, min_new, *flat_past, *cross, enc_ref[-1])
-        feeds = dict(zip(specs[DECODER].input_names,
-                         [t.numpy() for t in (ids, min_new, *flat_past, *cross, enc_ref[-1])]))
-        if cast_kv is not None:
-            feeds = cast_kv(feeds)
+        # the eager reference is fp32: cast to the dtypes the contract records (fp16 K/V for fp16)
+        feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
+                 zip(specs[DECODER].inputs, (ids, min_new, *flat_past, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
         figures[f"decoder_past{past_len}_max_abs_err"] = compare_outputs(
             DECODER, specs[DECODER].output_names, got, list(ref), tol,

@@ -84,13 +84,13 @@ class Attention(nn.Module):
 
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         q = self.split_heads(self.q_proj(x)) * self.scale  # (B, H, T, Dh)
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = (q @ k.transpose(-2, -1)).float()  # (B, H, T, S); softmax always in fp32
         if mask is not None:
             scores = scores + mask
         probs = scores.softmax(dim=-1)
         if self.training and self.dropout:
             probs = F.dropout(probs, self.dropout)
-        out = probs @ v  # (B, H, T, Dh)
+        out = probs.to(v.dtype) @ v  # (B, H, T, Dh)
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -110,8 +110,20 @@ class FeedForward(nn.Module):
         return self.fc2(h)
 
 
-def layer_norm(cfg: TransformerConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever the weights' dtype; the result has the input's dtype.
+
+    In an fp32 model the casts are no-ops and trace to nothing.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight.float()
+        b = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
+def layer_norm(cfg: TransformerConfig) -> LayerNorm:
+    return LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
 
 
 class Sublayer(nn.Module):

@@ -51,8 +51,14 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.xavier_uniform_(p)
         self.eval()
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the residual stream and K/V: the dtype of the layers' weights."""
+        return self.decoder_layers[0].ffn.fc1.weight.dtype
+
     def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int) -> Tensor:
-        x = table(ids) * self.embed_scale + pos(offset, ids.shape[1])  # (B, T, D)
+        dt = self.compute_dtype  # a table kept in fp32 for the output projection is cast here
+        x = table(ids).to(dt) * self.embed_scale + pos(offset, ids.shape[1]).to(dt)  # (B, T, D)
         if self.training and self.cfg.dropout:
             x = nn.functional.dropout(x, self.cfg.dropout)
         return x
@@ -84,8 +90,8 @@ class Seq2SeqTransformer(nn.Module):
         if T > 1:  # causal within the new tokens; a single new token sees the whole past
             q = torch.arange(T, device=tokens.device).unsqueeze(1) + past_len
             k = torch.arange(past_len + T, device=tokens.device).unsqueeze(0)
-            self_mask = torch.where(k <= q, 0.0, MASK_VALUE).to(x.dtype)  # (T, P + T)
-        cross_mask = enc.src_mask[:, None, None, :].to(x.dtype)  # (B, 1, 1, S)
+            self_mask = torch.where(k <= q, 0.0, MASK_VALUE).to(torch.float32)  # (T, P + T)
+        cross_mask = enc.src_mask[:, None, None, :]  # (B, 1, 1, S), fp32: added to fp32 scores
         present: list[LayerKV] = []
         for i, layer in enumerate(self.decoder_layers):
             x, kv = layer(x, None if past is None else past[i], enc.cross_kv[i], self_mask, cross_mask)
@@ -93,9 +99,11 @@ class Seq2SeqTransformer(nn.Module):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         # 2-D so the export is Gemm(transB=1) reading the embedding table itself: a tied table is
-        # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy)
+        # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy).
+        # The output projection is in fp32 at every precision: logits accumulate in fp32.
         B, _, D = x.shape
-        logits = nn.functional.linear(x.reshape(B * T, D), self.lm_head.weight, self.output_bias)
+        w = self.lm_head.weight
+        logits = nn.functional.linear(x.reshape(B * T, D).to(w.dtype), w, self.output_bias)
         return logits.view(B, T, -1).float(), present
 
     def forward(self, src_ids: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
@@ -108,6 +116,22 @@ class Seq2SeqTransformer(nn.Module):
         ids = torch.arange(V, device=logits.device)
         blocked = (ids == self.cfg.pad_id) | ((ids == self.cfg.eos_id) & (torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)))
         return logits.masked_fill(blocked, float("-inf"))
+
+
+def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
+    """A copy for the fp16 graphs (DESIGN section 4): weights and matmuls in fp16; LayerNorm and
+    softmax run in fp32 (the modules cast); the output projection (and so a tied embedding
+    table, stored once) and the output bias stay fp32, so logits accumulate in fp32."""
+    import copy
+
+    half = copy.deepcopy(model).half()
+    half.lm_head.weight.data = model.lm_head.weight.detach().clone().float()
+    if model.output_bias is not None:
+        half.output_bias.data = model.output_bias.detach().clone().float()
+    for norm in half.modules():  # LayerNorm parameters are tiny: keep them exact
+        if isinstance(norm, nn.LayerNorm):
+            norm.float()
+    return half.eval()
 
 
 @torch.no_grad()
