@@ -15,16 +15,24 @@ from xform.runtime.compare import CheckReport, compare_steps, tolerance_for
 from xform.runtime.session import Session
 from xform.runtime.tokenizer import VocabTokenizer
 
-BACKENDS = ("torch", "ort")
+BACKENDS = ("torch", "ort", "trt")
 DEVICES = ("cpu", "cuda")
 
 
-def make_backend(bundle: Bundle, backend: str, device: str, threads: int | None):
+def default_device(backend: str) -> str:
+    return "cuda" if backend == "trt" else "cpu"
+
+
+def make_backend(bundle: Bundle, backend: str, device: str | None, threads: int | None):
+    device = device or default_device(backend)
     if device not in DEVICES:
         raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
     if backend == "ort":
         from xform.runtime.ort_backend import OrtBackend
         return OrtBackend(bundle, device, threads)
+    if backend == "trt":
+        from xform.runtime.trt_backend import TrtBackend
+        return TrtBackend(bundle, device)
     if backend == "torch":
         from xform.models.backend import TorchBackend
         from xform.models.checkpoint import load_checkpoint
@@ -32,8 +40,8 @@ def make_backend(bundle: Bundle, backend: str, device: str, threads: int | None)
     raise XformError(f"unknown backend {backend!r}; choose from {BACKENDS}")
 
 
-def load(bundle_dir: str | Path, backend: str = "ort", device: str = "cpu", threads: int | None = None) -> Session:
-    """A Session over a bundle; refuses a bundle whose files fail their hashes."""
+def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, threads: int | None = None) -> Session:
+    """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
     bundle = Bundle.open(bundle_dir)
     tok = bundle.tokenizer_file
     tokenizer = VocabTokenizer.from_file(tok, bundle.config) if tok else None
@@ -54,7 +62,7 @@ def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np
     return ids, lengths
 
 
-def check(bundle_dir: str | Path, backend: str = "ort", device: str = "cpu", *, src_ids=None, src_lengths=None,
+def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, *, src_ids=None, src_lengths=None,
           texts: list[str] | None = None, max_new_tokens: int = 32, atol: float | None = None,
           rtol: float | None = None, batch: int = 4, src_len: int = 12, seed: int = 0,
           session: Session | None = None) -> CheckReport:

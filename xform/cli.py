@@ -37,6 +37,11 @@ def handle_errors(fn):
 @click.version_option(package_name="xform")
 def main() -> None:
     """Export encoder-decoder Transformers to ONNX / TensorRT and run them, checked against PyTorch."""
+    import logging
+
+    from rich.logging import RichHandler
+    logging.basicConfig(level=logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=err, show_time=False, show_path=False)])
 
 
 @main.command()
@@ -63,6 +68,50 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool) ->
               + f"; decoding: max abs logit error {c['max_abs_err']:.2e}, token agreement "
               + f"{c['token_agreement']:.2%} of {c['tokens_compared']}"
               + ("; greedy tokens identical to the uncached reference" if v.get("greedy_tokens_identical") else ""))
+
+
+@main.command("build-engine")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--flavor", type=click.Choice(["auto", "tensorrt", "tensorrt_rtx"]), default="auto", show_default=True,
+              help="auto: tensorrt when installed, else tensorrt_rtx.")
+@click.option("--max-batch", type=int, default=16, show_default=True)
+@click.option("--max-src-len", type=int, default=None, help="Default: the model's max_len.")
+@click.option("--max-new-tokens", type=int, default=None, help="Default: the model's max_len.")
+@click.option("--opt-batch", type=int, default=None, help="Default: min(8, --max-batch).")
+@click.option("--opt-src-len", type=int, default=None, help="Default: min(32, --max-src-len).")
+@click.option("--tf32", is_flag=True, help="Allow TF32 in fp32 layers (cleared by default).")
+@click.option("--workspace", "workspace_mib", type=int, default=1024, show_default=True, help="Workspace limit, MiB.")
+@click.option("--builder-opt-level", type=int, default=3, show_default=True, help="0 (fast build) to 5.")
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+              help="Timing cache file to read and update (tensorrt only; TensorRT-RTX has none).")
+@click.option("--force", is_flag=True, help="Rebuild existing engines.")
+@handle_errors
+def build_engine(bundle, flavor, max_batch, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32, workspace_mib,
+                 builder_opt_level, timing_cache, force) -> None:
+    """Build TensorRT engines for BUNDLE's encoder and decoder and record them in its manifest."""
+    from rich.progress import Progress
+
+    from xform.exporter.engine import BuildOptions, build_engines
+
+    options = BuildOptions(tf32=tf32, workspace_mib=workspace_mib, builder_optimization_level=builder_opt_level,
+                           timing_cache=timing_cache)
+    with Progress(console=err, transient=True) as progress:
+        tasks: dict[tuple[str, str], int] = {}
+
+        def on_progress(graph, phase, done, total):
+            key = (graph, phase)
+            if key not in tasks:
+                tasks[key] = progress.add_task(f"{graph}: {phase}", total=max(total, 1))
+            progress.update(tasks[key], completed=done)
+
+        engines = build_engines(bundle, flavor, options=options, force=force, progress=on_progress,
+                                max_batch=max_batch, max_src_len=max_src_len, max_new_tokens=max_new_tokens,
+                                opt_batch=opt_batch, opt_src_len=opt_src_len)
+    for key, e in engines.items():
+        p = e["profile"]
+        out.print(f"built {bundle / e['file']} ({e['flavor']} {e['tensorrt_version']}, {e['precision']}, "
+                  f"{e['bytes'] / 2**20:.1f} MiB): batch {p['batch']}, src_len {p['src_len']}, "
+                  f"past_len {p['past_len']} (min/opt/max); tf32 {'on' if e['tf32'] else 'off'}")
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:
@@ -111,8 +160,9 @@ def print_bench(r) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--backend", type=click.Choice(["torch", "ort"]), default="ort", show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "ort", "trt"]), default="ort", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Default: cpu for torch and ort, cuda for trt.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path), help="Translate each non-empty line.")
@@ -133,6 +183,7 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
         batch, src_len, new_tokens, warmup, iters, json_path, force) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it."""
     import xform
+    import xform.api
 
     texts = list(texts) + (read_input_file(input_file) if input_file else [])
     if not (texts or check or benchmark):
@@ -140,7 +191,7 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
     if json_path is not None and json_path.exists() and not force:
         raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
-    report: dict = {"bundle": str(bundle), "backend": backend, "device": device}
+    report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend)}
     failed = False
     if texts:
         translations = session.translate(texts, max_new_tokens=max_new_tokens)

@@ -1,0 +1,168 @@
+"""TensorRT engines built on this CPU with TensorRT-RTX (it builds ahead of time without a GPU).
+
+Proves the graphs parse and build under a real TensorRT builder with our profiles, that the
+engines serialize, and what they record. Running them needs a GPU (tests/runtime/test_trt_backend.py).
+"""
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+import xform
+from xform.cli import main
+from xform.contract import signature_for
+from xform.errors import BackendUnavailableError, BundleError, XformError
+from xform.exporter.engine import BuildOptions, build_engines, profile_ranges
+from xform.exporter.export import export_bundle
+from xform.runtime.bundle import Bundle
+
+trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install -e '.[dev]')")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, checkpoint_dir):
+    root = tmp_path_factory.mktemp("engines")
+    return {
+        "demo-fp32": export_bundle("demo", root / "demo32").path,
+        "demo-fp16": export_bundle("demo", root / "demo16", precision="fp16").path,
+        # the tiny seed-002 model: 2 encoder and 3 decoder layers (demo: 3 and 2)
+        "tiny-fp32": export_bundle(checkpoint_dir, root / "tiny32").path,
+    }
+
+
+@pytest.fixture(scope="module")
+def built(bundles):
+    out = {}
+    for name, path in bundles.items():
+        events = []
+        engines = build_engines(path, "tensorrt_rtx", max_batch=6, max_new_tokens=20, opt_batch=2, opt_src_len=9,
+                                progress=lambda *e: events.append(e))
+        out[name] = (path, engines, events)
+    return out
+
+
+@pytest.mark.parametrize("name", ["demo-fp32", "demo-fp16", "tiny-fp32"])
+def test_engines_build_serialize_and_record_the_contract(built, name):
+    path, engines, events = built[name]
+    bundle = Bundle.open(path)  # engine files are hashed into the manifest
+    cfg = bundle.config
+    kv_dtype = "float16" if name.endswith("fp16") else "float32"
+    spec = signature_for(cfg, kv_dtype)
+    for graph in ("encoder", "decoder"):
+        e = bundle.manifest["engines"][f"{graph}.tensorrt_rtx"]
+        assert e == engines[f"{graph}.tensorrt_rtx"]
+        assert (path / e["file"]).stat().st_size == e["bytes"] > 10_000
+        assert e["onnx_sha256"] == bundle.manifest["files"][f"{graph}.onnx"]
+        assert e["precision"] == bundle.precision and e["strongly_typed"] and e["tf32"] is False
+        assert e["flavor"] == "tensorrt_rtx" and e["tensorrt_version"] == trt.__version__
+        io = {t["name"]: t for t in (*e["io"]["inputs"], *e["io"]["outputs"])}
+        for t in (*spec[graph].inputs, *spec[graph].outputs):
+            assert io[t.name]["dtype"] == t.dtype, t.name
+            assert io[t.name]["shape"] == [-1 if isinstance(a, str) else a for a in t.shape]
+        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]], "past_len": [0, 9, 19]}
+    dec = bundle.manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
+    H, D = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    assert dec["past_key_0"] == [[1, H, 0, D], [2, H, 9, D], [6, H, 19, D]]  # a zero-length first step
+    assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
+    assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec
+    assert sum(1 for k in dec if k.startswith("past_")) == 2 * cfg["n_decoder_layers"]
+    assert events and all(len(e) == 4 for e in events)  # progress was reported
+
+
+def test_tf32_and_options_are_applied(bundles, tmp_path):
+    path = tmp_path / "b"
+    shutil.copytree(bundles["tiny-fp32"], path)
+    shutil.rmtree(path / "engines")
+    m = json.loads((path / "manifest.json").read_text())
+    m["engines"] = {}
+    from xform.runtime.bundle import write_manifest
+    write_manifest(path, m)
+    engines = build_engines(path, "tensorrt_rtx", options=BuildOptions(tf32=True, workspace_mib=64,
+                                                                      builder_optimization_level=1),
+                            max_batch=2, max_new_tokens=4)
+    e = engines["decoder.tensorrt_rtx"]
+    assert e["tf32"] is True and e["workspace_mib"] == 64 and e["builder_optimization_level"] == 1
+    assert e["profile"]["past_len"] == [0, 1, 3]
+
+
+def test_existing_engines_need_force(built):
+    path, _, _ = built["tiny-fp32"]
+    before = (path / "manifest.json").read_text()
+    with pytest.raises(BundleError, match="already built; pass --force"):
+        build_engines(path, "tensorrt_rtx")
+    assert (path / "manifest.json").read_text() == before
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (dict(max_batch=4, opt_batch=5), ["--opt-batch 5 exceeds --max-batch 4"]),
+    (dict(max_src_len=41), ["--max-src-len 41 exceeds the model's max_len 40"]),
+    (dict(max_new_tokens=50, max_batch=0), ["--max-new-tokens 50 exceeds", "--max-batch must be at least 1"]),
+    (dict(max_src_len=8, opt_src_len=9), ["--opt-src-len 9 exceeds --max-src-len 8"]),
+])
+def test_inconsistent_profiles_are_refused(flags, fragments):
+    cfg = {"max_len": 40}
+    with pytest.raises(XformError) as e:
+        profile_ranges(cfg, **flags)
+    for f in fragments:
+        assert f in str(e.value)
+
+
+def test_bundle_failing_its_hashes_is_refused(bundles, tmp_path):
+    path = tmp_path / "b"
+    shutil.copytree(bundles["tiny-fp32"], path)
+    with open(path / "decoder.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(BundleError, match="decoder.onnx: sha256"):
+        build_engines(path, "tensorrt_rtx", force=True)
+
+
+def test_standard_tensorrt_missing_or_without_gpu_is_refused(bundles):
+    try:
+        import tensorrt  # noqa: F401
+        match = "builds engines on an NVIDIA GPU and this machine has none"
+    except ImportError:
+        match = r"no TensorRT installed .*pip install 'tensorrt>=10.12'"
+    from xform.runtime.gpu import gpu_info
+    if gpu_info() is not None:
+        pytest.skip("this machine has a GPU: tensorrt may build here")
+    with pytest.raises(BackendUnavailableError, match=match):
+        build_engines(bundles["tiny-fp32"], "tensorrt", force=True)
+
+
+def test_trt_backend_refusals_without_a_gpu(built, tmp_path):
+    from xform.runtime.gpu import gpu_info
+    path, _, _ = built["tiny-fp32"]
+    if gpu_info() is None:
+        with pytest.raises(BackendUnavailableError, match="needs an NVIDIA GPU"):
+            xform.load(path, backend="trt")
+    with pytest.raises(XformError, match="use --device cuda"):
+        xform.load(path, backend="trt", device="cpu")
+    # an engine recorded as built from another ONNX is refused before anything runs
+    copy = tmp_path / "b"
+    shutil.copytree(path, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["engines"]["decoder.tensorrt_rtx"]["onnx_sha256"] = "0" * 64
+    from xform.runtime.bundle import write_manifest
+    write_manifest(copy, m)
+    with pytest.raises(BundleError, match="built from another decoder.onnx"):
+        xform.load(copy, backend="trt")
+
+
+def test_trt_backend_needs_engines(bundles, tmp_path):
+    path = tmp_path / "b"
+    export_bundle(bundles["tiny-fp32"] / "reference", path)
+    with pytest.raises(BundleError, match="no TensorRT engines; build them with: xform build-engine"):
+        xform.load(path, backend="trt")
+
+
+def test_cli_build_engine(tmp_path, checkpoint_dir):
+    path = export_bundle(checkpoint_dir, tmp_path / "b").path
+    r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx", "--max-batch", "3",
+                                  "--max-new-tokens", "10", "--builder-opt-level", "0"])
+    assert r.exit_code == 0, r.output
+    assert "encoder.tensorrt_rtx.engine" in r.output and "past_len [0, 4, 9]" in r.output
+    r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx"])
+    assert r.exit_code == 1 and "already built" in r.output
+    r = CliRunner().invoke(main, ["build-engine", str(path), "--force", "--max-src-len", "999"])
+    assert r.exit_code == 1 and "exceeds the model's max_len" in r.output

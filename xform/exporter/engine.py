@@ -1,0 +1,302 @@
+"""`xform build-engine`: TensorRT engines from a bundle's ONNX graphs (DESIGN section 5).
+
+Strongly typed networks (precision comes from the graph), one optimization profile over batch,
+source length and past length derived from the graph contract and the flags, TF32 cleared unless
+asked, a workspace limit, the builder optimization level, a timing cache where the flavour has
+one, every status checked. Works with `tensorrt` (10.12+ / 11; needs a GPU to build) and
+`tensorrt_rtx` (builds ahead of time without a GPU) through the same calls.
+It does not run engines (xform/runtime/trt_backend.py does).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from xform.contract import DECODER, ENCODER, GraphSpec, TensorSpec
+from xform.errors import BackendUnavailableError, BundleError, XformError
+from xform.runtime.bundle import Bundle, write_manifest
+from xform.runtime.gpu import gpu_info
+
+log = logging.getLogger(__name__)
+FLAVORS = ("tensorrt", "tensorrt_rtx")
+ENGINE_DIR = "engines"
+INSTALL_HINT = ("pip install 'tensorrt>=10.12' (data-centre GPUs, CUDA 12 or 13) or pip install tensorrt-rtx "
+                "(RTX GPUs; builds without a GPU)")
+
+
+def import_tensorrt(flavor: str = "auto"):
+    """(module, flavor name): `tensorrt` when installed, else `tensorrt_rtx`, or as asked."""
+    names = FLAVORS if flavor == "auto" else (flavor,)
+    if flavor not in (*FLAVORS, "auto"):
+        raise XformError(f"--flavor {flavor!r}: expected one of auto, {', '.join(FLAVORS)}")
+    failures = []
+    for name in names:
+        try:
+            return importlib.import_module(name), name
+        except ImportError as e:
+            failures.append(f"{name}: {e}")
+    raise BackendUnavailableError(f"no TensorRT installed ({'; '.join(failures)}); {INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class ProfileRanges:
+    """min / opt / max of every dynamic axis of the contract."""
+    batch: tuple[int, int, int]
+    src_len: tuple[int, int, int]
+    past_len: tuple[int, int, int]
+
+    def shapes(self, spec: TensorSpec) -> tuple[tuple[int, ...], ...]:
+        """(min, opt, max) shapes of one input: named axes from the ranges, fixed ones as they are."""
+        axes = {"batch": self.batch, "src_len": self.src_len, "past_len": self.past_len}
+        return tuple(tuple(axes[a][k] if isinstance(a, str) else a for a in spec.shape) for k in range(3))
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {k: list(v) for k, v in asdict(self).items()}
+
+
+def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = None,
+                   max_new_tokens: int | None = None, opt_batch: int | None = None,
+                   opt_src_len: int | None = None) -> ProfileRanges:
+    """Ranges from the flags, defaults from the model config; every inconsistency reported at once.
+
+    Past length runs from 0 (the first step) to max_new_tokens - 1 (the last step's past).
+    """
+    max_len = config["max_len"]
+    max_src_len = max_len if max_src_len is None else max_src_len
+    max_new_tokens = max_len if max_new_tokens is None else max_new_tokens
+    opt_batch = min(8, max_batch) if opt_batch is None else opt_batch
+    opt_src_len = min(32, max_src_len) if opt_src_len is None else opt_src_len
+    problems = []
+    for flag, v in (("--max-batch", max_batch), ("--max-src-len", max_src_len), ("--max-new-tokens", max_new_tokens),
+                    ("--opt-batch", opt_batch), ("--opt-src-len", opt_src_len)):
+        if v < 1:
+            problems.append(f"{flag} must be at least 1, got {v}")
+    if opt_batch > max_batch:
+        problems.append(f"--opt-batch {opt_batch} exceeds --max-batch {max_batch}")
+    if opt_src_len > max_src_len:
+        problems.append(f"--opt-src-len {opt_src_len} exceeds --max-src-len {max_src_len}")
+    if max_src_len > max_len:
+        problems.append(f"--max-src-len {max_src_len} exceeds the model's max_len {max_len}")
+    if max_new_tokens > max_len:
+        problems.append(f"--max-new-tokens {max_new_tokens} exceeds the model's max_len {max_len}")
+    if problems:
+        raise XformError("inconsistent engine profile:\n  - " + "\n  - ".join(problems))
+    past_max = max_new_tokens - 1
+    return ProfileRanges((1, opt_batch, max_batch), (1, opt_src_len, max_src_len),
+                         (0, min(past_max, max(1, past_max // 2)), past_max))
+
+
+@dataclass
+class BuildOptions:
+    tf32: bool = False
+    workspace_mib: int = 1024
+    builder_optimization_level: int = 3
+    timing_cache: Path | None = None
+
+
+def make_logger(trt):
+    class Logger(trt.ILogger):
+        """Keeps errors for the exception message; forwards everything to logging."""
+
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                self.errors.append(msg)
+                log.error("TensorRT: %s", msg)
+            elif severity == trt.ILogger.Severity.WARNING and "Int64 binding" not in msg:
+                # (the parser's reminder to bind int64 tensors as int64 is what the runtime does)
+                log.warning("TensorRT: %s", msg)
+            else:
+                log.debug("TensorRT: %s", msg)
+    return Logger()
+
+
+def make_progress_monitor(trt, callback: Callable[[str, int, int], None]):
+    class Monitor(trt.IProgressMonitor):
+        """Reports (phase, steps done, steps in phase) for the top-level phases."""
+
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.totals: dict[str, int] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.totals[phase_name] = num_steps
+            if parent_phase is None:
+                callback(phase_name, 0, num_steps)
+
+        def step_complete(self, phase_name, step):
+            if phase_name in self.totals:
+                callback(phase_name, step + 1, self.totals[phase_name])
+            return True  # keep building
+
+        def phase_finish(self, phase_name):
+            total = self.totals.pop(phase_name, 0)
+            callback(phase_name, total, total)
+    return Monitor()
+
+
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "INT64": "int64", "INT32": "int32", "BOOL": "bool",
+              "BF16": "bfloat16", "INT8": "int8"}
+
+
+def dtype_name(trt_dtype) -> str:
+    return TRT_DTYPES.get(trt_dtype.name, trt_dtype.name.lower())
+
+
+def network_io(network) -> dict[str, list[dict[str, Any]]]:
+    def tensor(t):
+        return {"name": t.name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+    return {"inputs": [tensor(network.get_input(i)) for i in range(network.num_inputs)],
+            "outputs": [tensor(network.get_output(i)) for i in range(network.num_outputs)]}
+
+
+def check_network_against_contract(io: dict, spec: GraphSpec, onnx_path: Path) -> None:
+    """The parsed network must have exactly the contract's tensors, dtypes and fixed dims."""
+    problems = []
+    for kind, specs in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        got = {t["name"]: t for t in io[kind]}
+        if list(got) != [t.name for t in specs]:
+            problems.append(f"{kind}: expected {[t.name for t in specs]}, parsed {list(got)}")
+            continue
+        for t in specs:
+            g = got[t.name]
+            if g["dtype"] != t.dtype:
+                problems.append(f"{t.name}: dtype {g['dtype']}, contract says {t.dtype}")
+            want = [-1 if isinstance(a, str) else a for a in t.shape]
+            if g["shape"] != want:
+                problems.append(f"{t.name}: shape {g['shape']}, contract says {want}")
+    if problems:
+        raise BundleError(f"{onnx_path}: the parsed TensorRT network does not match the bundle's contract: "
+                          + "; ".join(problems))
+
+
+def build_engine(trt, onnx_path: Path, spec: GraphSpec, ranges: ProfileRanges, options: BuildOptions,
+                 flavor: str, progress: Callable[[str, int, int], None] | None = None) -> tuple[bytes, dict]:
+    """Parse, configure, build and serialize one engine; returns (engine bytes, build record)."""
+    logger = make_logger(trt)
+    builder = trt.Builder(logger)
+    if builder is None:
+        raise XformError(f"{flavor}: could not create a builder: {' '.join(logger.errors)}")
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise XformError(f"{onnx_path}: {flavor} cannot parse the graph: " + "; ".join(errors or logger.errors))
+    io = network_io(network)
+    check_network_against_contract(io, spec, onnx_path)
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
+    config.builder_optimization_level = options.builder_optimization_level
+    if options.tf32:
+        config.set_flag(trt.BuilderFlag.TF32)
+    else:
+        config.clear_flag(trt.BuilderFlag.TF32)
+    profile = builder.create_optimization_profile()
+    tensor_profiles = {}
+    for t in spec.inputs:
+        if not t.dynamic_axes():
+            continue
+        lo, opt, hi = ranges.shapes(t)
+        profile.set_shape(t.name, lo, opt, hi)
+        tensor_profiles[t.name] = [list(lo), list(opt), list(hi)]
+    if config.add_optimization_profile(profile) < 0:
+        raise XformError(f"{onnx_path}: {flavor} rejected the optimization profile {ranges.to_dict()}: "
+                         + " ".join(logger.errors))
+    cache = None
+    if options.timing_cache is not None and flavor == "tensorrt":
+        data = options.timing_cache.read_bytes() if options.timing_cache.is_file() else b""
+        cache = config.create_timing_cache(data)
+        if cache is None or not config.set_timing_cache(cache, False):
+            raise XformError(f"--timing-cache {options.timing_cache}: TensorRT could not use it")
+    if progress is not None:
+        config.progress_monitor = make_progress_monitor(trt, progress)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise XformError(f"{onnx_path}: {flavor} failed to build an engine: " + " ".join(logger.errors))
+    if cache is not None:
+        atomic_write_bytes(options.timing_cache, bytes(config.get_timing_cache().serialize()))
+    # what the engine was built with, read back from the builder config, not the request
+    record = {"io": io, "tensor_profiles": tensor_profiles, "tf32": bool(config.get_flag(trt.BuilderFlag.TF32)),
+              "workspace_mib": config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) >> 20,
+              "builder_optimization_level": config.builder_optimization_level}
+    return bytes(serialized), record
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def engine_key(graph: str, flavor: str) -> str:
+    return f"{graph}.{flavor}"
+
+
+def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
+                  options: BuildOptions | None = None, force: bool = False,
+                  progress: Callable[[str, str, int, int], None] | None = None, **range_flags) -> dict:
+    """Build the encoder and decoder engines of a bundle and record them in its manifest."""
+    bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
+    trt, flavor = import_tensorrt(flavor)
+    options = options or BuildOptions()
+    if not 0 <= options.builder_optimization_level <= 5:
+        raise XformError(f"--builder-opt-level {options.builder_optimization_level}: expected 0 to 5")
+    if options.workspace_mib < 1:
+        raise XformError(f"--workspace {options.workspace_mib}: expected at least 1 MiB")
+    gpu = gpu_info()
+    if flavor == "tensorrt" and gpu is None:
+        raise BackendUnavailableError(
+            "tensorrt builds engines on an NVIDIA GPU and this machine has none; use --flavor tensorrt_rtx "
+            "(pip install tensorrt-rtx), which builds ahead of time without a GPU")
+    if options.timing_cache is not None and flavor != "tensorrt":
+        log.warning("--timing-cache: %s has no timing cache (its timing cache calls are no-ops); ignored", flavor)
+    ranges = ranges or profile_ranges(bundle.config, **range_flags)
+    engine_dir = bundle.path / ENGINE_DIR
+    targets = {g: engine_dir / f"{engine_key(g, flavor)}.engine" for g in (ENCODER, DECODER)}
+    existing = [str(p) for p in targets.values() if p.exists()]
+    if existing and not force:
+        raise BundleError(f"{', '.join(existing)}: already built; pass --force to rebuild")
+    built: dict[str, tuple[bytes, dict]] = {}
+    for graph in (ENCODER, DECODER):
+        cb = (lambda phase, done, total, g=graph: progress(g, phase, done, total)) if progress else None
+        built[graph] = build_engine(trt, bundle.graph_file(graph), bundle.graph_spec(graph), ranges, options,
+                                    flavor, cb)
+    target = ({"gpu": gpu["name"], "compute_capability": gpu["compute_capability"]} if gpu and flavor == "tensorrt"
+              else {"gpu": gpu["name"] if gpu else None,
+                    "compute_capability": "portable (TensorRT-RTX ahead-of-time default: every supported "
+                                          "RTX GPU of compute capability 8.0 or newer)"})
+    engine_dir.mkdir(exist_ok=True)
+    manifest = bundle.manifest
+    written = []
+    try:
+        for graph, (data, record) in built.items():
+            atomic_write_bytes(targets[graph], data)
+            written.append(targets[graph])
+            onnx_name = manifest["graphs"][graph]["file"]
+            manifest["engines"][engine_key(graph, flavor)] = {
+                "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
+                "tensorrt_version": trt.__version__, "target": target, "profile": ranges.to_dict(),
+                "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name], "precision": bundle.precision,
+                "strongly_typed": True,
+                "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt" else None,
+                "bytes": len(data), **record}
+        write_manifest(bundle.path, manifest)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        if engine_dir.exists() and not any(engine_dir.iterdir()):
+            shutil.rmtree(engine_dir)
+        raise
+    return {engine_key(g, flavor): manifest["engines"][engine_key(g, flavor)] for g in (ENCODER, DECODER)}

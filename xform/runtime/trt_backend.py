@@ -1,0 +1,227 @@
+"""The TensorRT backend: the bundle's engines on an NVIDIA GPU, through cuda-bindings.
+
+Device buffers are allocated once, at the engines' profile maximum. The encoder writes the cross
+K/V and the source mask straight into the buffers the decoder reads; the self-attention cache
+lives on the device in two buffer sets per layer that swap roles every step (the present of one
+step is the past of the next, already in the layout TensorRT wrote it in). Each step copies the
+input ids in (8 bytes a row) and only the next ids out, plus the logits when asked (--check).
+Every CUDA and TensorRT status is checked. Works with `tensorrt` and `tensorrt_rtx` alike.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from xform.contract import DECODER, ENCODER, GraphSpec, TensorSpec, kv_names
+from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
+from xform.runtime.bundle import Bundle
+from xform.runtime.gpu import gpu_info
+
+log = logging.getLogger(__name__)
+FLAVORS = ("tensorrt", "tensorrt_rtx")
+
+
+def import_cudart():
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError as e:
+        raise BackendUnavailableError(f"the trt backend needs cuda-bindings: pip install cuda-bindings ({e})") from None
+    return cudart
+
+
+def cuda_check(cudart, result, what: str):
+    """cuda-bindings calls return (error, *values): raise on error, return the values."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        _, name = cudart.cudaGetErrorName(err)
+        raise XformError(f"CUDA error in {what}: {name.decode() if isinstance(name, bytes) else name}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
+    """The (flavor, encoder entry, decoder entry) to run; the engines must come from this ONNX."""
+    engines = bundle.manifest.get("engines", {})
+    flavors = [f for f in FLAVORS if f"{ENCODER}.{f}" in engines and f"{DECODER}.{f}" in engines]
+    if flavor != "auto":
+        flavors = [f for f in flavors if f == flavor]
+    if not flavors:
+        raise BundleError(f"{bundle.path}: no TensorRT engines{'' if flavor == 'auto' else ' for ' + flavor}; "
+                          f"build them with: xform build-engine {bundle.path}")
+    chosen = flavors[0]
+    enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
+    for entry in (enc, dec):
+        onnx_hash = bundle.manifest["files"][entry["onnx"]]
+        if entry["onnx_sha256"] != onnx_hash:
+            raise BundleError(f"{bundle.path / entry['file']}: built from another {entry['onnx']} "
+                              f"(sha256 {entry['onnx_sha256'][:16]}..., the bundle's is {onnx_hash[:16]}...); "
+                              f"rebuild with: xform build-engine {bundle.path} --force")
+    return chosen, enc, dec
+
+
+@dataclass
+class DeviceBuffer:
+    ptr: int
+    nbytes: int
+
+
+class TrtBackend:
+    name = "trt"
+
+    def __init__(self, bundle: Bundle, device: str = "cuda", flavor: str = "auto"):
+        if device != "cuda":
+            raise XformError(f"the trt backend runs on an NVIDIA GPU: use --device cuda, not {device!r}")
+        self.flavor, enc_entry, dec_entry = pick_engines(bundle, flavor)
+        if gpu_info() is None:
+            raise BackendUnavailableError("the trt backend needs an NVIDIA GPU with a CUDA driver; none was found "
+                                          "(use --backend ort on this machine)")
+        import importlib
+        self.trt = trt = importlib.import_module(self.flavor)
+        self.cudart = cudart = import_cudart()
+        self.buffers: list[DeviceBuffer] = []
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.runtime = trt.Runtime(self.logger)
+        self.enc_spec, self.dec_spec = bundle.graph_spec(ENCODER), bundle.graph_spec(DECODER)
+        self.encoder = self.deserialize(bundle, enc_entry, self.enc_spec)
+        self.decoder = self.deserialize(bundle, dec_entry, self.dec_spec)
+        self.enc_ctx = self.encoder.create_execution_context()
+        self.dec_ctx = self.decoder.create_execution_context()
+        if self.enc_ctx is None or self.dec_ctx is None:
+            raise XformError("TensorRT could not create an execution context (out of GPU memory?)")
+        self.stream = cuda_check(cudart, cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
+                                 "cudaStreamCreateWithFlags")
+        prof = dec_entry["profile"]
+        self.max_batch, self.max_src = prof["batch"][2], prof["src_len"][2]
+        self.max_steps = prof["past_len"][2] + 1
+        cfg = bundle.config
+        self.n_layers, self.vocab = cfg["n_decoder_layers"], cfg["tgt_vocab_size"]
+        self.allocate()
+
+    # -- setup -------------------------------------------------------------------------------
+    def deserialize(self, bundle: Bundle, entry: dict, spec: GraphSpec):
+        engine = self.runtime.deserialize_cuda_engine(bundle.file(entry["file"]).read_bytes())
+        if engine is None:
+            raise XformError(f"{bundle.file(entry['file'])}: {self.flavor} {self.trt.__version__} cannot deserialize "
+                             f"it (built with {entry['tensorrt_version']} for {entry['target']}); rebuild it here")
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        want = spec.input_names + spec.output_names
+        if sorted(names) != sorted(want):
+            raise BundleError(f"{bundle.file(entry['file'])}: engine tensors {names} differ from the contract's {want}")
+        for t in (*spec.inputs, *spec.outputs):
+            got = np.dtype(self.trt.nptype(engine.get_tensor_dtype(t.name)))
+            if got != np.dtype(t.dtype):
+                raise BundleError(f"{bundle.file(entry['file'])}: tensor {t.name} is {got} in the engine, "
+                                  f"{t.dtype} in the contract")
+        return engine
+
+    def alloc(self, spec: TensorSpec, **axes: int) -> DeviceBuffer:
+        """A device buffer for `spec` at the given axis sizes (cudaMalloc is 256-byte aligned)."""
+        shape = [axes[a] if isinstance(a, str) else a for a in spec.shape]
+        nbytes = max(int(np.prod(shape)) * np.dtype(spec.dtype).itemsize, 256)  # never a null address
+        ptr = cuda_check(self.cudart, self.cudart.cudaMalloc(nbytes), f"cudaMalloc({spec.name}, {nbytes})")
+        buf = DeviceBuffer(int(ptr), nbytes)
+        self.buffers.append(buf)
+        return buf
+
+    def allocate(self) -> None:
+        B, S, P = self.max_batch, self.max_src, self.max_steps
+        self.enc_bufs = {t.name: self.alloc(t, batch=B, src_len=S) for t in (*self.enc_spec.inputs, *self.enc_spec.outputs)}
+        dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
+        self.dec_bufs = {n: self.alloc(dec[n], batch=B) for n in ("input_ids", "min_new_tokens", "logits", "next_ids")}
+        past, present = kv_names("past", self.n_layers), kv_names("present", self.n_layers)
+        # two cache sets: step k reads set k % 2 as past and writes set (k + 1) % 2 as present
+        self.cache = [[self.alloc(dec[n], batch=B, past_len=P) for n in past] for _ in range(2)]
+        self.past_names, self.present_names = past, present
+        self.cross_names = kv_names("cross", self.n_layers)
+        self.kv_spec = dec[past[0]]
+
+    # -- helpers -------------------------------------------------------------------------------
+    def h2d(self, buf: DeviceBuffer, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        assert array.nbytes <= buf.nbytes  # sizes are checked against the profile before this
+        cuda_check(self.cudart, self.cudart.cudaMemcpyAsync(
+            buf.ptr, array.ctypes.data, array.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            self.stream), "cudaMemcpyAsync host to device")
+        self.cuda_sync()  # the host array may be freed when we return
+
+    def d2h(self, buf: DeviceBuffer, shape: tuple[int, ...], dtype) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        cuda_check(self.cudart, self.cudart.cudaMemcpyAsync(
+            out.ctypes.data, buf.ptr, out.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+            self.stream), "cudaMemcpyAsync device to host")
+        return out
+
+    def cuda_sync(self) -> None:
+        cuda_check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def bind(self, ctx, name: str, buf: DeviceBuffer, shape: tuple[int, ...] | None = None) -> None:
+        if shape is not None and not ctx.set_input_shape(name, shape):
+            raise XformError(f"TensorRT rejected shape {shape} for {name} (outside the engine's profile?)")
+        if not ctx.set_tensor_address(name, buf.ptr):
+            raise XformError(f"TensorRT rejected the address of {name}")
+
+    def execute(self, ctx, what: str) -> None:
+        # tensorrt has both properties, tensorrt_rtx only the first
+        if not getattr(ctx, "all_binding_shapes_specified", True) or not getattr(ctx, "all_shape_inputs_specified", True):
+            raise XformError(f"TensorRT {what}: not every input shape is set")
+        if not ctx.execute_async_v3(int(self.stream)):
+            raise XformError(f"TensorRT {what}: execute_async_v3 failed: see the TensorRT log above")
+
+    # -- the backend interface -------------------------------------------------------------------
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
+        B, S = src_ids.shape
+        if B > self.max_batch:
+            raise InputError(f"batch {B} exceeds the engines' --max-batch {self.max_batch}; rebuild with a larger one")
+        if S > self.max_src:
+            raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a larger one")
+        self.B, self.S, self.steps = B, S, 0
+        self.h2d(self.enc_bufs["src_ids"], src_ids)
+        self.h2d(self.enc_bufs["src_lengths"], src_lengths)
+        self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"], (B, S))
+        self.bind(self.enc_ctx, "src_lengths", self.enc_bufs["src_lengths"], (B,))
+        for name in self.enc_spec.output_names:
+            self.bind(self.enc_ctx, name, self.enc_bufs[name])
+        self.execute(self.enc_ctx, "encoder")
+        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        for name in self.cross_names:  # the decoder reads the encoder's outputs in place
+            self.bind(self.dec_ctx, name, self.enc_bufs[name], (B, H, S, D))
+        self.bind(self.dec_ctx, "src_mask", self.enc_bufs["src_mask"], (B, S))
+
+    def step(self, input_ids, min_new_tokens, want_logits=False):
+        if self.steps >= self.max_steps:
+            raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
+                             "rebuild with a larger one")
+        B, p = self.B, self.steps
+        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(B, 1))
+        self.h2d(self.dec_bufs["min_new_tokens"], np.array([min_new_tokens], np.int64))
+        self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"], (B, 1))
+        self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"], (1,))
+        past, present = self.cache[p % 2], self.cache[(p + 1) % 2]
+        for i, name in enumerate(self.past_names):
+            self.bind(self.dec_ctx, name, past[i], (B, H, p, D))  # p == 0: a real, empty buffer
+        for i, name in enumerate(self.present_names):
+            self.bind(self.dec_ctx, name, present[i])
+        self.bind(self.dec_ctx, "logits", self.dec_bufs["logits"])
+        self.bind(self.dec_ctx, "next_ids", self.dec_bufs["next_ids"])
+        self.execute(self.dec_ctx, f"decoder step {p}")
+        next_ids = self.d2h(self.dec_bufs["next_ids"], (B,), np.int64)
+        logits = self.d2h(self.dec_bufs["logits"], (B, self.vocab), np.float32) if want_logits else None
+        self.cuda_sync()
+        self.steps += 1
+        return next_ids, logits
+
+    def close(self) -> None:
+        for buf in self.buffers:
+            self.cudart.cudaFree(buf.ptr)
+        self.buffers = []
+        if getattr(self, "stream", None) is not None:
+            self.cudart.cudaStreamDestroy(self.stream)
+            self.stream = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to free into
+            pass
