@@ -13,7 +13,7 @@ from xform.errors import XformError
 from xform.runtime.bundle import Bundle
 from xform.runtime.compare import CheckReport, compare_steps, tolerance_for
 from xform.runtime.session import Session
-from xform.runtime.tokenizer import VocabTokenizer
+from xform.runtime.tokenizer import load_tokenizer
 
 BACKENDS = ("torch", "ort", "trt")
 DEVICES = ("cpu", "cuda")
@@ -44,7 +44,7 @@ def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
     bundle = Bundle.open(bundle_dir)
     tok = bundle.tokenizer_file
-    tokenizer = VocabTokenizer.from_file(tok, bundle.config) if tok else None
+    tokenizer = load_tokenizer(tok, bundle.config) if tok else None
     return Session(make_backend(bundle, backend, device, threads), bundle.config, tokenizer, bundle)
 
 

@@ -81,3 +81,14 @@ def test_encoder_cross_kv_shapes():
     assert len(enc.cross_kv) == cfg.n_decoder_layers
     assert enc.cross_kv[0][0].shape == (4, cfg.n_heads, 7, cfg.head_dim)
     assert np.array_equal((enc.src_mask == 0).sum(1).numpy(), lengths.numpy())
+
+
+def test_banned_ids_never_generated():
+    model = make_model("seed-002", output_bias=True, banned_ids=(7, 9))
+    with torch.no_grad():
+        model.output_bias[7] = 100.0
+        model.output_bias[9] = 90.0
+    src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [5, 3, 6]))
+    out = greedy_decode(model, src, lengths, 8)
+    assert not ((out == 7) | (out == 9)).any()
+    assert torch.equal(out, cached_greedy_decode(model, src, lengths, 8))

@@ -6,6 +6,7 @@ the reference checkpoint and tokenizer, and write the manifest with every file's
 """
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import shutil
@@ -52,7 +53,8 @@ def check_graph(path: Path) -> None:
 
 
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
-                  force: bool = False, loaded: LoadedModel | None = None,
+                  force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
+                  hparams: dict | None = None,
                   progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
     out = Path(out)
     if precision not in PRECISIONS:
@@ -61,7 +63,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         raise XformError(f"--opset {opset} is too old; xform needs opset {MIN_OPSET} or newer (LayerNormalization)")
     refuse_existing(out, force)
     progress("loading model")
-    loaded = loaded or resolve_model(model_ref)
+    loaded = loaded or resolve_model(model_ref, arch, hparams)
     model, cfg = loaded.model.eval(), loaded.model.cfg
     graph_model = to_fp16(model) if precision == "fp16" else model
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision])
@@ -73,7 +75,11 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             check_graph(tmp / f"{graph}.onnx")
         save_checkpoint(model, tmp / REFERENCE_DIR)
         if loaded.tokenizer is not None:
-            shutil.copyfile(loaded.tokenizer, tmp / "tokenizer.json")
+            (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
+            if loaded.tokenizer_files:
+                (tmp / "tokenizer").mkdir()
+                for f in loaded.tokenizer_files:
+                    shutil.copyfile(f, tmp / "tokenizer" / f.name)
         manifest = {
             "format": FORMAT, "version": VERSION, "precision": precision, "opset": opset,
             "precision_plan": PRECISION_PLANS[precision],

@@ -53,6 +53,8 @@ class TransformerConfig:
     decoder_start_id: int | None = None
     max_len: int = 256
     dropout: float = 0.0
+    # ids greedy decoding never picks, besides the pad id (Marian's single-token bad_words_ids)
+    banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -94,6 +96,11 @@ class TransformerConfig:
         if isinstance(self.pad_id, int) and isinstance(self.src_vocab_size, int) \
                 and self.pad_id >= self.src_vocab_size:
             p.append(f"pad_id ({self.pad_id}) must be below src_vocab_size ({self.src_vocab_size})")
+        if not isinstance(self.banned_ids, tuple) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.tgt_vocab_size for i in self.banned_ids):
+            p.append(f"banned_ids must be a tuple of ids below tgt_vocab_size, got {self.banned_ids!r}")
+        elif self.eos_id in self.banned_ids:
+            p.append(f"banned_ids must not contain eos_id ({self.eos_id})")
         if self.eos_id == self.pad_id:
             p.append(f"eos_id and pad_id must differ, both are {self.eos_id}")
         return p
@@ -115,6 +122,8 @@ class TransformerConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown TransformerConfig keys {unknown}; known: {sorted(known)}")
+        if isinstance(d.get("banned_ids"), list):  # JSON has no tuples
+            d = {**d, "banned_ids": tuple(d["banned_ids"])}
         try:
             return cls(**d)
         except TypeError as e:  # a required key is missing

@@ -111,10 +111,15 @@ class Seq2SeqTransformer(nn.Module):
         return self.decode(tgt_in, self.encode(src_ids, src_lengths))[0]
 
     def suppress(self, logits: Tensor, n_generated: Tensor | int, min_new_tokens: Tensor | int) -> Tensor:
-        """The logits greedy picks from: the pad id never, end-of-sentence not before min_new_tokens."""
+        """The logits greedy picks from: the pad id and banned ids never, end-of-sentence not before
+        min_new_tokens."""
         V = logits.shape[-1]
         ids = torch.arange(V, device=logits.device)
-        blocked = (ids == self.cfg.pad_id) | ((ids == self.cfg.eos_id) & (torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)))
+        blocked = ids == self.cfg.pad_id
+        for banned in self.cfg.banned_ids:
+            blocked = blocked | (ids == banned)
+        early = torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)
+        blocked = blocked | ((ids == self.cfg.eos_id) & early)
         return logits.masked_fill(blocked, float("-inf"))
 
 

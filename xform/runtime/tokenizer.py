@@ -1,11 +1,14 @@
-"""Text in and out: the bundle's tokenizer file turned into ids and back.
+"""Text in and out: the bundle's tokenizer file turned into ids and back, offline.
 
 Kind `xform-vocab`: explicit token lists for source and target, split into characters or
-whitespace-separated words. Pure Python; no torch.
+whitespace-separated words. Kind `marian-spm`: Marian's sentencepiece models and vocabularies,
+tokenized as transformers' MarianTokenizer does (language-code prefix, pieces, <unk> fallback,
+end-of-sentence appended). sentencepiece is imported only for the latter. No torch.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +42,6 @@ class VocabTokenizer:
         self.cfg = config
         self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
 
-    @classmethod
-    def from_file(cls, path: Path, config: dict[str, Any]) -> "VocabTokenizer":
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise BundleError(f"{path}: unreadable tokenizer ({e})") from None
-        return cls(data, config, str(path))
 
     def encode(self, text: str) -> list[int]:
         ids = []
@@ -66,3 +62,72 @@ class VocabTokenizer:
             if i not in self.special:
                 pieces.append(self.tgt.tokens[i])
         return self.tgt.join(pieces)
+
+
+class SpmTokenizer:
+    """Marian's tokenizer: sentencepiece pieces mapped through vocab.json (target_vocab.json for
+    the target side when the vocabularies are separate)."""
+
+    LANGUAGE_CODE = re.compile(">>.+<<")
+
+    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise BundleError(f"{source}: this bundle's tokenizer needs sentencepiece: pip install sentencepiece") from None
+        self.cfg = config
+        d = root / "tokenizer"
+
+        def spm(name):
+            proc = sentencepiece.SentencePieceProcessor()
+            if not (d / name).is_file() or not proc.Load(str(d / name)):
+                raise BundleError(f"{d / name}: missing or not a sentencepiece model")
+            return proc
+
+        def vocab(name):
+            try:
+                return json.loads((d / name).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise BundleError(f"{d / name}: unreadable vocabulary ({e})") from None
+
+        self.spm_source = spm("source.spm")
+        self.spm_target = spm("target.spm") if (d / "target.spm").is_file() else self.spm_source
+        self.encoder = vocab("vocab.json")
+        target = vocab("target_vocab.json") if data.get("separate_vocabs") else self.encoder
+        self.decoder = {i: t for t, i in target.items()}
+        unk = data.get("unk_token", "<unk>")
+        if unk not in self.encoder:
+            raise BundleError(f"{d / 'vocab.json'}: has no unknown token {unk!r}")
+        self.unk_id = self.encoder[unk]
+        self.special = {config["pad_id"], config["eos_id"], self.unk_id, config.get("decoder_start_id")}
+
+    def encode(self, text: str) -> list[int]:
+        match = self.LANGUAGE_CODE.match(text)
+        code = [match.group(0)] if match else []
+        pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)
+        return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg["eos_id"]]
+
+    def decode(self, ids) -> str:
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i == self.cfg["eos_id"]:
+                break
+            if i not in self.special:
+                pieces.append(self.decoder.get(i, ""))
+        return self.spm_target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+
+def load_tokenizer(path: Path, config: dict[str, Any]):
+    """The bundle's tokenizer, by the kind its tokenizer.json names."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path}: unreadable tokenizer ({e})") from None
+    kind = data.get("kind")
+    if kind == "xform-vocab":
+        return VocabTokenizer(data, config, str(path))
+    if kind == "marian-spm":
+        return SpmTokenizer(data, config, path.parent, str(path))
+    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab or marian-spm")

@@ -1,0 +1,140 @@
+"""Marian / OPUS-MT: directories made by transformers export and decode exactly as transformers does."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import xform
+from tests.marian_fixtures import CONFIGS, build_marian, marian_config, sources, train_marian, write_tokenizer
+from xform.errors import CheckpointError, ConfigError
+from xform.exporter.export import export_bundle
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+
+
+@pytest.fixture(scope="module")
+def marians(tmp_path_factory):
+    out = {}
+    for name in CONFIGS:
+        d = tmp_path_factory.mktemp("marian") / name
+        model = build_marian(d, name, safe=(name != "gelu-unscaled"))  # one as pytorch_model.bin
+        out[name] = (d, model, export_bundle(d, tmp_path_factory.mktemp("bundle") / name).path)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("lengths", [[7, 3, 5, 9], [4], [8, 8, 2]])
+def test_greedy_tokens_identical_to_transformers(marians, name, lengths):
+    d, model, bundle = marians[name]
+    src, mask = sources(model.config, lengths, seed=len(lengths))
+    with torch.no_grad():
+        hf = model.generate(src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=12)[:, 1:]
+    got = xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=12)
+    np.testing.assert_array_equal(got, hf.numpy())
+    if len(lengths) > 1:
+        assert len({tuple(r) for r in hf.tolist()}) > 1, "outputs do not depend on the input"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_within_fp32_tolerance_of_transformers(marians, name):
+    d, model, bundle = marians[name]
+    session = xform.load(bundle, backend="ort")
+    src, mask = sources(model.config, [9, 4, 6, 2], seed=11)
+    tokens = session.generate(src.numpy(), max_new_tokens=10)
+    start = torch.full((4, 1), model.config.decoder_start_token_id)
+    with torch.no_grad():
+        hf = model(input_ids=src, attention_mask=mask,
+                   decoder_input_ids=torch.cat([start, torch.from_numpy(tokens[:, :-1])], 1)).logits.numpy()
+    _, ours = session.teacher_forced(src.numpy(), None, tokens)
+    ended = np.cumsum(tokens == 0, axis=1)
+    active = (ended == 0) | ((ended == 1) & (tokens == 0))
+    err = np.abs(ours[active] - hf[active]).max()
+    assert err < 1e-4, err
+
+
+def test_manifest_records_the_source(marians):
+    d, _, bundle = marians["gelu-unscaled"]
+    m = json.loads((bundle / "manifest.json").read_text())
+    src = m["model"]["source"]
+    assert src["kind"] == "huggingface-marian" and src["weights"] == "pytorch_model.bin"
+    cfg = m["model"]["config"]
+    assert cfg["activation"] == "gelu" and cfg["scale_embedding"] is False and cfg["positions"] == "sinusoidal_split"
+    assert cfg["n_encoder_layers"] == 3 and cfg["n_decoder_layers"] == 1 and cfg["decoder_start_id"] == cfg["pad_id"]
+
+
+def test_refuses_what_it_cannot_express_with_every_reason(tmp_path):
+    cfg = marian_config(**CONFIGS["swish-scaled"]).to_dict()
+    cfg.update(decoder_attention_heads=2, decoder_ffn_dim=64, activation_function="mish",
+               bad_words_ids=[[5, 6]], normalize_before=True)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        export_bundle(tmp_path, tmp_path / "out")
+    msg = str(e.value)
+    for fragment in ("decoder_attention_heads (2)", "decoder_ffn_dim (64)", "'mish'", "multi-token", "normalize_before"):
+        assert fragment in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_and_untied_weights_are_named(marians, tmp_path):
+    from safetensors.torch import load_file, save_file
+    d, _, _ = marians["swish-scaled"]
+    state = load_file(str(d / "model.safetensors"))
+    del state["model.decoder.layers.2.fc1.bias"]
+    state["lm_head.weight"] = state["model.shared.weight"] + 1.0
+    target = tmp_path / "m"
+    target.mkdir()
+    save_file(state, str(target / "model.safetensors"))
+    for f in ("config.json", "generation_config.json"):
+        (target / f).write_text((d / f).read_text())
+    with pytest.raises(CheckpointError) as e:
+        export_bundle(target, tmp_path / "out")
+    assert "missing model.decoder.layers.2.fc1.bias" in str(e.value)
+    assert "lm_head.weight should be tied to model.shared.weight but differs" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    from transformers import MarianMTModel, MarianTokenizer
+    d = tmp_path_factory.mktemp("marian-text")
+    vocab = write_tokenizer(d)
+    torch.manual_seed(1)
+    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=2, decoder_layers=2,
+                                                     activation_function="swish", scale_embedding=True)), 120)
+    model.save_pretrained(d)
+    tok = MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"))
+    return d, model, tok, export_bundle(d, tmp_path_factory.mktemp("bundle") / "text").path
+
+
+TEXTS = ["the red cat sleeps", "a blue dog zzz runs fast", ">>fr<< my old bird is here", "one green cat"]
+
+
+def test_tokenizer_matches_marian_tokenizer(text_model):
+    d, _, tok, bundle = text_model
+    session = xform.load(bundle, backend="ort")
+    assert [session.tokenizer.encode(t) for t in TEXTS] == tok(TEXTS).input_ids
+    ids = [[5, 9, 14, 3, 0, 51, 51], [7, 1, 2, 0]]
+    assert [session.tokenizer.decode(r) for r in ids] == tok.batch_decode(ids, skip_special_tokens=True)
+
+
+def test_translate_text_equals_transformers(text_model):
+    d, model, tok, bundle = text_model
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        hf = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=16)
+    expected = tok.batch_decode(hf, skip_special_tokens=True)
+    assert xform.load(bundle, backend="ort").translate(TEXTS, max_new_tokens=16) == expected
+    assert any(expected)
+
+
+def test_text_translation_offline_without_transformers(text_model):
+    _, _, _, bundle = text_model
+    code = f"""
+import sys, xform
+s = xform.load({str(bundle)!r}, backend="ort")
+print(s.translate(["the red cat sleeps"], max_new_tokens=8))
+assert "transformers" not in sys.modules and "torch" not in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})

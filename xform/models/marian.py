@@ -1,0 +1,232 @@
+"""Import a Hugging Face Marian / OPUS-MT directory into xform's model, without transformers.
+
+The converter template: read the config and refuse what xform cannot express (every reason at
+once), map every weight by a declarative name table, check that tied and positional weights saved
+beside the canonical ones agree with them, and load strictly. Weights come from safetensors or
+from `pytorch_model.bin` loaded with `weights_only=True` (no arbitrary unpickling).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xform.errors import CheckpointError, ConfigError
+from xform.models.checkpoint import load_state_into, sha256_file
+from xform.models.config import TransformerConfig
+from xform.models.layers import sinusoid_table
+from xform.models.transformer import Seq2SeqTransformer
+
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
+
+
+def is_marian_dir(path: Path) -> bool:
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("model_type") == "marian"
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
+    """TransformerConfig from a Marian config.json (+ generation_config.json); refuses with every reason."""
+    problems = []
+    get = hf.get
+    if get("model_type") != "marian":
+        problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
+    if get("encoder_attention_heads") != get("decoder_attention_heads"):
+        problems.append(f"encoder_attention_heads ({get('encoder_attention_heads')}) differs from "
+                        f"decoder_attention_heads ({get('decoder_attention_heads')}); xform has one head count")
+    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
+        problems.append(f"encoder_ffn_dim ({get('encoder_ffn_dim')}) differs from decoder_ffn_dim "
+                        f"({get('decoder_ffn_dim')}); xform has one d_ff")
+    act = get("activation_function", "gelu")
+    if act not in ACTIVATIONS:
+        problems.append(f"activation_function {act!r} is not one of {sorted(ACTIVATIONS)}")
+    if get("normalize_before"):
+        problems.append("normalize_before is true (pre-LN Marian); Marian checkpoints are post-LN")
+    for flag in ("add_final_layer_norm", "layernorm_embedding", "add_bias_logits"):
+        if get(flag):
+            problems.append(f"{flag} is true; Marian has no such layer")
+    if get("static_position_embeddings") is False:
+        problems.append("static_position_embeddings is false; Marian positions are sinusoidal")
+    bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
+    long_bad = [w for w in bad_words if len(w) != 1]
+    if long_bad:
+        problems.append(f"bad_words_ids has multi-token sequences {long_bad[:3]}; xform bans single tokens only")
+    shared = get("share_encoder_decoder_embeddings", True)
+    vocab = get("vocab_size")
+    dec_vocab = get("decoder_vocab_size") or vocab
+    if shared and dec_vocab != vocab:
+        problems.append(f"share_encoder_decoder_embeddings with vocab_size {vocab} != decoder_vocab_size {dec_vocab}")
+    if problems:
+        raise ConfigError(f"{source}: this Marian config cannot be expressed by xform:\n  - " + "\n  - ".join(problems))
+    pad = get("pad_token_id")
+    start = generation.get("decoder_start_token_id", get("decoder_start_token_id", pad))
+    eos = generation.get("eos_token_id", get("eos_token_id"))
+    if isinstance(eos, list):
+        eos = eos[0]
+    banned = tuple(sorted({w[0] for w in bad_words} - {pad}))
+    try:
+        return TransformerConfig(
+            src_vocab_size=vocab, tgt_vocab_size=dec_vocab, d_model=get("d_model"),
+            n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
+            n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
+            activation=ACTIVATIONS[act], norm_position="post", final_norm=False, layer_norm_eps=1e-5,
+            norm_bias=True, attn_bias=True, ffn_bias=True, output_bias=True,
+            scale_embedding=bool(get("scale_embedding", False)), positions="sinusoidal_split",
+            share_embeddings=bool(shared), tie_output=bool(get("tie_word_embeddings", True)),
+            pad_id=pad, bos_id=start, eos_id=eos, decoder_start_id=start,
+            max_len=get("max_position_embeddings", 512), banned_ids=banned)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def layer_names(cfg: TransformerConfig) -> dict[str, str]:
+    """xform parameter name -> Marian parameter name, for every parameter of the model."""
+    names: dict[str, str] = {}
+    attn = ("q_proj", "k_proj", "v_proj", "out_proj")
+    for i in range(cfg.n_encoder_layers):
+        ours, theirs = f"encoder_layers.{i}", f"model.encoder.layers.{i}"
+        for kind in ("weight", "bias"):
+            for p in attn:
+                names[f"{ours}.self_attn.{p}.{kind}"] = f"{theirs}.self_attn.{p}.{kind}"
+            names[f"{ours}.attn_block.norm.{kind}"] = f"{theirs}.self_attn_layer_norm.{kind}"
+            names[f"{ours}.ffn.fc1.{kind}"] = f"{theirs}.fc1.{kind}"
+            names[f"{ours}.ffn.fc2.{kind}"] = f"{theirs}.fc2.{kind}"
+            names[f"{ours}.ffn_block.norm.{kind}"] = f"{theirs}.final_layer_norm.{kind}"
+    for i in range(cfg.n_decoder_layers):
+        ours, theirs = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
+        for kind in ("weight", "bias"):
+            for p in attn:
+                names[f"{ours}.self_attn.{p}.{kind}"] = f"{theirs}.self_attn.{p}.{kind}"
+                names[f"{ours}.cross_attn.{p}.{kind}"] = f"{theirs}.encoder_attn.{p}.{kind}"
+            names[f"{ours}.self_block.norm.{kind}"] = f"{theirs}.self_attn_layer_norm.{kind}"
+            names[f"{ours}.cross_block.norm.{kind}"] = f"{theirs}.encoder_attn_layer_norm.{kind}"
+            names[f"{ours}.ffn.fc1.{kind}"] = f"{theirs}.fc1.{kind}"
+            names[f"{ours}.ffn.fc2.{kind}"] = f"{theirs}.fc2.{kind}"
+            names[f"{ours}.ffn_block.norm.{kind}"] = f"{theirs}.final_layer_norm.{kind}"
+    return names
+
+
+def embedding_aliases(cfg: TransformerConfig) -> dict[str, list[str]]:
+    """xform embedding parameter -> the Marian names that may hold it. Tied weights may be saved
+    once or under every name: the first present is used, any other present must equal it."""
+    tied_head = ["lm_head.weight"] if cfg.tie_output else []
+    if cfg.share_embeddings:
+        out = {"src_embed.weight": ["model.shared.weight", "model.encoder.embed_tokens.weight",
+                                    "model.decoder.embed_tokens.weight", *tied_head]}
+    else:
+        out = {"src_embed.weight": ["model.encoder.embed_tokens.weight", "model.shared.weight"],
+               "tgt_embed.weight": ["model.decoder.embed_tokens.weight", *tied_head]}
+    if not cfg.tie_output:
+        out["lm_head.weight"] = ["lm_head.weight"]
+    return out
+
+
+def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                return load_file(str(path)), path
+            return torch.load(str(path), map_location="cpu", weights_only=True), path
+        except Exception as e:  # safetensors / torch raise several types for a corrupt file
+            raise CheckpointError(f"{path}: unreadable weights ({type(e).__name__}: {e})") from None
+    raise CheckpointError(f"{directory}: no weights; expected one of {WEIGHT_FILES}")
+
+
+def convert_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    ours: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    problems: list[str] = []
+    for name, candidates in embedding_aliases(cfg).items():
+        present = [c for c in candidates if c in theirs]
+        if not present:
+            problems.append(f"missing {' or '.join(candidates)}")
+            continue
+        ours[name] = theirs[present[0]]
+        for other in present[1:]:
+            if not torch.equal(theirs[other], theirs[present[0]]):
+                problems.append(f"{other} should be tied to {present[0]} but differs")
+        used.update(present)
+    for name, their_name in layer_names(cfg).items():
+        if their_name in theirs:
+            ours[name] = theirs[their_name]
+            used.add(their_name)
+        else:
+            problems.append(f"missing {their_name}")
+    tgt = ours.get("tgt_embed.weight")
+    if tgt is not None and tgt.shape[0] > cfg.tgt_vocab_size:
+        # transformers copies the encoder's table (vocab_size rows) as the decoder's input table
+        # while the output has decoder_vocab_size rows; the decoder only ever reads ids below that
+        ours["tgt_embed.weight"] = tgt[: cfg.tgt_vocab_size]
+    bias = theirs.get("final_logits_bias")
+    ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
+    used.add("final_logits_bias")
+    table = sinusoid_table(cfg.max_len, cfg.d_model, split=True)
+    for side in ("encoder", "decoder"):
+        key = f"model.{side}.embed_positions.weight"
+        if key in theirs:
+            used.add(key)
+            if theirs[key].shape != table.shape or not torch.allclose(theirs[key].float(), table, atol=1e-5):
+                problems.append(f"{key} is not Marian's sinusoidal table for max_position_embeddings {cfg.max_len}")
+    unexpected = sorted(set(theirs) - used)
+    if unexpected:
+        problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if problems:
+        raise CheckpointError(f"{source}: weights do not match a Marian model of this config:\n  - "
+                              + "\n  - ".join(problems))
+    return ours
+
+
+def load_marian(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
+    """(model, source description) from a Marian directory."""
+    directory = Path(directory)
+    hf = read_json(directory / "config.json")
+    gen_path = directory / "generation_config.json"
+    generation = read_json(gen_path) if gen_path.is_file() else {}
+    cfg = marian_config(hf, generation, str(directory / "config.json"))
+    theirs, weights_path = read_weights(directory)
+    state = convert_state(cfg, {k: v for k, v in theirs.items()}, str(weights_path))
+    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
+    notes = []
+    beams = generation.get("num_beams", hf.get("num_beams", 1))
+    if beams and beams > 1:
+        notes.append(f"generation_config asks for num_beams={beams}; xform decodes greedily (num_beams=1)")
+    source = {"path": str(directory.resolve()), "kind": "huggingface-marian", "sha256": sha256_file(weights_path),
+              "weights": weights_path.name, "notes": notes}
+    return model, source
+
+
+def tokenizer_spec(directory: Path) -> dict[str, Any] | None:
+    """The Marian tokenizer files present, for the bundle; None without sentencepiece models."""
+    directory = Path(directory)
+    if not (directory / "source.spm").is_file() or not (directory / "vocab.json").is_file():
+        return None
+    files = [f for f in TOKENIZER_FILES if (directory / f).is_file()]
+    tok_cfg = read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
+    return {"kind": "marian-spm", "files": files,
+            "separate_vocabs": bool(tok_cfg.get("separate_vocabs", False)),
+            "unk_token": tok_cfg.get("unk_token", "<unk>"), "eos_token": tok_cfg.get("eos_token", "</s>"),
+            "pad_token": tok_cfg.get("pad_token", "<pad>")}
