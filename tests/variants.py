@@ -11,8 +11,8 @@ VARIANTS = {
     # 000: post-LN, bias-free attention and FFN linears, ReLU, output linear with bias, no scaling
     "seed-000": dict(norm_position="post", attn_bias=False, ffn_bias=False, activation="relu",
                      output_bias=True, tie_output=False, scale_embedding=False),
-    # 001: pre-LN with a final LayerNorm, GELU, LayerNorm eps 1e-10, pad id 1 (padding_idx=1)
-    "seed-001": dict(norm_position="pre", final_norm=True, activation="gelu", layer_norm_eps=1e-10,
+    # 001: pre-LN (its final LayerNorm is defined but never applied), GELU, eps 1e-10, pad id 1
+    "seed-001": dict(norm_position="pre", final_norm=False, activation="gelu", layer_norm_eps=1e-10,
                      pad_id=1, bos_id=2, eos_id=3, tie_output=False),
     # 002: post-LN, ReLU, biases, embeddings scaled by sqrt(d_model)
     "seed-002": dict(norm_position="post", activation="relu", scale_embedding=True, tie_output=False),
@@ -23,10 +23,11 @@ VARIANTS = {
     # source/target embedding, interleaved sinusoidal positions, lm_head without bias
     "seed-004": dict(norm_position="pre", final_norm=True, norm_bias=False, attn_bias=False,
                      ffn_bias=False, share_embeddings=True, tgt_vocab_size=37, tie_output=False),
-    # Marian-like: SiLU, split sinusoids, shared + tied embeddings, final logits bias, start = pad
+    # Marian-like: SiLU, split sinusoids, shared + tied embeddings, final logits bias, start = pad,
+    # a banned id
     "marian": dict(activation="silu", positions="sinusoidal_split", share_embeddings=True,
                    tgt_vocab_size=37, tie_output=True, output_bias=True, scale_embedding=True,
-                   decoder_start_id=0),
+                   decoder_start_id=0, banned_ids=(5,)),
     # learned positions, GELU (tanh), pre-LN without a final norm
     "learned-pre": dict(positions="learned", activation="gelu_tanh", norm_position="pre", final_norm=False),
 }

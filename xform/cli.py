@@ -52,14 +52,39 @@ def main() -> None:
               help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32.")
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
+@click.option("--arch", type=click.Choice(["seed-000", "seed-001", "seed-002"]), default=None,
+              help="MODEL is a state dict saved from this seed tutorial's model class.")
+@click.option("--n-heads", type=int, help="--arch: attention heads (not recorded in the weights).")
+@click.option("--bos-id", type=int, help="--arch: start-of-sentence id, the decoder's first input.")
+@click.option("--eos-id", type=int, help="--arch: end-of-sentence id.")
+@click.option("--pad-id", type=int, help="--arch: pad id (default: the tutorial's, 0 or 1).")
+@click.option("--max-len", type=int, help="--arch: positions to keep (default: the saved table, or 512).")
+@click.option("--n-layers", type=int, help="--arch: encoder and decoder layers, checked against the weights.")
+@click.option("--n-encoder-layers", type=int, help="--arch: checked against the weights.")
+@click.option("--n-decoder-layers", type=int, help="--arch: checked against the weights.")
+@click.option("--d-model", type=int, help="--arch: checked against the weights.")
+@click.option("--d-ff", type=int, help="--arch: checked against the weights.")
+@click.option("--src-vocab-size", type=int, help="--arch: checked against the weights.")
+@click.option("--tgt-vocab-size", type=int, help="--arch: checked against the weights.")
 @handle_errors
-def export(model: str, output: Path, precision: str, opset: int, force: bool) -> None:
-    """Export MODEL (`demo` or an xform checkpoint directory) to a verified bundle."""
+def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
+           n_layers: int | None, **hparams) -> None:
+    """Export MODEL to a verified bundle.
+
+    MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
+    seed tutorial's state dict file with --arch and its hyper-parameters.
+    """
     from xform.exporter.export import export_bundle
 
+    if n_layers is not None:
+        hparams["n_encoder_layers"] = hparams["n_encoder_layers"] or n_layers
+        hparams["n_decoder_layers"] = hparams["n_decoder_layers"] or n_layers
+    hparams = {k: v for k, v in hparams.items() if v is not None}
+    if hparams and arch is None:
+        raise click.UsageError(f"{', '.join('--' + k.replace('_', '-') for k in hparams)} only go with --arch")
     with err.status("exporting") as status:
-        result = export_bundle(model, output, precision=precision, opset=opset, force=force,
-                               progress=lambda msg: status.update(msg))
+        result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
+                               hparams=hparams, progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
     c = v["check"]
     out.print(f"wrote {result.path} ({precision}, opset {opset})")
