@@ -48,8 +48,9 @@ def main() -> None:
 @click.argument("model")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
               help="Bundle directory to write.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32 (for GPUs). "
+                   "int8: int8 MatMul weights by ONNX Runtime dynamic quantization (for the CPU).")
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 @click.option("--arch", type=click.Choice(["seed-000", "seed-001", "seed-002"]), default=None,

@@ -58,3 +58,11 @@ def test_missing_file(copy):
     (copy / "encoder.onnx").unlink()
     with pytest.raises(BundleError, match="encoder.onnx: missing"):
         xform.load(copy)
+
+
+def test_tampered_external_weights(copy):
+    with open(copy / "encoder.onnx.data", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x01\x02\x03\x04")
+    with pytest.raises(BundleError, match=r"encoder.onnx.data: sha256 .* does not match"):
+        xform.load(copy)

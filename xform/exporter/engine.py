@@ -249,6 +249,9 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
                   progress: Callable[[str, str, int, int], None] | None = None, **range_flags) -> dict:
     """Build the encoder and decoder engines of a bundle and record them in its manifest."""
     bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
+    if bundle.precision == "int8":
+        raise XformError(f"{bundle.path}: an int8 bundle holds ONNX Runtime's dynamic quantization, which TensorRT "
+                         "does not build; build engines from an fp32 or fp16 export (xform export --precision fp16)")
     trt, flavor = import_tensorrt(flavor)
     options = options or BuildOptions()
     if not 0 <= options.builder_optimization_level <= 5:
@@ -285,10 +288,12 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
             atomic_write_bytes(targets[graph], data)
             written.append(targets[graph])
             onnx_name = manifest["graphs"][graph]["file"]
+            data_name = f"{onnx_name}.data"
             manifest["engines"][engine_key(graph, flavor)] = {
                 "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
                 "tensorrt_version": trt.__version__, "target": target, "profile": ranges.to_dict(),
-                "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name], "precision": bundle.precision,
+                "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name],
+                "onnx_data_sha256": manifest["files"].get(data_name), "precision": bundle.precision,
                 "strongly_typed": True,
                 "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt" else None,
                 "bytes": len(data), **record}

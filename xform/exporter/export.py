@@ -29,12 +29,15 @@ from xform.runtime.bundle import FORMAT, VERSION, Bundle, atomic_directory, refu
 from xform.runtime.compare import tolerance_for
 
 log = logging.getLogger(__name__)
-PRECISIONS = ("fp32", "fp16")
-KV_DTYPES = {"fp32": "float32", "fp16": "float16"}
+PRECISIONS = ("fp32", "fp16", "int8")
+KV_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "float32"}
 PRECISION_PLANS = {
     "fp32": "everything in fp32",
     "fp16": "weights, matmuls, residual stream and KV cache in fp16; LayerNorm, softmax, the output "
             "projection (a tied embedding table with it) and logits in fp32; source mask fp32",
+    "int8": "ONNX Runtime dynamic quantization of the fp32 graphs: MatMul and Gemm weights int8 (signed, "
+            "per tensor), their activations quantized on the fly; embedding lookups, LayerNorm, softmax, "
+            "K/V and logits fp32. For ONNX Runtime on the CPU; TensorRT engines come from fp32 / fp16 bundles",
 }
 REFERENCE_DIR = "reference"
 
@@ -43,6 +46,58 @@ REFERENCE_DIR = "reference"
 class ExportResult:
     path: Path
     manifest: dict
+
+
+def quantize_graph(fp32: Path, out: Path) -> None:
+    """int8 weights for MatMul / Gemm by ONNX Runtime's dynamic quantization; removes the fp32 input."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from xform.exporter.graphs import save_with_external_data
+
+    unshare_quantized_weights(fp32)
+    logging.disable(logging.WARNING)  # the quantizer logs advice on the root logger
+    try:
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False,
+                         op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True},
+                         use_external_data_format=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    save_with_external_data(onnx.load(str(out)), out)  # our layout: one <name>.onnx.data beside it
+    for p in (fp32, fp32.with_name(f"{fp32.name}.data")):
+        p.unlink(missing_ok=True)
+    for stray in out.parent.glob(f"{out.name}.data.*"):
+        stray.unlink()
+
+
+def unshare_quantized_weights(path: Path) -> None:
+    """Give a MatMul / Gemm weight that other nodes also read (a tied embedding: Gather + the
+    output Gemm) a copy of its own: the quantizer rewrites (transposes, int8s) the weights it
+    quantizes in place, which would break the Gather."""
+    import onnx
+
+    from xform.exporter.graphs import save_with_external_data
+
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    changed = False
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        for k, name in enumerate(node.input[:2]):
+            if name in inits and readers[name] > 1:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(inits[name])
+                copy.name = f"{name}.{node.op_type.lower()}_weight"
+                model.graph.initializer.append(copy)
+                node.input[k] = copy.name
+                changed = True
+    if changed:
+        save_with_external_data(model, path)
 
 
 def check_graph(path: Path) -> None:
@@ -71,7 +126,11 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     with atomic_directory(out, force) as tmp:
         for graph in GRAPHS:
             progress(f"exporting {graph} ({precision})")
-            export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset)
+            if precision == "int8":
+                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset)
+                quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
+            else:
+                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset)
             check_graph(tmp / f"{graph}.onnx")
         save_checkpoint(model, tmp / REFERENCE_DIR)
         if loaded.tokenizer is not None:

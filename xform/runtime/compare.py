@@ -90,6 +90,8 @@ class Tolerance:
 TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance(1e-4, 0.0, 1.0, "fp32 graphs: same math as eager, only kernel order differs"),
     "fp16": Tolerance(0.0, 1e-2, 0.99, "fp16 weights and K/V: logits within 1% of the step's logit scale"),
+    "int8": Tolerance(0.0, 1e-1, 0.90, "int8 weights, dynamically quantized activations: logits within 10% of "
+                                      "the step's logit scale (demo model: 3.2% measured), 90% of tokens"),
 }
 
 

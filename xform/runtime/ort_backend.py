@@ -1,7 +1,11 @@
 """The ONNX Runtime backend: runs the bundle's encoder and decoder graphs on the CPU or CUDA.
 
-onnxruntime is imported when a backend is made, never at `import xform`. `onnxruntime` and
-`onnxruntime-gpu` install the same module; the CUDA provider exists only in the latter.
+Decoding runs through IO binding on the session's device: the encoder's outputs stay OrtValues
+bound straight into the decoder, and each step's present K/V (allocated by ONNX Runtime) is bound
+as the next step's past, so no K/V byte passes through Python or numpy. Only the next ids (and the
+logits when asked) are written to host buffers.
+onnxruntime is imported when a backend is made, never at `import xform`; `onnxruntime` and
+`onnxruntime-gpu` install the same module, and the CUDA provider exists only in the latter.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ def providers_for(device: str) -> list[str]:
         if "CUDAExecutionProvider" not in available:
             raise BackendUnavailableError(
                 f"--device cuda needs onnxruntime-gpu with a CUDA GPU; this onnxruntime offers {available}. "
-                "Install it with: pip uninstall -y onnxruntime && pip install onnxruntime-gpu")
+                "Install it with: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     raise XformError(f"unknown device {device!r}; expected cpu or cuda")
 
@@ -45,6 +49,7 @@ class OrtBackend:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         providers = providers_for(device)
+        self.ort_device = "cuda" if device == "cuda" else "cpu"
         self.encoder = ort.InferenceSession(str(bundle.graph_file(ENCODER)), opts, providers=providers)
         self.decoder = ort.InferenceSession(str(bundle.graph_file(DECODER)), opts, providers=providers)
         spec = bundle.graph_spec(DECODER)
@@ -55,19 +60,49 @@ class OrtBackend:
         first_past = spec.input(self.past_names[0])
         self.kv_dtype = np.dtype(first_past.dtype)
         self.kv_heads, self.head_dim = first_past.shape[1], first_past.shape[3]
-        self.feeds: dict[str, np.ndarray] = {}
+        self.vocab = bundle.config["tgt_vocab_size"]
+        self.enc_names = [o.name for o in self.encoder.get_outputs()]
+        self.binding = None
 
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
-        out = self.encoder.run(None, {"src_ids": src_ids, "src_lengths": src_lengths})
+        enc = self.encoder.io_binding()
+        enc.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids))
+        enc.bind_cpu_input("src_lengths", np.ascontiguousarray(src_lengths))
+        for name in self.enc_names:
+            enc.bind_output(name, self.ort_device)
+        self.encoder.run_with_iobinding(enc)
         B = src_ids.shape[0]
-        empty = np.zeros((B, self.kv_heads, 0, self.head_dim), self.kv_dtype)
-        self.feeds = {**dict(zip(self.cross_names, out[:-1])), "src_mask": out[-1],
-                      **{n: empty for n in self.past_names}}
+        self.binding = dec = self.decoder.io_binding()
+        for name, value in zip(self.enc_names, enc.get_outputs()):
+            dec.bind_ortvalue_input(name, value)  # cross K/V and mask, bound once, never copied
+        ort = import_onnxruntime()
+        empty = ort.OrtValue.ortvalue_from_numpy(
+            np.zeros((B, self.kv_heads, 0, self.head_dim), self.kv_dtype), self.ort_device)
+        self.past = [empty] * len(self.past_names)  # the first step: a zero-length past
+        self.ids = np.empty((B, 1), np.int64)
+        self.min_new = np.zeros(1, np.int64)
+        self.next_ids = np.empty(B, np.int64)
+        self.logits = np.empty((B, self.vocab), np.float32)
+        dec.bind_cpu_input("input_ids", self.ids)
+        dec.bind_cpu_input("min_new_tokens", self.min_new)
+
+    def host_output(self, name: str, array: np.ndarray) -> None:
+        self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
 
     def step(self, input_ids, min_new_tokens, want_logits=False):
-        self.feeds["input_ids"] = input_ids.reshape(-1, 1)
-        self.feeds["min_new_tokens"] = np.array([min_new_tokens], np.int64)
-        names = ["next_ids", *self.present_names] + (["logits"] if want_logits else [])
-        out = self.decoder.run(names, self.feeds)
-        self.feeds.update(zip(self.past_names, out[1:1 + len(self.present_names)]))
-        return out[0], (out[-1] if want_logits else None)
+        dec = self.binding
+        self.ids[:, 0] = input_ids
+        self.min_new[0] = min_new_tokens
+        for name, value in zip(self.past_names, self.past):
+            dec.bind_ortvalue_input(name, value)
+        for name in self.present_names:
+            dec.bind_output(name, self.ort_device)  # allocated by ORT, re-bound as the next past
+        self.host_output("next_ids", self.next_ids)
+        if want_logits:
+            self.host_output("logits", self.logits)
+        dec.synchronize_inputs()
+        self.decoder.run_with_iobinding(dec)
+        dec.synchronize_outputs()
+        self.past = dec.get_outputs()[: len(self.present_names)]
+        dec.clear_binding_outputs()
+        return self.next_ids.copy(), (self.logits.copy() if want_logits else None)

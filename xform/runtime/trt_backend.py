@@ -51,12 +51,15 @@ def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
                           f"build them with: xform build-engine {bundle.path}")
     chosen = flavors[0]
     enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
+    files = bundle.manifest["files"]
     for entry in (enc, dec):
-        onnx_hash = bundle.manifest["files"][entry["onnx"]]
-        if entry["onnx_sha256"] != onnx_hash:
-            raise BundleError(f"{bundle.path / entry['file']}: built from another {entry['onnx']} "
-                              f"(sha256 {entry['onnx_sha256'][:16]}..., the bundle's is {onnx_hash[:16]}...); "
-                              f"rebuild with: xform build-engine {bundle.path} --force")
+        for name, recorded in ((entry["onnx"], entry["onnx_sha256"]),
+                               (f"{entry['onnx']}.data", entry.get("onnx_data_sha256"))):
+            if recorded != files.get(name):
+                have = (files.get(name) or "none")[:16]
+                raise BundleError(f"{bundle.path / entry['file']}: built from another {name} "
+                                  f"(sha256 {(recorded or 'none')[:16]}..., the bundle's is {have}...); "
+                                  f"rebuild with: xform build-engine {bundle.path} --force")
     return chosen, enc, dec
 
 

@@ -1,0 +1,319 @@
+"""xform against its peers on a Marian Transformer-base with random weights, in one run.
+
+    pip install -e ".[bench]"
+    python scripts/bench_peers.py [--work /tmp/xform-bench] [--iters 5] [--out docs]
+
+Builds the model locally (d_model 512, 6+6 layers, 8 heads, FFN 2048, vocab 32000), gives it a
+synthetic vocabulary (t0 .. t31999) so that every engine sees the same ids, and times, interleaved
+round by round: xform `ort` fp32 and int8, xform `torch`, transformers eager `generate`, Optimum
+`ORTModelForSeq2SeqLM`, CTranslate2 fp32 and int8. All greedy, 2 threads, exactly 64 new tokens
+from 32-token sources at batch 1, batch 16, and batch 16 with ragged lengths 8 to 32.
+
+Each engine lives in a worker process of its own with default threading settings (so no engine's
+thread pool or wait policy is imposed on another, and its peak RSS is its own); the driver runs
+one engine at a time, round-robin, pausing between runs so that spinning worker threads settle.
+Checks that the fp32 engines agree with transformers' tokens; writes a Markdown table, JSON and a
+PNG chart with ratios to CTranslate2 fp32.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+THREADS = 2
+NEW_TOKENS = 64
+VOCAB = 32000
+PAD, EOS, UNK = VOCAB - 1, 0, 1
+WORKLOADS = {"batch 1": (1, 32, False), "batch 16": (16, 32, False), "batch 16 ragged": (16, 32, True)}
+FP32_ENGINES = ("xform ort fp32", "xform torch", "transformers eager", "optimum ort", "ctranslate2 fp32")
+ENGINES = ("xform ort fp32", "xform ort int8", "xform torch", "transformers eager", "optimum ort",
+           "ctranslate2 fp32", "ctranslate2 int8")
+BASELINE = "ctranslate2 fp32"
+SETTLE_S = 0.3  # pause between engines: OpenMP / ORT workers spin for up to ~200 ms after work
+
+
+# -- the model and the files every engine loads ------------------------------------------------------
+def build_model(work: Path) -> Path:
+    """Marian Transformer-base, random weights, saved with a synthetic tokenizer."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    hf = work / "marian-base"
+    if (hf / "config.json").exists():
+        return hf
+    torch.manual_seed(0)
+    cfg = MarianConfig(vocab_size=VOCAB, decoder_vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6,
+                       encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                       decoder_ffn_dim=2048, max_position_embeddings=512, activation_function="swish",
+                       scale_embedding=True, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
+                       forced_eos_token_id=None, bad_words_ids=[[PAD]])
+    MarianMTModel(cfg).eval().save_pretrained(hf)
+    write_synthetic_tokenizer(hf)
+    return hf
+
+
+def write_synthetic_tokenizer(hf: Path) -> None:
+    """vocab.json t0..t31999 with </s>, <unk>, <pad> at Marian's ids; placeholder sentencepiece models
+    (MarianTokenizer, which CTranslate2's converter reads the vocabulary through, needs them to load)."""
+    import sentencepiece as spm
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    for tok, i in (("</s>", EOS), ("<unk>", UNK), ("<pad>", PAD)):
+        del vocab[f"t{i}"]
+        vocab[tok] = i
+    (hf / "vocab.json").write_text(json.dumps(vocab))
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf, vocab_size=12,
+                                   minloglevel=2)
+    for side in ("source", "target"):
+        (hf / f"{side}.spm").write_bytes(buf.getvalue())
+    (hf / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512, "separate_vocabs": False}))
+
+
+def convert_ct2(hf: Path, work: Path) -> Path:
+    out = work / "ct2"
+    if not (out / "model.bin").exists():
+        import ctranslate2
+        ctranslate2.converters.TransformersConverter(str(hf)).convert(str(out), force=True)
+    return out
+
+
+def export_xform(hf: Path, work: Path, precision: str) -> Path:
+    out = work / f"xform-{precision}"
+    if not (out / "manifest.json").exists():
+        from xform.exporter.export import export_bundle
+        export_bundle(hf, out, precision=precision)
+    return out
+
+
+# -- the engines: each a callable (src ids (B, S) int64, lengths (B,)) -> generated ids (B, 64) --------
+def make_engine(name: str, paths: dict[str, Path]):
+    if name.startswith("xform"):
+        import xform
+        backend = "torch" if name == "xform torch" else "ort"
+        bundle = paths["xform-int8" if name.endswith("int8") else "xform-fp32"]
+        session = xform.load(bundle, backend=backend, threads=THREADS)
+        return lambda src, lens: session.generate(src, lens, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    if name == "transformers eager":
+        import torch
+        from transformers import MarianMTModel
+        torch.set_num_threads(THREADS)
+        model = MarianMTModel.from_pretrained(paths["hf"]).eval()
+        return lambda src, lens: hf_generate(model, src, lens)
+    if name == "optimum ort":
+        import onnxruntime
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+        opts = onnxruntime.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = THREADS, 1
+        model = ORTModelForSeq2SeqLM.from_pretrained(paths["optimum"], session_options=opts, use_merged=False)
+        return lambda src, lens: hf_generate(model, src, lens)
+    if name.startswith("ctranslate2"):
+        import ctranslate2
+        translator = ctranslate2.Translator(str(paths["ct2"]), device="cpu", inter_threads=1, intra_threads=THREADS,
+                                            compute_type="int8" if name.endswith("int8") else "float32")
+        return lambda src, lens: ct2_generate(translator, src, lens)
+    raise ValueError(name)
+
+
+def hf_generate(model, src, lens):
+    import torch
+    mask = (np.arange(src.shape[1])[None] < lens[:, None]).astype(np.int64)
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(mask), num_beams=1,
+                             do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    return out[:, 1:].numpy()
+
+
+def token(i: int) -> str:
+    return {EOS: "</s>", UNK: "<unk>", PAD: "<pad>"}.get(i, f"t{i}")
+
+
+def ct2_generate(translator, src, lens):
+    batch = [[token(int(i)) for i in row[:n]] for row, n in zip(src, lens)]
+    res = translator.translate_batch(batch, beam_size=1, max_decoding_length=NEW_TOKENS,
+                                     min_decoding_length=NEW_TOKENS, max_batch_size=len(batch))
+    ids = {token(i): i for i in (EOS, UNK, PAD)}
+    return np.array([[ids[t] if t in ids else int(t[1:]) for t in r.hypotheses[0]] for r in res])
+
+
+def sources(batch: int, src_len: int, ragged: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(8, src_len + 1, batch) if ragged else np.full(batch, src_len)
+    src = np.full((batch, src_len), PAD, np.int64)
+    for r, n in enumerate(lens):
+        src[r, :n - 1] = rng.integers(2, PAD, n - 1)
+        src[r, n - 1] = EOS
+    return src, lens.astype(np.int64)
+
+
+# -- measuring ---------------------------------------------------------------------------------------------
+def worker(name: str, paths: dict[str, Path], conn) -> None:
+    """Loads one engine, then runs (src, lens) requests until told to stop; reports its peak RSS."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run = make_engine(name, paths)
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        src, lens = msg
+        t0 = time.perf_counter()
+        out = run(src, lens)
+        conn.send((time.perf_counter() - t0, out))
+    conn.send(peak_rss_mib())
+
+
+def peak_rss_mib() -> float:
+    """VmHWM: this address space's own high-water mark (ru_maxrss survives fork + exec on Linux, so a
+    worker spawned by a large driver would report the driver's peak)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iters: int) -> tuple[dict, dict, dict]:
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for name in names:  # load one at a time: loading is not what is measured
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(name, paths, child), daemon=True)
+        proc.start()
+        if parent.recv() != "ready":
+            raise RuntimeError(f"{name} did not start")
+        workers[name] = (proc, parent)
+    times = {w: {e: [] for e in names} for w in WORKLOADS}
+    outputs = {w: {} for w in WORKLOADS}
+    for w, (batch, src_len, ragged) in WORKLOADS.items():
+        src, lens = sources(batch, src_len, ragged)
+        for r in range(warmup + iters):
+            for name, (_, conn) in workers.items():
+                time.sleep(SETTLE_S)
+                conn.send((src, lens))
+                dt, out = conn.recv()
+                if r >= warmup:
+                    times[w][name].append(dt)
+                outputs[w][name] = out
+            print(f"  {w}: round {r + 1}/{warmup + iters}", file=sys.stderr, flush=True)
+    rss = {}
+    for name, (proc, conn) in workers.items():
+        conn.send(None)
+        rss[name] = conn.recv()
+        proc.join()
+    return times, outputs, rss
+
+
+def summarize(times: dict, outputs: dict, rss: dict) -> dict:
+    rows = []
+    for w, (batch, _, _) in WORKLOADS.items():
+        tps = {e: batch * NEW_TOKENS / statistics.median(t) for e, t in times[w].items()}
+        ref = outputs[w].get("transformers eager")
+        for e in times[w]:
+            out = outputs[w][e]
+            agree = None if ref is None else float((out == ref).mean()) if out.shape == ref.shape else 0.0
+            rows.append({"workload": w, "engine": e, "tokens_per_s": tps[e], "ratio_to_ct2_fp32": tps[e] / tps[BASELINE],
+                         "median_s": statistics.median(times[w][e]), "token_agreement_with_transformers": agree,
+                         "peak_rss_mib": rss.get(e)})
+    return {"rows": rows, "threads": THREADS, "new_tokens": NEW_TOKENS, "machine": machine()}
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+    return {p: version(p) for p in ("xform", "onnxruntime", "torch", "transformers", "optimum", "optimum-onnx",
+                                    "ctranslate2")}
+
+
+def markdown(summary: dict, command: str) -> str:
+    lines = [f"Command: `{command}`", "", f"Machine: {summary['machine']}; {summary['threads']} threads each; "
+             f"greedy, exactly {summary['new_tokens']} new tokens; versions: "
+             + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
+             "| workload | engine | tokens/s | vs CTranslate2 fp32 | tokens = transformers | peak RSS MiB |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in summary["rows"]:
+        rss = f"{r['peak_rss_mib']:,.0f}" if r["peak_rss_mib"] else "-"
+        lines.append(f"| {r['workload']} | {r['engine']} | {r['tokens_per_s']:,.1f} | {r['ratio_to_ct2_fp32']:.2f}x | "
+                     f"{fmt_agree(r['token_agreement_with_transformers'])} | {rss} |")
+    return "\n".join(lines) + "\n"
+
+
+def fmt_agree(a: float | None) -> str:
+    return "-" if a is None else f"{a:.2%}"
+
+
+def chart(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = list(dict.fromkeys(r["engine"] for r in summary["rows"]))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(engines)
+    for i, e in enumerate(engines):
+        vals = [next(r["tokens_per_s"] for r in summary["rows"] if r["workload"] == w and r["engine"] == e)
+                for w in WORKLOADS]
+        ax.bar(np.arange(len(WORKLOADS)) + i * width, vals, width, label=e)
+    ax.set_xticks(np.arange(len(WORKLOADS)) + 0.4 - width / 2, list(WORKLOADS))
+    ax.set_ylabel("tokens/s (higher is better)")
+    ax.set_title(f"Marian Transformer-base, greedy, {NEW_TOKENS} new tokens, {THREADS} threads")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-bench"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    print("building the model and converting it for every engine", file=sys.stderr)
+    hf = build_model(args.work)
+    paths = {"hf": hf, "ct2": convert_ct2(hf, args.work), "xform-fp32": export_xform(hf, args.work, "fp32"),
+             "optimum": export_optimum(hf, args.work)}
+    names = args.engines.split(",")
+    if "xform ort int8" in names:
+        paths["xform-int8"] = export_xform(hf, args.work, "int8")
+    times, outputs, rss = time_interleaved(names, paths, args.warmup, args.iters)
+    summary = summarize(times, outputs, rss)
+    summary["versions"] = versions()
+    command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
+    summary["command"] = command
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_peers.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / "bench_peers.md").write_text(markdown(summary, command))
+    chart(summary, args.out / "bench_peers.png")
+    print(markdown(summary, command))
+
+
+def export_optimum(hf: Path, work: Path) -> Path:
+    out = work / "optimum"
+    if not (out / "config.json").exists():
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+        ORTModelForSeq2SeqLM.from_pretrained(hf, export=True).save_pretrained(out)
+        for f in ("vocab.json", "source.spm", "target.spm", "tokenizer_config.json"):
+            (out / f).write_bytes((hf / f).read_bytes())
+    return out
+
+
+if __name__ == "__main__":
+    main()
