@@ -99,30 +99,30 @@ def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
         raise ConfigError(f"{source}: {e}") from None
 
 
+# per stack: xform's attention -> Marian's, xform's residual block -> Marian's LayerNorm
+STACKS = {
+    "encoder": ({"self_attn": "self_attn"}, {"attn_block": "self_attn_layer_norm", "ffn_block": "final_layer_norm"}),
+    "decoder": ({"self_attn": "self_attn", "cross_attn": "encoder_attn"},
+                {"self_block": "self_attn_layer_norm", "cross_block": "encoder_attn_layer_norm",
+                 "ffn_block": "final_layer_norm"}),
+}
+
+
 def layer_names(cfg: TransformerConfig) -> dict[str, str]:
-    """xform parameter name -> Marian parameter name, for every parameter of the model."""
+    """xform parameter name -> Marian parameter name, for every layer parameter of the model."""
     names: dict[str, str] = {}
-    attn = ("q_proj", "k_proj", "v_proj", "out_proj")
-    for i in range(cfg.n_encoder_layers):
-        ours, theirs = f"encoder_layers.{i}", f"model.encoder.layers.{i}"
-        for kind in ("weight", "bias"):
-            for p in attn:
-                names[f"{ours}.self_attn.{p}.{kind}"] = f"{theirs}.self_attn.{p}.{kind}"
-            names[f"{ours}.attn_block.norm.{kind}"] = f"{theirs}.self_attn_layer_norm.{kind}"
-            names[f"{ours}.ffn.fc1.{kind}"] = f"{theirs}.fc1.{kind}"
-            names[f"{ours}.ffn.fc2.{kind}"] = f"{theirs}.fc2.{kind}"
-            names[f"{ours}.ffn_block.norm.{kind}"] = f"{theirs}.final_layer_norm.{kind}"
-    for i in range(cfg.n_decoder_layers):
-        ours, theirs = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
-        for kind in ("weight", "bias"):
-            for p in attn:
-                names[f"{ours}.self_attn.{p}.{kind}"] = f"{theirs}.self_attn.{p}.{kind}"
-                names[f"{ours}.cross_attn.{p}.{kind}"] = f"{theirs}.encoder_attn.{p}.{kind}"
-            names[f"{ours}.self_block.norm.{kind}"] = f"{theirs}.self_attn_layer_norm.{kind}"
-            names[f"{ours}.cross_block.norm.{kind}"] = f"{theirs}.encoder_attn_layer_norm.{kind}"
-            names[f"{ours}.ffn.fc1.{kind}"] = f"{theirs}.fc1.{kind}"
-            names[f"{ours}.ffn.fc2.{kind}"] = f"{theirs}.fc2.{kind}"
-            names[f"{ours}.ffn_block.norm.{kind}"] = f"{theirs}.final_layer_norm.{kind}"
+    depth = {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
+    for side, (attns, norms) in STACKS.items():
+        for i in range(depth[side]):
+            ours, theirs = f"{side}_layers.{i}", f"model.{side}.layers.{i}"
+            for kind in ("weight", "bias"):
+                for our_attn, their_attn in attns.items():
+                    for p in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                        names[f"{ours}.{our_attn}.{p}.{kind}"] = f"{theirs}.{their_attn}.{p}.{kind}"
+                for block, their_norm in norms.items():
+                    names[f"{ours}.{block}.norm.{kind}"] = f"{theirs}.{their_norm}.{kind}"
+                for fc in ("fc1", "fc2"):
+                    names[f"{ours}.ffn.{fc}.{kind}"] = f"{theirs}.{fc}.{kind}"
     return names
 
 

@@ -17,6 +17,18 @@ from xform.errors import BundleError, InputError
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def target_pieces(ids, eos_id: int, special: set, piece) -> list[str]:
+    """The pieces of generated ids up to end-of-sentence, special ids left out."""
+    pieces = []
+    for i in ids:
+        i = int(i)
+        if i == eos_id:
+            break
+        if i not in special:
+            pieces.append(piece(i))
+    return pieces
+
+
 class VocabSide:
     def __init__(self, spec: dict[str, Any], source: str):
         self.tokens: list[str] = spec["tokens"]
@@ -54,14 +66,7 @@ class VocabTokenizer:
         return ids + [self.cfg["eos_id"]]
 
     def decode(self, ids) -> str:
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i == self.cfg["eos_id"]:
-                break
-            if i not in self.special:
-                pieces.append(self.tgt.tokens[i])
-        return self.tgt.join(pieces)
+        return self.tgt.join(target_pieces(ids, self.cfg["eos_id"], self.special, self.tgt.tokens.__getitem__))
 
 
 class SpmTokenizer:
@@ -108,13 +113,7 @@ class SpmTokenizer:
         return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg["eos_id"]]
 
     def decode(self, ids) -> str:
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i == self.cfg["eos_id"]:
-                break
-            if i not in self.special:
-                pieces.append(self.decoder.get(i, ""))
+        pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""))
         return self.spm_target.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 
