@@ -45,3 +45,19 @@ def test_corrupt_and_missing_files(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="missing"):
         load_checkpoint(tmp_path / "nowhere")
+
+
+def test_saving_is_byte_deterministic_across_processes(tmp_path):
+    """The sha256 of a checkpoint is recorded in manifests: identical weights must give identical bytes
+    (safetensors orders a multi-key metadata map differently in every process)."""
+    import hashlib
+    import subprocess
+    import sys
+    save_checkpoint(make_model("seed-001"), tmp_path / "src")
+    digests = set()
+    for i in range(3):
+        code = (f"from xform.models.checkpoint import load_checkpoint, save_checkpoint; "
+                f"save_checkpoint(load_checkpoint({str(tmp_path / 'src')!r}), {str(tmp_path / str(i))!r})")
+        subprocess.run([sys.executable, "-c", code], check=True)
+        digests.add(hashlib.sha256((tmp_path / str(i) / WEIGHTS_FILE).read_bytes()).hexdigest())
+    assert len(digests) == 1

@@ -41,7 +41,9 @@ def save_checkpoint(model: Seq2SeqTransformer, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous().to(torch.float32) for k, v in canonical_state(model).items()}
-    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt", "producer": "xform"})
+    # one metadata key: safetensors writes the metadata map in a random order per process, so two
+    # keys make the bytes (and the sha256 recorded in manifests) differ between identical saves
+    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(model.cfg.to_json() + "\n")
     return directory
 
