@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from xform.errors import XformError
+from xform.runtime.bench import random_sources
 from xform.runtime.bundle import Bundle
 from xform.runtime.compare import CheckReport, compare_steps, tolerance_for
 from xform.runtime.session import Session
@@ -40,20 +41,22 @@ def make_backend(bundle: Bundle, backend: str, device: str | None, threads: int 
     raise XformError(f"unknown backend {backend!r}; choose from {BACKENDS}")
 
 
-def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, threads: int | None = None) -> Session:
-    """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
-    bundle = Bundle.open(bundle_dir)
+def session_for(bundle: Bundle, backend: str, device: str | None = None, threads: int | None = None) -> Session:
+    """A Session over an opened (already verified) bundle."""
     tok = bundle.tokenizer_file
     tokenizer = load_tokenizer(tok, bundle.config) if tok else None
     return Session(make_backend(bundle, backend, device, threads), bundle.config, tokenizer, bundle)
 
 
+def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, threads: int | None = None) -> Session:
+    """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
+    return session_for(Bundle.open(bundle_dir), backend, device, threads)
+
+
 def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Random right-padded sources (no special ids inside) for --check when no text is given."""
-    rng = np.random.default_rng(seed)
-    special = {config["pad_id"], config["bos_id"], config["eos_id"]}
-    allowed = np.array([i for i in range(config["src_vocab_size"]) if i not in special], np.int64)
-    ids = allowed[rng.integers(0, len(allowed), (batch, src_len))]
+    ids = random_sources(config, batch, src_len, seed)
+    rng = np.random.default_rng(seed + 1)
     lengths = rng.integers(max(1, src_len // 2), src_len + 1, batch).astype(np.int64)
     lengths[0] = src_len
     for r, n in enumerate(lengths):
@@ -69,7 +72,9 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     """Greedy-decode with `backend`, then teacher-force its own tokens through it and through eager
     PyTorch step by step, and compare logits and greedy choices at every active position."""
     session = session or load(bundle_dir, backend, device)
-    reference = load(bundle_dir, "torch", "cpu")
+    # the session's bundle is already verified: hash its files once, not again for the reference
+    bundle = session.bundle if session.bundle is not None else Bundle.open(bundle_dir)
+    reference = session_for(bundle, "torch", "cpu")
     cfg = session.config
     if texts:
         src_ids = session.encode_texts(texts)

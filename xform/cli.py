@@ -141,10 +141,10 @@ def build_engine(bundle, flavor, max_batch, max_src_len, max_new_tokens, opt_bat
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:
-    from xform.runtime.bundle import atomic_write_text, refuse_existing
+    from xform.runtime.bundle import atomic_write, refuse_existing
 
     refuse_existing(path, force, what="file")
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_input_file(path: Path) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Callable
 
 from xform.contract import DECODER, ENCODER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
-from xform.runtime.bundle import Bundle, write_manifest
+from xform.runtime.bundle import Bundle, atomic_write, write_manifest
 from xform.runtime.gpu import gpu_info
 
 log = logging.getLogger(__name__)
@@ -223,21 +222,12 @@ def build_engine(trt, onnx_path: Path, spec: GraphSpec, ranges: ProfileRanges, o
     if serialized is None:
         raise XformError(f"{onnx_path}: {flavor} failed to build an engine: " + " ".join(logger.errors))
     if cache is not None:
-        atomic_write_bytes(options.timing_cache, bytes(config.get_timing_cache().serialize()))
+        atomic_write(options.timing_cache, bytes(config.get_timing_cache().serialize()))
     # what the engine was built with, read back from the builder config, not the request
     record = {"io": io, "tensor_profiles": tensor_profiles, "tf32": bool(config.get_flag(trt.BuilderFlag.TF32)),
               "workspace_mib": config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) >> 20,
               "builder_optimization_level": config.builder_optimization_level}
     return bytes(serialized), record
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def engine_key(graph: str, flavor: str) -> str:
@@ -285,7 +275,7 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
     written = []
     try:
         for graph, (data, record) in built.items():
-            atomic_write_bytes(targets[graph], data)
+            atomic_write(targets[graph], data)
             written.append(targets[graph])
             onnx_name = manifest["graphs"][graph]["file"]
             data_name = f"{onnx_name}.data"

@@ -5,7 +5,6 @@ nothing else; tied weights are stored once (under the first name `named_paramete
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,14 +16,6 @@ from xform.models.transformer import Seq2SeqTransformer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def canonical_state(model: Seq2SeqTransformer) -> dict[str, torch.Tensor]:

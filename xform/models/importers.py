@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from xform.errors import CheckpointError
-from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint, sha256_file
+from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from xform.runtime.bundle import sha256_file
 from xform.models.transformer import Seq2SeqTransformer
 
 BUNDLED = ("demo",)

@@ -100,14 +100,15 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Hash every file under `directory` (but the manifest) into manifest["files"] and write it."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest["files"] = {p.relative_to(directory).as_posix(): sha256_file(p) for p in files}
-    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    atomic_write(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write through a temporary file beside `path`, then rename: readers see old or new, never half."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
