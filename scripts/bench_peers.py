@@ -1,13 +1,15 @@
 """xform against its peers on a Marian Transformer-base with random weights, in one run.
 
     pip install -e ".[bench]"
-    python scripts/bench_peers.py [--work /tmp/xform-bench] [--iters 5] [--out docs]
+    python scripts/bench_peers.py [--work /tmp/xform-bench] [--iters 5] [--out docs] [--beams 4]
 
 Builds the model locally (d_model 512, 6+6 layers, 8 heads, FFN 2048, vocab 32000), gives it a
 synthetic vocabulary (t0 .. t31999) so that every engine sees the same ids, and times, interleaved
 round by round: xform `ort` fp32 and int8, xform `torch`, transformers eager `generate`, Optimum
 `ORTModelForSeq2SeqLM`, CTranslate2 fp32 and int8. All greedy, 2 threads, exactly 64 new tokens
-from 32-token sources at batch 1, batch 16, and batch 16 with ragged lengths 8 to 32.
+from 32-token sources at batch 1, batch 16, and batch 16 with ragged lengths 8 to 32. With
+`--beams N`, every engine runs beam search of width N instead (length penalty 1, early stopping
+off, one hypothesis returned), at batch 1 and 16, and the files are named bench_peers_beamN.*.
 
 Each engine lives in a worker process of its own with default threading settings (so no engine's
 thread pool or wait policy is imposed on another, and its peak RSS is its own); the driver runs
@@ -98,39 +100,40 @@ def export_xform(hf: Path, work: Path, precision: str) -> Path:
 
 
 # -- the engines: each a callable (src ids (B, S) int64, lengths (B,)) -> generated ids (B, 64) --------
-def make_engine(name: str, paths: dict[str, Path]):
+def make_engine(name: str, paths: dict[str, Path], beams: int = 1):
     if name.startswith("xform"):
         import xform
         backend = "torch" if name == "xform torch" else "ort"
         bundle = paths["xform-int8" if name.endswith("int8") else "xform-fp32"]
         session = xform.load(bundle, backend=backend, threads=THREADS)
-        return lambda src, lens: session.generate(src, lens, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+        return lambda src, lens: session.generate(src, lens, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                                  num_beams=beams)
     if name == "transformers eager":
         import torch
         from transformers import MarianMTModel
         torch.set_num_threads(THREADS)
         model = MarianMTModel.from_pretrained(paths["hf"]).eval()
-        return lambda src, lens: hf_generate(model, src, lens)
+        return lambda src, lens: hf_generate(model, src, lens, beams)
     if name == "optimum ort":
         import onnxruntime
         from optimum.onnxruntime import ORTModelForSeq2SeqLM
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = THREADS, 1
         model = ORTModelForSeq2SeqLM.from_pretrained(paths["optimum"], session_options=opts, use_merged=False)
-        return lambda src, lens: hf_generate(model, src, lens)
+        return lambda src, lens: hf_generate(model, src, lens, beams)
     if name.startswith("ctranslate2"):
         import ctranslate2
         translator = ctranslate2.Translator(str(paths["ct2"]), device="cpu", inter_threads=1, intra_threads=THREADS,
                                             compute_type="int8" if name.endswith("int8") else "float32")
-        return lambda src, lens: ct2_generate(translator, src, lens)
+        return lambda src, lens: ct2_generate(translator, src, lens, beams)
     raise ValueError(name)
 
 
-def hf_generate(model, src, lens):
+def hf_generate(model, src, lens, beams=1):
     import torch
     mask = (np.arange(src.shape[1])[None] < lens[:, None]).astype(np.int64)
     with torch.inference_mode():
-        out = model.generate(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(mask), num_beams=1,
+        out = model.generate(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(mask), num_beams=beams,
                              do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
     return out[:, 1:].numpy()
 
@@ -139,9 +142,9 @@ def token(i: int) -> str:
     return {EOS: "</s>", UNK: "<unk>", PAD: "<pad>"}.get(i, f"t{i}")
 
 
-def ct2_generate(translator, src, lens):
+def ct2_generate(translator, src, lens, beams=1):
     batch = [[token(int(i)) for i in row[:n]] for row, n in zip(src, lens)]
-    res = translator.translate_batch(batch, beam_size=1, max_decoding_length=NEW_TOKENS,
+    res = translator.translate_batch(batch, beam_size=beams, max_decoding_length=NEW_TOKENS,
                                      min_decoding_length=NEW_TOKENS, max_batch_size=len(batch))
     ids = {token(i): i for i in (EOS, UNK, PAD)}
     return np.array([[ids[t] if t in ids else int(t[1:]) for t in r.hypotheses[0]] for r in res])
@@ -158,10 +161,10 @@ def sources(batch: int, src_len: int, ragged: bool, seed: int = 0) -> tuple[np.n
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def worker(name: str, paths: dict[str, Path], conn) -> None:
+def worker(name: str, paths: dict[str, Path], beams: int, conn) -> None:
     """Loads one engine, then runs (src, lens) requests until told to stop; reports its peak RSS."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run = make_engine(name, paths)
+    run = make_engine(name, paths, beams)
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         src, lens = msg
@@ -180,12 +183,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iters: int) -> tuple[dict, dict, dict]:
+def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iters: int,
+                     beams: int = 1) -> tuple[dict, dict, dict]:
     ctx = mp.get_context("spawn")
     workers = {}
     for name in names:  # load one at a time: loading is not what is measured
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(name, paths, child), daemon=True)
+        proc = ctx.Process(target=worker, args=(name, paths, beams, child), daemon=True)
         proc.start()
         if parent.recv() != "ready":
             raise RuntimeError(f"{name} did not start")
@@ -242,7 +246,8 @@ def versions() -> dict:
 
 def markdown(summary: dict, command: str) -> str:
     lines = [f"Command: `{command}`", "", f"Machine: {summary['machine']}; {summary['threads']} threads each; "
-             f"greedy, exactly {summary['new_tokens']} new tokens; versions: "
+             f"{'greedy' if summary.get('beams', 1) == 1 else 'beam search, width %d' % summary['beams']}, "
+             f"exactly {summary['new_tokens']} new tokens; versions: "
              + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
              "| workload | engine | tokens/s | vs CTranslate2 fp32 | tokens = transformers | peak RSS MiB |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
@@ -271,7 +276,8 @@ def chart(summary: dict, path: Path) -> None:
         ax.bar(np.arange(len(WORKLOADS)) + i * width, vals, width, label=e)
     ax.set_xticks(np.arange(len(WORKLOADS)) + 0.4 - width / 2, list(WORKLOADS))
     ax.set_ylabel("tokens/s (higher is better)")
-    ax.set_title(f"Marian Transformer-base, greedy, {NEW_TOKENS} new tokens, {THREADS} threads")
+    strategy = "greedy" if summary.get("beams", 1) == 1 else f"beam {summary['beams']}"
+    ax.set_title(f"Marian Transformer-base, {strategy}, {NEW_TOKENS} new tokens, {THREADS} threads")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -284,7 +290,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--beams", type=int, default=1, help="beam search width for every engine (1: greedy)")
     args = ap.parse_args()
+    if args.beams > 1:  # beam search: batch 1 and 16; eager PyTorch through xform is no peer here
+        for w in ("batch 16 ragged",):
+            WORKLOADS.pop(w)
     args.work.mkdir(parents=True, exist_ok=True)
     print("building the model and converting it for every engine", file=sys.stderr)
     hf = build_model(args.work)
@@ -293,15 +303,17 @@ def main() -> None:
     names = args.engines.split(",")
     if "xform ort int8" in names:
         paths["xform-int8"] = export_xform(hf, args.work, "int8")
-    times, outputs, rss = time_interleaved(names, paths, args.warmup, args.iters)
+    times, outputs, rss = time_interleaved(names, paths, args.warmup, args.iters, args.beams)
     summary = summarize(times, outputs, rss)
+    summary["beams"] = args.beams
     summary["versions"] = versions()
     command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
     summary["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_peers.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (args.out / "bench_peers.md").write_text(markdown(summary, command))
-    chart(summary, args.out / "bench_peers.png")
+    stem = "bench_peers" if args.beams == 1 else f"bench_peers_beam{args.beams}"
+    (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(summary, command))
+    chart(summary, args.out / f"{stem}.png")
     print(markdown(summary, command))
 
 

@@ -69,3 +69,18 @@ def demo_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("bundles") / "demo"
     export_bundle("demo", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def marians(tmp_path_factory):
+    """The trained test Marian models of tests/marian_fixtures.py: name -> (directory, model, bundle)."""
+    pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+    from tests.marian_fixtures import CONFIGS, build_marian
+    from xform.exporter.export import export_bundle
+
+    out = {}
+    for name in CONFIGS:
+        d = tmp_path_factory.mktemp("marian") / name
+        model = build_marian(d, name, safe=(name != "gelu-unscaled"))  # one as pytorch_model.bin
+        out[name] = (d, model, export_bundle(d, tmp_path_factory.mktemp("bundle") / name).path)
+    return out

@@ -44,6 +44,40 @@ def test_torch_backend_check(runner, tiny_bundle):
     assert "0.000e+00" in r.output  # the reference against itself
 
 
+def test_beam_search_check_translate_and_benchmark(runner, demo_bundle, tmp_path):
+    js = tmp_path / "beam.json"
+    r = runner.invoke(main, ["run", str(demo_bundle), "--num-beams", "3", "--num-return-sequences", "2",
+                             "--text", "40512", "--text", "7", "--check", "--benchmark", "--batch", "2",
+                             "--src-len", "5", "--new-tokens", "6", "--warmup", "0", "--iters", "1", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if "\t" in ln]
+    assert lines[0] == "40512\tforty thousand five hundred twelve" and lines[2] == "7\tseven"
+    assert [ln.split("\t")[0] for ln in lines] == ["40512", "40512", "7", "7"] and lines[0] != lines[1]
+    data = json.loads(js.read_text())
+    assert data["generation"]["num_beams"] == 3 and data["check"]["strategy"] == "beam"
+    assert data["check"]["beam_hypotheses_identical"] == 1.0 and data["check"]["passed"]
+    assert data["benchmark"]["strategy"] == "beam 3" and "beam hypotheses" in r.output
+
+
+def test_sampling_flags_are_reproducible(runner, demo_bundle):
+    args = ["run", str(demo_bundle), "--sample", "--temperature", "1.5", "--seed", "4", "--text", "123456"]
+    a, b = runner.invoke(main, args), runner.invoke(main, args)
+    assert a.exit_code == 0 and a.output == b.output
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--num-beams", "2", "--num-return-sequences", "3"], "--num-return-sequences) 3 exceeds"),
+    (["--sample", "--top-p", "1.5"], "--top-p) must be in (0, 1]"),
+    (["--sample", "--temperature", "0"], "--temperature) must be > 0"),
+    (["--greedy", "--num-beams", "3"], "--greedy and --num-beams 3 contradict"),
+    (["--sample", "--num-beams", "2"], "beam sampling is not supported"),
+    (["--early-stopping", "maybe"], "'maybe' is not one of"),
+])
+def test_bad_decoding_flags_are_usage_errors(runner, tiny_bundle, flags, fragment):
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--check", *flags])
+    assert r.exit_code == 2 and fragment in r.output, r.output
+
+
 def test_nothing_to_do_is_usage_error(runner, tiny_bundle):
     r = runner.invoke(main, ["run", str(tiny_bundle)])
     assert r.exit_code == 2 and "nothing to do" in r.output

@@ -12,7 +12,8 @@ import numpy as np
 from xform.errors import XformError
 from xform.runtime.bench import random_sources
 from xform.runtime.bundle import Bundle
-from xform.runtime.compare import CheckReport, compare_steps, tolerance_for
+from xform.runtime.compare import CheckReport, compare_beams, compare_steps, tolerance_for
+from xform.runtime.decoding import GenerationConfig
 from xform.runtime.session import Session
 from xform.runtime.tokenizer import load_tokenizer
 
@@ -68,9 +69,11 @@ def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np
 def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, *, src_ids=None, src_lengths=None,
           texts: list[str] | None = None, max_new_tokens: int = 32, atol: float | None = None,
           rtol: float | None = None, batch: int = 4, src_len: int = 12, seed: int = 0,
-          session: Session | None = None) -> CheckReport:
-    """Greedy-decode with `backend`, then teacher-force its own tokens through it and through eager
-    PyTorch step by step, and compare logits and greedy choices at every active position."""
+          session: Session | None = None, generation: GenerationConfig | None = None) -> CheckReport:
+    """Decode with `backend` (greedy unless `generation` says otherwise), then teacher-force its own
+    best hypothesis through it and through eager PyTorch step by step, and compare logits and
+    greedy choices at every active position. With beams, also compare the hypotheses and their
+    scores with eager PyTorch's own beam search."""
     session = session or load(bundle_dir, backend, device)
     # the session's bundle is already verified: hash its files once, not again for the reference
     bundle = session.bundle if session.bundle is not None else Bundle.open(bundle_dir)
@@ -81,7 +84,10 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if src_ids is None:
         src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
     src_ids, src_lengths = session.prepare(src_ids, src_lengths)
-    tokens = session.generate(src_ids, src_lengths, max_new_tokens=min(max_new_tokens, cfg["max_len"]))
+    n = min(max_new_tokens, cfg["max_len"])
+    gen = generation or GenerationConfig(max_new_tokens=n)
+    tokens = session.decode(src_ids, src_lengths, gen.updated(num_return_sequences=1) if gen.strategy != "greedy"
+                            else gen)
     if tokens.shape[1] == 0:
         raise XformError("--check generated no tokens; raise --new-tokens")
     got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
@@ -90,7 +96,13 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     ended = np.cumsum(tokens == cfg["eos_id"], axis=1)
     active = (ended == 0) | ((ended == 1) & (tokens == cfg["eos_id"]))
     tol = tolerance_for(session.bundle.precision)
-    return compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
-                         got_choice, ref_choice, active,
-                         tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
-                         tol.min_token_agreement)
+    report = compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
+                           got_choice, ref_choice, active,
+                           tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
+                           tol.min_token_agreement)
+    report.strategy = gen.strategy
+    if gen.strategy == "beam":
+        got = session.decode(src_ids, src_lengths, gen, return_scores=True)
+        ref = reference.decode(src_ids, src_lengths, gen, return_scores=True)
+        compare_beams(report, got, ref, tol.score_atol, tol.score_rtol)
+    return report

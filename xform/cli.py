@@ -100,7 +100,9 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--flavor", type=click.Choice(["auto", "tensorrt", "tensorrt_rtx"]), default="auto", show_default=True,
               help="auto: tensorrt when installed, else tensorrt_rtx.")
-@click.option("--max-batch", type=int, default=16, show_default=True)
+@click.option("--max-batch", type=int, default=16, show_default=True, help="Sources per batch.")
+@click.option("--max-beams", type=int, default=1, show_default=True,
+              help="Beams (or samples) per source: the profile's batch is --max-batch x --max-beams.")
 @click.option("--max-src-len", type=int, default=None, help="Default: the model's max_len.")
 @click.option("--max-new-tokens", type=int, default=None, help="Default: the model's max_len.")
 @click.option("--opt-batch", type=int, default=None, help="Default: min(8, --max-batch).")
@@ -112,7 +114,7 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
               help="Timing cache file to read and update (tensorrt only; TensorRT-RTX has none).")
 @click.option("--force", is_flag=True, help="Rebuild existing engines.")
 @handle_errors
-def build_engine(bundle, flavor, max_batch, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32, workspace_mib,
+def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32, workspace_mib,
                  builder_opt_level, timing_cache, force) -> None:
     """Build TensorRT engines for BUNDLE's encoder and decoder and record them in its manifest."""
     from rich.progress import Progress
@@ -131,7 +133,7 @@ def build_engine(bundle, flavor, max_batch, max_src_len, max_new_tokens, opt_bat
             progress.update(tasks[key], completed=done)
 
         engines = build_engines(bundle, flavor, options=options, force=force, progress=on_progress,
-                                max_batch=max_batch, max_src_len=max_src_len, max_new_tokens=max_new_tokens,
+                                max_batch=max_batch, max_beams=max_beams, max_src_len=max_src_len, max_new_tokens=max_new_tokens,
                                 opt_batch=opt_batch, opt_src_len=opt_src_len)
     for key, e in engines.items():
         p = e["profile"]
@@ -159,7 +161,8 @@ def read_input_file(path: Path) -> list[str]:
 
 
 def print_check(report) -> None:
-    t = Table(title=f"check: {report.backend} ({report.precision}) vs eager PyTorch, teacher-forced")
+    t = Table(title=f"check: {report.backend} ({report.precision}, {report.strategy}) vs eager PyTorch, "
+                    "teacher-forced on its best hypothesis")
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_column("tolerance", justify="right")
@@ -170,18 +173,64 @@ def print_check(report) -> None:
               f">= {report.min_token_agreement:.0%}")
     t.add_row("first divergence (row, step)", str(report.first_divergence) if report.first_divergence else "none", "")
     t.add_row("non-finite values", "yes" if report.nonfinite else "no", "none")
+    if report.beam_hypotheses_identical is not None:
+        t.add_row("beam hypotheses = eager's", f"{report.beam_hypotheses_identical:.2%} of {report.beam_hypotheses}",
+                  f">= {report.min_token_agreement:.0%}")
+        t.add_row("max abs beam score error", f"{report.beam_score_max_abs_err:.3e}", report.beam_score_tolerance)
     out.print(t)
     out.print("[bold green]check passed[/]" if report.passed else "[bold red]check FAILED[/]")
 
 
 def print_bench(r) -> None:
-    t = Table(title=f"benchmark: {r.backend} {r.precision}, batch {r.batch}, src_len {r.src_len}, "
+    t = Table(title=f"benchmark: {r.backend} {r.precision}, {r.strategy}, batch {r.batch}, src_len {r.src_len}, "
                     f"{r.new_tokens} new tokens, median of {r.iters}")
     for col in ("tokens/s", "latency p50 ms", "p90 ms", "p99 ms", "peak RSS MiB"):
         t.add_column(col, justify="right")
     t.add_row(f"{r.tokens_per_s:,.1f}", f"{r.latency_ms_p50:.2f}", f"{r.latency_ms_p90:.2f}",
               f"{r.latency_ms_p99:.2f}", f"{r.peak_rss_mib:,.0f}")
     out.print(t)
+
+
+def generation_options(fn):
+    """The decoding flags; unset ones take the bundle's defaults (greedy unless it records others)."""
+    options = [
+        click.option("--num-beams", type=int, default=None,
+                     help="Beam search width (default: the bundle's; a Marian import records its model's)."),
+        click.option("--greedy", is_flag=True, help="Greedy decoding, whatever the bundle's default (--num-beams 1)."),
+        click.option("--length-penalty", type=float, default=None,
+                     help="Beam scores are divided by length ** this (transformers' meaning; default 1.0)."),
+        click.option("--early-stopping", type=click.Choice(["true", "false", "never"]), default=None,
+                     help="Beam search stop rule, as in transformers (default false)."),
+        click.option("--num-return-sequences", type=int, default=None,
+                     help="Hypotheses per source (at most --num-beams; or samples with --sample)."),
+        click.option("--sample", "do_sample", is_flag=True, default=None, help="Sample instead of searching."),
+        click.option("--temperature", type=float, default=None, help="--sample: divide logits by this (> 0)."),
+        click.option("--top-k", type=int, default=None, help="--sample: keep the k most likely tokens (0: all)."),
+        click.option("--top-p", type=float, default=None, help="--sample: keep the smallest set of mass >= p, (0, 1]."),
+        click.option("--seed", type=int, default=None, help="--sample: the same seed gives the same tokens."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def generation_settings(greedy: bool, num_beams, early_stopping, **settings) -> dict:
+    if greedy and num_beams not in (None, 1):
+        raise click.UsageError(f"--greedy and --num-beams {num_beams} contradict each other")
+    settings["num_beams"] = 1 if greedy else num_beams
+    if greedy and settings.get("do_sample"):
+        raise click.UsageError("--greedy and --sample contradict each other")
+    settings["early_stopping"] = {"true": True, "false": False, "never": "never", None: None}[early_stopping]
+    return settings
+
+
+def checked_generation(session, max_new_tokens, settings: dict):
+    """The GenerationConfig for these flags over the bundle's defaults; bad combinations are usage errors."""
+    from xform.errors import InputError
+    try:
+        return session.generation_config(max_new_tokens or session.default_max_new_tokens(), **settings)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
 
 
 @main.command()
@@ -204,10 +253,15 @@ def print_bench(r) -> None:
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, check, atol, rtol, benchmark,
-        batch, src_len, new_tokens, warmup, iters, json_path, force) -> None:
-    """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it."""
+        batch, src_len, new_tokens, warmup, iters, json_path, force, greedy, num_beams, early_stopping,
+        **settings) -> None:
+    """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
+
+    Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
+    flags say otherwise."""
     import xform
     import xform.api
 
@@ -216,18 +270,26 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     if json_path is not None and json_path.exists() and not force:
         raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
+    settings = generation_settings(greedy, num_beams, early_stopping, **settings)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
-    report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend)}
+    gen = checked_generation(session, max_new_tokens, settings)
+    report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
+                    "generation": gen.to_dict()}
     failed = False
     if texts:
-        translations = session.translate(texts, max_new_tokens=max_new_tokens)
-        for src, tgt in zip(texts, translations):
-            click.echo(f"{src}\t{tgt}")  # plain tab-separated lines, for scripts
-        report["translations"] = [{"source": s, "target": t} for s, t in zip(texts, translations)]
+        src_ids = session.encode_texts(texts)
+        out = session.decode(src_ids, None, gen)
+        n = gen.num_return_sequences
+        translations = [session.tokenizer.decode(row) for row in out]
+        for i, tgt in enumerate(translations):
+            click.echo(f"{texts[i // n]}\t{tgt}")  # plain tab-separated lines, for scripts
+        report["translations"] = [{"source": texts[i // n], "target": t} for i, t in enumerate(translations)]
     if check:
         with err.status("checking against eager PyTorch"):
+            check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
+                                    min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
             rep = xform.check(bundle, session=session, texts=texts or None, atol=atol, rtol=rtol,
-                              max_new_tokens=max_new_tokens or 32)
+                              generation=check_gen)
         print_check(rep)
         report["check"] = rep.to_dict()
         failed = not rep.passed
@@ -239,7 +301,8 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
             res = run_benchmark(session, batch, src_len, new_tokens, warmup, iters,
-                                on_iter=lambda i: progress.advance(task))
+                                on_iter=lambda i: progress.advance(task),
+                                generation=gen.updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens))
         print_bench(res)
         report["benchmark"] = res.to_dict()
     if json_path is not None:

@@ -4,6 +4,11 @@ Written once here as data, derived from a few config numbers; the exporter names
 tensors from it, the manifest records it, the engine builder derives optimization profiles from
 it and the runtime binds by it. Pure Python: no torch, no onnx.
 
+A third, small graph serves beam search: `reorder` gathers every layer's self-attention cache
+along the batch axis with `beam_idx` (row b of the result continues row beam_idx[b]), on the
+device, between two decoder steps. Greedy decoding never runs it, so its decoder graph carries
+no gather (docs/design.md has the measurements behind this choice).
+
 Axes: a str is a named dynamic axis (`batch`, `src_len`, `past_len`, `past_len+1`), an int is fixed.
 """
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any
 
 ENCODER = "encoder"
 DECODER = "decoder"
+REORDER = "reorder"
+GRAPHS = (ENCODER, DECODER, REORDER)
 DYNAMIC_AXES = ("batch", "src_len", "past_len")
 
 
@@ -88,7 +95,12 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
                  TensorSpec("next_ids", "int64", ("batch",)),
                  *(kv(n, "past_len+1") for n in kv_names("present", n_decoder_layers))),
     )
-    return {ENCODER: encoder, DECODER: decoder}
+    reorder = GraphSpec(
+        inputs=(TensorSpec("beam_idx", "int64", ("batch",)),
+                *(kv(n, "past_len") for n in kv_names("past", n_decoder_layers))),
+        outputs=tuple(kv(n, "past_len") for n in kv_names("reordered", n_decoder_layers)),
+    )
+    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder}
 
 
 def signature_for(config: dict[str, Any], kv_dtype: str = "float32") -> dict[str, GraphSpec]:

@@ -49,7 +49,7 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     cfg = bundle.config
     kv_dtype = "float16" if name.endswith("fp16") else "float32"
     spec = signature_for(cfg, kv_dtype)
-    for graph in ("encoder", "decoder"):
+    for graph in ("encoder", "decoder", "reorder"):
         e = bundle.manifest["engines"][f"{graph}.tensorrt_rtx"]
         assert e == engines[f"{graph}.tensorrt_rtx"]
         assert (path / e["file"]).stat().st_size == e["bytes"] > 10_000
@@ -67,6 +67,8 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
     assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec
     assert sum(1 for k in dec if k.startswith("past_")) == 2 * cfg["n_decoder_layers"]
+    reorder = bundle.manifest["engines"]["reorder.tensorrt_rtx"]["tensor_profiles"]
+    assert reorder["beam_idx"] == [[1], [2], [6]] and reorder["past_value_0"] == dec["past_value_0"]
     assert events and all(len(e) == 4 for e in events)  # progress was reported
 
 
@@ -164,5 +166,14 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     assert "encoder.tensorrt_rtx.engine" in r.output and "past_len [0, 4, 9]" in r.output
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx"])
     assert r.exit_code == 1 and "already built" in r.output
+    # beams: the profile's batch holds sources x beams
+    r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx", "--max-batch", "3",
+                                  "--max-beams", "4", "--max-new-tokens", "10", "--builder-opt-level", "0", "--force"])
+    assert r.exit_code == 0, r.output
+    assert "batch [1, 3, 12]" in r.output and "reorder.tensorrt_rtx.engine" in r.output
+    e = Bundle.open(path).manifest["engines"]["reorder.tensorrt_rtx"]
+    assert e["max_beams"] == 4 and e["max_sources"] == 3 and e["tensor_profiles"]["beam_idx"][2] == [12]
+    r = CliRunner().invoke(main, ["build-engine", str(path), "--max-beams", "0", "--force"])
+    assert r.exit_code == 1 and "--max-beams must be at least 1" in r.output
     r = CliRunner().invoke(main, ["build-engine", str(path), "--force", "--max-src-len", "999"])
     assert r.exit_code == 1 and "exceeds the model's max_len" in r.output

@@ -8,21 +8,11 @@ import pytest
 import torch
 
 import xform
-from tests.marian_fixtures import CONFIGS, build_marian, marian_config, sources, train_marian, write_tokenizer
+from tests.marian_fixtures import CONFIGS, marian_config, sources, train_marian, write_tokenizer
 from xform.errors import CheckpointError, ConfigError
 from xform.exporter.export import export_bundle
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
-
-
-@pytest.fixture(scope="module")
-def marians(tmp_path_factory):
-    out = {}
-    for name in CONFIGS:
-        d = tmp_path_factory.mktemp("marian") / name
-        model = build_marian(d, name, safe=(name != "gelu-unscaled"))  # one as pytorch_model.bin
-        out[name] = (d, model, export_bundle(d, tmp_path_factory.mktemp("bundle") / name).path)
-    return out
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -63,6 +53,32 @@ def test_manifest_records_the_source(marians):
     cfg = m["model"]["config"]
     assert cfg["activation"] == "gelu" and cfg["scale_embedding"] is False and cfg["positions"] == "sinusoidal_split"
     assert cfg["n_encoder_layers"] == 3 and cfg["n_decoder_layers"] == 1 and cfg["decoder_start_id"] == cfg["pad_id"]
+
+
+def test_generation_config_defaults_are_recorded_and_used(marians, tmp_path):
+    """A model that ships num_beams 4, a length penalty, max_length and forced_eos_token_id decodes
+    by default exactly as transformers' generate() does from the same directory."""
+    import shutil
+    from transformers import MarianMTModel
+    d, _, _ = marians["swish-scaled"]
+    target = tmp_path / "m"
+    shutil.copytree(d, target)
+    gen = json.loads((target / "generation_config.json").read_text())
+    gen.update(num_beams=4, length_penalty=0.8, max_length=11, forced_eos_token_id=0, early_stopping=True)
+    (target / "generation_config.json").write_text(json.dumps(gen))
+    bundle = export_bundle(target, tmp_path / "b").path
+    m = json.loads((bundle / "manifest.json").read_text())["generation"]
+    assert (m["num_beams"], m["length_penalty"], m["max_length"], m["forced_eos"], m["early_stopping"]) == (
+        4, 0.8, 11, True, True)
+    model = MarianMTModel.from_pretrained(target).eval()
+    src, mask = sources(model.config, [9, 4, 12, 6], seed=2)
+    with torch.no_grad():
+        want = model.generate(src, attention_mask=mask)[:, 1:].numpy()  # its generation_config's defaults
+    session = xform.load(bundle, backend="ort")
+    np.testing.assert_array_equal(session.generate(src.numpy()), want)
+    # forced end-of-sentence at the limit: 4 tokens are too few for these reversals, yet every row ends
+    greedy = session.generate(src.numpy(), num_beams=1, max_new_tokens=4)
+    assert greedy.shape == (4, 4) and (greedy[:, -1] == 0).all() and (greedy[:, :-1] != 0).all()
 
 
 def test_refuses_what_it_cannot_express_with_every_reason(tmp_path):

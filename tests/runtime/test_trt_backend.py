@@ -73,3 +73,24 @@ def test_trt_profile_limits(gpu_bundles):
     src, _ = padded_batch(cfg, [4, 3])
     with pytest.raises(InputError, match="exceeds the engines' --max-new-tokens 24"):
         s.generate(src, max_new_tokens=30, min_new_tokens=30)
+
+
+@pytest.mark.parametrize("beams,n_ret", [(2, 1), (4, 3)])
+def test_trt_beams_equal_ort(gpu_bundles, beams, n_ret):
+    """Beam search on the engines (cache reordered on the device by the reorder engine) gives
+    ONNX Runtime's hypotheses and scores; the profile batch is 8, so 2 sources x 4 beams fit."""
+    trt_s = xform.load(gpu_bundles["tiny32"], backend="trt")
+    ort_s = xform.load(gpu_bundles["tiny32"], backend="ort")
+    src, _ = padded_batch(make_model("seed-002").cfg, [9, 4], seed=beams)
+    kw = dict(max_new_tokens=16, num_beams=beams, num_return_sequences=n_ret, return_scores=True)
+    (t_ids, t_scores), (o_ids, o_scores) = trt_s.generate(src, **kw), ort_s.generate(src, **kw)
+    np.testing.assert_array_equal(t_ids, o_ids)
+    np.testing.assert_allclose(t_scores, o_scores, rtol=0, atol=1e-3)
+
+
+def test_trt_refuses_beams_beyond_the_profile(gpu_bundles):
+    s = xform.load(gpu_bundles["tiny32"], backend="trt")
+    src, _ = padded_batch(make_model("seed-002").cfg, [5, 4, 3], seed=1)
+    with pytest.raises(InputError, match="exceeds the engines' profile batch 8; rebuild them with a larger "
+                                         "--max-batch or --max-beams"):
+        s.generate(src, max_new_tokens=8, num_beams=3)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from xform.contract import DECODER, ENCODER, GraphSpec, TensorSpec
+from xform.contract import DECODER, ENCODER, GRAPHS, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.bundle import Bundle, atomic_write, write_manifest
 from xform.runtime.gpu import gpu_info
@@ -60,9 +60,11 @@ class ProfileRanges:
 
 def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = None,
                    max_new_tokens: int | None = None, opt_batch: int | None = None,
-                   opt_src_len: int | None = None) -> ProfileRanges:
+                   opt_src_len: int | None = None, max_beams: int = 1) -> ProfileRanges:
     """Ranges from the flags, defaults from the model config; every inconsistency reported at once.
 
+    The batch axis holds sources x beams: its maximum is max_batch x max_beams (beam search and
+    sampling decode that many rows; the encoder runs on the expanded sources once).
     Past length runs from 0 (the first step) to max_new_tokens - 1 (the last step's past).
     """
     max_len = config["max_len"]
@@ -71,7 +73,8 @@ def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = 
     opt_batch = min(8, max_batch) if opt_batch is None else opt_batch
     opt_src_len = min(32, max_src_len) if opt_src_len is None else opt_src_len
     problems = []
-    for flag, v in (("--max-batch", max_batch), ("--max-src-len", max_src_len), ("--max-new-tokens", max_new_tokens),
+    for flag, v in (("--max-batch", max_batch), ("--max-beams", max_beams), ("--max-src-len", max_src_len),
+                    ("--max-new-tokens", max_new_tokens),
                     ("--opt-batch", opt_batch), ("--opt-src-len", opt_src_len)):
         if v < 1:
             problems.append(f"{flag} must be at least 1, got {v}")
@@ -86,7 +89,7 @@ def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = 
     if problems:
         raise XformError("inconsistent engine profile:\n  - " + "\n  - ".join(problems))
     past_max = max_new_tokens - 1
-    return ProfileRanges((1, opt_batch, max_batch), (1, opt_src_len, max_src_len),
+    return ProfileRanges((1, opt_batch, max_batch * max_beams), (1, opt_src_len, max_src_len),
                          (0, min(past_max, max(1, past_max // 2)), past_max))
 
 
@@ -257,12 +260,13 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         log.warning("--timing-cache: %s has no timing cache (its timing cache calls are no-ops); ignored", flavor)
     ranges = ranges or profile_ranges(bundle.config, **range_flags)
     engine_dir = bundle.path / ENGINE_DIR
-    targets = {g: engine_dir / f"{engine_key(g, flavor)}.engine" for g in (ENCODER, DECODER)}
+    graphs = [g for g in GRAPHS if g in bundle.manifest["graphs"]]  # reorder: bundles since beam search
+    targets = {g: engine_dir / f"{engine_key(g, flavor)}.engine" for g in graphs}
     existing = [str(p) for p in targets.values() if p.exists()]
     if existing and not force:
         raise BundleError(f"{', '.join(existing)}: already built; pass --force to rebuild")
     built: dict[str, tuple[bytes, dict]] = {}
-    for graph in (ENCODER, DECODER):
+    for graph in graphs:
         cb = (lambda phase, done, total, g=graph: progress(g, phase, done, total)) if progress else None
         built[graph] = build_engine(trt, bundle.graph_file(graph), bundle.graph_spec(graph), ranges, options,
                                     flavor, cb)
@@ -283,6 +287,8 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
                 "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
                 "tensorrt_version": trt.__version__, "target": target, "profile": ranges.to_dict(),
                 "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name],
+                "max_sources": ranges.batch[2] // range_flags.get("max_beams", 1),
+                "max_beams": range_flags.get("max_beams", 1),
                 "onnx_data_sha256": manifest["files"].get(data_name), "precision": bundle.precision,
                 "strongly_typed": True,
                 "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt" else None,
@@ -294,4 +300,4 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         if engine_dir.exists() and not any(engine_dir.iterdir()):
             shutil.rmtree(engine_dir)
         raise
-    return {engine_key(g, flavor): manifest["engines"][engine_key(g, flavor)] for g in (ENCODER, DECODER)}
+    return {engine_key(g, flavor): manifest["engines"][engine_key(g, flavor)] for g in graphs}

@@ -15,8 +15,8 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from xform.contract import DECODER, ENCODER, GraphSpec
-from xform.models.transformer import EncoderOutput, Seq2SeqTransformer
+from xform.contract import DECODER, ENCODER, GRAPHS, REORDER, GraphSpec
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, reorder_cache
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
@@ -50,6 +50,21 @@ class DecoderGraph(nn.Module):
         return (logits, next_ids, *[t for kv in present for t in kv])
 
 
+class ReorderGraph(nn.Module):
+    """Beam search's cache reorder: every layer's past keys and values gathered by beam_idx."""
+
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.n = model.cfg.n_decoder_layers
+
+    def forward(self, beam_idx: Tensor, *flat: Tensor):
+        past = [(flat[2 * i], flat[2 * i + 1]) for i in range(self.n)]
+        return tuple(t for kv in reorder_cache(past, beam_idx) for t in kv)
+
+
+MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph}
+
+
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
                    past_len: int = 3) -> tuple[Tensor, ...]:
     """Trace-time inputs; verification uses other shapes."""
@@ -63,6 +78,9 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
         enc = model.encode(src, lengths)
         tok = torch.full((batch, past_len), cfg.start_id, dtype=torch.long)
         _, past = model.decode(tok, enc)
+    if graph == REORDER:
+        beam_idx = torch.arange(batch - 1, -1, -1)  # a real permutation
+        return (beam_idx, *[t for kv in past for t in kv])
     ids = torch.full((batch, 1), cfg.start_id, dtype=torch.long)
     return (ids, torch.zeros(1, dtype=torch.long), *[t for kv in past for t in kv],
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
@@ -70,7 +88,7 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
 
 def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
     """Trace one graph to `path` with the contract's names and dynamic axes."""
-    module = EncoderGraph(model) if graph == ENCODER else DecoderGraph(model)
+    module = MODULES[graph](model)
     module.eval()
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
@@ -91,4 +109,4 @@ def save_with_external_data(model: "onnx.ModelProto", path: Path) -> None:
                     location=f"{path.name}.data", size_threshold=1024)
 
 
-GRAPHS = (ENCODER, DECODER)
+__all__ = ["GRAPHS", "export_graph", "example_inputs", "save_with_external_data"]

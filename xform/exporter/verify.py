@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.contract import DECODER, ENCODER, GraphSpec
+from xform.contract import REORDER, DECODER, ENCODER, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import DecoderGraph, EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode
@@ -87,6 +87,16 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
         figures[f"decoder_past{past_len}_max_abs_err"] = compare_outputs(
             DECODER, specs[DECODER].output_names, got, list(ref), tol,
             f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, past_len {past_len}")
+    if REORDER in sessions:  # beam search's cache reorder: rows permuted, one row continued twice
+        beam_idx = np.array([(2 * i + 1) % VERIFY_BATCH for i in range(VERIFY_BATCH)], np.int64)
+        beam_idx[-1] = beam_idx[0]
+        feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
+            x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in flat_past]))}
+        got = sessions[REORDER].run(None, feeds)
+        want = [x[beam_idx] for x in feeds.values()][1:]
+        if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+            raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
+        figures["reorder_exact"] = True
     return figures
 
 

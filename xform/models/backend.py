@@ -36,9 +36,10 @@ class TorchBackend:
         self.past, self.n_steps = None, 0
 
     @torch.no_grad()
-    def step(self, input_ids, min_new_tokens, want_logits=False):
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
         tok = torch.from_numpy(np.ascontiguousarray(input_ids)).to(self.device).view(-1, 1)
-        logits, self.past = self.model.decode(tok, self.enc, self.past)
+        reorder = None if beam_idx is None else torch.from_numpy(np.ascontiguousarray(beam_idx)).to(self.device)
+        logits, self.past = self.model.decode(tok, self.enc, self.past, reorder)
         logits = logits[:, -1]
         nxt = self.model.suppress(logits, self.n_steps, min_new_tokens).argmax(-1)
         self.n_steps += 1

@@ -30,6 +30,7 @@ class LoadedModel:
     source: dict
     tokenizer: dict[str, Any] | None = None  # the bundle's tokenizer.json
     tokenizer_files: list[Path] = field(default_factory=list)  # copied into the bundle's tokenizer/
+    generation: dict[str, Any] | None = None  # decoding defaults the model ships (Marian's generation_config)
 
 
 def bundled_path(name: str) -> Path:
@@ -54,7 +55,8 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
     if marian.is_marian_dir(path):
         model, source = marian.load_marian(path)
         spec = marian.tokenizer_spec(path)
-        return LoadedModel(model, source, spec, [path / f for f in spec["files"]] if spec else [])
+        return LoadedModel(model, source, spec, [path / f for f in spec["files"]] if spec else [],
+                           marian.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
         try:

@@ -211,13 +211,33 @@ def load_marian(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, An
     theirs, weights_path = read_weights(directory)
     state = convert_state(cfg, {k: v for k, v in theirs.items()}, str(weights_path))
     model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    notes = []
-    beams = generation.get("num_beams", hf.get("num_beams", 1))
-    if beams and beams > 1:
-        notes.append(f"generation_config asks for num_beams={beams}; xform decodes greedily (num_beams=1)")
     source = {"path": str(directory.resolve()), "kind": "huggingface-marian", "sha256": sha256_file(weights_path),
-              "weights": weights_path.name, "notes": notes}
+              "weights": weights_path.name, "notes": []}
     return model, source
+
+
+def generation_defaults(directory: str | Path) -> dict[str, Any]:
+    """How the model is meant to decode, from generation_config.json (else config.json), as the
+    manifest records it: num_beams, length_penalty, early_stopping, max_length (with the start
+    token, as transformers counts) and forced_eos (transformers' forced_eos_token_id)."""
+    directory = Path(directory)
+    hf = read_json(directory / "config.json")
+    gen_path = directory / "generation_config.json"
+    generation = read_json(gen_path) if gen_path.is_file() else {}
+
+    def get(key, default):
+        return generation.get(key, hf.get(key, default))
+
+    eos = get("eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    forced = get("forced_eos_token_id", None)
+    forced = forced[0] if isinstance(forced, list) else forced
+    out = {"num_beams": int(get("num_beams", 1) or 1), "length_penalty": float(get("length_penalty", 1.0)),
+           "early_stopping": get("early_stopping", False), "forced_eos": forced is not None and forced == eos,
+           "source": str(gen_path if gen_path.is_file() else directory / "config.json")}
+    if get("max_length", None) is not None:
+        out["max_length"] = int(get("max_length", None))
+    return out
 
 
 def tokenizer_spec(directory: Path) -> dict[str, Any] | None:

@@ -77,12 +77,16 @@ class Seq2SeqTransformer(nn.Module):
         cross_kv = [layer.cross_attn.project_kv(x) for layer in self.decoder_layers]
         return EncoderOutput(cross_kv, src_mask)
 
-    def decode(self, tokens: Tensor, enc: EncoderOutput, past: list[LayerKV] | None = None
-               ) -> tuple[Tensor, list[LayerKV]]:
+    def decode(self, tokens: Tensor, enc: EncoderOutput, past: list[LayerKV] | None = None,
+               beam_idx: Tensor | None = None) -> tuple[Tensor, list[LayerKV]]:
         """tokens (B, T) at positions [P, P + T) where P is the past length.
 
+        beam_idx (B,) int64, when given: row b continues the past of row beam_idx[b] (beam search
+        reorders the cache here, on the device, in the same graph).
         Returns logits (B, T, V) in fp32 and the present K/V, each (B, H, P + T, Dh).
         """
+        if past is not None and beam_idx is not None:
+            past = reorder_cache(past, beam_idx)
         T = tokens.shape[1]
         past_len = past[0][0].shape[2] if past is not None else 0
         x = self.embed(self.tgt_embed, self.tgt_pos, tokens, past_len)
@@ -121,6 +125,11 @@ class Seq2SeqTransformer(nn.Module):
         early = torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)
         blocked = blocked | ((ids == self.cfg.eos_id) & early)
         return logits.masked_fill(blocked, float("-inf"))
+
+
+def reorder_cache(past: list[LayerKV], beam_idx: Tensor) -> list[LayerKV]:
+    """Row b of the result is row beam_idx[b] of `past`: a Gather on the batch axis."""
+    return [(k.index_select(0, beam_idx), v.index_select(0, beam_idx)) for k, v in past]  # (B, H, P, Dh)
 
 
 def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:

@@ -4,11 +4,14 @@ A backend runs the two graphs of the contract for one batch at a time and keeps 
 between steps (the encoder's cross K/V and source mask, the self-attention cache) itself:
 
     backend.start(src_ids, src_lengths)          # encoder; resets the cache to a zero-length past
-    next_ids, logits = backend.step(input_ids, min_new_tokens, want_logits)
+    next_ids, logits = backend.step(input_ids, min_new_tokens, want_logits, beam_idx)
         # input_ids (B,) int64 at position `steps so far`; next_ids (B,) int64 greedy choices
-        # (pad never, end-of-sentence not before min_new_tokens); logits (B, V) float32 or None
+        # (pad never, end-of-sentence not before min_new_tokens); logits (B, V) float32 or None;
+        # beam_idx (B,) int64 or None: row b continues the cache of row beam_idx[b] (None: itself).
+        # The cache is reordered where it lives (the decoder graph gathers it), never on the host.
+    backend.max_rows   # optional: the most rows one batch may have (a TensorRT profile's batch)
 
-The greedy loop over it is written once, in session.py.
+The decoding loop over it is written once, in session.py, for every strategy (decoding.py).
 """
 from __future__ import annotations
 
@@ -22,5 +25,5 @@ class Backend(Protocol):
 
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None: ...
 
-    def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False
-             ) -> tuple[np.ndarray, np.ndarray | None]: ...
+    def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False,
+             beam_idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]: ...

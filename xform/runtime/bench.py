@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from xform.runtime.decoding import GenerationConfig
 from xform.runtime.session import Session
 
 
@@ -22,6 +23,7 @@ from xform.runtime.session import Session
 class BenchResult:
     backend: str
     precision: str
+    strategy: str
     batch: int
     src_len: int
     new_tokens: int
@@ -52,7 +54,11 @@ def random_sources(config: dict, batch: int, src_len: int, seed: int = 0) -> np.
 
 
 def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: int = 64, warmup: int = 2,
-              iters: int = 10, on_iter: Callable[[int], None] | None = None) -> BenchResult:
+              iters: int = 10, on_iter: Callable[[int], None] | None = None,
+              generation: GenerationConfig | None = None) -> BenchResult:
+    """`generation` (greedy by default) is decoded with exactly `new_tokens` tokens per hypothesis;
+    tokens/s counts batch x new_tokens (one answer per source, as the peers count)."""
+    gen = (generation or GenerationConfig()).updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     src = random_sources(session.config, batch, src_len)
     step_times: list[float] = []
     iter_times: list[float] = []
@@ -66,9 +72,9 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
             last[0] = now
 
         t0 = last[0]
-        out = session.generate(src, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_step=on_step)
+        out = session.decode(src, None, gen, on_step=on_step)
         elapsed = time.perf_counter() - t0
-        assert out.shape == (batch, new_tokens), out.shape  # forced length: an internal invariant
+        assert out.shape == (batch * gen.num_return_sequences, new_tokens), out.shape  # forced length: an invariant
         if i >= warmup:
             iter_times.append(elapsed)
             step_times.extend(times)
@@ -78,7 +84,7 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
     med = float(np.median(iter_times))
     return BenchResult(
         backend=session.backend_name, precision=session.bundle.precision if session.bundle else "fp32",
-        batch=batch, src_len=src_len, new_tokens=new_tokens, warmup=warmup, iters=iters,
+        strategy=f"beam {gen.num_beams}" if gen.strategy == "beam" else gen.strategy, batch=batch, src_len=src_len, new_tokens=new_tokens, warmup=warmup, iters=iters,
         tokens_per_s=batch * new_tokens / med, latency_ms_p50=float(np.percentile(lat, 50)),
         latency_ms_p90=float(np.percentile(lat, 90)), latency_ms_p99=float(np.percentile(lat, 99)),
         iteration_s_median=med, peak_rss_mib=peak_rss_mib(),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xform.contract import DECODER, ENCODER, kv_names
-from xform.errors import BackendUnavailableError, XformError
+from xform.contract import DECODER, ENCODER, REORDER, kv_names
+from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.bundle import Bundle
 
 
@@ -62,6 +62,11 @@ class OrtBackend:
         self.kv_heads, self.head_dim = first_past.shape[1], first_past.shape[3]
         self.vocab = bundle.config["tgt_vocab_size"]
         self.enc_names = [o.name for o in self.encoder.get_outputs()]
+        # beam search's cache reorder; bundles exported before beam search have no such graph
+        self.reorder = (ort.InferenceSession(str(bundle.graph_file(REORDER)), opts, providers=providers)
+                        if REORDER in bundle.manifest["graphs"] else None)
+        self.reordered_names = kv_names("reordered", n)
+        self.bundle_path = bundle.path
         self.binding = None
 
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
@@ -89,10 +94,26 @@ class OrtBackend:
     def host_output(self, name: str, array: np.ndarray) -> None:
         self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
 
-    def step(self, input_ids, min_new_tokens, want_logits=False):
+    def reorder_cache(self, beam_idx: np.ndarray) -> None:
+        """Gather every layer's cache by beam_idx where it lives (the reorder graph, IO-bound)."""
+        if self.reorder is None:
+            raise BundleError(f"{self.bundle_path}: exported before beam search (no reorder graph); re-export it "
+                              "with this xform (xform export ... --force) to decode with beams")
+        rb = self.reorder.io_binding()
+        rb.bind_cpu_input("beam_idx", np.ascontiguousarray(beam_idx, dtype=np.int64))
+        for name, value in zip(self.past_names, self.past):
+            rb.bind_ortvalue_input(name, value)
+        for name in self.reordered_names:
+            rb.bind_output(name, self.ort_device)
+        self.reorder.run_with_iobinding(rb)
+        self.past = rb.get_outputs()
+
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
         dec = self.binding
         self.ids[:, 0] = input_ids
         self.min_new[0] = min_new_tokens
+        if beam_idx is not None:
+            self.reorder_cache(beam_idx)
         for name, value in zip(self.past_names, self.past):
             dec.bind_ortvalue_input(name, value)
         for name in self.present_names:

@@ -1,4 +1,4 @@
-"""Session: batched greedy decoding over any backend, written once; input checks at the boundary.
+"""Session: batched decoding over any backend, one loop for every strategy; input checks at the boundary.
 
 `generate` takes right-padded int64 source ids and returns generated ids, padded with the pad id
 after each row's end-of-sentence. `translate` adds the bundle's tokenizer. What backend runs the
@@ -12,6 +12,9 @@ import numpy as np
 
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
+from xform.runtime.decoding import GenerationConfig, Special, make_strategy
+
+GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
 
 
 class Session:
@@ -23,6 +26,7 @@ class Session:
         self.pad_id, self.eos_id = config["pad_id"], config["eos_id"]
         start = config.get("decoder_start_id")
         self.start_id = config["bos_id"] if start is None else start
+        self.special = Special.from_config(config)
 
     @property
     def backend_name(self) -> str:
@@ -70,35 +74,67 @@ class Session:
             raise InputError(f"source row {r} is empty (length 0); every source needs at least one token")
         return src_ids, src_lengths
 
-    def check_lengths(self, max_new_tokens: int, min_new_tokens: int) -> None:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise InputError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
-            raise InputError(f"min_new_tokens must be an int in [0, max_new_tokens={max_new_tokens}], got {min_new_tokens!r}")
-        if max_new_tokens > self.config["max_len"]:
-            raise InputError(f"max_new_tokens {max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
+    def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
+        """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
+        (None keeps a default); checked against the model's max_len."""
+        defaults = dict(self.bundle.manifest.get("generation") or {}) if self.bundle is not None else {}
+        defaults.pop("max_length", None)
+        gen = GenerationConfig(**{k: v for k, v in defaults.items() if k in GENERATION_FIELDS})
+        gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
+        if gen.max_new_tokens > self.config["max_len"]:
+            raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
+        return gen
 
-    def generate(self, src_ids, src_lengths=None, max_new_tokens: int = 64, min_new_tokens: int = 0,
-                 on_step: Callable[[int], None] | None = None) -> np.ndarray:
-        """Greedy decoding: (B, n) int64 generated ids, no start token, pad after end-of-sentence."""
+    def default_max_new_tokens(self) -> int:
+        """max_length - 1 from the bundle's generation defaults (the start token counts there), else max_len."""
+        gen = (self.bundle.manifest.get("generation") or {}) if self.bundle is not None else {}
+        n = gen.get("max_length", self.config["max_len"] + 1) - 1
+        return max(1, min(n, self.config["max_len"]))
+
+    def generate(self, src_ids, src_lengths=None, max_new_tokens: int | None = None,
+                 min_new_tokens: int | None = None, *,
+                 num_beams: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, num_return_sequences: int | None = None,
+                 do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, return_scores: bool = False,
+                 on_step: Callable[[int], None] | None = None):
+        """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
+        with return_scores, also their scores (float32: beam search's length-penalized sum of
+        log-probs, else the sum of log-probs). Unset settings take the bundle's defaults (max_new_tokens:
+        the model's max_length - 1 when it records one, else its max_len)."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        self.check_lengths(max_new_tokens, min_new_tokens)
-        B = src_ids.shape[0]
-        self.backend.start(src_ids, src_lengths)
-        tokens = np.full(B, self.start_id, np.int64)
-        done = np.zeros(B, bool)
-        out = []
-        for step in range(max_new_tokens):
-            nxt, _ = self.backend.step(tokens, min_new_tokens)
-            nxt = np.where(done, self.pad_id, nxt)
-            out.append(nxt)
-            done |= nxt == self.eos_id
+        if max_new_tokens is None:
+            max_new_tokens = self.default_max_new_tokens()
+        gen = self.generation_config(max_new_tokens, min_new_tokens=min_new_tokens, num_beams=num_beams,
+                                     length_penalty=length_penalty, early_stopping=early_stopping,
+                                     num_return_sequences=num_return_sequences, do_sample=do_sample,
+                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return self.decode(src_ids, src_lengths, gen, return_scores, on_step)
+
+    def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
+               on_step: Callable[[int], None] | None = None):
+        """The one decoding loop, for every strategy and backend."""
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        strategy = make_strategy(src_ids.shape[0], gen, self.special, return_scores)
+        limit = getattr(self.backend, "max_rows", None)
+        if limit is not None and strategy.rows > limit:
+            raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
+                             f"{strategy.rows // src_ids.shape[0]} (--num-beams / --num-return-sequences) = "
+                             f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
+                             "with a larger --max-batch or --max-beams")
+        self.backend.start(strategy.expand(src_ids), strategy.expand(src_lengths))
+        tokens = np.full(strategy.rows, self.start_id, np.int64)
+        beam_idx = None
+        for step in range(gen.max_new_tokens):
+            nxt, logits = self.backend.step(tokens, gen.min_new_tokens, strategy.needs_logits, beam_idx)
+            tokens, beam_idx = strategy.advance(step, nxt, logits)
             if on_step is not None:
                 on_step(step)
-            if done.all():
+            if tokens is None:
                 break
-            tokens = nxt
-        return np.stack(out, 1).astype(np.int64) if out else np.zeros((B, 0), np.int64)
+        ids, scores = strategy.result()
+        ids = ids.astype(np.int64, copy=False)
+        return (ids, scores) if return_scores else ids
 
     def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -125,8 +161,10 @@ class Session:
             src[i, :len(r)] = r
         return src
 
-    def translate(self, texts: list[str], max_new_tokens: int | None = None) -> list[str]:
+    def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
+        """Translations in input order; with num_return_sequences n, n per text, one after another.
+        `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...)."""
         src = self.encode_texts(list(texts))
-        n = max_new_tokens if max_new_tokens is not None else self.config["max_len"]
-        out = self.generate(src, max_new_tokens=n)
+        n = max_new_tokens if max_new_tokens is not None else self.default_max_new_tokens()
+        out = self.generate(src, max_new_tokens=n, **settings)
         return [self.tokenizer.decode(row) for row in out]

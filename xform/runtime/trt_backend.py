@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xform.contract import DECODER, ENCODER, GraphSpec, TensorSpec, kv_names
+from xform.contract import DECODER, ENCODER, REORDER, GraphSpec, TensorSpec, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
 from xform.runtime.bundle import Bundle
 from xform.runtime.gpu import gpu_info
@@ -52,7 +52,8 @@ def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
     chosen = flavors[0]
     enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
     files = bundle.manifest["files"]
-    for entry in (enc, dec):
+    reorder = engines.get(f"{REORDER}.{chosen}")
+    for entry in (enc, dec) + ((reorder,) if reorder else ()):
         for name, recorded in ((entry["onnx"], entry["onnx_sha256"]),
                                (f"{entry['onnx']}.data", entry.get("onnx_data_sha256"))):
             if recorded != files.get(name):
@@ -90,7 +91,14 @@ class TrtBackend:
         self.decoder = self.deserialize(bundle, dec_entry, self.dec_spec)
         self.enc_ctx = self.encoder.create_execution_context()
         self.dec_ctx = self.decoder.create_execution_context()
-        if self.enc_ctx is None or self.dec_ctx is None:
+        # beam search's cache reorder: an engine of its own, absent from bundles made before it
+        reorder_entry = bundle.manifest.get("engines", {}).get(f"{REORDER}.{self.flavor}")
+        self.reorder = self.reorder_ctx = None
+        if reorder_entry is not None:
+            self.reorder_spec = bundle.graph_spec(REORDER)
+            self.reorder = self.deserialize(bundle, reorder_entry, self.reorder_spec)
+            self.reorder_ctx = self.reorder.create_execution_context()
+        if self.enc_ctx is None or self.dec_ctx is None or (self.reorder is not None and self.reorder_ctx is None):
             raise XformError("TensorRT could not create an execution context (out of GPU memory?)")
         self.stream = cuda_check(cudart, cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags")
@@ -133,8 +141,12 @@ class TrtBackend:
         dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
         self.dec_bufs = {n: self.alloc(dec[n], batch=B) for n in ("input_ids", "min_new_tokens", "logits", "next_ids")}
         past, present = kv_names("past", self.n_layers), kv_names("present", self.n_layers)
-        # two cache sets: step k reads set k % 2 as past and writes set (k + 1) % 2 as present
+        # two cache sets that swap roles: a step reads one as past and writes the other as present;
+        # beam search's reorder reads the past set and writes the other, which becomes the past
         self.cache = [[self.alloc(dec[n], batch=B, past_len=P) for n in past] for _ in range(2)]
+        self.current = 0  # the set holding the past
+        if self.reorder is not None:
+            self.beam_buf = self.alloc(self.reorder_spec.input("beam_idx"), batch=B)
         self.past_names, self.present_names = past, present
         self.cross_names = kv_names("cross", self.n_layers)
         self.kv_spec = dec[past[0]]
@@ -175,10 +187,11 @@ class TrtBackend:
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
         B, S = src_ids.shape
         if B > self.max_batch:
-            raise InputError(f"batch {B} exceeds the engines' --max-batch {self.max_batch}; rebuild with a larger one")
+            raise InputError(f"{B} rows (batch x beams x samples) exceed the engines' profile batch {self.max_batch}; "
+                             "rebuild with a larger --max-batch or --max-beams")
         if S > self.max_src:
             raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a larger one")
-        self.B, self.S, self.steps = B, S, 0
+        self.B, self.S, self.steps, self.current = B, S, 0, 0
         self.h2d(self.enc_bufs["src_ids"], src_ids)
         self.h2d(self.enc_bufs["src_lengths"], src_lengths)
         self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"], (B, S))
@@ -191,7 +204,31 @@ class TrtBackend:
             self.bind(self.dec_ctx, name, self.enc_bufs[name], (B, H, S, D))
         self.bind(self.dec_ctx, "src_mask", self.enc_bufs["src_mask"], (B, S))
 
-    def step(self, input_ids, min_new_tokens, want_logits=False):
+    @property
+    def max_rows(self) -> int:
+        return self.max_batch
+
+    def reorder_cache(self, beam_idx: np.ndarray) -> None:
+        """Gather the cache by beam_idx on the device: the reorder engine reads the past set and
+        writes the other, which becomes the past. Only beam_idx (8 bytes a row) crosses the bus."""
+        if self.reorder is None:
+            raise BundleError("these engines have no reorder engine (built before beam search); re-export the "
+                              "bundle with this xform and rebuild its engines to decode with beams")
+        B, p = self.B, self.steps
+        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        self.h2d(self.beam_buf, np.ascontiguousarray(beam_idx, dtype=np.int64))
+        self.bind(self.reorder_ctx, "beam_idx", self.beam_buf, (B,))
+        src, dst = self.cache[self.current], self.cache[1 - self.current]
+        for i, name in enumerate(self.past_names):
+            self.bind(self.reorder_ctx, name, src[i], (B, H, p, D))
+        for i, name in enumerate(kv_names("reordered", self.n_layers)):
+            self.bind(self.reorder_ctx, name, dst[i])
+        self.execute(self.reorder_ctx, f"cache reorder before step {p}")
+        self.current = 1 - self.current
+
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
+        if beam_idx is not None:
+            self.reorder_cache(beam_idx)
         if self.steps >= self.max_steps:
             raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
                              "rebuild with a larger one")
@@ -201,7 +238,7 @@ class TrtBackend:
         self.h2d(self.dec_bufs["min_new_tokens"], np.array([min_new_tokens], np.int64))
         self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"], (B, 1))
         self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"], (1,))
-        past, present = self.cache[p % 2], self.cache[(p + 1) % 2]
+        past, present = self.cache[self.current], self.cache[1 - self.current]
         for i, name in enumerate(self.past_names):
             self.bind(self.dec_ctx, name, past[i], (B, H, p, D))  # p == 0: a real, empty buffer
         for i, name in enumerate(self.present_names):
@@ -213,6 +250,7 @@ class TrtBackend:
         logits = self.d2h(self.dec_bufs["logits"], (B, self.vocab), np.float32) if want_logits else None
         self.cuda_sync()
         self.steps += 1
+        self.current = 1 - self.current  # the present just written is the next step's past
         return next_ids, logits
 
     def close(self) -> None:

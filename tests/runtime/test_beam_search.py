@@ -1,0 +1,99 @@
+"""Beam search against transformers' `generate(num_beams=k)` on trained test Marian models.
+
+Tokens compare exactly; sequence scores within a stated tolerance (a sum of up to 14 float32
+log-probs whose logits differ from transformers' by under 1e-5: 1e-4 is generous and still fails
+on any wrong length penalty or a missing token).
+"""
+import numpy as np
+import pytest
+import torch
+
+import xform
+from tests.marian_fixtures import CONFIGS, sources
+
+pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+SCORE_ATOL = 1e-4
+MAX_NEW = 14
+
+
+def hf_beams(model, src, mask, **kw):
+    # transformers' beam search reshapes scores by config.vocab_size, not decoder_vocab_size: a
+    # separate-vocabulary Marian fails there; its logits have decoder_vocab_size columns, so say so
+    vocab = model.config.vocab_size
+    model.config.vocab_size = model.config.decoder_vocab_size or vocab
+    try:
+        with torch.no_grad():
+            out = model.generate(src, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                                 output_scores=True, return_dict_in_generate=True, **kw)
+    finally:
+        model.config.vocab_size = vocab
+    return out.sequences[:, 1:].numpy(), out.sequences_scores.numpy()
+
+
+CASES = [  # (num_beams, length_penalty, early_stopping, num_return_sequences)
+    (2, 1.0, False, 1),
+    (4, 1.0, False, 4),
+    (5, 1.0, True, 2),
+    (4, 0.6, "never", 3),
+    (5, 2.0, False, 5),
+    (4, -0.5, True, 1),
+    (2, 0.0, "never", 2),
+]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("beams,penalty,early,n_ret", CASES)
+def test_beam_tokens_and_scores_equal_transformers(marians, name, beams, penalty, early, n_ret):
+    _, model, bundle = marians[name]
+    src, mask = sources(model.config, [7, 3, 9, 5], seed=beams)
+    kw = dict(num_beams=beams, length_penalty=penalty, early_stopping=early, num_return_sequences=n_ret)
+    want, want_scores = hf_beams(model, src, mask, **kw)
+    got, scores = xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=MAX_NEW,
+                                                               return_scores=True, **kw)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=SCORE_ATOL)
+
+
+def test_beam_search_is_not_greedy_on_these_models(marians):
+    """The parity above would be weak if beams always found the greedy answer: they do not."""
+    differ = 0
+    for name in CONFIGS:
+        _, model, bundle = marians[name]
+        src, _ = sources(model.config, [7, 3, 9, 5, 8, 6], seed=3)
+        s = xform.load(bundle, backend="ort")
+        differ += int((s.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=5)
+                       != s.generate(src.numpy(), max_new_tokens=MAX_NEW)).any(1).sum())
+    assert differ > 0
+
+
+def test_min_new_tokens_and_forced_eos_like_transformers(marians):
+    _, model, bundle = marians["swish-scaled"]
+    src, mask = sources(model.config, [6, 4], seed=5)
+    want, _ = hf_beams(model, src, mask, num_beams=3, min_new_tokens=9, forced_eos_token_id=0)
+    s = xform.load(bundle, backend="ort")
+    got = s.decode(src.numpy(), None, s.generation_config(MAX_NEW, num_beams=3, min_new_tokens=9, forced_eos=True))
+    np.testing.assert_array_equal(got, want)
+    assert (got[:, :9] != 0).all()
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_beams_on_every_cpu_backend(marians, backend):
+    _, model, bundle = marians["relu-separate-vocab"]
+    src, mask = sources(model.config, [8, 2, 5], seed=7)
+    want, _ = hf_beams(model, src, mask, num_beams=4, num_return_sequences=2)
+    got = xform.load(bundle, backend=backend).generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=4,
+                                                       num_return_sequences=2)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_one_beam_is_todays_greedy(tiny_bundle, backend):
+    from tests.conftest import make_model, padded_batch
+    cfg = make_model("seed-002").cfg
+    src, lengths = padded_batch(cfg, [9, 4, 6], seed=2)
+    s = xform.load(tiny_bundle, backend=backend)
+    greedy = s.generate(src, lengths, max_new_tokens=10)
+    np.testing.assert_array_equal(s.generate(src, lengths, max_new_tokens=10, num_beams=1), greedy)
+    from xform.models.transformer import greedy_decode
+    ref = greedy_decode(make_model("seed-002"), torch.from_numpy(src), torch.from_numpy(lengths), 10).numpy()
+    np.testing.assert_array_equal(greedy, ref)

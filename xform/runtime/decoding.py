@@ -1,0 +1,315 @@
+"""Decoding strategies: greedy, sampling and beam search, as small state machines over numpy.
+
+The loop that drives a backend is written once (session.py); a strategy only says how many rows
+the backend decodes, what to feed it next, and which cached row each new row continues:
+
+    strategy.rows                     # rows the backend decodes (batch x beams, or x samples)
+    strategy.needs_logits             # whether the loop must copy logits to the host each step
+    tokens, beam_idx = strategy.advance(step, next_ids, logits)   # tokens None: finished
+    ids, scores = strategy.result()
+
+Beam search follows transformers' vectorized `_beam_search` (4.57) step for step, in float32:
+log-softmax, then the logits processors (pad and banned ids, end-of-sentence before
+min_new_tokens, end-of-sentence forced at the length limit), top 2k continuations per source,
+the running beams, the finished hypotheses scored with `length_penalty`, and `early_stopping`
+True / False / "never" with its heuristic. Candidates are taken per row first (the top 2k of a
+row's logits; the union over rows holds the top 2k of the batch item exactly), so the host never
+sorts a whole vocabulary. Ties are broken by the lower flat index, as a stable sort does.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from xform.errors import InputError
+
+NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added in float32
+FLAGS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "num_beams": "--num-beams",
+         "length_penalty": "--length-penalty", "early_stopping": "--early-stopping",
+         "num_return_sequences": "--num-return-sequences", "do_sample": "--sample", "temperature": "--temperature",
+         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+
+
+def named(param: str) -> str:
+    return f"{param} ({FLAGS[param]})" if param in FLAGS else param
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode. Defaults are greedy; a bundle may record others (a Marian import does)."""
+    max_new_tokens: int = 64
+    min_new_tokens: int = 0
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never", as in transformers
+    num_return_sequences: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    seed: int | None = None
+    forced_eos: bool = False  # end-of-sentence forced at the last step (transformers' forced_eos_token_id)
+
+    def __post_init__(self):
+        problems = []
+
+        def whole(name, low):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                problems.append(f"{named(name)} must be an integer >= {low}, got {v!r}")
+
+        whole("max_new_tokens", 0)
+        whole("min_new_tokens", 0)
+        whole("num_beams", 1)
+        whole("num_return_sequences", 1)
+        whole("top_k", 0)
+        if not problems and self.min_new_tokens > self.max_new_tokens:
+            problems.append(f"{named('min_new_tokens')} {self.min_new_tokens} exceeds "
+                            f"{named('max_new_tokens')} {self.max_new_tokens}")
+        if self.early_stopping not in (True, False, "never"):
+            problems.append(f"{named('early_stopping')} must be true, false or never, got {self.early_stopping!r}")
+        if not isinstance(self.length_penalty, (int, float)) or not np.isfinite(self.length_penalty):
+            problems.append(f"{named('length_penalty')} must be a finite number, got {self.length_penalty!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0 or not np.isfinite(self.temperature):
+            problems.append(f"{named('temperature')} must be > 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            problems.append(f"{named('top_p')} must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):
+            problems.append(f"{named('seed')} must be a non-negative integer, got {self.seed!r}")
+        if not problems:
+            if self.do_sample and self.num_beams > 1:
+                problems.append(f"{named('do_sample')} with {named('num_beams')} {self.num_beams}: beam sampling is "
+                                "not supported; sample with num_beams 1, or search beams without sampling")
+            elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+                problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} exceeds "
+                                f"{named('num_beams')} {self.num_beams}: beam search returns at most its beams")
+            elif self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
+                problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} needs beams "
+                                f"({named('num_beams')} >= it) or sampling ({FLAGS['do_sample']}); greedy "
+                                "decoding has one answer")
+        if problems:
+            raise InputError("invalid generation settings:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def strategy(self) -> str:
+        return "beam" if self.num_beams > 1 else "sample" if self.do_sample else "greedy"
+
+    def updated(self, **changes: Any) -> "GenerationConfig":
+        """A copy with the given fields changed (None means: keep)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Special:
+    pad: int
+    eos: int
+    blocked: tuple[int, ...]  # never generated: the pad id and the model's banned ids
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Special":
+        blocked = sorted({config["pad_id"], *config.get("banned_ids", ())})
+        return cls(config["pad_id"], config["eos_id"], tuple(blocked))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float32, as torch computes it: (x - max) - log(sum(exp(x - max)))."""
+    x = logits.astype(np.float32, copy=False)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float32))
+
+
+def process(scores: np.ndarray, step: int, gen: GenerationConfig, special: Special) -> np.ndarray:
+    """transformers' logits processors, in place, on (rows, V) scores: blocked ids never,
+    end-of-sentence not before min_new_tokens, and forced at the last step when asked."""
+    scores[:, list(special.blocked)] = -np.inf
+    if step < gen.min_new_tokens:
+        scores[:, special.eos] = -np.inf
+    if gen.forced_eos and step == gen.max_new_tokens - 1:
+        scores[:] = -np.inf
+        scores[:, special.eos] = 0.0
+    return scores
+
+
+class Greedy:
+    """The graph's own ArgMax (next_ids); logits only when scores are asked for."""
+
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+        self.rows, self.gen, self.special = batch, gen, special
+        self.needs_logits = want_scores
+        self.done = np.zeros(batch, bool)
+        self.out: list[np.ndarray] = []
+        self.scores = np.zeros(batch, np.float32) if want_scores else None
+
+    def expand(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+    def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
+        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
+            return np.full_like(next_ids, self.special.eos)
+        return next_ids
+
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
+        nxt = np.where(self.done, self.special.pad, self.choose(step, next_ids, logits)).astype(np.int64)
+        if self.scores is not None:
+            lp = process(log_softmax(logits), step, self.gen, self.special)
+            self.scores += np.where(self.done, 0.0, lp[np.arange(self.rows), nxt]).astype(np.float32)
+        self.out.append(nxt)
+        self.done |= nxt == self.special.eos
+        return (None if self.done.all() else nxt), None
+
+    def result(self) -> tuple[np.ndarray, np.ndarray | None]:
+        ids = np.stack(self.out, 1) if self.out else np.zeros((self.rows, 0), np.int64)
+        return ids, self.scores
+
+
+class Sample(Greedy):
+    """Multinomial sampling after temperature, top-k and top-p (transformers' warpers, in that
+    order), from a seeded numpy generator: the same seed gives the same tokens on one backend."""
+
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+        self.n = gen.num_return_sequences
+        super().__init__(batch * self.n, gen, special, want_scores)
+        self.needs_logits = True
+        self.rng = np.random.default_rng(gen.seed)
+
+    def expand(self, a: np.ndarray) -> np.ndarray:
+        return np.repeat(a, self.n, axis=0)
+
+    def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
+        scores = process(logits.astype(np.float64), step, self.gen, self.special) / self.gen.temperature
+        V = scores.shape[1]
+        if 0 < self.gen.top_k < V:
+            kth = np.partition(scores, V - self.gen.top_k, axis=1)[:, V - self.gen.top_k, None]
+            scores[scores < kth] = -np.inf
+        probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        if self.gen.top_p < 1.0:  # keep the smallest set whose mass reaches top_p (at least one token)
+            order = np.argsort(probs, axis=1, kind="stable")  # ascending, as transformers' TopPLogitsWarper
+            sorted_p = np.take_along_axis(probs, order, axis=1)
+            drop = np.cumsum(sorted_p, axis=1) <= (1 - self.gen.top_p)
+            drop[:, -1] = False
+            removed = np.zeros_like(drop)
+            np.put_along_axis(removed, order, drop, axis=1)
+            probs[removed] = 0.0
+            probs /= probs.sum(axis=1, keepdims=True)
+        cdf = np.cumsum(probs, axis=1)
+        u = self.rng.random(len(probs))[:, None] * cdf[:, -1:]
+        return np.minimum((cdf <= u).sum(axis=1), V - 1).astype(np.int64)
+
+
+class BeamSearch:
+    """transformers' vectorized beam search (generation/utils.py `_beam_search`), in numpy."""
+
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+        self.B, self.k, self.gen, self.special = batch, gen.num_beams, gen, special
+        self.K = 2 * self.k  # beams_to_keep: max(2, 1 + one end-of-sentence id) * num_beams
+        self.rows = batch * self.k
+        self.needs_logits = True
+        n = gen.max_new_tokens
+        B, k = batch, self.k
+        self.running = np.full((B, k, n), special.pad, np.int64)  # generated ids, without the start id
+        self.running_scores = np.zeros((B, k), np.float32)
+        self.running_scores[:, 1:] = NEG  # all beams start equal: only the first may be extended
+        self.seqs = np.full((B, k, n), special.pad, np.int64)  # finished hypotheses
+        self.scores = np.full((B, k), NEG, np.float32)
+        self.lengths = np.zeros((B, k), np.int64)
+        self.finished = np.zeros((B, k), bool)
+        self.improvable = np.ones((B, 1), bool)  # is_early_stop_heuristic_unsatisfied
+        self.top_mask = np.arange(self.K) < k
+
+    def expand(self, a: np.ndarray) -> np.ndarray:
+        return np.repeat(a, self.k, axis=0)
+
+    def candidates(self, step: int, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the top-K processed log-probs and their ids: (rows, K) each."""
+        V = logits.shape[1]
+        logits = logits.astype(np.float32, copy=False)
+        m = logits.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(logits - m).sum(axis=1, keepdims=True, dtype=np.float32))
+        masked = process(logits.copy(), step, self.gen, self.special)
+        K = min(self.K, V)
+        ids = np.argpartition(-masked, K - 1, axis=1)[:, :K] if K < V else np.tile(np.arange(V), (len(logits), 1))
+        raw = np.take_along_axis(logits, ids, axis=1)
+        lp = (raw - m) - lse  # log_softmax of the candidates only, in float32
+        keep = np.take_along_axis(masked, ids, axis=1)
+        lp = np.where(np.isfinite(keep), lp, keep).astype(np.float32)  # processors: -inf (or a forced 0)
+        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
+            lp = np.where(ids == self.special.eos, np.float32(0.0), lp).astype(np.float32)
+        return lp, ids
+
+    @staticmethod
+    def top(values: np.ndarray, flat_index: np.ndarray, n: int) -> np.ndarray:
+        """Positions of the n largest values per row, ties to the lower flat index."""
+        order = np.lexsort((flat_index, -values.astype(np.float64)), axis=1)
+        return order[:, :n]
+
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray):
+        B, k, K, gen = self.B, self.k, self.K, self.gen
+        V = logits.shape[1]
+        lp, ids = self.candidates(step, logits)  # (B*k, K')
+        Kc = lp.shape[1]
+        acc = (lp.reshape(B, k, Kc) + self.running_scores[:, :, None]).reshape(B, k * Kc)
+        beam = np.repeat(np.arange(k), Kc)[None, :].repeat(B, 0)
+        tok = ids.reshape(B, k * Kc)
+        pick = self.top(acc, beam * V + tok, K)  # (B, K): topk over the batch item's k x V scores
+        top_lp = np.take_along_axis(acc, pick, 1)
+        top_beam = np.take_along_axis(beam, pick, 1)
+        top_tok = np.take_along_axis(tok, pick, 1)
+        top_seq = np.take_along_axis(self.running, top_beam[:, :, None], 1)
+        top_seq[:, :, step] = top_tok
+        last = step + 1 == gen.max_new_tokens
+        hits = (top_tok == self.special.eos) | last
+        # the running beams of the next step: the best k that did not stop
+        run_lp = (top_lp + hits.astype(np.float32) * NEG).astype(np.float32)
+        nxt = self.top(run_lp, np.arange(K)[None, :].repeat(B, 0), k)
+        self.running = np.take_along_axis(top_seq, nxt[:, :, None], 1)
+        self.running_scores = np.take_along_axis(run_lp, nxt, 1)
+        parent = np.take_along_axis(top_beam, nxt, 1)
+        # the finished hypotheses: merge the new ones (of the top k) by length-penalized score
+        just = hits & self.top_mask[None, :]
+        fin_lp = (top_lp / np.float32((step + 1) ** gen.length_penalty)).astype(np.float32)
+        full = self.finished.all(axis=1, keepdims=True) & (gen.early_stopping is True)
+        fin_lp = fin_lp + full.astype(np.float32) * NEG
+        fin_lp = fin_lp + (~self.improvable).astype(np.float32) * NEG
+        fin_lp = (fin_lp + (~just).astype(np.float32) * NEG).astype(np.float32)
+        m_scores = np.concatenate([self.scores, fin_lp], 1)
+        m_seqs = np.concatenate([self.seqs, top_seq], 1)
+        m_len = np.concatenate([self.lengths, np.full((B, K), step + 1)], 1)
+        m_fin = np.concatenate([self.finished, just], 1)
+        keep = self.top(m_scores, np.arange(k + K)[None, :].repeat(B, 0), k)
+        self.seqs = np.take_along_axis(m_seqs, keep[:, :, None], 1)
+        self.scores = np.take_along_axis(m_scores, keep, 1)
+        self.lengths = np.take_along_axis(m_len, keep, 1)
+        self.finished = np.take_along_axis(m_fin, keep, 1)
+        # can a running beam still beat the worst finished one?
+        if gen.early_stopping == "never" and gen.length_penalty > 0.0:
+            best_len = gen.max_new_tokens
+        else:
+            best_len = step + 1
+        best_running = self.running_scores[:, :1] / np.float32(best_len ** gen.length_penalty)
+        worst = np.where(self.finished, self.scores.min(axis=1, keepdims=True), NEG)
+        self.improvable &= (best_running > worst).any(axis=1, keepdims=True)
+        go_on = (self.improvable.any() and not (self.finished.all() and gen.early_stopping is True)
+                 and not hits.all())
+        if not go_on or last:
+            return None, None
+        beam_idx = (np.arange(B)[:, None] * k + parent).reshape(-1)
+        tokens = self.running[:, :, step].reshape(-1)
+        return tokens, beam_idx
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.gen.num_return_sequences
+        seqs = self.seqs[:, :n].reshape(self.B * n, -1)
+        width = int(self.lengths[:, :n].max()) if seqs.size else 0
+        return seqs[:, :width], self.scores[:, :n].reshape(-1)
+
+
+def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+    kind = {"greedy": Greedy, "sample": Sample, "beam": BeamSearch}[gen.strategy]
+    return kind(batch, gen, special, want_scores)
