@@ -84,10 +84,14 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if src_ids is None:
         src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
     src_ids, src_lengths = session.prepare(src_ids, src_lengths)
-    n = min(max_new_tokens, cfg["max_len"])
-    gen = generation or GenerationConfig(max_new_tokens=n)
-    tokens = session.decode(src_ids, src_lengths, gen.updated(num_return_sequences=1) if gen.strategy != "greedy"
-                            else gen)
+    gen = generation or GenerationConfig(max_new_tokens=min(max_new_tokens, cfg["max_len"]))
+    beams = None
+    if gen.strategy == "beam":  # one search gives the best hypotheses and the scores compared below
+        beams = session.decode(src_ids, src_lengths, gen, return_scores=True)
+        tokens = beams[0][::gen.num_return_sequences]
+        tokens = tokens[:, : int((tokens != cfg["pad_id"]).any(axis=0).nonzero()[0].max(initial=-1)) + 1]
+    else:
+        tokens = session.decode(src_ids, src_lengths, gen.updated(num_return_sequences=1))
     if tokens.shape[1] == 0:
         raise XformError("--check generated no tokens; raise --new-tokens")
     got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
@@ -101,8 +105,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
                            tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
                            tol.min_token_agreement)
     report.strategy = gen.strategy
-    if gen.strategy == "beam":
-        got = session.decode(src_ids, src_lengths, gen, return_scores=True)
+    if beams is not None:
         ref = reference.decode(src_ids, src_lengths, gen, return_scores=True)
-        compare_beams(report, got, ref, tol.score_atol, tol.score_rtol)
+        compare_beams(report, beams, ref, tol.score_atol, tol.score_rtol)
     return report

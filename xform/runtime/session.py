@@ -27,6 +27,8 @@ class Session:
         start = config.get("decoder_start_id")
         self.start_id = config["bos_id"] if start is None else start
         self.special = Special.from_config(config)
+        # decoding defaults the bundle records (a Marian model's generation_config); greedy if none
+        self.generation_defaults = dict((bundle.manifest.get("generation") or {}) if bundle is not None else {})
 
     @property
     def backend_name(self) -> str:
@@ -77,9 +79,7 @@ class Session:
     def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
         (None keeps a default); checked against the model's max_len."""
-        defaults = dict(self.bundle.manifest.get("generation") or {}) if self.bundle is not None else {}
-        defaults.pop("max_length", None)
-        gen = GenerationConfig(**{k: v for k, v in defaults.items() if k in GENERATION_FIELDS})
+        gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in GENERATION_FIELDS})
         gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
         if gen.max_new_tokens > self.config["max_len"]:
             raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
@@ -87,8 +87,7 @@ class Session:
 
     def default_max_new_tokens(self) -> int:
         """max_length - 1 from the bundle's generation defaults (the start token counts there), else max_len."""
-        gen = (self.bundle.manifest.get("generation") or {}) if self.bundle is not None else {}
-        n = gen.get("max_length", self.config["max_len"] + 1) - 1
+        n = self.generation_defaults.get("max_length", self.config["max_len"] + 1) - 1
         return max(1, min(n, self.config["max_len"]))
 
     def generate(self, src_ids, src_lengths=None, max_new_tokens: int | None = None,
