@@ -350,3 +350,293 @@ def tutorial_greedy(model, src_row, bos, eos, pad, max_new):
         if tgt[-1] == eos:
             break
     return tgt[1:], torch.stack(logits)
+
+
+# -- seed 003: the d2l-style notebook --------------------------------------------------------------
+# Its names and structure: W_q / W_k / W_v / W_o of width query_size * num_heads (bias=False),
+# AddNorm (dropout(Y) + X, then LayerNorm), PositionWiseFFN dense1 / ReLU / dense2, blocks in an
+# nn.Sequential named block0, block1, ..., embeddings scaled by sqrt(embedding_size), the float32
+# position table P (an attribute, not saved). Where the notebook cannot run as written, d2l's book
+# code it follows is taken: MultiHeadAttention.forward(queries, keys, values, valid_lens) with a
+# masked softmax over the keys (the notebook's softmax has no dim, which PyTorch applies over the
+# batch*heads axis, and it never applies valid_lens); the decoder stack with its output `dense`.
+# Its DecoderBlock keeps earlier steps' inputs as keys / values (state[2]); a whole prefix at once is
+# masked causally with valid lengths 1..T, as in d2l's training.
+def transpose_qkv(X, num_heads):
+    X = X.reshape(X.shape[0], X.shape[1], num_heads, -1).permute(0, 2, 1, 3)
+    return X.reshape(-1, X.shape[2], X.shape[3])
+
+
+def transpose_output(X, num_heads):
+    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2]).permute(0, 2, 1, 3)
+    return X.reshape(X.shape[0], X.shape[1], -1)
+
+
+def masked_softmax(X, valid_lens):
+    """d2l: keys at or beyond each valid length get -1e6 before the softmax over the last axis."""
+    if valid_lens is None:
+        return F.softmax(X, dim=-1)
+    shape = X.shape
+    valid_lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+    X = X.reshape(-1, shape[-1])
+    X = X.masked_fill(torch.arange(shape[-1])[None, :] >= valid_lens[:, None], -1e6)
+    return F.softmax(X.reshape(shape), dim=-1)
+
+
+class MultiHeadAttention003(nn.Module):
+    def __init__(self, embedding_size, query_size, key_size, value_size, output_size, num_heads, bias=False):
+        super().__init__()
+        self.key_size, self.num_heads = key_size, num_heads
+        self.W_q = nn.Linear(embedding_size, query_size * num_heads, bias=bias)
+        self.W_k = nn.Linear(embedding_size, key_size * num_heads, bias=bias)
+        self.W_v = nn.Linear(embedding_size, value_size * num_heads, bias=bias)
+        self.W_o = nn.Linear(value_size * num_heads, output_size, bias=bias)
+
+    def forward(self, queries, keys, values, valid_lens):
+        q, k, v = (transpose_qkv(w(x), self.num_heads) for w, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))
+        if valid_lens is not None:
+            valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
+        scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(self.key_size)
+        return self.W_o(transpose_output(torch.bmm(masked_softmax(scores, valid_lens), v), self.num_heads))
+
+
+class AddNorm(nn.Module):
+    def __init__(self, normalized_shape, dropout=0.0):
+        super().__init__()
+        self.dropout, self.ln = nn.Dropout(dropout), nn.LayerNorm(normalized_shape)
+
+    def forward(self, X, Y):
+        return self.ln(self.dropout(Y) + X)
+
+
+class PositionWiseFFN(nn.Module):
+    def __init__(self, ffn_num_input, ffn_num_hiddens, ffn_num_outputs):
+        super().__init__()
+        self.dense1, self.relu, self.dense2 = nn.Linear(ffn_num_input, ffn_num_hiddens), nn.ReLU(), nn.Linear(ffn_num_hiddens, ffn_num_outputs)
+
+    def forward(self, X):
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class PositionalEncoding003(nn.Module):
+    def __init__(self, embedding_size, dropout=0.0, max_len=1000):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.P = torch.zeros((1, max_len, embedding_size))  # an attribute: not in the state dict
+        numerator = torch.arange(max_len, dtype=torch.float32).reshape(-1, 1)
+        denominator = torch.pow(10000, torch.arange(0, embedding_size, 2, dtype=torch.float32) / embedding_size)
+        self.P[:, :, 0::2] = torch.sin(numerator / denominator)
+        self.P[:, :, 1::2] = torch.cos(numerator / denominator)
+
+    def forward(self, X, offset=0):
+        return self.dropout(X + self.P[:, offset:offset + X.shape[1], :])
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, d, query_size, num_heads, ffn_num_hiddens, use_bias=False):
+        super().__init__()
+        self.attention = MultiHeadAttention003(d, query_size, query_size, query_size, d, num_heads, use_bias)
+        self.addnorm1, self.ffn, self.addnorm2 = AddNorm([d]), PositionWiseFFN(d, ffn_num_hiddens, d), AddNorm([d])
+
+    def forward(self, X, valid_lens):
+        Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
+        return self.addnorm2(Y, self.ffn(Y))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d, query_size, num_heads, ffn_num_hiddens, i):
+        super().__init__()
+        self.i = i
+        self.attention1 = MultiHeadAttention003(d, query_size, query_size, query_size, d, num_heads)
+        self.addnorm1 = AddNorm([d])
+        self.attention2 = MultiHeadAttention003(d, query_size, query_size, query_size, d, num_heads)
+        self.addnorm2, self.ffn, self.addnorm3 = AddNorm([d]), PositionWiseFFN(d, ffn_num_hiddens, d), AddNorm([d])
+
+    def forward(self, X, state):
+        enc_outputs, enc_valid_lens = state[0], state[1]
+        whole_prefix = state[2][self.i] is None
+        key_values = X if whole_prefix else torch.cat((state[2][self.i], X), dim=1)
+        state[2][self.i] = key_values
+        B, T, _ = X.shape
+        dec_valid_lens = torch.arange(1, T + 1).repeat(B, 1) if whole_prefix else None
+        Y = self.addnorm1(X, self.attention1(X, key_values, key_values, dec_valid_lens))
+        Z = self.addnorm2(Y, self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens))
+        return self.addnorm3(Z, self.ffn(Z)), state
+
+
+class Coder003(nn.Module):
+    def __init__(self, vocab, d, query_size, heads, ffn_hiddens, n, block):
+        super().__init__()
+        self.embedding_size = d
+        self.embedding, self.pos_encoding = nn.Embedding(vocab, d), PositionalEncoding003(d)
+        self.blks = nn.Sequential()
+        for i in range(n):
+            self.blks.add_module("block" + str(i), block(d, query_size, heads, ffn_hiddens, *([i] if block is DecoderBlock else [])))
+
+    def embed(self, X, offset=0):
+        return self.pos_encoding(self.embedding(X) * math.sqrt(self.embedding_size), offset)
+
+
+class Transformer003(nn.Module):
+    """d2l's EncoderDecoder of the notebook's TransformerEncoder and a decoder of its DecoderBlocks."""
+
+    def __init__(self, src_vocab, tgt_vocab, d, query_size, heads, ffn_hiddens, n_enc, n_dec):
+        super().__init__()
+        self.encoder = Coder003(src_vocab, d, query_size, heads, ffn_hiddens, n_enc, EncoderBlock)
+        self.decoder = Coder003(tgt_vocab, d, query_size, heads, ffn_hiddens, n_dec, DecoderBlock)
+        self.decoder.dense = nn.Linear(d, tgt_vocab)
+
+    def forward(self, src, tgt, src_valid_lens=None):
+        X = self.encoder.embed(src)
+        for blk in self.encoder.blks:
+            X = blk(X, src_valid_lens)
+        state = [X, src_valid_lens, [None] * len(self.decoder.blks)]
+        Y = self.decoder.embed(tgt)
+        for blk in self.decoder.blks:
+            Y, state = blk(Y, state)
+        return self.decoder.dense(Y)
+
+
+# -- seed 004: the nanoGPT-style article ---------------------------------------------------------
+# Its classes as written (LayerNorm with optional bias, MultiHeadAttention with c_attns / c_proj
+# and scaled_dot_product_attention, MLP, EncoderLayer, DecoderLayer, PositionalEncoding, the
+# Transformer's ModuleDict and N(0, 0.02) init), plus the Decoder it uses but does not print,
+# written as its Encoder (layers, then a final norm). Two changes so that it translates:
+# key / value heads are split with their own length (it reshapes them with the query's, which only
+# works when source and target lengths are equal), and `seq2seq(src, tgt)` feeds the target tokens
+# to the decoder (its forward feeds the source embeddings).
+class Config004:
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0, bias=True):
+        self.vocab_size, self.block_size, self.n_layer, self.n_head = vocab_size, block_size, n_layer, n_head
+        self.n_embd, self.dropout, self.bias = n_embd, dropout, bias
+
+
+class LayerNorm004(nn.Module):
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class MultiHeadAttention004(nn.Module):
+    def __init__(self, config, is_causal=False):
+        super().__init__()
+        self.c_attns = nn.ModuleList([nn.Linear(config.n_embd, config.n_embd, bias=config.bias) for _ in range(3)])
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.n_head, self.n_embd, self.is_causal = config.n_head, config.n_embd, is_causal
+
+    def forward(self, query, key, value):
+        B, T, C = query.size()
+        q, k, v = [self.c_attns[i](x) for i, x in zip(range(3), (query, key, value))]
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, key.shape[1], self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, value.shape[1], self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0, is_causal=self.is_causal)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.relu = nn.ReLU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.c_proj(self.relu(self.c_fc(x)))
+
+
+class EncoderLayer004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1, self.attn = LayerNorm004(config.n_embd, config.bias), MultiHeadAttention004(config, is_causal=False)
+        self.ln_2, self.mlp = LayerNorm004(config.n_embd, config.bias), MLP004(config)
+
+    def forward(self, x):
+        x = self.ln_1(x)
+        x = x + self.attn(x, x, x)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class DecoderLayer004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1, self.m_attn = LayerNorm004(config.n_embd, config.bias), MultiHeadAttention004(config, is_causal=True)
+        self.ln_2, self.attn = LayerNorm004(config.n_embd, config.bias), MultiHeadAttention004(config, is_causal=False)
+        self.ln_3, self.mlp = LayerNorm004(config.n_embd, config.bias), MLP004(config)
+
+    def forward(self, x, enc_out):
+        x = self.ln_1(x)
+        x = x + self.m_attn(x, x, x)
+        x = self.ln_2(x)
+        x = x + self.attn(x, enc_out, enc_out)
+        x = self.ln_3(x)
+        x = x + self.mlp(x)
+        return x
+
+
+class Encoder004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([EncoderLayer004(config) for _ in range(config.n_layer)])
+        self.norm = LayerNorm004(config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class Decoder004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer004(config) for _ in range(config.n_layer)])
+        self.norm = LayerNorm004(config.n_embd, bias=config.bias)
+
+    def forward(self, x, enc_out):
+        for layer in self.layers:
+            x = layer(x, enc_out)
+        return self.norm(x)
+
+
+class PositionalEncoding004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dropout = nn.Dropout(p=config.dropout)
+        pe = torch.zeros(config.block_size, config.n_embd)
+        position = torch.arange(0, config.block_size).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, config.n_embd, 2) * -(math.log(10000.0) / config.n_embd))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe.unsqueeze(0))
+
+    def forward(self, x):
+        return self.dropout(x + self.pe[:, : x.size(1)].requires_grad_(False))
+
+
+class Transformer004(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd), wpe=PositionalEncoding004(config),
+            drop=nn.Dropout(config.dropout), encoder=Encoder004(config), decoder=Decoder004(config)))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, src, tgt):
+        t = self.transformer
+        enc_out = t.encoder(t.drop(t.wpe(t.wte(src))))
+        return self.lm_head(t.decoder(t.drop(t.wpe(t.wte(tgt))), enc_out))

@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.errors import XformError
+from xform.models import STATE_DICT_ARCHS as ARCHS
+from xform.models.vocab import TOKENIZE, VocabFiles
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -53,27 +55,51 @@ def main() -> None:
                    "int8: int8 MatMul weights by ONNX Runtime dynamic quantization (for the CPU).")
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
-@click.option("--arch", type=click.Choice(["seed-000", "seed-001", "seed-002"]), default=None,
-              help="MODEL is a state dict saved from this seed tutorial's model class.")
-@click.option("--n-heads", type=int, help="--arch: attention heads (not recorded in the weights).")
-@click.option("--bos-id", type=int, help="--arch: start-of-sentence id, the decoder's first input.")
-@click.option("--eos-id", type=int, help="--arch: end-of-sentence id.")
-@click.option("--pad-id", type=int, help="--arch: pad id (default: the tutorial's, 0 or 1).")
-@click.option("--max-len", type=int, help="--arch: positions to keep (default: the saved table, or 512).")
-@click.option("--n-layers", type=int, help="--arch: encoder and decoder layers, checked against the weights.")
-@click.option("--n-encoder-layers", type=int, help="--arch: checked against the weights.")
-@click.option("--n-decoder-layers", type=int, help="--arch: checked against the weights.")
-@click.option("--d-model", type=int, help="--arch: checked against the weights.")
-@click.option("--d-ff", type=int, help="--arch: checked against the weights.")
-@click.option("--src-vocab-size", type=int, help="--arch: checked against the weights.")
-@click.option("--tgt-vocab-size", type=int, help="--arch: checked against the weights.")
+@click.option("--arch", type=click.Choice(list(ARCHS)), default=None,
+              help="MODEL is a state dict file of this layout (default for a file: auto, recognised from its keys).")
+@click.option("--n-heads", type=int, help="State dict: attention heads (not recorded in the weights).")
+@click.option("--bos-id", type=int, help="State dict: start-of-sentence id, the decoder's first input.")
+@click.option("--eos-id", type=int, help="State dict: end-of-sentence id.")
+@click.option("--pad-id", type=int, help="State dict: pad id (default: the tutorial's, 0 or 1).")
+@click.option("--max-len", type=int, help="State dict: positions to keep (default: the saved table, or the tutorial's).")
+@click.option("--n-layers", type=int, help="State dict: encoder and decoder layers, checked against the weights.")
+@click.option("--n-encoder-layers", type=int, help="State dict: checked against the weights.")
+@click.option("--n-decoder-layers", type=int, help="State dict: checked against the weights.")
+@click.option("--d-model", type=int, help="State dict: checked against the weights.")
+@click.option("--d-ff", type=int, help="State dict: checked against the weights.")
+@click.option("--src-vocab-size", type=int, help="State dict: checked against the weights.")
+@click.option("--tgt-vocab-size", type=int, help="State dict: checked against the weights.")
+@click.option("--norm-first", is_flag=True, default=None,
+              help="torch-nn-transformer: built with norm_first=True (pre-LN); default post-LN, nn.Transformer's.")
+@click.option("--activation", type=click.Choice(["relu", "gelu"]), default=None,
+              help="torch-nn-transformer: the layers' activation (default relu, nn.Transformer's).")
+@click.option("--layer-norm-eps", type=float, default=None, help="torch-nn-transformer: default 1e-5.")
+@click.option("--scale-embedding/--no-scale-embedding", default=None,
+              help="torch-nn-transformer: embeddings multiplied by sqrt(d_model), as the tutorial's TokenEmbedding "
+                   "(default: scaled).")
+@click.option("--src-embedding", metavar="KEY", help="torch-nn-transformer: the source embedding table's key.")
+@click.option("--tgt-embedding", metavar="KEY", help="torch-nn-transformer: the target embedding table's key.")
+@click.option("--generator", metavar="KEY", help="torch-nn-transformer: the output Linear's key.")
+@click.option("--positions", metavar="KEY|sinusoidal",
+              help="torch-nn-transformer: the position table's key, or sinusoidal when your code does not save one.")
+@click.option("--src-vocab", type=click.Path(path_type=Path),
+              help="Source vocabulary for text: a JSON list (id -> token) or dict (token -> id), or a "
+                   "sentencepiece .model.")
+@click.option("--tgt-vocab", type=click.Path(path_type=Path), help="Target vocabulary, as --src-vocab.")
+@click.option("--tokenize", type=click.Choice(list(TOKENIZE)), default=None,
+              help="How text is split with --src-vocab / --tgt-vocab (default: sentencepiece for a .model, "
+                   "else whitespace).")
+@click.option("--src-bos", is_flag=True, help="With --src-vocab: the source starts with the bos id too (as "
+                                              "PyTorch's translation tutorial does); eos always ends it.")
 @handle_errors
 def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
-           n_layers: int | None, **hparams) -> None:
+           n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
+           src_bos: bool, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
-    seed tutorial's state dict file with --arch and its hyper-parameters.
+    state dict file of a torch.nn.Transformer or seed tutorial model (recognised from its keys, or
+    named with --arch) with the hyper-parameters its weights do not record.
     """
     from xform.exporter.export import export_bundle
 
@@ -81,13 +107,26 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
         hparams["n_encoder_layers"] = hparams["n_encoder_layers"] or n_layers
         hparams["n_decoder_layers"] = hparams["n_decoder_layers"] or n_layers
     hparams = {k: v for k, v in hparams.items() if v is not None}
-    if hparams and arch is None:
-        raise click.UsageError(f"{', '.join('--' + k.replace('_', '-') for k in hparams)} only go with --arch")
+    if hparams and arch is None and not Path(model).is_file():
+        raise click.UsageError(f"{', '.join('--' + k.replace('_', '-') for k in hparams)} only go with a state "
+                               "dict file (or --arch)")
+    if (src_vocab is None) != (tgt_vocab is None):
+        raise click.UsageError("--src-vocab and --tgt-vocab go together")
+    if src_vocab is None and (tokenize or src_bos):
+        raise click.UsageError("--tokenize and --src-bos go with --src-vocab / --tgt-vocab")
+    vocab = None if src_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
     with err.status("exporting") as status:
         result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
-                               hparams=hparams, progress=lambda msg: status.update(msg))
+                               hparams=hparams, vocab=vocab, progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
     c = v["check"]
+    source = result.manifest["model"]["source"]
+    if source.get("recognised"):
+        out.print(f"recognised {model} as a {source['kind']} state dict")
+    if source.get("options"):
+        out.print("assumed (not recorded in the weights): "
+                  + ", ".join(f"{k}={v}" for k, v in source["options"].items())
+                  + f"; found: {', '.join(f'{k} {v}' for k, v in source['roles'].items())}")
     out.print(f"wrote {result.path} ({precision}, opset {opset})")
     out.print("verified on onnxruntime against eager PyTorch: graphs "
               + ", ".join(f"{k.removesuffix('_max_abs_err')} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))

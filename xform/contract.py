@@ -105,5 +105,6 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
 
 def signature_for(config: dict[str, Any], kv_dtype: str = "float32") -> dict[str, GraphSpec]:
     """Signature from a config dict (TransformerConfig.to_dict() or a manifest's `config`)."""
-    return signature(config["n_decoder_layers"], config["n_heads"], config["d_model"] // config["n_heads"],
+    head_dim = config.get("attention_head_dim") or config["d_model"] // config["n_heads"]
+    return signature(config["n_decoder_layers"], config["n_heads"], head_dim,
                      config["tgt_vocab_size"], kv_dtype)

@@ -111,7 +111,7 @@ def test_training_checkpoint_wrapper_and_cli(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path / "b"), "--check"])
     assert r.exit_code == 0 and "check passed" in r.output
     r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "c"), "--n-heads", "3"])
-    assert r.exit_code == 2 and "only go with --arch" in r.output
+    assert r.exit_code == 2 and "only go with a state dict file" in r.output
     r = CliRunner().invoke(main, ["export", str(tmp_path / "ckpt.pth"), "-o", str(tmp_path / "c"), "--arch", "seed-000",
                                   "--n-heads", "3", "--bos-id", "1", "--eos-id", "2", "--n-layers", "4"])
     assert r.exit_code == 1 and "n_encoder_layers is 4 as given, but the weights say 2" in r.output

@@ -6,6 +6,7 @@ the reference checkpoint and tokenizer, and write the manifest with every file's
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import platform
@@ -25,6 +26,7 @@ from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
+from xform.models.vocab import VocabFiles, vocab_tokenizer
 from xform.runtime.bundle import FORMAT, VERSION, Bundle, atomic_directory, refuse_existing, write_manifest
 from xform.runtime.compare import tolerance_for
 
@@ -112,7 +114,7 @@ def check_graph(path: Path) -> None:
 
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
-                  hparams: dict | None = None,
+                  hparams: dict | None = None, vocab: VocabFiles | None = None,
                   progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
     out = Path(out)
     if precision not in PRECISIONS:
@@ -123,6 +125,11 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     progress("loading model")
     loaded = loaded or resolve_model(model_ref, arch, hparams)
     model, cfg = loaded.model.eval(), loaded.model.cfg
+    if vocab is not None:
+        if loaded.tokenizer is not None:
+            raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models without one")
+        tokenizer, files = vocab_tokenizer(vocab, cfg.to_dict())
+        loaded = dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files)
     graph_model = to_fp16(model) if precision == "fp16" else model
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision])
     tol = tolerance_for(precision)
@@ -140,8 +147,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
             if loaded.tokenizer_files:
                 (tmp / "tokenizer").mkdir()
-                for f in loaded.tokenizer_files:
-                    shutil.copyfile(f, tmp / "tokenizer" / f.name)
+                for f, name in loaded.tokenizer_files:
+                    shutil.copyfile(f, tmp / "tokenizer" / name)
         manifest = {
             "format": FORMAT, "version": VERSION, "precision": precision, "opset": opset,
             "precision_plan": PRECISION_PLANS[precision],

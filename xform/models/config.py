@@ -1,8 +1,10 @@
 """TransformerConfig: every hyper-parameter and architectural choice of the seq2seq model.
 
-Pure Python (importable without torch). The config expresses the variants the seed tutorials and
-Marian use: post-LN / pre-LN (with or without a final LayerNorm), ReLU / GELU / SiLU, biases on or
-off separately, embedding scaling, tied or separate embeddings, positions, special ids.
+Pure Python (importable without torch). The config expresses the variants the seed tutorials,
+torch.nn.Transformer and Marian use: where each sublayer's LayerNorm sits (post, pre, or
+pre_normed_residual; one position for all sublayers or one per sublayer), a final LayerNorm, ReLU /
+GELU / SiLU, biases on or off separately, an attention width other than d_model, embedding
+scaling, tied or separate embeddings, positions, special ids.
 It does not own weights (see checkpoint.py) or graph names (see xform/contract.py).
 """
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import Any
 from xform.errors import ConfigError
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-NORM_POSITIONS = ("post", "pre")
+# Where a sublayer f's LayerNorm sits, with x the residual stream:
+#   post:                x = norm(x + f(x))         (Vaswani; seeds 000, 002, 003; Marian)
+#   pre:                 x = x + f(norm(x))         (seed 001; nn.Transformer(norm_first=True))
+#   pre_normed_residual: x = norm(x); x = x + f(x)  (seed 004: the residual carries the normed x)
+NORM_POSITIONS = ("post", "pre", "pre_normed_residual")
 # sinusoidal: sin on even, cos on odd channels (Vaswani, the tutorials);
 # sinusoidal_split: sin on the first half, cos on the second (Marian / fairseq);
 # learned: a trained table of max_len rows.
@@ -28,11 +34,18 @@ class TransformerConfig:
     tgt_vocab_size: int
     d_model: int = 512
     n_heads: int = 8
+    # per-head width when n_heads * head width != d_model (d2l's query_size, seed 003);
+    # None: d_model // n_heads
+    attention_head_dim: int | None = None
     d_ff: int = 2048
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
     activation: str = "relu"
     norm_position: str = "post"
+    # one position per sublayer, overriding norm_position: (self-attention, FFN) for the encoder,
+    # (self-attention, cross-attention, FFN) for the decoder; seed 004 mixes them
+    encoder_norm_positions: tuple[str, str] | None = None
+    decoder_norm_positions: tuple[str, str, str] | None = None
     # Pre-LN stacks usually end with a LayerNorm (nanoGPT, seed 004); some do not.
     final_norm: bool = False
     layer_norm_eps: float = 1e-5
@@ -69,14 +82,23 @@ class TransformerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 p.append(f"{name} must be a positive int, got {v!r}")
-        if not p and self.d_model % self.n_heads:
-            p.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.attention_head_dim is not None:
+            if not isinstance(self.attention_head_dim, int) or isinstance(self.attention_head_dim, bool) \
+                    or self.attention_head_dim < 1:
+                p.append(f"attention_head_dim must be a positive int or None, got {self.attention_head_dim!r}")
+        elif not p and self.d_model % self.n_heads:
+            p.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
+                     "unless attention_head_dim is given")
         if self.positions.startswith("sinusoidal") and isinstance(self.d_model, int) and self.d_model % 2:
             p.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.activation not in ACTIVATIONS:
             p.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.norm_position not in NORM_POSITIONS:
             p.append(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
+        for name, n in (("encoder_norm_positions", 2), ("decoder_norm_positions", 3)):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, tuple) and len(v) == n and all(x in NORM_POSITIONS for x in v)):
+                p.append(f"{name} must be None or a tuple of {n} of {NORM_POSITIONS}, got {v!r}")
         if self.positions not in POSITIONS:
             p.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < 1):
@@ -107,7 +129,17 @@ class TransformerConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.attention_head_dim or self.d_model // self.n_heads
+
+    @property
+    def encoder_norms(self) -> tuple[str, str]:
+        """Norm position of the encoder's (self-attention, FFN) sublayers."""
+        return self.encoder_norm_positions or (self.norm_position,) * 2
+
+    @property
+    def decoder_norms(self) -> tuple[str, str, str]:
+        """Norm position of the decoder's (self-attention, cross-attention, FFN) sublayers."""
+        return self.decoder_norm_positions or (self.norm_position,) * 3
 
     @property
     def start_id(self) -> int:
@@ -122,8 +154,9 @@ class TransformerConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown TransformerConfig keys {unknown}; known: {sorted(known)}")
-        if isinstance(d.get("banned_ids"), list):  # JSON has no tuples
-            d = {**d, "banned_ids": tuple(d["banned_ids"])}
+        for key in ("banned_ids", "encoder_norm_positions", "decoder_norm_positions"):
+            if isinstance(d.get(key), list):  # JSON has no tuples
+                d = {**d, key: tuple(d[key])}
         try:
             return cls(**d)
         except TypeError as e:  # a required key is missing

@@ -1,5 +1,6 @@
 """Resolve a MODEL argument to a model: a bundled name, an xform checkpoint directory, a Hugging
-Face Marian / OPUS-MT directory, or a seed tutorial's state dict with `arch`.
+Face Marian / OPUS-MT directory, or a state dict file: a torch.nn.Transformer model or one of the
+seed tutorials' models, recognised from its keys (`arch` "auto") or named by `arch`.
 
 Returns the model, a description of the source (path, kind, sha256 of its weights) for the
 manifest, and the tokenizer (its tokenizer.json content and the files it needs) when the source
@@ -11,9 +12,10 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from xform.errors import CheckpointError
+from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
 from xform.runtime.bundle import sha256_file
 from xform.models.transformer import Seq2SeqTransformer
@@ -21,7 +23,11 @@ from xform.models.transformer import Seq2SeqTransformer
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian directory, or a seed tutorial's state dict with --arch")
+         "a Hugging Face Marian directory, or a state dict file (.pt / .pth / .bin / .safetensors) of a "
+         "torch.nn.Transformer or seed tutorial model")
+TORCH_NN = "torch-nn-transformer"
+# keys xform itself names its parameters with, to recognise a bare xform state dict
+XFORM_KEYS = ("src_embed.weight", "encoder_layers.0.self_attn.q_proj.weight")
 
 
 @dataclass
@@ -29,7 +35,8 @@ class LoadedModel:
     model: Seq2SeqTransformer
     source: dict
     tokenizer: dict[str, Any] | None = None  # the bundle's tokenizer.json
-    tokenizer_files: list[Path] = field(default_factory=list)  # copied into the bundle's tokenizer/
+    # (file, name): copied into the bundle's tokenizer/ under that name
+    tokenizer_files: list[tuple[Path, str]] = field(default_factory=list)
     generation: dict[str, Any] | None = None  # decoding defaults the model ships (Marian's generation_config)
 
 
@@ -37,25 +44,23 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("xform.data") / name))
 
 
-def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, Any] | None = None) -> LoadedModel:
-    if arch is not None:
-        from xform.models.seeds import load_seed
-        model, source = load_seed(Path(ref), arch, hparams or {})
-        return LoadedModel(model, source)
+def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, Any] | None = None,
+                  report: Callable[[str], None] = lambda msg: None) -> LoadedModel:
+    """`report` receives what a state dict was recognised as."""
+    path = Path(ref)
+    if arch is not None or (str(ref) not in BUNDLED and path.is_file()):
+        return load_state_dict_file(path, arch or "auto", hparams or {}, report)
     if hparams:
-        raise CheckpointError(f"hyper-parameters {sorted(hparams)} are only for --arch seed-00x checkpoints")
+        raise CheckpointError(f"hyper-parameters {sorted(hparams)} are only for state dict files")
     if str(ref) in BUNDLED:
         return load_xform_dir(bundled_path(str(ref)), f"bundled:{ref}")
-    path = Path(ref)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; MODEL is {KNOWN}")
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: is a file; MODEL is {KNOWN} (a state dict file needs --arch)")
     from xform.models import marian
     if marian.is_marian_dir(path):
         model, source = marian.load_marian(path)
         spec = marian.tokenizer_spec(path)
-        return LoadedModel(model, source, spec, [path / f for f in spec["files"]] if spec else [],
+        return LoadedModel(model, source, spec, [(path / f, f) for f in spec["files"]] if spec else [],
                            marian.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
@@ -80,3 +85,49 @@ def load_xform_dir(path: Path, kind: str) -> LoadedModel:
             raise CheckpointError(f"{tok}: not valid JSON ({e})") from None
     return LoadedModel(model, {"path": str(path.resolve()), "kind": kind,
                                "sha256": sha256_file(path / WEIGHTS_FILE)}, tokenizer)
+
+
+def load_state_dict_file(path: Path, arch: str, hparams: dict[str, Any], report: Callable[[str], None]) -> LoadedModel:
+    from xform.models import seeds, torch_nn
+
+    if arch not in ARCHS:
+        raise CheckpointError(f"--arch {arch!r}: expected one of {list(ARCHS)}")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory; --arch {arch} reads a state dict file "
+                              "(a Marian or xform checkpoint directory needs no --arch)")
+    state = seeds.read_state_dict(path)
+    recognised = arch == "auto"
+    if recognised:
+        arch = detect_arch(state, str(path))
+        report(f"recognised {path.name} as a {arch} state dict")
+    nn_only = sorted(k for k in torch_nn.OPTIONS if hparams.get(k) is not None)
+    if arch == TORCH_NN:
+        model, source = torch_nn.load_torch_nn(path, hparams, state)
+    elif nn_only:
+        raise CheckpointError(f"{', '.join('--' + k.replace('_', '-') for k in nn_only)} only go with "
+                              f"--arch {TORCH_NN}; {path} is a {arch} state dict, whose code fixes them")
+    else:
+        model, source = seeds.load_seed(path, arch, hparams, state)
+    return LoadedModel(model, {**source, "recognised": recognised})
+
+
+def detect_arch(state: dict[str, Any], source: str) -> str:
+    """The one arch whose layout accounts for every key; refused, with the candidates, otherwise."""
+    from xform.models import seeds, torch_nn
+
+    left = {arch: seeds.unplaced(spec, state) for arch, spec in seeds.ARCH_SPECS.items()}
+    fits = [arch for arch, keys in left.items() if not keys]
+    if torch_nn.is_torch_nn(state):
+        fits.append(TORCH_NN)
+    if len(fits) == 1:
+        return fits[0]
+    if fits:
+        raise CheckpointError(f"{source}: the keys fit several layouts ({', '.join(fits)}); pass --arch with one of them")
+    if all(k in state for k in XFORM_KEYS):
+        raise CheckpointError(f"{source}: xform's own parameter names, without a config; export the checkpoint "
+                              f"directory (save_checkpoint writes {CONFIG_FILE} + {WEIGHTS_FILE}) instead of a bare state dict")
+    best = min(left, key=lambda a: len(left[a]))
+    keys = left[best]
+    raise CheckpointError(f"{source}: not a layout xform knows ({', '.join(a for a in ARCHS if a != 'auto')}). "
+                          f"Closest: {best}, which cannot place {len(keys)} of {len(state)} keys: {keys[:8]}"
+                          f"{' ...' if len(keys) > 8 else ''}")

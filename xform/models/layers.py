@@ -68,10 +68,11 @@ class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         d, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(d, d, bias=cfg.attn_bias)
-        self.k_proj = nn.Linear(d, d, bias=cfg.attn_bias)
-        self.v_proj = nn.Linear(d, d, bias=cfg.attn_bias)
-        self.out_proj = nn.Linear(d, d, bias=cfg.attn_bias)
+        inner = self.n_heads * self.head_dim  # d_model unless attention_head_dim says otherwise
+        self.q_proj = nn.Linear(d, inner, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(d, inner, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(d, inner, bias=cfg.attn_bias)
+        self.out_proj = nn.Linear(inner, d, bias=cfg.attn_bias)
         self.scale = self.head_dim ** -0.5
         self.dropout = cfg.dropout
 
@@ -127,19 +128,23 @@ def layer_norm(cfg: TransformerConfig) -> LayerNorm:
 
 
 class Sublayer(nn.Module):
-    """Residual wrapper: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`."""
+    """Residual wrapper around f, by norm position (config.NORM_POSITIONS): post-LN
+    `norm(x + f(x))`, pre-LN `x + f(norm(x))`, or pre_normed_residual `norm(x) + f(norm(x))`."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, position: str):
         super().__init__()
         self.norm = layer_norm(cfg)
-        self.pre = cfg.norm_position == "pre"
+        self.position = position
         self.dropout = cfg.dropout
 
     def forward(self, x: Tensor, f) -> Tensor:
-        y = f(self.norm(x)) if self.pre else f(x)
-        if self.training and self.dropout:
-            y = F.dropout(y, self.dropout)
-        return x + y if self.pre else self.norm(x + y)
+        if self.position == "post":
+            return self.norm(x + self.drop(f(x)))
+        h = self.norm(x)
+        return (h if self.position == "pre_normed_residual" else x) + self.drop(f(h))
+
+    def drop(self, y: Tensor) -> Tensor:
+        return F.dropout(y, self.dropout) if self.training and self.dropout else y
 
 
 class EncoderLayer(nn.Module):
@@ -147,8 +152,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg)
         self.ffn = FeedForward(cfg)
-        self.attn_block = Sublayer(cfg)
-        self.ffn_block = Sublayer(cfg)
+        self.attn_block, self.ffn_block = (Sublayer(cfg, pos) for pos in cfg.encoder_norms)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         def attn(h):
@@ -164,9 +168,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.cross_attn = Attention(cfg)
         self.ffn = FeedForward(cfg)
-        self.self_block = Sublayer(cfg)
-        self.cross_block = Sublayer(cfg)
-        self.ffn_block = Sublayer(cfg)
+        self.self_block, self.cross_block, self.ffn_block = (Sublayer(cfg, pos) for pos in cfg.decoder_norms)
 
     def forward(self, x: Tensor, past: LayerKV | None, cross: LayerKV, self_mask: Tensor | None,
                 cross_mask: Tensor) -> tuple[Tensor, LayerKV]:

@@ -1,7 +1,7 @@
 """Text in and out: the bundle's tokenizer file turned into ids and back, offline.
 
-Kind `xform-vocab`: explicit token lists for source and target, split into characters or
-whitespace-separated words. Kind `marian-spm`: Marian's sentencepiece models and vocabularies,
+Kind `xform-vocab`: for source and target each, a token list split into characters or
+whitespace-separated words, or a sentencepiece model whose ids are the model's. Kind `marian-spm`: Marian's sentencepiece models and vocabularies,
 tokenized as transformers' MarianTokenizer does (language-code prefix, pieces, <unk> fallback,
 end-of-sentence appended). sentencepiece is imported only for the latter. No torch.
 """
@@ -29,44 +29,75 @@ def target_pieces(ids, eos_id: int, special: set, piece) -> list[str]:
     return pieces
 
 
+def load_spm(path: Path, source: str):
+    try:
+        import sentencepiece
+    except ImportError:
+        raise BundleError(f"{source}: this bundle's tokenizer needs sentencepiece: pip install sentencepiece") from None
+    proc = sentencepiece.SentencePieceProcessor()
+    if not path.is_file() or not proc.Load(str(path)):
+        raise BundleError(f"{path}: missing or not a sentencepiece model")
+    return proc
+
+
 class VocabSide:
-    def __init__(self, spec: dict[str, Any], source: str):
-        self.tokens: list[str] = spec["tokens"]
+    """One side of an xform-vocab tokenizer: a token list split into words or characters, or a
+    sentencepiece model (`unit` spm) whose ids are the model's."""
+
+    def __init__(self, spec: dict[str, Any], root: Path, source: str):
         self.unit: str = spec["unit"]
-        if self.unit not in ("char", "word"):
-            raise BundleError(f"{source}: unit must be char or word, found {self.unit!r}")
-        self.index = {t: i for i, t in enumerate(self.tokens)}
+        if self.unit not in ("char", "word", "spm"):
+            raise BundleError(f"{source}: unit must be char, word or spm, found {self.unit!r}")
+        if self.unit == "spm":
+            name = spec.get("model")
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise BundleError(f"{source}: a sentencepiece side names a file in tokenizer/, found {name!r}")
+            self.spm = load_spm(root / "tokenizer" / name, source)
+            return
+        self.tokens: list[str | None] = spec["tokens"]
+        self.index = {t: i for i, t in enumerate(self.tokens) if t is not None}
         self.unk = self.index.get(spec.get("unk", "<unk>"))
+        self.keep_spaces = " " in self.index  # a character vocabulary with a space token
 
     def split(self, text: str) -> list[str]:
-        return list(text.replace(" ", "")) if self.unit == "char" else text.split()
-
-    def join(self, pieces: list[str]) -> str:
-        return ("" if self.unit == "char" else " ").join(pieces)
-
-
-class VocabTokenizer:
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], source: str):
-        if data.get("kind") != "xform-vocab":
-            raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
-        self.src = VocabSide(data["source"], source)
-        self.tgt = VocabSide(data["target"], source)
-        self.cfg = config
-        self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
-
+        if self.unit == "char":
+            return list(text if self.keep_spaces else text.replace(" ", ""))
+        return text.split()
 
     def encode(self, text: str) -> list[int]:
+        if self.unit == "spm":
+            return list(self.spm.encode(text, out_type=int))
         ids = []
-        for piece in self.src.split(text):
-            i = self.src.index.get(piece, self.src.unk)
+        for piece in self.split(text):
+            i = self.index.get(piece, self.unk)
             if i is None:
                 raise InputError(f"source text {text!r}: {piece!r} is not in the source vocabulary "
                                  f"and it has no <unk>")
             ids.append(i)
-        return ids + [self.cfg["eos_id"]]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.unit == "spm":
+            return self.spm.decode([i for i in ids if i < self.spm.GetPieceSize()])
+        pieces = [self.tokens[i] or "" if i < len(self.tokens) else "" for i in ids]
+        return ("" if self.unit == "char" else " ").join(pieces)
+
+
+class VocabTokenizer:
+    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+        if data.get("kind") != "xform-vocab":
+            raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
+        self.src = VocabSide(data["source"], root, source)
+        self.tgt = VocabSide(data["target"], root, source)
+        self.prefix = [int(i) for i in data.get("source_prefix", [])]
+        self.cfg = config
+        self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
+
+    def encode(self, text: str) -> list[int]:
+        return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
     def decode(self, ids) -> str:
-        return self.tgt.join(target_pieces(ids, self.cfg["eos_id"], self.special, self.tgt.tokens.__getitem__))
+        return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
 
 
 class SpmTokenizer:
@@ -76,18 +107,11 @@ class SpmTokenizer:
     LANGUAGE_CODE = re.compile(">>.+<<")
 
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
-        try:
-            import sentencepiece
-        except ImportError:
-            raise BundleError(f"{source}: this bundle's tokenizer needs sentencepiece: pip install sentencepiece") from None
         self.cfg = config
         d = root / "tokenizer"
 
         def spm(name):
-            proc = sentencepiece.SentencePieceProcessor()
-            if not (d / name).is_file() or not proc.Load(str(d / name)):
-                raise BundleError(f"{d / name}: missing or not a sentencepiece model")
-            return proc
+            return load_spm(d / name, source)
 
         def vocab(name):
             try:
@@ -126,7 +150,7 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
         raise BundleError(f"{path}: unreadable tokenizer ({e})") from None
     kind = data.get("kind")
     if kind == "xform-vocab":
-        return VocabTokenizer(data, config, str(path))
+        return VocabTokenizer(data, config, path.parent, str(path))
     if kind == "marian-spm":
         return SpmTokenizer(data, config, path.parent, str(path))
     raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab or marian-spm")
