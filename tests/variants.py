@@ -16,13 +16,19 @@ VARIANTS = {
                      pad_id=1, bos_id=2, eos_id=3, tie_output=False),
     # 002: post-LN, ReLU, biases, embeddings scaled by sqrt(d_model)
     "seed-002": dict(norm_position="post", activation="relu", scale_embedding=True, tie_output=False),
-    # 003: d2l: AddNorm (post-LN), bias-free attention, scaled embeddings, output dense with bias
+    # 003: d2l: AddNorm (post-LN), bias-free attention 3 x 12 = 36 wide (not d_model), scaled
+    # embeddings, output dense with bias
     "seed-003": dict(norm_position="post", attn_bias=False, scale_embedding=True, output_bias=True,
-                     tie_output=False),
-    # 004: nanoGPT style: pre-LN + final norm, LayerNorm without bias, bias-free linears, shared
-    # source/target embedding, interleaved sinusoidal positions, lm_head without bias
-    "seed-004": dict(norm_position="pre", final_norm=True, norm_bias=False, attn_bias=False,
-                     ffn_bias=False, share_embeddings=True, tgt_vocab_size=37, tie_output=False),
+                     tie_output=False, attention_head_dim=12),
+    # 004: nanoGPT style: encoder blocks `x = ln(x); x = x + attn(x); x = x + mlp(ln(x))`, decoder
+    # blocks `x = ln(x); x = x + f(x)` throughout, final norms, LayerNorm without bias, bias-free
+    # linears, shared source/target embedding, lm_head without bias
+    "seed-004": dict(encoder_norm_positions=("pre_normed_residual", "pre"),
+                     decoder_norm_positions=("pre_normed_residual",) * 3, final_norm=True, norm_bias=False,
+                     attn_bias=False, ffn_bias=False, share_embeddings=True, tgt_vocab_size=37, tie_output=False),
+    # PyTorch's nn.Transformer tutorial: post-LN layers and nn.Transformer's final norms, scaled embeddings
+    "torch-nn": dict(norm_position="post", final_norm=True, scale_embedding=True, output_bias=True,
+                     tie_output=False, pad_id=1, bos_id=2, eos_id=3),
     # Marian-like: SiLU, split sinusoids, shared + tied embeddings, final logits bias, start = pad,
     # a banned id
     "marian": dict(activation="silu", positions="sinusoidal_split", share_embeddings=True,

@@ -10,11 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 import xform
+from tests.conftest import make_model
 from xform.cli import main
 from xform.contract import signature_for
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.exporter.engine import BuildOptions, build_engines, profile_ranges
 from xform.exporter.export import export_bundle
+from xform.models.checkpoint import save_checkpoint
 from xform.runtime.bundle import Bundle
 
 trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install -e '.[dev]')")
@@ -28,7 +30,14 @@ def bundles(tmp_path_factory, checkpoint_dir):
         "demo-fp16": export_bundle("demo", root / "demo16", precision="fp16").path,
         # the tiny seed-002 model: 2 encoder and 3 decoder layers (demo: 3 and 2)
         "tiny-fp32": export_bundle(checkpoint_dir, root / "tiny32").path,
+        # seed 004's pre_normed_residual blocks in fp16; seed 003's attention narrower than d_model
+        "seed-004-fp16": export_bundle(variant_dir("seed-004", root), root / "s4", precision="fp16").path,
+        "seed-003-fp32": export_bundle(variant_dir("seed-003", root), root / "s3").path,
     }
+
+
+def variant_dir(name, root):
+    return save_checkpoint(make_model(name), root / f"ck-{name}")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,7 @@ def built(bundles):
     return out
 
 
-@pytest.mark.parametrize("name", ["demo-fp32", "demo-fp16", "tiny-fp32"])
+@pytest.mark.parametrize("name", ["demo-fp32", "demo-fp16", "tiny-fp32", "seed-004-fp16", "seed-003-fp32"])
 def test_engines_build_serialize_and_record_the_contract(built, name):
     path, engines, events = built[name]
     bundle = Bundle.open(path)  # engine files are hashed into the manifest
@@ -62,7 +71,7 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
             assert io[t.name]["shape"] == [-1 if isinstance(a, str) else a for a in t.shape]
         assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]], "past_len": [0, 9, 19]}
     dec = bundle.manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
-    H, D = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    H, D = cfg["n_heads"], cfg.get("attention_head_dim") or cfg["d_model"] // cfg["n_heads"]
     assert dec["past_key_0"] == [[1, H, 0, D], [2, H, 9, D], [6, H, 19, D]]  # a zero-length first step
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
     assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import xform
+from click.testing import CliRunner
+from xform.cli import main
 from tests import seed_modules as sm
 from tests import torch_nn_modules as tn
 from tests.training import train
@@ -186,3 +188,84 @@ def test_a_mutated_mapping_fails_parity(users, name):
         load_state_into(mutant, state, "mutant")
         got, want, excess = parity(model, case, Session(TorchBackend(mutant), cfg.to_dict()), tolerance_for("fp32"))
         assert excess > 0, f"{name}: mapping mutated by {change} still passes"
+
+
+SPECIALS = ["<unk>", "<pad>", "<bos>", "<eos>"]  # the nn.Transformer tutorial's ids 0..3
+
+
+def test_text_in_and_out_with_the_users_json_vocabularies(users, tmp_path):
+    """torchtext's get_itos() list for the source, a token -> id dict for the target, whitespace
+    words, the tutorial's <bos> ... <eos> source framing: `run --text` equals the model's own loop."""
+    model, path, _, _ = users["nn-post-relu-seq-first"]
+    src_itos = SPECIALS + [f"w{i}" for i in range(4, SRC_V)]
+    tgt_stoi = {t: i for i, t in enumerate(SPECIALS + [f"T{i}" for i in range(4, TGT_V)])}
+    (tmp_path / "src.json").write_text(json.dumps(src_itos))
+    (tmp_path / "tgt.json").write_text(json.dumps(tgt_stoi))
+    args = ["export", str(path), "-o", str(tmp_path / "b"), "--n-heads", "3", "--bos-id", "2", "--eos-id", "3",
+            "--src-vocab", str(tmp_path / "src.json"), "--tgt-vocab", str(tmp_path / "tgt.json"), "--src-bos"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    texts = ["w5 w9 w30 w12", "w7 w8", "w20 w21 w22 w23 w24 w25", "w6 nope w33"]
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "b"), "--max-new-tokens", str(MAX_NEW),
+                                  *[a for t in texts for a in ("--text", t)]])
+    assert r.exit_code == 0, r.output
+    itos = {i: t for t, i in tgt_stoi.items()}
+    for text, line in zip(texts, r.output.strip().splitlines()):
+        ids = [2] + [src_itos.index(w) if w in src_itos else 0 for w in text.split()] + [3]
+        ref, _ = tn.tutorial_greedy(model, ids, 2, 3, 1, MAX_NEW)
+        assert line == f"{text}\t{' '.join(itos[i] for i in ref if i not in (1, 2, 3))}"
+    assert len(set(r.output.splitlines())) == len(texts)
+
+
+def spm_model(path, lines, size):
+    import io
+
+    import sentencepiece as spm
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=size,
+                                   hard_vocab_limit=False, minloglevel=2)
+    path.write_bytes(buf.getvalue())
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def test_text_in_and_out_with_sentencepiece_models(users, tmp_path):
+    model, path, _, _ = users["nn-pre-relu-seq-first"]
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefgh"), rng.integers(2, 6))) for _ in range(400)]
+    lines = [" ".join(rng.choice(words, 6)) for _ in range(200)]
+    src_sp = spm_model(tmp_path / "src.model", lines, 30)
+    tgt_sp = spm_model(tmp_path / "tgt.model", [line.upper() for line in lines], 40)
+    out = tmp_path / "b"
+    from xform.exporter.export import export_bundle
+    from xform.models.vocab import VocabFiles
+    hp = {k: v for k, v in CASES["nn-pre-relu-seq-first"].hparams.items() if v is not None}  # norm_first
+    export_bundle(path, out, hparams=hp, vocab=VocabFiles(tmp_path / "src.model", tmp_path / "tgt.model"))
+    session = xform.load(out, backend="ort")
+    texts = lines[:5]
+    got = session.translate(texts, max_new_tokens=MAX_NEW)
+    for text, g in zip(texts, got):
+        ref, _ = tn.tutorial_greedy(model, src_sp.encode(text) + [3], 2, 3, 1, MAX_NEW)
+        assert g == tgt_sp.decode([i for i in ref if i not in (1, 2, 3)])
+    assert len(set(got)) > 1
+
+
+@pytest.mark.parametrize("files, fragment", [
+    (("src.json", "big.json"), "--tgt-vocab .*big.json: 50 tokens, but the model's target embedding has 41 rows"),
+    (("bad.json", "src.json"), "--src-vocab .*bad.json: not a JSON vocabulary"),
+    (("dupe.json", "src.json"), "--src-vocab .*dupe.json: id 4 is given to both 'a' and 'b'"),
+    (("src.json", "src.model"), "--tgt-vocab .*src.model: not a sentencepiece model"),
+])
+def test_bad_vocabularies_are_refused_by_name(users, tmp_path, files, fragment):
+    _, path, _, _ = users["nn-post-relu-seq-first"]
+    (tmp_path / "src.json").write_text(json.dumps(SPECIALS + [f"w{i}" for i in range(4, SRC_V)]))
+    (tmp_path / "big.json").write_text(json.dumps([f"t{i}" for i in range(50)]))
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "dupe.json").write_text(json.dumps({"a": 4, "b": 4}))
+    (tmp_path / "src.model").write_bytes(b"not a model")
+    from xform.errors import CheckpointError
+    from xform.exporter.export import export_bundle
+    from xform.models.vocab import VocabFiles
+    with pytest.raises(CheckpointError, match=fragment):
+        export_bundle(path, tmp_path / "b", hparams=dict(n_heads=3, bos_id=2, eos_id=3),
+                      vocab=VocabFiles(*(tmp_path / f for f in files)))
+    assert not (tmp_path / "b").exists()

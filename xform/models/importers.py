@@ -115,6 +115,8 @@ def detect_arch(state: dict[str, Any], source: str) -> str:
     """The one arch whose layout accounts for every key; refused, with the candidates, otherwise."""
     from xform.models import seeds, torch_nn
 
+    if not state:
+        raise CheckpointError(f"{source}: an empty state dict (no tensors)")
     left = {arch: seeds.unplaced(spec, state) for arch, spec in seeds.ARCH_SPECS.items()}
     fits = [arch for arch, keys in left.items() if not keys]
     if torch_nn.is_torch_nn(state):
@@ -122,7 +124,8 @@ def detect_arch(state: dict[str, Any], source: str) -> str:
     if len(fits) == 1:
         return fits[0]
     if fits:
-        raise CheckpointError(f"{source}: the keys fit several layouts ({', '.join(fits)}); pass --arch with one of them")
+        raise CheckpointError(f"{source}: unsure which model this is: its keys fit {', '.join(fits)}; "
+                              "pass --arch with the one it is")
     if all(k in state for k in XFORM_KEYS):
         raise CheckpointError(f"{source}: xform's own parameter names, without a config; export the checkpoint "
                               f"directory (save_checkpoint writes {CONFIG_FILE} + {WEIGHTS_FILE}) instead of a bare state dict")
