@@ -121,8 +121,7 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     v = result.manifest["verification"]
     c = v["check"]
     source = result.manifest["model"]["source"]
-    if source.get("recognised"):
-        out.print(f"recognised {model} as a {source['kind']} state dict")
+    out.print(f"model: {source['kind']}" + (" state dict, recognised from its keys" if source.get("recognised") else ""))
     if source.get("options"):
         out.print("assumed (not recorded in the weights): "
                   + ", ".join(f"{k}={v}" for k, v in source["options"].items())

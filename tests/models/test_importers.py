@@ -126,9 +126,11 @@ def test_cli_export_says_what_it_recognised_and_assumed(tmp_path):
     r = CliRunner().invoke(main, ["export", str(tmp_path / "ckpt.pth"), "-o", str(tmp_path / "b"), "--n-heads", "3",
                                   "--bos-id", "2", "--eos-id", "3", "--max-len", "32"])
     assert r.exit_code == 0, r.output
-    assert "recognised" in r.output and "torch-nn-transformer" in r.output
+    assert "model: torch-nn-transformer state dict, recognised from its keys" in r.output
     assert "assumed (not recorded in the weights): norm_first=False, activation=relu" in r.output
     assert "generator generator.weight" in r.output
     r = CliRunner().invoke(main, ["export", str(tmp_path / "ckpt.pth"), "-o", str(tmp_path / "c")])
     assert r.exit_code == 1 and "pass --n-heads" in r.output and "pass --bos-id" in r.output
     assert not (tmp_path / "c").exists()
+    r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "d"), "--arch", "auto"])
+    assert r.exit_code == 0 and "model: bundled:demo" in r.output

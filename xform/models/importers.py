@@ -48,6 +48,8 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
                   report: Callable[[str], None] = lambda msg: None) -> LoadedModel:
     """`report` receives what a state dict was recognised as."""
     path = Path(ref)
+    if arch == "auto" and not path.is_file():
+        arch = None  # a bundled name, a Marian or an xform checkpoint directory: recognised as always
     if arch is not None or (str(ref) not in BUNDLED and path.is_file()):
         return load_state_dict_file(path, arch or "auto", hparams or {}, report)
     if hparams:
