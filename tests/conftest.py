@@ -22,6 +22,20 @@ def has_cuda_gpu() -> tuple[bool, str]:
 requires_gpu = pytest.mark.skipif(not has_cuda_gpu()[0], reason=has_cuda_gpu()[1] or "gpu")
 
 
+def has_triton() -> tuple[bool, str]:
+    """The one serving gate: a tritonserver (PATH or nvidia-pytriton) and tritonclient."""
+    import importlib.util
+
+    if importlib.util.find_spec("tritonclient") is None:
+        return False, "needs tritonclient: pip install -e '.[serve]'"
+    if shutil.which("tritonserver") is None and importlib.util.find_spec("pytriton") is None:
+        return False, "needs tritonserver: pip install --no-deps nvidia-pytriton==0.7.0"
+    return True, ""
+
+
+requires_triton = pytest.mark.skipif(not has_triton()[0], reason=has_triton()[1] or "serve")
+
+
 def make_model(name: str = "seed-002", seed: int = 0, **overrides) -> Seq2SeqTransformer:
     """A random-init tiny model with non-trivial biases and norms, so every parameter matters."""
     torch.manual_seed(seed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -347,3 +348,98 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
         write_json(json_path, report, force)
     if failed:
         sys.exit(1)
+
+
+def triton_model_options(fn):
+    """The flags of a Triton model (xform triton, xform serve), as ModelOptions."""
+    options = [
+        click.option("--name", default=None, help="Model name (default: the bundle directory's name)."),
+        click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
+                     help="trt needs engines (xform build-engine) and a GPU."),
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+                     help="Default: cpu for ort, cuda for trt."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Intra-op threads per instance (ort; default: all cores)."),
+        click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Triton's max_batch_size: sources decoded together."),
+        click.option("--max-queue-delay-us", type=click.IntRange(min=0), default=1000, show_default=True,
+                     help="How long Triton's dynamic batcher waits to fill a batch."),
+        click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),
+        click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Model instances (processes) decoding in parallel."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def model_options(**kw):
+    from xform.serving.repository import ModelOptions
+    return ModelOptions(**kw)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "repo", required=True, type=click.Path(path_type=Path),
+              help="Triton model repository (created if missing; other models in it are kept).")
+@triton_model_options
+@click.option("--reference", is_flag=True, help="Name the bundle's absolute path instead of copying it.")
+@click.option("--force", is_flag=True, help="Replace an existing model of that name.")
+@handle_errors
+def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) -> None:
+    """Write BUNDLE as a Triton Inference Server model (Python backend) into a model repository."""
+    from xform.serving.repository import write_model
+
+    path = write_model(bundle, repo, model_options(**options), reference=reference, force=force)
+    out.print(f"wrote {path} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
+    out.print(f"serve it: tritonserver --model-repository {repo.resolve()}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the endpoints listen on.")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@triton_model_options
+@handle_errors
+def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, **options) -> None:
+    """Serve BUNDLE on Triton Inference Server until Ctrl-C.
+
+    tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel.
+    """
+    import signal
+    import tempfile
+
+    from xform.serving.repository import write_model
+    from xform.serving.server import TritonServer
+
+    with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
+        model = write_model(bundle, Path(tmp) / "models", model_options(**options), reference=True)
+        server = TritonServer(Path(tmp) / "models", [model.name], host, http_port, grpc_port, metrics_port,
+                              log_path=Path(tmp) / "tritonserver.log")
+        stop = {"asked": False}
+
+        def ask_stop(signum, frame):
+            stop["asked"] = True
+
+        with err.status(f"starting tritonserver for {model.name}"):
+            server.start(prepare=lambda msg: err.print(msg))
+        previous = signal.signal(signal.SIGTERM, ask_stop)
+        try:
+            out.print(f"serving model [bold]{model.name}[/] ({server.install.source} tritonserver, "
+                      f"pid {server.process.pid}); Ctrl-C stops it")
+            out.print(f"  HTTP    {server.http_url}/v2/models/{model.name}/infer")
+            out.print(f"  gRPC    {host}:{grpc_port}")
+            out.print(f"  metrics http://{host}:{metrics_port}/metrics")
+            while not stop["asked"] and server.process.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            crashed = server.process.poll()
+            code = server.stop()
+        if crashed is not None:
+            raise XformError(f"tritonserver exited with code {crashed}; its log ended:\n{server.log_tail()}")
+        out.print(f"stopped tritonserver (exit code {code})")

@@ -1,0 +1,111 @@
+"""`xform triton BUNDLE -o REPO`: a bundle as a model in a Triton model repository.
+
+REPO/<name>/config.pbtxt   Python backend, the tensor contract below, dynamic batching, instances,
+                           and parameters telling model.py where the bundle is and how to run it
+REPO/<name>/1/model.py     xform/serving/triton_model.py
+REPO/<name>/1/bundle/      a copy of the bundle (self-contained: the repository can be moved into
+                           a container); with `reference=True` the config names the bundle's
+                           absolute path instead (what `xform serve` does: nothing is copied)
+
+Inputs (one of text / src_ids per request): text TYPE_STRING [1], src_ids TYPE_INT64 [-1]
+(ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1].
+Outputs: output_ids TYPE_INT64 [-1]; translation TYPE_STRING [1] when the bundle has a tokenizer.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from xform.errors import BundleError, XformError
+from xform.runtime.bundle import Bundle, atomic_directory, refuse_existing
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    name: str | None = None  # default: the bundle directory's name
+    backend: str = "ort"  # ort | trt
+    device: str | None = None  # default: cpu for ort, cuda for trt
+    threads: int | None = None  # intra-op threads per instance (ort); default: all cores
+    max_batch: int = 8  # Triton's max_batch_size: sources per execute call
+    max_queue_delay_us: int = 1000
+    dynamic_batching: bool = True
+    instances: int = 1
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.backend not in ("ort", "trt"):
+            p.append(f"--backend {self.backend!r}: Triton models run on ort or trt")
+        if self.device not in (None, "cpu", "cuda"):
+            p.append(f"--device {self.device!r}: cpu or cuda")
+        if self.backend == "trt" and self.device == "cpu":
+            p.append("--backend trt runs on cuda, not cpu")
+        for flag, v, low in (("--max-batch", self.max_batch, 1), ("--instances", self.instances, 1),
+                             ("--max-queue-delay-us", self.max_queue_delay_us, 0)):
+            if v < low:
+                p.append(f"{flag} must be >= {low}, got {v}")
+        if self.threads is not None and self.threads < 1:
+            p.append(f"--threads must be >= 1, got {self.threads}")
+        if self.name is not None and not NAME.fullmatch(self.name):
+            p.append(f"--name {self.name!r}: letters, digits, '_', '.', '-', starting with a letter or digit")
+        return p
+
+
+def model_name(bundle: Path, options: ModelOptions) -> str:
+    name = options.name or Path(bundle).resolve().name
+    if not NAME.fullmatch(name):
+        raise XformError(f"model name {name!r} (from the bundle directory) is not a valid Triton model name; "
+                         "pass --name")
+    return name
+
+
+def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokenizer: bool) -> str:
+    device = options.device or ("cuda" if options.backend == "trt" else "cpu")
+    inputs = [
+        '  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
+        '  { name: "src_ids" data_type: TYPE_INT64 dims: [ -1 ] optional: true allow_ragged_batch: true }',
+        '  { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+        '  { name: "num_beams" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+    ]
+    outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }']
+    if has_tokenizer:
+        outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
+    params = {"bundle": bundle_param, "backend": options.backend, "device": device,
+              "threads": "" if options.threads is None else str(options.threads)}
+    lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {options.max_batch}"]
+    if options.dynamic_batching:
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
+    lines += ["input [", ",\n".join(inputs), "]", "output [", ",\n".join(outputs), "]",
+              f"instance_group [ {{ count: {options.instances} kind: {'KIND_GPU' if device == 'cuda' else 'KIND_CPU'} }} ]"]
+    lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions = ModelOptions(),
+                reference: bool = False, force: bool = False) -> Path:
+    """Write REPO/<name>; returns that directory. The bundle is verified first."""
+    problems = options.problems()
+    if problems:
+        raise XformError("invalid Triton model options:\n  - " + "\n  - ".join(problems))
+    bundle = Bundle.open(bundle_dir)
+    if options.backend == "trt" and not bundle.manifest.get("engines"):
+        raise BundleError(f"{bundle.path}: has no TensorRT engines; run `xform build-engine {bundle.path}` "
+                          "or serve it with --backend ort")
+    name = model_name(bundle.path, options)
+    target = Path(repo) / name
+    refuse_existing(target, force, "Triton model")
+    with atomic_directory(target, force) as tmp:
+        version = tmp / "1"
+        version.mkdir()
+        shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_model.py")), version / "model.py")
+        if reference:
+            bundle_param = str(bundle.path.resolve())
+        else:
+            shutil.copytree(bundle.path, version / "bundle", symlinks=False)
+            bundle_param = "bundle"
+        (tmp / "config.pbtxt").write_text(config_pbtxt(name, bundle_param, options, bundle.tokenizer_file is not None))
+    return target

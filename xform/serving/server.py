@@ -1,0 +1,203 @@
+"""Find, start and stop NVIDIA's `tritonserver`.
+
+Where the server comes from:
+- `tritonserver` on PATH (NVIDIA's containers): used as it is, with its own backends; its Python
+  must have xform installed.
+- otherwise the binary shipped in the `nvidia-pytriton` wheel, installed without its dependencies
+  (it pins numpy below 2; xform keeps numpy 2). Its Python-backend stub was built for numpy 1:
+  under numpy 2 it reads every tensor with the wrong element size. So the stub runs in a small
+  environment layered on this one, where numpy 1.26 shadows numpy 2 and everything else (xform,
+  onnxruntime, sentencepiece) is this environment's. It is prepared once, with pip, in the cache
+  directory (XFORM_CACHE, default ~/.cache/xform).
+
+The server listens on the given host only (127.0.0.1 by default); `start` waits until the server
+and its models are ready, or raises with the tail of Triton's log.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xform.errors import XformError
+
+PYTRITON = "nvidia-pytriton==0.7.0"
+INSTALL = f'pip install -e ".[serve]" && pip install --no-deps {PYTRITON}'
+STUB_NUMPY = "numpy>=1.26,<2"
+
+
+class ServerError(XformError):
+    pass
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path | None  # None: the server's own
+    env: dict[str, str]
+    source: str  # "PATH" or "nvidia-pytriton"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XFORM_CACHE") or Path.home() / ".cache" / "xform")
+
+
+def find_triton(prepare=print) -> TritonInstall:
+    """tritonserver from PATH, else from the nvidia-pytriton wheel (preparing its stub environment)."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None, dict(os.environ), "PATH")
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError(f"no Triton Inference Server: `tritonserver` is not on PATH and nvidia-pytriton is not "
+                          f"installed. Install it with: {INSTALL}")
+    root = Path(list(spec.submodule_search_locations)[0])
+    dist = root / "tritonserver"
+    binary = dist / "bin" / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not binary.is_file() or not stub.is_file():
+        raise ServerError(f"{dist}: nvidia-pytriton has no tritonserver binary or no Python {version} backend stub; "
+                          f"reinstall with: {INSTALL}")
+    work = stub_environment(dist, stub, prepare)
+    env = dict(os.environ)
+    libs = root.parent / "nvidia_pytriton.libs"
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
+    env["PATH"] = f"{work / 'env' / 'bin'}:{env.get('PATH', '')}"  # the stub's Python is the first on PATH
+    return TritonInstall(binary, work / "backends", env, "nvidia-pytriton")
+
+
+def stub_environment(dist: Path, stub: Path, prepare) -> Path:
+    """The backend directory (python backend with the stub for this Python) and the layered
+    environment the stub runs in; made once per wheel and Python, atomically."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    digest = hashlib.sha256(f"{sys.prefix}|{stub}|{stub.stat().st_size}|{STUB_NUMPY}".encode()).hexdigest()[:16]
+    work = cache_dir() / f"triton-stub-py{version}-{digest}"
+    if (work / "ready").is_file():
+        return work
+    prepare(f"preparing the Triton Python-backend environment in {work} (numpy<2 for its stub; once)")
+    work.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=work.parent, prefix=".prepare-"))
+    try:
+        py = tmp / "backends" / "python"
+        py.mkdir(parents=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            (py / name).symlink_to(dist / "backends" / "python" / name)
+        shutil.copyfile(stub, py / "triton_python_backend_stub")
+        os.chmod(py / "triton_python_backend_stub", 0o755)
+        (tmp / "caches").symlink_to(dist / "caches")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "env")], check=True,
+                       capture_output=True)
+        site_dir = next((tmp / "env" / "lib").glob("python*/site-packages"))
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                              "--no-deps", "--target", str(site_dir), STUB_NUMPY], capture_output=True, text=True)
+        if pip.returncode:
+            raise ServerError(f"could not install {STUB_NUMPY} for Triton's Python-backend stub into {site_dir}:\n"
+                              f"{pip.stderr.strip()[-2000:]}")
+        # after its own site-packages, this environment's (with their .pth files: editable installs)
+        hosts = [p for p in site.getsitepackages() if Path(p).is_dir()]
+        (site_dir / "zz_xform_host.pth").write_text(
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in hosts) + "\n")
+        (tmp / "ready").write_text(f"{STUB_NUMPY}\n")
+        if work.exists():
+            shutil.rmtree(work)
+        os.replace(tmp, work)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return work
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver over one model repository; a context manager that stops it."""
+    repo: Path
+    models: list[str]
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_path: Path | None = None
+    install: TritonInstall | None = None
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def command(self) -> list[str]:
+        cmd = [str(self.install.binary), f"--model-repository={self.repo}",
+               f"--http-address={self.host}", f"--http-port={self.http_port}",
+               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+               f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+               "--exit-on-error=true", "--log-verbose=0"]
+        if self.install.backend_dir is not None:
+            cmd.append(f"--backend-directory={self.install.backend_dir}")
+        return cmd
+
+    def start(self, timeout: float = 180.0, prepare=print) -> "TritonServer":
+        self.install = self.install or find_triton(prepare)
+        self.log_path = self.log_path or self.repo.parent / f"tritonserver-{self.http_port}.log"
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.install.env,
+                                        start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready; "
+                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+            if self.ready():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver was not ready after {timeout:.0f} s; its log ({self.log_path}) ends:\n"
+                          f"{self.log_tail()}")
+
+    def ready(self) -> bool:
+        paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in self.models)]
+        try:
+            for p in paths:
+                with urllib.request.urlopen(self.http_url + p, timeout=2) as r:
+                    if r.status != 200:
+                        return False
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+        return True
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT (Triton unloads its models and exits), then SIGKILL to the process group."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
