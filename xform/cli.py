@@ -437,6 +437,7 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
         except KeyboardInterrupt:
             pass
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the server
             signal.signal(signal.SIGTERM, previous)
             crashed = server.process.poll()
             code = server.stop()

@@ -177,12 +177,15 @@ class TritonServer:
             return False
         return True
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = 12) -> str:
+        """Triton's error lines (why a model failed to load), then the last lines of its log."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        errors = [line for line in text if line.startswith("E") and line[1:5].isdigit()][:8]
+        tail = [line for line in text[-lines:] if line not in errors]
+        return "\n".join(errors + (["..."] if errors and tail else []) + tail)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (Triton unloads its models and exits), then SIGKILL to the process group."""

@@ -1,0 +1,63 @@
+"""What one Triton execute call does, without Triton: responses equal Session.translate / generate
+for each request alone, and a bad request gets an error naming the tensor while the others in
+the same call are still answered."""
+import numpy as np
+import pytest
+
+import xform
+from xform.serving.handler import execute
+
+
+@pytest.fixture(scope="module")
+def demo(demo_bundle):
+    return xform.load(demo_bundle, backend="ort")
+
+
+def text(*texts):
+    return np.array([[t.encode()] for t in texts], dtype=object)
+
+
+def i32(v):
+    return np.array([[v]], np.int32)
+
+
+def test_a_batch_of_requests_answers_each_as_alone(demo):
+    requests = [
+        {"text": text("40512")},
+        {"text": text("7", "999999")},  # two sources in one request
+        {"src_ids": np.array([[5, 6, 7, 2]], np.int64), "max_new_tokens": i32(3)},
+        {"text": text("123456"), "num_beams": i32(3)},
+        {"src_ids": np.array([[9, 2, 0, 0], [4, 5, 2, 0]], np.int64)},  # right-padded rows
+    ]
+    out = execute(demo, requests)
+    assert [o["translation"].reshape(-1).tolist() for o in out[:2]] == [
+        [t.encode() for t in demo.translate(["40512"])], [t.encode() for t in demo.translate(["7", "999999"])]]
+    np.testing.assert_array_equal(out[2]["output_ids"], demo.generate(np.array([[5, 6, 7, 2]]), max_new_tokens=3))
+    assert out[3]["translation"][0, 0].decode() == demo.translate(["123456"], num_beams=3)[0]
+    np.testing.assert_array_equal(out[4]["output_ids"], demo.generate(np.array([[9, 2, 0, 0], [4, 5, 2, 0]])))
+    assert out[2]["output_ids"].shape == (1, 3) and out[0]["output_ids"].dtype == np.int64
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"text": text("1"), "src_ids": np.array([[5, 2]], np.int64)}, "exactly one of the inputs 'text' and 'src_ids' per request; found both"),
+    ({}, "found neither"),
+    ({"src_ids": np.array([[5, 99, 2]], np.int64)}, "input 'src_ids': src_ids[0, 1] = 99 is outside the source vocabulary"),
+    ({"src_ids": np.full((1, 500), 5, np.int64)}, "input 'src_ids': src_ids has src_len 500, longer than the model's max_len"),
+    ({"src_ids": np.array([[5, 2]], np.int32)}, "input 'src_ids': expected INT64, found int32"),
+    ({"text": np.array([[b"\xff\xfe"]], dtype=object)}, "input 'text': not UTF-8"),
+    ({"text": text("1"), "max_new_tokens": i32(0)}, "input 'max_new_tokens': must be at least 1, found 0"),
+    ({"text": text("1", "2"), "num_beams": np.array([[2], [3]], np.int32)}, "input 'num_beams': one value per request"),
+    ({"text": text("1"), "max_new_tokens": i32(10_000)}, "input 'max_new_tokens': max_new_tokens 10000 exceeds"),
+])
+def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo, bad, fragment):
+    good = {"text": text("40512")}
+    out = execute(demo, [good, bad, good])
+    assert isinstance(out[1], str) and fragment in out[1], out[1]
+    assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0] == b"forty thousand five hundred twelve"
+
+
+def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):
+    session = xform.load(tiny_bundle, backend="ort")
+    out = execute(session, [{"text": text("hello")}, {"src_ids": np.array([[5, 6, 2]], np.int64)}])
+    assert "input 'text': this bundle has no tokenizer; send token ids as 'src_ids'" in out[0]
+    assert set(out[1]) == {"output_ids"}

@@ -1,0 +1,58 @@
+"""xform triton writes a Triton model: its config, model.py and the bundle, atomically."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from xform.cli import main
+from xform.errors import BundleError, XformError
+from xform.serving.repository import ModelOptions, write_model
+
+
+def test_repository_layout_and_config(demo_bundle, tmp_path):
+    path = write_model(demo_bundle, tmp_path / "repo", ModelOptions(max_batch=4, max_queue_delay_us=500, instances=2))
+    assert path == tmp_path / "repo" / "demo"
+    cfg = (path / "config.pbtxt").read_text()
+    for line in ('name: "demo"', 'backend: "python"', "max_batch_size: 4",
+                 "dynamic_batching { max_queue_delay_microseconds: 500 }",
+                 '{ name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
+                 '{ name: "src_ids" data_type: TYPE_INT64 dims: [ -1 ] optional: true allow_ragged_batch: true }',
+                 '{ name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+                 '{ name: "num_beams" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+                 '{ name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
+                 '{ name: "translation" data_type: TYPE_STRING dims: [ 1 ] }',
+                 "instance_group [ { count: 2 kind: KIND_CPU } ]",
+                 'parameters { key: "bundle" value: { string_value: "bundle" } }',
+                 'parameters { key: "backend" value: { string_value: "ort" } }',
+                 'parameters { key: "device" value: { string_value: "cpu" } }'):
+        assert line in cfg, line
+    assert "class TritonPythonModel" in (path / "1" / "model.py").read_text()
+    copied = json.loads((path / "1" / "bundle" / "manifest.json").read_text())
+    assert copied == json.loads((demo_bundle / "manifest.json").read_text())
+    assert not [p for p in (tmp_path / "repo").iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_reference_no_batching_and_a_second_model_beside(demo_bundle, tiny_bundle, tmp_path):
+    write_model(demo_bundle, tmp_path / "repo", ModelOptions(dynamic_batching=False), reference=True)
+    write_model(tiny_bundle, tmp_path / "repo", ModelOptions(name="tiny-ids", threads=1))
+    demo = (tmp_path / "repo" / "demo" / "config.pbtxt").read_text()
+    assert f'string_value: "{demo_bundle.resolve()}"' in demo and "dynamic_batching" not in demo
+    assert not (tmp_path / "repo" / "demo" / "1" / "bundle").exists()
+    tiny = (tmp_path / "repo" / "tiny-ids" / "config.pbtxt").read_text()
+    assert "translation" not in tiny and 'key: "threads" value: { string_value: "1" }' in tiny
+
+
+def test_refusals(demo_bundle, tmp_path):
+    write_model(demo_bundle, tmp_path / "repo")
+    with pytest.raises(BundleError, match="already exists; pass --force"):
+        write_model(demo_bundle, tmp_path / "repo")
+    write_model(demo_bundle, tmp_path / "repo", force=True)
+    with pytest.raises(BundleError, match="has no TensorRT engines; run `xform build-engine"):
+        write_model(demo_bundle, tmp_path / "r2", ModelOptions(backend="trt"))
+    with pytest.raises(XformError, match="--name 'a/b'"):
+        write_model(demo_bundle, tmp_path / "r3", ModelOptions(name="a/b"))
+    r = CliRunner().invoke(main, ["triton", str(tmp_path / "nope"), "-o", str(tmp_path / "r4")])
+    assert r.exit_code == 1 and "nope" in r.output
+    r = CliRunner().invoke(main, ["triton", str(demo_bundle), "-o", str(tmp_path / "r5"), "--name", "digits",
+                                  "--max-batch", "16"])
+    assert r.exit_code == 0 and (tmp_path / "r5" / "digits" / "config.pbtxt").is_file(), r.output

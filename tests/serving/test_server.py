@@ -1,0 +1,230 @@
+"""The real tritonserver (nvidia-pytriton's, or one on PATH) serving the demo bundle, through
+tritonclient over HTTP and gRPC. Every test stops its server."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xform
+from tests.conftest import requires_triton
+from xform.serving.repository import ModelOptions, write_model
+from xform.serving.server import ServerError, TritonServer
+
+pytestmark = [pytest.mark.serve, requires_triton]
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start(bundle, root, options=ModelOptions(max_batch=8, max_queue_delay_us=2000)):
+    repo = root / "repo"
+    model = write_model(bundle, repo, options, reference=True)
+    return TritonServer(repo, [model.name], "127.0.0.1", *free_ports(3)).start(prepare=lambda m: None), model.name
+
+
+@pytest.fixture(scope="module")
+def served(demo_bundle, tmp_path_factory):
+    server, name = start(demo_bundle, tmp_path_factory.mktemp("serve"))
+    yield server, name
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def session(demo_bundle):
+    return xform.load(demo_bundle, backend="ort")
+
+
+def http(server):
+    import tritonclient.http as th
+    return th.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+
+
+def grpc(server):
+    import tritonclient.grpc as tg
+    return tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+
+def request(mod, texts=None, ids=None, beams=None):
+    """tritonclient inputs for one request (mod: tritonclient.http or tritonclient.grpc)."""
+    inputs = []
+    if texts is not None:
+        t = mod.InferInput("text", [len(texts), 1], "BYTES")
+        t.set_data_from_numpy(np.array([[x.encode()] for x in texts], dtype=object))
+        inputs.append(t)
+    if ids is not None:
+        t = mod.InferInput("src_ids", list(ids.shape), "INT64")
+        t.set_data_from_numpy(ids)
+        inputs.append(t)
+    if beams is not None:
+        t = mod.InferInput("num_beams", [1, 1], "INT32")
+        t.set_data_from_numpy(np.array([[beams]], np.int32))
+        inputs.append(t)
+    return inputs
+
+
+def infer(client, mod, name, **kw):
+    r = client.infer(name, request(mod, **kw))
+    translation = r.as_numpy("translation")
+    return r.as_numpy("output_ids"), None if translation is None else [t.decode() for t in translation.reshape(-1)]
+
+
+def test_http_and_grpc_answers_equal_the_session(served, session):
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    server, name = served
+    texts = ["40512", "7", "999999"]
+    src = session.encode_texts(texts)
+    for client, mod in ((http(server), th), (grpc(server), tg)):
+        ids, translations = infer(client, mod, name, texts=texts)
+        assert translations == session.translate(texts)
+        np.testing.assert_array_equal(ids, session.generate(src))
+        ids, translations = infer(client, mod, name, ids=src[1:2], beams=3)
+        np.testing.assert_array_equal(ids, session.generate(src[1:2], num_beams=3))
+        assert translations == session.translate(texts[1:2], num_beams=3)
+
+
+def test_8_clients_x_50_requests_with_bad_ones_mixed(served, session):
+    """HTTP and gRPC clients at once; every 7th request is malformed. All good requests answered
+    right and in each client's order, every bad one answered with its error, none lost; Triton
+    batched requests together."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+    server, name = served
+    numbers = [str(n) for n in np.random.default_rng(0).integers(0, 1_000_000, 400)]
+    expected = dict(zip(numbers, session.translate(numbers)))
+    stats_before = http(server).get_inference_statistics(name)["model_stats"][0]
+
+    def client(c):
+        mod = th if c % 2 else tg
+        cl = http(server) if c % 2 else grpc(server)
+        answers = []
+        for i in range(50):
+            n = numbers[c * 50 + i]
+            if i % 7 == 3:  # http: an id outside the vocabulary; grpc: both text and src_ids
+                bad = request(mod, ids=np.array([[5, 999, 2]], np.int64)) if c % 2 else \
+                    request(mod, texts=[n], ids=np.array([[5, 2]], np.int64))
+                try:
+                    cl.infer(name, bad)
+                    answers.append(("no error",))
+                except InferenceServerException as e:
+                    answers.append(("error", str(e)))
+            else:
+                answers.append(("ok", n, infer(cl, mod, name, texts=[n])[1][0]))
+        return answers
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(client, range(8)))
+    bad_seen = 0
+    for c, answers in enumerate(results):
+        assert len(answers) == 50
+        for i, a in enumerate(answers):
+            n = numbers[c * 50 + i]
+            if i % 7 == 3:
+                want = "outside the source vocabulary" if c % 2 else "exactly one of the inputs 'text' and 'src_ids'"
+                assert a[0] == "error" and want in a[1], (c, i, a)
+                bad_seen += 1
+            else:
+                assert a == ("ok", n, expected[n]), (c, i, a)
+    assert bad_seen == 8 * 7
+    stats = http(server).get_inference_statistics(name)["model_stats"][0]
+    inferred = int(stats["inference_count"]) - int(stats_before["inference_count"])
+    executions = int(stats["execution_count"]) - int(stats_before["execution_count"])
+    assert inferred >= 8 * 50 - bad_seen and executions < inferred, (inferred, executions)
+
+
+def test_a_killed_instance_is_reported_and_the_server_keeps_serving_others(demo_bundle, tiny_bundle, tmp_path):
+    """What Triton does when a model instance's process dies: it does not restart it; every
+    request that reaches it is answered with 'Stub process ... is not healthy'; the server and
+    its other models keep serving."""
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+    repo = tmp_path / "repo"
+    write_model(tiny_bundle, repo, ModelOptions(name="ids"), reference=True)
+    server, name = start(demo_bundle, tmp_path)
+    server.models.append("ids")
+    try:
+        client = http(server)
+        assert infer(client, th, name, texts=["12"])[1] == ["twelve"]
+        stubs = subprocess.run(["pgrep", "-f", f"triton_python_backend_stub {repo}/{name}/"], capture_output=True,
+                               text=True).stdout.split()
+        assert len(stubs) == 1, stubs
+        os.kill(int(stubs[0]), signal.SIGKILL)
+        time.sleep(1)
+        with pytest.raises(InferenceServerException, match=f"Stub process '{name}_0_0' is not healthy"):
+            infer(client, th, name, texts=["12"])
+        assert client.is_server_live()
+        ids, _ = infer(client, th, "ids", ids=np.array([[5, 6, 2]], np.int64))
+        assert ids.shape[0] == 1
+    finally:
+        assert server.stop() is not None
+
+
+def test_a_bundle_failing_its_hashes_is_refused_at_load(demo_bundle, tmp_path):
+    """Corrupted after `xform triton` copied it: the model refuses to load, the reason is in
+    Triton's log, and the server does not start (it exits on a model that fails to load)."""
+    from xform.errors import BundleError
+    model = write_model(demo_bundle, tmp_path / "repo")
+    with open(model / "1" / "bundle" / "decoder.onnx", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    server = TritonServer(tmp_path / "repo", ["demo"], "127.0.0.1", *free_ports(3))
+    with pytest.raises(ServerError) as e:
+        server.start(prepare=lambda m: None)
+    msg = str(e.value)
+    assert "xform: cannot load bundle" in msg and "decoder.onnx: sha256" in msg and "re-export the bundle" in msg
+    with pytest.raises(BundleError, match="decoder.onnx: sha256"):  # and xform triton refuses it up front
+        write_model(model / "1" / "bundle", tmp_path / "repo2")
+
+
+def test_no_triton_binary_is_an_error_naming_the_install(monkeypatch, demo_bundle):
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytriton" else real(name, *a))
+    r = CliRunner().invoke(main, ["serve", str(demo_bundle), "--http-port", str(free_ports(1)[0])])
+    assert r.exit_code == 1
+    assert "no Triton Inference Server" in r.output and "pip install --no-deps nvidia-pytriton==0.7.0" in r.output
+
+
+def test_xform_serve_runs_until_ctrl_c(demo_bundle):
+    import urllib.request
+    http_port, grpc_port, metrics_port = free_ports(3)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "xform"), "serve", str(demo_bundle), "--http-port", str(http_port),
+                             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "metrics" in line:
+                break
+        assert any(f"http://127.0.0.1:{http_port}/v2/models/demo/infer" in x for x in lines), lines
+        body = b'{"inputs":[{"name":"text","shape":[1,1],"datatype":"BYTES","data":["40512"]}]}'
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/demo/infer", body, timeout=30) as r:
+            assert b"forty thousand five hundred twelve" in r.read()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0 and "stopped tritonserver (exit code 0)" in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}"], capture_output=True).returncode == 1
