@@ -2,7 +2,6 @@
 tritonclient over HTTP and gRPC. Every test stops its server."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,19 +14,11 @@ import pytest
 import xform
 from tests.conftest import requires_triton
 from xform.serving.repository import ModelOptions, write_model
-from xform.serving.server import ServerError, TritonServer
+from xform.serving.server import ServerError, TritonServer, free_ports
 
 pytestmark = [pytest.mark.serve, requires_triton]
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start(bundle, root, options=ModelOptions(max_batch=8, max_queue_delay_us=2000)):
@@ -228,3 +219,36 @@ def test_xform_serve_runs_until_ctrl_c(demo_bundle):
         if proc.poll() is None:
             proc.kill()
     assert subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}"], capture_output=True).returncode == 1
+
+
+def test_the_readme_serving_lines(demo_bundle, tmp_path):
+    """README "Serving": its `xform serve demo-bundle` and its curl request give the translation it shows."""
+    import json
+    import re
+    import shlex
+    import shutil
+    import urllib.request
+
+    from tests.test_readme import README, block
+    step = [s.strip() for s in block("serve-command").split("&&") if s.strip().startswith("xform ")]
+    assert step == ["xform serve demo-bundle"]
+    curl = re.search(r"^curl .*$", README.read_text(), re.M).group(0)
+    body = shlex.split(curl)[shlex.split(curl).index("-d") + 1]
+    url = next(a for a in shlex.split(curl) if "/v2/models/" in a)
+    shown = re.search(r'"data":\["(forty[^"]*)"\]', README.read_text()).group(1)
+    shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
+    ports = free_ports(3)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "xform"), *shlex.split(step[0])[1:], "--http-port",
+                             str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "metrics" in line:
+                break
+        url = "http://" + url.replace("localhost:8000", f"127.0.0.1:{ports[0]}")
+        with urllib.request.urlopen(url, body.encode(), timeout=30) as r:
+            answer = json.loads(r.read())
+        assert {o["name"]: o["data"] for o in answer["outputs"]}["translation"] == [shown]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import site
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,18 @@ class TritonInstall:
     backend_dir: Path | None  # None: the server's own
     env: dict[str, str]
     source: str  # "PATH" or "nvidia-pytriton"
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n ports nothing listens on now (for tests and benchmarks that start their own servers)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def cache_dir() -> Path:
