@@ -4,6 +4,7 @@ Proves the graphs parse and build under a real TensorRT builder with our profile
 engines serialize, and what they record. Running them needs a GPU (tests/runtime/test_trt_backend.py).
 """
 import json
+import re
 import shutil
 
 import pytest
@@ -172,14 +173,18 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx", "--max-batch", "3",
                                   "--max-new-tokens", "10", "--builder-opt-level", "0"])
     assert r.exit_code == 0, r.output
-    assert "encoder.tensorrt_rtx.engine" in r.output and "past_len [0, 4, 9]" in r.output
+    assert re.search(r"encoder\.tensorrt_rtx\.[0-9a-f]{12}\.engine", r.output) and "past_len [0, 4, 9]" in r.output
+    first = sorted(p.name for p in (path / "engines").iterdir())
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx"])
     assert r.exit_code == 1 and "already built" in r.output
     # beams: the profile's batch holds sources x beams
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx", "--max-batch", "3",
                                   "--max-beams", "4", "--max-new-tokens", "10", "--builder-opt-level", "0", "--force"])
     assert r.exit_code == 0, r.output
-    assert "batch [1, 3, 12]" in r.output and "reorder.tensorrt_rtx.engine" in r.output
+    assert "batch [1, 3, 12]" in r.output and re.search(r"reorder\.tensorrt_rtx\.[0-9a-f]{12}\.engine", r.output)
+    # the rebuilt engines have new names; the replaced ones are gone and the bundle passes its hashes
+    after = sorted(p.name for p in (path / "engines").iterdir())
+    assert len(after) == 3 and not set(after) & set(first)
     e = Bundle.open(path).manifest["engines"]["reorder.tensorrt_rtx"]
     assert e["max_beams"] == 4 and e["max_sources"] == 3 and e["tensor_profiles"]["beam_idx"][2] == [12]
     r = CliRunner().invoke(main, ["build-engine", str(path), "--max-beams", "0", "--force"])

@@ -9,6 +9,8 @@ It does not run engines (xform/runtime/trt_backend.py does).
 """
 from __future__ import annotations
 
+import hashlib
+
 import importlib
 import logging
 import shutil
@@ -18,7 +20,7 @@ from typing import Any, Callable
 
 from xform.contract import DECODER, ENCODER, GRAPHS, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
-from xform.runtime.bundle import Bundle, atomic_write, write_manifest
+from xform.runtime.bundle import Bundle, atomic_write, remove_stale_temporaries, write_manifest
 from xform.runtime.gpu import gpu_info
 
 log = logging.getLogger(__name__)
@@ -237,6 +239,16 @@ def engine_key(graph: str, flavor: str) -> str:
     return f"{graph}.{flavor}"
 
 
+def remove_unreferenced_engines(engine_dir: Path, manifest: dict) -> None:
+    """Engine files the manifest no longer names (replaced by a rebuild, or written by a build
+    killed before its manifest), and temporaries of killed builds."""
+    remove_stale_temporaries(engine_dir, any_target=True)
+    used = {Path(e["file"]).name for e in manifest["engines"].values()}
+    for p in engine_dir.glob("*.engine"):
+        if p.name not in used:
+            p.unlink(missing_ok=True)
+
+
 def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
                   options: BuildOptions | None = None, force: bool = False,
                   progress: Callable[[str, str, int, int], None] | None = None, **range_flags) -> dict:
@@ -261,10 +273,10 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
     ranges = ranges or profile_ranges(bundle.config, **range_flags)
     engine_dir = bundle.path / ENGINE_DIR
     graphs = [g for g in GRAPHS if g in bundle.manifest["graphs"]]  # reorder: bundles since beam search
-    targets = {g: engine_dir / f"{engine_key(g, flavor)}.engine" for g in graphs}
-    existing = [str(p) for p in targets.values() if p.exists()]
+    existing = [bundle.path / bundle.manifest["engines"][engine_key(g, flavor)]["file"] for g in graphs
+                if engine_key(g, flavor) in bundle.manifest["engines"]]
     if existing and not force:
-        raise BundleError(f"{', '.join(existing)}: already built; pass --force to rebuild")
+        raise BundleError(f"{', '.join(map(str, existing))}: already built; pass --force to rebuild")
     built: dict[str, tuple[bytes, dict]] = {}
     for graph in graphs:
         cb = (lambda phase, done, total, g=graph: progress(g, phase, done, total)) if progress else None
@@ -276,6 +288,11 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
                                           "RTX GPU of compute capability 8.0 or newer)"})
     engine_dir.mkdir(exist_ok=True)
     manifest = bundle.manifest
+    # A new engine gets a new file name (its content hash), so the manifest on disk always names
+    # files that match it: a build killed before the manifest is written leaves the old engines
+    # in use and only unreferenced files behind, removed by the next build.
+    targets = {g: engine_dir / f"{engine_key(g, flavor)}.{hashlib.sha256(data).hexdigest()[:12]}.engine"
+               for g, (data, _) in built.items()}
     written = []
     try:
         for graph, (data, record) in built.items():
@@ -300,4 +317,5 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         if engine_dir.exists() and not any(engine_dir.iterdir()):
             shutil.rmtree(engine_dir)
         raise
+    remove_unreferenced_engines(engine_dir, manifest)
     return {engine_key(g, flavor): manifest["engines"][engine_key(g, flavor)] for g in graphs}

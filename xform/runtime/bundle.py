@@ -7,9 +7,11 @@ reads through `Bundle.open`. Pure Python + json: no torch, no onnx.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -97,15 +99,57 @@ class Bundle:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    """Hash every file under `directory` (but the manifest) into manifest["files"] and write it."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    """Hash every file under `directory` into manifest["files"] and write it; left out: the manifest,
+    temporaries, and engine files the manifest's engines do not name (replaced ones, removed next)."""
+    engines = {e["file"] for e in manifest.get("engines", {}).values()}
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST and not TEMP.match(p.name)
+                   and not (p.suffix == ".engine" and p.relative_to(directory).as_posix() not in engines))
     manifest["files"] = {p.relative_to(directory).as_posix(): sha256_file(p) for p in files}
     atomic_write(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+# Every write goes through a temporary named `.<target>.xform-<pid>-<random>` beside its target and
+# one rename(2). A process killed at any point leaves the target as it was (or absent) plus, at
+# worst, its temporary; the next write to that target removes temporaries whose process is gone.
+TEMP = re.compile(r"\.(?P<target>.+)\.xform-(?P<pid>\d+)-[^/]*")
+
+
+def temp_prefix(target: Path) -> str:
+    return f".{target.name}.xform-{os.getpid()}-"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path, any_target: bool = False) -> None:
+    """Temporaries of earlier writes to `target` (to anything in the directory `target` when
+    `any_target`) whose process no longer runs: they were killed mid-write."""
+    directory, pattern = (target, ".*.xform-*") if any_target else (target.parent, f".{glob.escape(target.name)}.xform-*")
+    if not directory.is_dir():
+        return
+    for p in directory.glob(pattern):
+        m = TEMP.fullmatch(p.name)
+        if not m or (not any_target and m["target"] != target.name):
+            continue
+        if int(m["pid"]) != os.getpid() and not pid_alive(int(m["pid"])):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+
+
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write through a temporary file beside `path`, then rename: readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
@@ -123,24 +167,35 @@ def refuse_existing(path: Path, force: bool, what: str = "bundle") -> None:
 
 @contextlib.contextmanager
 def atomic_directory(target: Path, force: bool) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside `target`; on success it replaces `target`.
+    """Yield a fresh temporary directory beside `target`; on success it becomes `target`.
 
-    On any error the temporary directory is removed and `target` is left as it was.
+    On any error the temporary directory is removed and `target` is left as it was. Without
+    `force`, the final rename(2) of a directory onto an existing one fails, so of two writers
+    racing to a new target one wins and the other is refused; with `force`, the old target is
+    moved aside, the new one renamed in, and the old one removed (a kill in between leaves the
+    target absent, and the old one as a temporary the next write removes).
     """
     target = Path(target)
     refuse_existing(target, force)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    remove_stale_temporaries(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp"))
     try:
         yield tmp
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a bundle is shared like any directory
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if force and target.exists():
+            old = target.with_name(f"{temp_prefix(target)}old")
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(tmp, target)
+            try:
+                os.rename(tmp, target)
+            except OSError as e:
+                if not target.exists():
+                    raise
+                raise BundleError(f"{target}: already exists (written by another process while this one ran); "
+                                  "pass --force to overwrite it") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
