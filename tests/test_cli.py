@@ -109,9 +109,11 @@ def test_corrupt_checkpoint_exit_1(runner, checkpoint_dir, tmp_path):
 
 
 def test_input_file_errors(runner, tiny_bundle, tmp_path):
-    empty = tmp_path / "in.txt"
-    empty.write_text("\n  \n")
-    r = runner.invoke(main, ["run", str(tiny_bundle), "--input-file", str(empty)])
-    assert r.exit_code == 1 and "no non-empty lines" in r.output
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--input-file", str(tmp_path / "missing.txt")])
+    assert r.exit_code == 1 and "missing.txt: no such file" in r.output
+    blank = tmp_path / "in.txt"
+    blank.write_text("\n  \n")
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--input-file", str(blank)])
+    assert r.exit_code == 1 and "no tokenizer" in r.output
     r = runner.invoke(main, ["run", str(tiny_bundle), "--text", "12"])
     assert r.exit_code == 1 and "no tokenizer" in r.output

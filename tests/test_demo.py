@@ -67,4 +67,4 @@ def test_cli_input_file(demo_bundle, tmp_path):
     f.write_text("12\n\n300001\n")
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--text", "5"])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines() == ["5\tfive", "12\ttwelve", "300001\tthree hundred thousand one"]
+    assert r.output.splitlines() == ["5\tfive", "12\ttwelve", "\t", "300001\tthree hundred thousand one"]

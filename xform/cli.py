@@ -188,15 +188,15 @@ def write_json(path: Path, data: dict, force: bool) -> None:
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
-def read_input_file(path: Path) -> list[str]:
-    try:
-        lines = [ln.rstrip("\n") for ln in path.read_text().splitlines()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise XformError(f"--input-file {path}: cannot read it ({e})") from None
-    lines = [ln for ln in lines if ln.strip()]
-    if not lines:
-        raise XformError(f"--input-file {path}: no non-empty lines to translate")
-    return lines
+def input_lines(texts: tuple[str, ...], input_file: Path | None):
+    """(label, line) for each --text, then each line of --input-file read lazily as bytes (so a
+    non-UTF-8 line fails alone)."""
+    for i, t in enumerate(texts, 1):
+        yield f"--text {i}", t
+    if input_file is not None:
+        with open(input_file, "rb") as f:
+            for n, line in enumerate(f, 1):
+                yield f"{input_file}:{n}", line
 
 
 def print_check(report) -> None:
@@ -279,7 +279,10 @@ def checked_generation(session, max_new_tokens, settings: dict):
               help="Default: cpu for torch and ort, cuda for trt.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
-@click.option("--input-file", type=click.Path(path_type=Path), help="Translate each non-empty line.")
+@click.option("--input-file", type=click.Path(path_type=Path),
+              help="Translate each line (read as it goes; a blank line gives a blank translation).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Lines of --text / --input-file decoded together.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Default: the model's max_len.")
 @click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
@@ -294,7 +297,7 @@ def checked_generation(session, max_new_tokens, settings: dict):
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @generation_options
 @handle_errors
-def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, check, atol, rtol, benchmark,
+def run(bundle, backend, device, threads, texts, input_file, batch_size, max_new_tokens, check, atol, rtol, benchmark,
         batch, src_len, new_tokens, warmup, iters, json_path, force, greedy, num_beams, early_stopping,
         **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
@@ -304,8 +307,9 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
     import xform
     import xform.api
 
-    texts = list(texts) + (read_input_file(input_file) if input_file else [])
-    if not (texts or check or benchmark):
+    if input_file is not None and not input_file.is_file():
+        raise XformError(f"--input-file {input_file}: no such file")
+    if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     if json_path is not None and json_path.exists() and not force:
         raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
@@ -315,23 +319,42 @@ def run(bundle, backend, device, threads, texts, input_file, max_new_tokens, che
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
     failed = False
-    if texts:
-        src_ids = session.encode_texts(texts)
-        out = session.decode(src_ids, None, gen)
-        n = gen.num_return_sequences
-        translations = [session.tokenizer.decode(row) for row in out]
-        for i, tgt in enumerate(translations):
-            click.echo(f"{texts[i // n]}\t{tgt}")  # plain tab-separated lines, for scripts
-        report["translations"] = [{"source": texts[i // n], "target": t} for i, t in enumerate(translations)]
+    checked_texts: list[str] = []  # --check compares on the first --batch-size translated lines
+    if texts or input_file:
+        labelled = input_lines(texts, input_file)
+        labels: list[str] = []
+
+        def lines():
+            for label, line in labelled:
+                labels.append(label)
+                yield line
+
+        report["translations"], errors = [], 0
+        for i, (text, targets, error) in enumerate(session.translate_lines(lines(), gen, batch_size)):
+            if error is not None:
+                errors += 1
+                err.print(f"[bold red]error:[/] {escape(labels[i])}: {escape(error)}")
+                report["translations"].append({"source": text, "error": error})
+                targets = [""] * gen.num_return_sequences  # the output keeps one line per input line
+            else:
+                report["translations"] += [{"source": text, "target": t} for t in targets]
+                if text.strip() and len(checked_texts) < batch_size:
+                    checked_texts.append(text)
+            for tgt in targets:
+                click.echo(f"{text}\t{tgt}")  # plain tab-separated lines, for scripts
+        if errors:
+            err.print(f"[bold red]error:[/] {errors} of {len(labels)} lines could not be translated "
+                      "(their output lines are empty)")
+            failed = True
     if check:
         with err.status("checking against eager PyTorch"):
             check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
                                     min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
-            rep = xform.check(bundle, session=session, texts=texts or None, atol=atol, rtol=rtol,
+            rep = xform.check(bundle, session=session, texts=checked_texts or None, atol=atol, rtol=rtol,
                               generation=check_gen)
         print_check(rep)
         report["check"] = rep.to_dict()
-        failed = not rep.passed
+        failed = failed or not rep.passed
     if benchmark:
         from rich.progress import Progress
 

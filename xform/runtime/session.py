@@ -6,7 +6,7 @@ graphs is not this module's business (backend.py); it never imports torch.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -159,6 +159,59 @@ class Session:
         for i, r in enumerate(rows):
             src[i, :len(r)] = r
         return src
+
+    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int = 32
+                        ) -> Iterator[tuple[str, list[str] | None, str | None]]:
+        """Translate a stream of lines in batches of `batch_size`, yielding in input order, for
+        each line: (its text, its translations (num_return_sequences of them) or None, an error or
+        None). A blank line translates to nothing without decoding; a line that cannot be
+        translated (not UTF-8, a word outside a vocabulary without <unk>, longer than max_len)
+        gets its error and the other lines are translated. Memory holds one batch."""
+        if self.tokenizer is None:
+            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
+        batch: list[tuple[str, list[int] | None, str | None]] = []
+        for line in lines:
+            batch.append(self.encode_line(line))
+            if len(batch) == batch_size:
+                yield from self.translate_batch(batch, gen)
+                batch = []
+        if batch:
+            yield from self.translate_batch(batch, gen)
+
+    def encode_line(self, line: str | bytes) -> tuple[str, list[int] | None, str | None]:
+        if isinstance(line, bytes):
+            line = line.rstrip(b"\r\n")
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return line.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            return line, None, None
+        try:
+            ids = self.tokenizer.encode(line)
+        except InputError as e:
+            return line, None, str(e)
+        if len(ids) > self.config["max_len"]:
+            return line, None, (f"{len(ids)} source tokens (end-of-sentence included), more than the model's "
+                                f"max_len {self.config['max_len']}")
+        return line, ids, None
+
+    def translate_batch(self, batch, gen: GenerationConfig):
+        todo = [ids for _, ids, _ in batch if ids is not None]
+        out = iter([])
+        if todo:
+            src = np.full((len(todo), max(map(len, todo))), self.pad_id, np.int64)
+            for i, r in enumerate(todo):
+                src[i, :len(r)] = r
+            rows = self.decode(src, np.array([len(r) for r in todo], np.int64), gen)
+            out = iter([self.tokenizer.decode(r) for r in rows])
+        n = gen.num_return_sequences
+        for text, ids, error in batch:
+            if ids is None:
+                yield text, None if error else [""] * n, error
+            else:
+                yield text, [next(out) for _ in range(n)], None
 
     def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
         """Translations in input order; with num_return_sequences n, n per text, one after another.

@@ -1,0 +1,70 @@
+"""Inputs at the edges: what `run --text / --input-file` and `translate_lines` give a user for
+blank lines, unknown characters, sources at and past max_len, non-UTF-8 lines, large files."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import xform
+from xform.cli import main
+
+
+@pytest.fixture(scope="module")
+def demo(demo_bundle):
+    return xform.load(demo_bundle, backend="ort")
+
+
+def run(bundle, *args):
+    return CliRunner().invoke(main, ["run", str(bundle), *args])
+
+
+def test_every_input_line_gets_one_output_line_in_order(demo_bundle, tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_bytes(b"40512\n\n   \n\xff\xfe bad\n7\r\n" + b"9" * 31 + b"\n" + b"9" * 32 + b"\n12")
+    r = run(demo_bundle, "--input-file", str(f), "--text", "", "--batch-size", "2", "--json", str(tmp_path / "r.json"))
+    assert r.exit_code == 1  # some lines failed
+    out = [line for line in r.stdout.splitlines()]
+    assert out == ["\t", "40512\tforty thousand five hundred twelve", "\t", "   \t", "\ufffd\ufffd bad\t", "7\tseven",
+                   f"{'9' * 31}\t{out[6].split(chr(9))[1]}", f"{'9' * 32}\t", "12\ttwelve"]
+    assert out[6].split("\t")[1]  # 31 digits + end-of-sentence = max_len 32: translated
+    assert f"{f}:4: not UTF-8" in r.stderr
+    assert f"{f}:7: 33 source tokens (end-of-sentence included), more than the model's max_len 32" in r.stderr
+    assert "2 of 9 lines could not be translated" in r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())["translations"]
+    assert len(report) == 9 and report[4]["error"].startswith("not UTF-8") and report[8]["target"] == "twelve"
+
+
+def test_characters_outside_a_vocabulary_without_unk_fail_alone(demo, monkeypatch):
+    monkeypatch.setattr(demo.tokenizer.src, "unk", None)
+    results = list(demo.translate_lines(["12", "1x2", "7"], demo.generation_config(10)))
+    assert results[0] == ("12", ["twelve"], None) and results[2] == ("7", ["seven"], None)
+    assert results[1][1] is None and "'x' is not in the source vocabulary and it has no <unk>" in results[1][2]
+
+
+def test_a_thousand_lines_stream_in_batches_and_keep_their_order(demo, demo_bundle, tmp_path):
+    numbers = [str(n) for n in np.random.default_rng(3).integers(0, 1_000_000, 1000)]
+    consumed = []
+
+    def lines():
+        for n in numbers:
+            consumed.append(n)
+            yield n
+
+    results = demo.translate_lines(lines(), demo.generation_config(16), batch_size=64)
+    first = next(results)
+    assert len(consumed) == 64  # one batch read, no more: memory holds a batch, not the file
+    got = [first[1][0]] + [t[0] for _, t, _ in results]
+    assert got == demo.translate(numbers, max_new_tokens=16)
+    f = tmp_path / "many.txt"
+    f.write_text("\n".join(numbers) + "\n")
+    r = run(demo_bundle, "--input-file", str(f), "--batch-size", "100", "--max-new-tokens", "16")
+    assert r.exit_code == 0
+    assert [line.split("\t") for line in r.stdout.splitlines()] == [[n, t] for n, t in zip(numbers, got)]
+
+
+def test_max_new_tokens_zero_and_batch_size_zero_are_usage_errors(demo_bundle):
+    r = run(demo_bundle, "--text", "12", "--max-new-tokens", "0")
+    assert r.exit_code == 2 and "--max-new-tokens" in r.output
+    r = run(demo_bundle, "--text", "12", "--batch-size", "0")
+    assert r.exit_code == 2 and "--batch-size" in r.output
