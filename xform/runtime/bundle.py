@@ -15,10 +15,10 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from xform.contract import GraphSpec
+from xform.contract import GraphSpec, signature_for
 from xform.errors import BundleError
 
 MANIFEST = "manifest.json"
@@ -58,9 +58,52 @@ class Bundle:
             raise BundleError(f"{mpath}: manifest version {manifest.get('version')!r} is not one this xform "
                               f"knows {list(KNOWN_VERSIONS)}; re-export the bundle or upgrade xform")
         bundle = cls(path, manifest)
+        bundle.validate()
         if verify:
             bundle.verify_files()
         return bundle
+
+    def validate(self) -> None:
+        """Treat the manifest as hostile: every path it names stays inside the bundle (relative, no
+        `..`, no symlink out), the config's sizes are plausible, and the graph signatures are the
+        ones the config implies (what the runtime allocates from)."""
+        mpath = self.path / MANIFEST
+        m = self.manifest
+        try:
+            named = [*m.get("files", {}), *(g["file"] for g in m["graphs"].values()), m["reference"]["dir"],
+                     *(e["file"] for e in m.get("engines", {}).values())]
+            if m.get("tokenizer"):
+                named.append(m["tokenizer"]["file"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BundleError(f"{mpath}: malformed manifest ({type(e).__name__}: {e})") from None
+        for name in named:
+            self.inside(name)
+        problems = config_problems(self.config)
+        if problems:
+            raise BundleError(f"{mpath}: implausible model config: " + "; ".join(problems))
+        decoder_inputs = m["graphs"].get("decoder", {}).get("signature", {}).get("inputs", [])
+        kv_dtype = next((t.get("dtype") for t in decoder_inputs if isinstance(t, dict) and t.get("name") == "past_key_0"),
+                        "float32")
+        expected = signature_for(self.config, kv_dtype)
+        for graph, entry in m["graphs"].items():
+            if graph in expected and entry.get("signature") != expected[graph].to_dict():
+                raise BundleError(f"{mpath}: the {graph} graph's signature is not the one its config implies")
+
+    def inside(self, name: Any) -> Path:
+        """`name` as a path inside the bundle; refused when it could lead outside it."""
+        mpath = self.path / MANIFEST
+        if not isinstance(name, str) or not name or "\x00" in name:
+            raise BundleError(f"{mpath}: names an invalid path {name!r}")
+        pure = PurePosixPath(name)
+        if pure.is_absolute() or ".." in pure.parts or "\\" in name:
+            raise BundleError(f"{mpath}: names the path {name!r}, which leads outside the bundle; "
+                              "a bundle names its files relative to itself")
+        p = self.path / pure
+        root = self.path.resolve()
+        if p.is_symlink() or not p.resolve().is_relative_to(root):
+            raise BundleError(f"{p}: a symlink (to {os.path.realpath(p)}); a bundle's files are its own, "
+                              "not links to elsewhere")
+        return p
 
     def verify_files(self, names: list[str] | None = None) -> None:
         files: dict[str, str] = self.manifest.get("files", {})
@@ -96,6 +139,29 @@ class Bundle:
     def tokenizer_file(self) -> Path | None:
         tok = self.manifest.get("tokenizer")
         return None if not tok else self.path / tok["file"]
+
+
+# Upper bounds no real model reaches: a manifest beyond them is refused before anything is allocated.
+LIMITS = {"src_vocab_size": 1 << 22, "tgt_vocab_size": 1 << 22, "d_model": 1 << 16, "n_heads": 1 << 10,
+          "d_ff": 1 << 18, "n_encoder_layers": 1 << 10, "n_decoder_layers": 1 << 10, "max_len": 1 << 20}
+
+
+def config_problems(config: Any) -> list[str]:
+    if not isinstance(config, dict):
+        return [f"config is {type(config).__name__}, not an object"]
+    problems = []
+    for key, limit in LIMITS.items():
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
+            problems.append(f"{key} is {v!r}, expected an integer in [1, {limit}]")
+    head = config.get("attention_head_dim")
+    if head is not None and (isinstance(head, bool) or not isinstance(head, int) or not 1 <= head <= 1 << 12):
+        problems.append(f"attention_head_dim is {head!r}, expected an integer in [1, 4096] or null")
+    for key in ("pad_id", "bos_id", "eos_id"):
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < (config.get("tgt_vocab_size") or 0):
+            problems.append(f"{key} is {v!r}, expected an id below tgt_vocab_size")
+    return problems
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:

@@ -38,6 +38,17 @@ def providers_for(device: str) -> list[str]:
     raise XformError(f"unknown device {device!r}; expected cpu or cuda")
 
 
+def session(ort, path, opts, providers):
+    """An InferenceSession; a graph ONNX Runtime refuses (corrupt, or external data outside the
+    bundle) is a BundleError naming the file."""
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+        if type(e).__module__.startswith("onnxruntime"):
+            raise BundleError(f"{path}: ONNX Runtime refuses it: {e}") from None
+        raise
+
+
 class OrtBackend:
     name = "ort"
 
@@ -50,8 +61,8 @@ class OrtBackend:
             opts.inter_op_num_threads = 1
         providers = providers_for(device)
         self.ort_device = "cuda" if device == "cuda" else "cpu"
-        self.encoder = ort.InferenceSession(str(bundle.graph_file(ENCODER)), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(bundle.graph_file(DECODER)), opts, providers=providers)
+        self.encoder = session(ort, bundle.graph_file(ENCODER), opts, providers)
+        self.decoder = session(ort, bundle.graph_file(DECODER), opts, providers)
         spec = bundle.graph_spec(DECODER)
         n = bundle.config["n_decoder_layers"]
         self.past_names = kv_names("past", n)
@@ -63,7 +74,7 @@ class OrtBackend:
         self.vocab = bundle.config["tgt_vocab_size"]
         self.enc_names = [o.name for o in self.encoder.get_outputs()]
         # beam search's cache reorder; bundles exported before beam search have no such graph
-        self.reorder = (ort.InferenceSession(str(bundle.graph_file(REORDER)), opts, providers=providers)
+        self.reorder = (session(ort, bundle.graph_file(REORDER), opts, providers)
                         if REORDER in bundle.manifest["graphs"] else None)
         self.reordered_names = kv_names("reordered", n)
         self.bundle_path = bundle.path

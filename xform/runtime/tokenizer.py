@@ -42,9 +42,12 @@ def load_spm(path: Path, source: str):
 
 class VocabSide:
     """One side of an xform-vocab tokenizer: a token list split into words or characters, or a
-    sentencepiece model (`unit` spm) whose ids are the model's."""
+    sentencepiece model (`unit` spm) whose ids are the model's. Ids beyond the model's `rows`
+    are refused at load."""
 
-    def __init__(self, spec: dict[str, Any], root: Path, source: str):
+    def __init__(self, spec: dict[str, Any], root: Path, source: str, side: str = "source", rows: int | None = None):
+        if not isinstance(spec, dict) or "unit" not in spec:
+            raise BundleError(f"{source}: the {side} side is not an object with a unit")
         self.unit: str = spec["unit"]
         if self.unit not in ("char", "word", "spm"):
             raise BundleError(f"{source}: unit must be char, word or spm, found {self.unit!r}")
@@ -53,8 +56,17 @@ class VocabSide:
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 raise BundleError(f"{source}: a sentencepiece side names a file in tokenizer/, found {name!r}")
             self.spm = load_spm(root / "tokenizer" / name, source)
+            size = self.spm.GetPieceSize()
+        else:
+            self.tokens: list[str | None] = spec.get("tokens")
+            if not isinstance(self.tokens, list) or not all(t is None or isinstance(t, str) for t in self.tokens):
+                raise BundleError(f"{source}: the {side} tokens must be a list of strings")
+            size = len(self.tokens)
+        if rows is not None and size > rows:
+            raise BundleError(f"{source}: the {side} vocabulary has {size} ids, but the model's {side} embedding has "
+                              f"{rows} rows: ids {rows}..{size - 1} are outside it")
+        if self.unit == "spm":
             return
-        self.tokens: list[str | None] = spec["tokens"]
         self.index = {t: i for i, t in enumerate(self.tokens) if t is not None}
         self.unk = self.index.get(spec.get("unk", "<unk>"))
         self.keep_spaces = " " in self.index  # a character vocabulary with a space token
@@ -87,9 +99,13 @@ class VocabTokenizer:
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
         if data.get("kind") != "xform-vocab":
             raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
-        self.src = VocabSide(data["source"], root, source)
-        self.tgt = VocabSide(data["target"], root, source)
-        self.prefix = [int(i) for i in data.get("source_prefix", [])]
+        self.src = VocabSide(data.get("source"), root, source, "source", config["src_vocab_size"])
+        self.tgt = VocabSide(data.get("target"), root, source, "target", config["tgt_vocab_size"])
+        self.prefix = data.get("source_prefix", [])
+        if not isinstance(self.prefix, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config["src_vocab_size"] for i in self.prefix):
+            raise BundleError(f"{source}: source_prefix {self.prefix!r} must be ids below src_vocab_size "
+                              f"{config['src_vocab_size']}")
         self.cfg = config
         self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
 
@@ -115,14 +131,23 @@ class SpmTokenizer:
 
         def vocab(name):
             try:
-                return json.loads((d / name).read_text())
-            except (OSError, json.JSONDecodeError) as e:
+                data = json.loads((d / name).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise BundleError(f"{d / name}: unreadable vocabulary ({e})") from None
+            if not isinstance(data, dict):
+                raise BundleError(f"{d / name}: expected a JSON object token -> id, found {type(data).__name__}")
+            return data
 
         self.spm_source = spm("source.spm")
         self.spm_target = spm("target.spm") if (d / "target.spm").is_file() else self.spm_source
         self.encoder = vocab("vocab.json")
         target = vocab("target_vocab.json") if data.get("separate_vocabs") else self.encoder
+        for name, vocab_map, rows in (("vocab.json", self.encoder, config["src_vocab_size"]),
+                                      ("target_vocab.json" if data.get("separate_vocabs") else "vocab.json", target,
+                                       config["tgt_vocab_size"])):
+            bad = [t for t, i in vocab_map.items() if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows]
+            if bad:
+                raise BundleError(f"{d / name}: ids outside the model's vocabulary of {rows} (for {bad[:3]})")
         self.decoder = {i: t for t, i in target.items()}
         unk = data.get("unk_token", "<unk>")
         if unk not in self.encoder:
@@ -146,8 +171,10 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BundleError(f"{path}: unreadable tokenizer ({e})") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: expected a JSON object, found {type(data).__name__}")
     kind = data.get("kind")
     if kind == "xform-vocab":
         return VocabTokenizer(data, config, path.parent, str(path))

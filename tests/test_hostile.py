@@ -1,0 +1,157 @@
+"""Untrusted bundles and checkpoints, one table: each case edits a copy of the demo bundle the way
+an attacker or a careless hand would (re-hashing the manifest so the hash check alone does not
+catch it), then `xform run` must exit 1 with a message naming the file and the problem, print no
+traceback, and write nothing. README "What xform refuses" lists the same cases."""
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xform.cli import main
+from xform.runtime.bundle import MANIFEST, write_manifest
+
+
+def manifest(b):
+    return json.loads((b / MANIFEST).read_text())
+
+
+def rehash(b, m):
+    write_manifest(b, m)
+
+
+def files_key_escapes(b, out):
+    m = manifest(b)
+    (out / "outside.txt").write_text("secret")
+    m["files"]["../outside.txt"] = "0" * 64
+    (b / MANIFEST).write_text(json.dumps(m))
+
+
+def graph_path_absolute(b, out):
+    m = manifest(b)
+    m["graphs"]["decoder"]["file"] = str(out / "elsewhere.onnx")
+    rehash(b, m)
+
+
+def tokenizer_is_a_symlink_out(b, out):
+    shutil.copy(b / "tokenizer.json", out / "tok.json")
+    (b / "tokenizer.json").unlink()
+    (b / "tokenizer.json").symlink_to(out / "tok.json")
+    rehash(b, manifest(b))
+
+
+def weights_are_a_symlink_out(b, out):
+    shutil.copy(b / "decoder.onnx.data", out / "weights.data")
+    (b / "decoder.onnx.data").unlink()
+    (b / "decoder.onnx.data").symlink_to(out / "weights.data")
+    rehash(b, manifest(b))
+
+
+def external_data_outside(b, out):
+    import onnx
+    shutil.copy(b / "decoder.onnx.data", b.parent / "outside.data")
+    model = onnx.load(str(b / "decoder.onnx"), load_external_data=False)
+    for t in model.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../outside.data"
+    onnx.save(model, str(b / "decoder.onnx"))
+    rehash(b, manifest(b))
+
+
+def config(**changes):
+    def edit(b, out):
+        m = manifest(b)
+        m["model"]["config"].update(changes)
+        rehash(b, m)
+    edit.__name__ = "config_" + "_".join(changes)
+    return edit
+
+
+def signature_edited(b, out):
+    m = manifest(b)
+    m["graphs"]["decoder"]["signature"]["outputs"][0]["shape"][-1] = 10 ** 9
+    rehash(b, m)
+
+
+def tokenizer(name, edit_fn):
+    def edit(b, out):
+        tok = json.loads((b / "tokenizer.json").read_text())
+        edit_fn(tok)
+        (b / "tokenizer.json").write_text(json.dumps(tok))
+        rehash(b, manifest(b))
+    edit.__name__ = f"tokenizer_{name}"
+    return edit
+
+
+def lying_safetensors_header(b, out):
+    ref = b / "reference" / "model.safetensors"
+    data = ref.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] += 10 ** 9  # claims a gigabyte more than the file holds
+    raw = json.dumps(header).encode()
+    ref.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    rehash(b, manifest(b))
+
+
+CASES = [
+    (files_key_escapes, ["--text", "12"], "names the path '../outside.txt', which leads outside the bundle"),
+    (graph_path_absolute, ["--text", "12"], "elsewhere.onnx', which leads outside the bundle"),
+    (tokenizer_is_a_symlink_out, ["--text", "12"], "tokenizer.json: a symlink"),
+    (weights_are_a_symlink_out, ["--text", "12"], "decoder.onnx.data: a symlink"),
+    (external_data_outside, ["--text", "12"], "decoder.onnx: ONNX Runtime refuses it"),
+    (config(max_len=10 ** 12), ["--text", "12"], "implausible model config: max_len is 1000000000000"),
+    (config(d_model=-64), ["--text", "12"], "implausible model config: d_model is -64"),
+    (config(eos_id=999), ["--text", "12"], "eos_id is 999, expected an id below tgt_vocab_size"),
+    (signature_edited, ["--text", "12"], "the decoder graph's signature is not the one its config implies"),
+    (tokenizer("ids_outside_the_vocabulary", lambda t: t["target"]["tokens"].extend(f"x{i}" for i in range(50))), ["--text", "12"],
+     "the target vocabulary has 84 ids, but the model's target embedding has 34 rows: ids 34..83 are outside it"),
+    (tokenizer("prefix_id_outside", lambda t: t.update(source_prefix=[10 ** 6])), ["--text", "12"], "source_prefix [1000000] must be ids below"),
+    (tokenizer("spm_path_escapes", lambda t: t.update(source={"unit": "spm", "model": "../../x.model"})), ["--text", "12"],
+     "a sentencepiece side names a file in tokenizer/, found '../../x.model'"),
+    (lying_safetensors_header, ["--check"], "model.safetensors: not a readable safetensors file"),
+]
+
+
+@pytest.mark.parametrize("edit, args, fragment", CASES, ids=[c[0].__name__ for c in CASES])
+def test_a_hostile_bundle_is_refused(demo_bundle, tmp_path, edit, args, fragment):
+    b = tmp_path / "bundle"
+    out = tmp_path / "outside"
+    out.mkdir()
+    shutil.copytree(demo_bundle, b)
+    edit(b, out)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    r = CliRunner().invoke(main, ["run", str(b), *args])
+    assert r.exit_code == 1, r.output
+    assert fragment in r.output, r.output
+    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+class Payload:
+    """Unpickling this runs code: it would create a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    import torch
+    torch.save({"model_state_dict": {"w": torch.zeros(2)}, "hook": Payload(marker)}, tmp_path / "evil.pt")
+    (tmp_path / "raw.pkl").write_bytes(pickle.dumps(Payload(marker)))
+    for name in ("evil.pt", "raw.pkl"):
+        r = CliRunner().invoke(main, ["export", str(tmp_path / name), "-o", str(tmp_path / "b"), "--arch", "seed-002",
+                                      "--n-heads", "3", "--bos-id", "1", "--eos-id", "2"])
+        assert r.exit_code == 1 and f"{name}: not a readable state dict" in r.output, r.output
+        assert "Traceback" not in r.output
+    assert not marker.exists() and not (tmp_path / "b").exists()
+    assert not Path("pwned").exists()
