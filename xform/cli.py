@@ -441,10 +441,9 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
         model = write_model(bundle, Path(tmp) / "models", model_options(**options), reference=True)
         server = TritonServer(Path(tmp) / "models", [model.name], host, http_port, grpc_port, metrics_port,
                               log_path=Path(tmp) / "tritonserver.log")
-        stop = {"asked": False}
 
-        def ask_stop(signum, frame):
-            stop["asked"] = True
+        def ask_stop(signum, frame):  # SIGTERM stops the server as Ctrl-C does
+            raise KeyboardInterrupt
 
         with err.status(f"starting tritonserver for {model.name}"):
             server.start(prepare=lambda msg: err.print(msg))
@@ -455,7 +454,7 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
             out.print(f"  HTTP    {server.http_url}/v2/models/{model.name}/infer")
             out.print(f"  gRPC    {host}:{grpc_port}")
             out.print(f"  metrics http://{host}:{metrics_port}/metrics")
-            while not stop["asked"] and server.process.poll() is None:
+            while server.process.poll() is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass

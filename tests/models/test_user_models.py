@@ -45,21 +45,6 @@ def nn_case(norm_first, activation, batch_first):
                 dict(n_heads=3, bos_id=2, eos_id=3, norm_first=norm_first or None, activation=activation))
 
 
-def greedy_full(model, src_row, bos, eos, pad, max_new):
-    """The uncached greedy loop of a module with forward(src, tgt) -> logits, as seed_modules'."""
-    src, tgt, logits = torch.tensor([src_row]), [bos], []
-    with torch.no_grad():
-        for _ in range(max_new):
-            out = model(src, torch.tensor([tgt]))[0, -1]
-            logits.append(out)
-            out = out.clone()
-            out[pad] = float("-inf")
-            tgt.append(int(out.argmax()))
-            if tgt[-1] == eos:
-                break
-    return tgt[1:], torch.stack(logits)
-
-
 def make004(bias):
     """Its N(0, 0.02) init leaves the token table drowned by the sinusoids for the first thousand
     steps; a N(0, 1) table learns the task in 250."""
@@ -75,10 +60,10 @@ CASES = {
     "nn-pre-relu-seq-first": nn_case(True, "relu", False),
     # query_size 12 x 3 heads = 36, not d_model 48: the notebook's widths are free
     "seed-003": Case(lambda: sm.Transformer003(SRC_V, TGT_V, 48, 12, 3, 72, 2, 3), lambda m, s, t: m(s, t),
-                     greedy_full, dict(pad=0, bos=1, eos=2), dict(n_heads=3, bos_id=1, eos_id=2)),
+                     sm.tutorial_greedy, dict(pad=0, bos=1, eos=2), dict(n_heads=3, bos_id=1, eos_id=2)),
     "seed-004": Case(lambda: make004(bias=False), lambda m, s, t: m(s, t),
-                     greedy_full, dict(pad=0, bos=1, eos=2), dict(n_heads=3, bos_id=1, eos_id=2), shared_vocab=True),
-    "seed-004-bias": Case(lambda: make004(bias=True), lambda m, s, t: m(s, t), greedy_full, dict(pad=0, bos=1, eos=2),
+                     sm.tutorial_greedy, dict(pad=0, bos=1, eos=2), dict(n_heads=3, bos_id=1, eos_id=2), shared_vocab=True),
+    "seed-004-bias": Case(lambda: make004(bias=True), lambda m, s, t: m(s, t), sm.tutorial_greedy, dict(pad=0, bos=1, eos=2),
                           dict(n_heads=3, bos_id=1, eos_id=2), shared_vocab=True),
 }
 KIND = {name: "torch-nn-transformer" if name.startswith("nn-") else name[:8] for name in CASES}

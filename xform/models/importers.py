@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from xform.errors import CheckpointError
 from xform.models import STATE_DICT_ARCHS as ARCHS
@@ -44,14 +44,13 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("xform.data") / name))
 
 
-def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, Any] | None = None,
-                  report: Callable[[str], None] = lambda msg: None) -> LoadedModel:
-    """`report` receives what a state dict was recognised as."""
+def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, Any] | None = None) -> LoadedModel:
+    """A state dict's source record says whether its layout was recognised (arch "auto")."""
     path = Path(ref)
     if arch == "auto" and not path.is_file():
         arch = None  # a bundled name, a Marian or an xform checkpoint directory: recognised as always
     if arch is not None or (str(ref) not in BUNDLED and path.is_file()):
-        return load_state_dict_file(path, arch or "auto", hparams or {}, report)
+        return load_state_dict_file(path, arch or "auto", hparams or {})
     if hparams:
         raise CheckpointError(f"hyper-parameters {sorted(hparams)} are only for state dict files")
     if str(ref) in BUNDLED:
@@ -89,7 +88,7 @@ def load_xform_dir(path: Path, kind: str) -> LoadedModel:
                                "sha256": sha256_file(path / WEIGHTS_FILE)}, tokenizer)
 
 
-def load_state_dict_file(path: Path, arch: str, hparams: dict[str, Any], report: Callable[[str], None]) -> LoadedModel:
+def load_state_dict_file(path: Path, arch: str, hparams: dict[str, Any]) -> LoadedModel:
     from xform.models import seeds, torch_nn
 
     if arch not in ARCHS:
@@ -101,7 +100,6 @@ def load_state_dict_file(path: Path, arch: str, hparams: dict[str, Any], report:
     recognised = arch == "auto"
     if recognised:
         arch = detect_arch(state, str(path))
-        report(f"recognised {path.name} as a {arch} state dict")
     nn_only = sorted(k for k in torch_nn.OPTIONS if hparams.get(k) is not None)
     if arch == TORCH_NN:
         model, source = torch_nn.load_torch_nn(path, hparams, state)

@@ -153,12 +153,14 @@ class Session:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         if not texts:
             raise InputError("no text to translate (an empty batch)")
-        rows = [self.tokenizer.encode(t) for t in texts]
-        S = max(len(r) for r in rows)
-        src = np.full((len(rows), S), self.pad_id, np.int64)
+        return self.pad([self.tokenizer.encode(t) for t in texts])[0]
+
+    def pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Id rows as a right-padded int64 batch and its lengths."""
+        src = np.full((len(rows), max(len(r) for r in rows)), self.pad_id, np.int64)
         for i, r in enumerate(rows):
             src[i, :len(r)] = r
-        return src
+        return src, np.array([len(r) for r in rows], np.int64)
 
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int = 32
                         ) -> Iterator[tuple[str, list[str] | None, str | None]]:
@@ -201,10 +203,7 @@ class Session:
         todo = [ids for _, ids, _ in batch if ids is not None]
         out = iter([])
         if todo:
-            src = np.full((len(todo), max(map(len, todo))), self.pad_id, np.int64)
-            for i, r in enumerate(todo):
-                src[i, :len(r)] = r
-            rows = self.decode(src, np.array([len(r) for r in todo], np.int64), gen)
+            rows = self.decode(*self.pad(todo), gen)
             out = iter([self.tokenizer.decode(r) for r in rows])
         n = gen.num_return_sequences
         for text, ids, error in batch:

@@ -9,7 +9,7 @@ equals what `Session.generate` / `translate` gives for that request alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,6 @@ class Job:
     rows: list[list[int]]  # source ids, one list per row of the request
     max_new_tokens: int | None
     num_beams: int | None
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def one_value(name: str, value: np.ndarray | None) -> int | None:
@@ -58,7 +57,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
                 rows.append(session.tokenizer.encode(s))
             except InputError as e:
                 raise InputError(f"input 'text': {e}") from None
-        name, src = "text", padded(rows, session.pad_id)
+        name, src = "text", session.pad(rows)[0]
     else:
         src = np.asarray(ids)
         if src.dtype != np.int64:
@@ -71,13 +70,6 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
     rows = [list(map(int, r[:n])) for r, n in zip(src, lengths)]
     return Job(index, rows, one_value("max_new_tokens", inputs.get("max_new_tokens")),
                one_value("num_beams", inputs.get("num_beams")))
-
-
-def padded(rows: list[list[int]], pad: int) -> np.ndarray:
-    src = np.full((len(rows), max(len(r) for r in rows)), pad, np.int64)
-    for i, r in enumerate(rows):
-        src[i, :len(r)] = r
-    return src
 
 
 def trim(out: np.ndarray, pad: int) -> np.ndarray:
@@ -103,8 +95,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[
     for (max_new, beams), jobs in groups.items():
         rows = [r for job in jobs for r in job.rows]
         try:
-            out = session.generate(padded(rows, session.pad_id), np.array([len(r) for r in rows], np.int64),
-                                   max_new_tokens=max_new, num_beams=beams)
+            out = session.generate(*session.pad(rows), max_new_tokens=max_new, num_beams=beams)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 results[job.index] = f"input '{'num_beams' if beams else 'max_new_tokens'}': {e}"
