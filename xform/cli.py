@@ -447,7 +447,9 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
 
         with err.status(f"starting tritonserver for {model.name}"):
             server.start(prepare=lambda msg: err.print(msg))
-        previous = signal.signal(signal.SIGTERM, ask_stop)
+        # SIGINT too: a shell starting `xform serve ... &` leaves SIGINT ignored, and Python then
+        # never raises KeyboardInterrupt for it
+        previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             out.print(f"serving model [bold]{model.name}[/] ({server.install.source} tritonserver, "
                       f"pid {server.process.pid}); Ctrl-C stops it")
@@ -460,9 +462,11 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
             pass
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the server
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             crashed = server.process.poll()
             code = server.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if crashed is not None:
             raise XformError(f"tritonserver exited with code {crashed}; its log ended:\n{server.log_tail()}")
         out.print(f"stopped tritonserver (exit code {code})")

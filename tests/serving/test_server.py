@@ -196,12 +196,16 @@ def test_no_triton_binary_is_an_error_naming_the_install(monkeypatch, demo_bundl
     assert "no Triton Inference Server" in r.output and "pip install --no-deps nvidia-pytriton==0.7.0" in r.output
 
 
-def test_xform_serve_runs_until_ctrl_c(demo_bundle):
+@pytest.mark.parametrize("stop, ignored_at_start", [(signal.SIGINT, False), (signal.SIGINT, True),
+                                                    (signal.SIGTERM, False)], ids=["ctrl-c", "ctrl-c-after-&", "sigterm"])
+def test_xform_serve_runs_until_ctrl_c(demo_bundle, stop, ignored_at_start):
+    """Ctrl-C, SIGTERM, and SIGINT when a shell's `&` left it ignored, all stop the server cleanly."""
     import urllib.request
     http_port, grpc_port, metrics_port = free_ports(3)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored_at_start else None
     proc = subprocess.Popen([str(Path(sys.executable).parent / "xform"), "serve", str(demo_bundle), "--http-port", str(http_port),
                              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
     try:
         lines = []
         for line in proc.stdout:
@@ -212,13 +216,15 @@ def test_xform_serve_runs_until_ctrl_c(demo_bundle):
         body = b'{"inputs":[{"name":"text","shape":[1,1],"datatype":"BYTES","data":["40512"]}]}'
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/demo/infer", body, timeout=30) as r:
             assert b"forty thousand five hundred twelve" in r.read()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         rest = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0 and "stopped tritonserver (exit code 0)" in rest, rest
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}"], capture_output=True).returncode == 1
+        still_running = subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}"], capture_output=True).returncode
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={http_port}"])  # even when the test failed
+    assert still_running == 1, "tritonserver outlived xform serve"
 
 
 def test_the_readme_serving_lines(demo_bundle, tmp_path):
