@@ -92,10 +92,15 @@ def convert_ct2(hf: Path, work: Path) -> Path:
 
 
 def export_xform(hf: Path, work: Path, precision: str) -> Path:
+    from xform.errors import BundleError
+    from xform.exporter.export import export_bundle
+    from xform.runtime.bundle import Bundle
+
     out = work / f"xform-{precision}"
-    if not (out / "manifest.json").exists():
-        from xform.exporter.export import export_bundle
-        export_bundle(hf, out, precision=precision)
+    try:
+        Bundle.open(out)  # reused while this xform reads it; an older bundle format is re-exported
+    except BundleError:
+        export_bundle(hf, out, precision=precision, force=True)
     return out
 
 

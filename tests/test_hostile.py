@@ -87,6 +87,22 @@ def tokenizer(name, edit_fn):
     return edit
 
 
+def shared_weight(name, **entry):
+    def edit(b, out):
+        m = manifest(b)
+        m["shared_weights"] = [{"file": "decoder.onnx.data", "offset": 0, "dtype": "float32", "shape": [4, 4],
+                                "graphs": {"encoder": "w", "decoder": "w"}, **entry}]
+        rehash(b, m)
+    edit.__name__ = f"shared_weight_{name}"
+    return edit
+
+
+def version_1(b, out):
+    m = manifest(b)
+    m["version"] = 1
+    rehash(b, m)
+
+
 def lying_safetensors_header(b, out):
     ref = b / "reference" / "model.safetensors"
     data = ref.read_bytes()
@@ -114,6 +130,11 @@ CASES = [
     (tokenizer("prefix_id_outside", lambda t: t.update(source_prefix=[10 ** 6])), ["--text", "12"], "source_prefix [1000000] must be ids below"),
     (tokenizer("spm_path_escapes", lambda t: t.update(source={"unit": "spm", "model": "../../x.model"})), ["--text", "12"],
      "a sentencepiece side names a file in tokenizer/, found '../../x.model'"),
+    (shared_weight("past_its_file", shape=[10 ** 6, 512]), ["--text", "12"], "lie outside"),
+    (shared_weight("path_escapes", file="../x.data"), ["--text", "12"], "names the path '../x.data', which leads outside"),
+    (shared_weight("unknown_graph", graphs={"planner": "w"}), ["--text", "12"], "must map this bundle's graphs"),
+    (shared_weight("odd_dtype", dtype="object"), ["--text", "12"], "dtype 'object' is not one of"),
+    (version_1, ["--text", "12"], "manifest version 1, exported by an earlier xform"),
     (lying_safetensors_header, ["--check"], "model.safetensors: not a readable safetensors file"),
 ]
 

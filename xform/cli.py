@@ -178,7 +178,7 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
         p = e["profile"]
         out.print(f"built {bundle / e['file']} ({e['flavor']} {e['tensorrt_version']}, {e['precision']}, "
                   f"{e['bytes'] / 2**20:.1f} MiB): batch {p['batch']}, src_len {p['src_len']}, "
-                  f"past_len {p['past_len']} (min/opt/max); tf32 {'on' if e['tf32'] else 'off'}")
+                  f"cache_len {p['cache_len']} (min/opt/max); tf32 {'on' if e['tf32'] else 'off'}")
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:

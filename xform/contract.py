@@ -4,12 +4,19 @@ Written once here as data, derived from a few config numbers; the exporter names
 tensors from it, the manifest records it, the engine builder derives optimization profiles from
 it and the runtime binds by it. Pure Python: no torch, no onnx.
 
-A third, small graph serves beam search: `reorder` gathers every layer's self-attention cache
-along the batch axis with `beam_idx` (row b of the result continues row beam_idx[b]), on the
-device, between two decoder steps. Greedy decoding never runs it, so its decoder graph carries
-no gather (docs/design.md has the measurements behind this choice).
+The decoder's self-attention cache is one buffer per layer, key and value, of a fixed capacity
+(`cache_len`) that the runtime owns and updates in place: a step reads the first `past_len`
+positions of `cache_*` (the rest is masked, whatever it holds), attends over them and its own new
+token, and returns only that token's keys and values (`new_*`, one position), which the runtime
+writes at position `past_len`. No step allocates or copies the cache (docs/design.md, "The K/V
+cache").
 
-Axes: a str is a named dynamic axis (`batch`, `src_len`, `past_len`, `past_len+1`), an int is fixed.
+A third, small graph serves beam search: `reorder` gathers every layer's cache along the batch
+axis with `beam_idx` (row b of the result continues row beam_idx[b]), on the device, between two
+decoder steps. Greedy decoding never runs it, so its decoder graph carries no gather
+(docs/design.md has the measurements behind this choice).
+
+Axes: a str is a named dynamic axis (`batch`, `src_len`, `cache_len`), an int is fixed.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ ENCODER = "encoder"
 DECODER = "decoder"
 REORDER = "reorder"
 GRAPHS = (ENCODER, DECODER, REORDER)
-DYNAMIC_AXES = ("batch", "src_len", "past_len")
+DYNAMIC_AXES = ("batch", "src_len", "cache_len")
 
 
 @dataclass(frozen=True)
@@ -88,17 +95,18 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
     decoder = GraphSpec(
         inputs=(TensorSpec("input_ids", "int64", ("batch", 1)),
                 TensorSpec("min_new_tokens", "int64", (1,)),
-                *(kv(n, "past_len") for n in kv_names("past", n_decoder_layers)),
+                TensorSpec("past_len", "int64", (1,)),
+                *(kv(n, "cache_len") for n in kv_names("cache", n_decoder_layers)),
                 *(kv(n, "src_len") for n in kv_names("cross", n_decoder_layers)),
                 TensorSpec("src_mask", "float32", ("batch", "src_len"))),
         outputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
                  TensorSpec("next_ids", "int64", ("batch",)),
-                 *(kv(n, "past_len+1") for n in kv_names("present", n_decoder_layers))),
+                 *(kv(n, 1) for n in kv_names("new", n_decoder_layers))),
     )
     reorder = GraphSpec(
         inputs=(TensorSpec("beam_idx", "int64", ("batch",)),
-                *(kv(n, "past_len") for n in kv_names("past", n_decoder_layers))),
-        outputs=tuple(kv(n, "past_len") for n in kv_names("reordered", n_decoder_layers)),
+                *(kv(n, "cache_len") for n in kv_names("cache", n_decoder_layers))),
+        outputs=tuple(kv(n, "cache_len") for n in kv_names("reordered", n_decoder_layers)),
     )
     return {ENCODER: encoder, DECODER: decoder, REORDER: reorder}
 

@@ -70,15 +70,15 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
         for t in (*spec[graph].inputs, *spec[graph].outputs):
             assert io[t.name]["dtype"] == t.dtype, t.name
             assert io[t.name]["shape"] == [-1 if isinstance(a, str) else a for a in t.shape]
-        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]], "past_len": [0, 9, 19]}
+        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]], "cache_len": [1, 10, 20]}
     dec = bundle.manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
     H, D = cfg["n_heads"], cfg.get("attention_head_dim") or cfg["d_model"] // cfg["n_heads"]
-    assert dec["past_key_0"] == [[1, H, 0, D], [2, H, 9, D], [6, H, 19, D]]  # a zero-length first step
+    assert dec["cache_key_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, 20, D]]  # capacity, not the valid length
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
-    assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec
-    assert sum(1 for k in dec if k.startswith("past_")) == 2 * cfg["n_decoder_layers"]
+    assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec and "past_len" not in dec
+    assert sum(1 for k in dec if k.startswith("cache_")) == 2 * cfg["n_decoder_layers"]
     reorder = bundle.manifest["engines"]["reorder.tensorrt_rtx"]["tensor_profiles"]
-    assert reorder["beam_idx"] == [[1], [2], [6]] and reorder["past_value_0"] == dec["past_value_0"]
+    assert reorder["beam_idx"] == [[1], [2], [6]] and reorder["cache_value_0"] == dec["cache_value_0"]
     assert events and all(len(e) == 4 for e in events)  # progress was reported
 
 
@@ -95,7 +95,7 @@ def test_tf32_and_options_are_applied(bundles, tmp_path):
                             max_batch=2, max_new_tokens=4)
     e = engines["decoder.tensorrt_rtx"]
     assert e["tf32"] is True and e["workspace_mib"] == 64 and e["builder_optimization_level"] == 1
-    assert e["profile"]["past_len"] == [0, 1, 3]
+    assert e["profile"]["cache_len"] == [1, 2, 4]
 
 
 def test_existing_engines_need_force(built):
@@ -173,7 +173,7 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx", "--max-batch", "3",
                                   "--max-new-tokens", "10", "--builder-opt-level", "0"])
     assert r.exit_code == 0, r.output
-    assert re.search(r"encoder\.tensorrt_rtx\.[0-9a-f]{12}\.engine", r.output) and "past_len [0, 4, 9]" in r.output
+    assert re.search(r"encoder\.tensorrt_rtx\.[0-9a-f]{12}\.engine", r.output) and "cache_len [1, 5, 10]" in r.output
     first = sorted(p.name for p in (path / "engines").iterdir())
     r = CliRunner().invoke(main, ["build-engine", str(path), "--flavor", "tensorrt_rtx"])
     assert r.exit_code == 1 and "already built" in r.output

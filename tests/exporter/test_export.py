@@ -44,7 +44,7 @@ def test_every_variant_exports_and_decodes_with_parity(variant_bundles, variant)
 
 def test_manifest_records_the_contract(tiny_bundle):
     manifest = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert manifest["version"] == 1 and manifest["precision"] == "fp32" and manifest["opset"] == 17
+    assert manifest["version"] == 2 and manifest["precision"] == "fp32" and manifest["opset"] == 17
     assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "encoder.onnx.data", "decoder.onnx.data", "reorder.onnx",
                                       "reference/config.json", "reference/model.safetensors"}
     assert manifest["model"]["source"]["kind"] == "xform-checkpoint"

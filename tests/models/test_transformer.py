@@ -35,6 +35,32 @@ def test_cached_step_logits_equal_full_decode(variant):
     assert past[0][0].shape == (3, model.cfg.n_heads, 6, model.cfg.head_dim)
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_decode_step_over_a_noisy_cache_equals_decode(variant):
+    """The decoder graph's form: a fixed-capacity cache whose positions past past_len hold noise
+    (large values, so an unmasked position would show) gives decode's logits and new K/V."""
+    model = make_model(variant)
+    cfg = model.cfg
+    src, lengths = map(torch.from_numpy, padded_batch(cfg, [8, 5, 3]))
+    enc = model.encode(src, lengths)
+    g = torch.Generator().manual_seed(1)
+    tgt = torch.randint(4, cfg.tgt_vocab_size, (3, 7), generator=g)
+    capacity = 9
+    cache = [tuple(100 * torch.randn(3, cfg.n_heads, capacity, cfg.head_dim, generator=g) for _ in range(2))
+             for _ in range(cfg.n_decoder_layers)]
+    past = None
+    with torch.no_grad():
+        for t in range(7):
+            ref, past = model.decode(tgt[:, t:t + 1], enc, past)
+            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.tensor([t]))
+            torch.testing.assert_close(got, ref[:, -1], atol=2e-5, rtol=0)
+            for (k, v), (pk, pv), layer in zip(new, past, cache):
+                torch.testing.assert_close(k, pk[:, :, -1:], atol=1e-5, rtol=0)
+                torch.testing.assert_close(v, pv[:, :, -1:], atol=1e-5, rtol=0)
+                layer[0][:, :, t] = k[:, :, 0]  # what the runtime does with them
+                layer[1][:, :, t] = v[:, :, 0]
+
+
 def test_padding_does_not_change_a_row():
     model = make_model("seed-000")
     src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [9, 4, 6]))

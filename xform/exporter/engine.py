@@ -1,7 +1,7 @@
 """`xform build-engine`: TensorRT engines from a bundle's ONNX graphs (DESIGN section 5).
 
 Strongly typed networks (precision comes from the graph), one optimization profile over batch,
-source length and past length derived from the graph contract and the flags, TF32 cleared unless
+source length and cache capacity derived from the graph contract and the flags, TF32 cleared unless
 asked, a workspace limit, the builder optimization level, a timing cache where the flavour has
 one, every status checked. Works with `tensorrt` (10.12+ / 11; needs a GPU to build) and
 `tensorrt_rtx` (builds ahead of time without a GPU) through the same calls.
@@ -49,11 +49,11 @@ class ProfileRanges:
     """min / opt / max of every dynamic axis of the contract."""
     batch: tuple[int, int, int]
     src_len: tuple[int, int, int]
-    past_len: tuple[int, int, int]
+    cache_len: tuple[int, int, int]
 
     def shapes(self, spec: TensorSpec) -> tuple[tuple[int, ...], ...]:
         """(min, opt, max) shapes of one input: named axes from the ranges, fixed ones as they are."""
-        axes = {"batch": self.batch, "src_len": self.src_len, "past_len": self.past_len}
+        axes = {"batch": self.batch, "src_len": self.src_len, "cache_len": self.cache_len}
         return tuple(tuple(axes[a][k] if isinstance(a, str) else a for a in spec.shape) for k in range(3))
 
     def to_dict(self) -> dict[str, list[int]]:
@@ -67,7 +67,8 @@ def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = 
 
     The batch axis holds sources x beams: its maximum is max_batch x max_beams (beam search and
     sampling decode that many rows; the encoder runs on the expanded sources once).
-    Past length runs from 0 (the first step) to max_new_tokens - 1 (the last step's past).
+    The cache capacity runs from 1 to max_new_tokens (the runtime grows it by doubling, so a short
+    decode attends over a short cache).
     """
     max_len = config["max_len"]
     max_src_len = max_len if max_src_len is None else max_src_len
@@ -90,9 +91,8 @@ def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = 
         problems.append(f"--max-new-tokens {max_new_tokens} exceeds the model's max_len {max_len}")
     if problems:
         raise XformError("inconsistent engine profile:\n  - " + "\n  - ".join(problems))
-    past_max = max_new_tokens - 1
     return ProfileRanges((1, opt_batch, max_batch * max_beams), (1, opt_src_len, max_src_len),
-                         (0, min(past_max, max(1, past_max // 2)), past_max))
+                         (1, max(1, max_new_tokens // 2), max_new_tokens))
 
 
 @dataclass

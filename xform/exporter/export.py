@@ -105,6 +105,44 @@ def unshare_quantized_weights(path: Path) -> None:
         save_with_external_data(model, path)
 
 
+def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
+    """Initializers the encoder and decoder both hold with identical bytes (a shared embedding
+    table): where the decoder's copy lies, for the runtime to map once and give both sessions
+    (manifest `shared_weights`; ort_backend.py). Only tensors of at least `min_bytes`."""
+    import hashlib
+
+    import numpy as np
+
+    def external(graph: str) -> dict[str, tuple]:
+        proto = onnx.load(str(directory / f"{graph}.onnx"), load_external_data=False)
+        found = {}
+        for t in proto.graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            if t.data_location == onnx.TensorProto.EXTERNAL and int(info.get("length", 0)) >= min_bytes:
+                dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).name
+                found[t.name] = (info["location"], int(info.get("offset", 0)), int(info["length"]), dtype, list(t.dims))
+        return found
+
+    digests: dict[tuple, str] = {}
+
+    def digest(location: str, offset: int, length: int) -> str:
+        if (location, offset) not in digests:
+            with open(directory / location, "rb") as f:
+                f.seek(offset)
+                digests[location, offset] = hashlib.sha256(f.read(length)).hexdigest()
+        return digests[location, offset]
+
+    enc, out = external(ENCODER), []
+    for name, (location, offset, length, dtype, dims) in external(DECODER).items():
+        for enc_name, (e_loc, e_off, e_len, e_dtype, e_dims) in enc.items():
+            if (e_len, e_dtype, e_dims) == (length, dtype, dims) and \
+                    digest(e_loc, e_off, e_len) == digest(location, offset, length):
+                out.append({"file": location, "offset": offset, "dtype": dtype, "shape": dims,
+                            "graphs": {ENCODER: enc_name, DECODER: name}})
+                break
+    return out
+
+
 def check_graph(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -154,6 +192,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             "precision_plan": PRECISION_PLANS[precision],
             "model": {"config": cfg.to_dict(), "source": loaded.source},
             "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in GRAPHS},
+            "shared_weights": shared_weights(tmp),
             "reference": {"dir": REFERENCE_DIR},
             # decoding defaults of run / translate / generate; greedy unless the model ships others
             "generation": loaded.generation or {"num_beams": 1, "source": "xform default (greedy)"},

@@ -38,36 +38,34 @@ class DecoderGraph(nn.Module):
         self.model = model
         self.n = model.cfg.n_decoder_layers
 
-    def forward(self, input_ids: Tensor, min_new_tokens: Tensor, *flat: Tensor):
+    def forward(self, input_ids: Tensor, min_new_tokens: Tensor, past_len: Tensor, *flat: Tensor):
         n = self.n
-        past = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
+        cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
         cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask = flat[4 * n]
-        logits, present = self.model.decode(input_ids, EncoderOutput(cross, src_mask), past)
-        logits = logits[:, -1]  # (B, V)
-        past_len = past[0][0].shape[2]  # tokens generated so far
-        next_ids = self.model.suppress(logits, past_len, min_new_tokens[0]).argmax(-1)  # (B,)
-        return (logits, next_ids, *[t for kv in present for t in kv])
+        logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, past_len)
+        next_ids = self.model.suppress(logits, past_len[0], min_new_tokens[0]).argmax(-1)  # (B,)
+        return (logits, next_ids, *[t for kv in new for t in kv])
 
 
 class ReorderGraph(nn.Module):
-    """Beam search's cache reorder: every layer's past keys and values gathered by beam_idx."""
+    """Beam search's cache reorder: every layer's cache keys and values gathered by beam_idx."""
 
     def __init__(self, model: Seq2SeqTransformer):
         super().__init__()
         self.n = model.cfg.n_decoder_layers
 
     def forward(self, beam_idx: Tensor, *flat: Tensor):
-        past = [(flat[2 * i], flat[2 * i + 1]) for i in range(self.n)]
-        return tuple(t for kv in reorder_cache(past, beam_idx) for t in kv)
+        cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(self.n)]
+        return tuple(t for kv in reorder_cache(cache, beam_idx) for t in kv)
 
 
 MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph}
 
 
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
-                   past_len: int = 3) -> tuple[Tensor, ...]:
-    """Trace-time inputs; verification uses other shapes."""
+                   past_len: int = 3, cache_len: int = 6) -> tuple[Tensor, ...]:
+    """Trace-time inputs (a cache longer than its valid part); verification uses other shapes."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     src = torch.randint(0, cfg.src_vocab_size, (batch, src_len), generator=g)
@@ -76,13 +74,14 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
         return src, lengths
     with torch.no_grad():
         enc = model.encode(src, lengths)
-        tok = torch.full((batch, past_len), cfg.start_id, dtype=torch.long)
-        _, past = model.decode(tok, enc)
+    dtype = model.compute_dtype
+    cache = [torch.randn(batch, cfg.n_heads, cache_len, cfg.head_dim, generator=g).to(dtype)
+             for _ in range(2 * cfg.n_decoder_layers)]
     if graph == REORDER:
         beam_idx = torch.arange(batch - 1, -1, -1)  # a real permutation
-        return (beam_idx, *[t for kv in past for t in kv])
+        return (beam_idx, *cache)
     ids = torch.full((batch, 1), cfg.start_id, dtype=torch.long)
-    return (ids, torch.zeros(1, dtype=torch.long), *[t for kv in past for t in kv],
+    return (ids, torch.zeros(1, dtype=torch.long), torch.tensor([past_len]), *cache,
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
 
 

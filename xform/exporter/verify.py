@@ -1,7 +1,8 @@
 """Verify exported graphs against eager PyTorch with ONNX Runtime, at shapes other than the trace's.
 
 Encoder: batch 3, a source length unlike the trace's, padded rows. Decoder: past length 0 (the
-first step) and past length > 0, same batch, checked output by output. Then whole greedy decoding
+first step) and past length > 0, in a cache with spare positions full of noise, same batch,
+checked output by output against the general `decode` (the past as a list). Then whole greedy decoding
 through the runtime against the uncached oracle, tokens exactly. Any excess raises ToleranceError.
 """
 from __future__ import annotations
@@ -11,13 +12,14 @@ import torch
 
 from xform.contract import REORDER, DECODER, ENCODER, GraphSpec
 from xform.errors import ToleranceError
-from xform.exporter.graphs import DecoderGraph, EncoderGraph
+from xform.exporter.graphs import EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode
 from xform.runtime.compare import Tolerance, excess
 
 VERIFY_BATCH = 3
 VERIFY_SRC_LEN = 7
 VERIFY_PAST_LENS = (0, 4)
+VERIFY_SPARE = 3  # cache positions past the valid ones, filled with noise the decoder must mask
 
 
 def sample_sources(cfg, batch: int, src_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -68,25 +70,33 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
     figures = {"encoder_max_abs_err": compare_outputs(
         ENCODER, specs[ENCODER].output_names, enc_out, list(enc_ref), tol,
         f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, padded")}
-    dec = DecoderGraph(model)
     cross = list(enc_ref[:-1])
     for past_len in VERIFY_PAST_LENS:
         with torch.no_grad():
             enc = model.encode(*enc_in)
-            prefix = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, past_len), generator=torch.Generator().manual_seed(past_len))
+            g = torch.Generator().manual_seed(past_len)
+            prefix = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, past_len), generator=g)
             past = model.decode(prefix, enc)[1] if past_len else [
                 (torch.zeros(VERIFY_BATCH, cfg.n_heads, 0, cfg.head_dim),) * 2 for _ in range(cfg.n_decoder_layers)]
-            flat_past = [t for kv in past for t in kv]
-            ids = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, 1), generator=torch.Generator().manual_seed(9))
+            ids = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, 1), generator=g)
             min_new = torch.tensor([past_len + 1])  # exercises the end-of-sentence suppression
-            ref = dec(ids, min_new, *flat_past, *cross, enc_ref[-1])
+            # the reference is the general decode (past as a list, joined with the new token)
+            logits, present = model.decode(ids, enc, past if past_len else None)
+            logits = logits[:, -1]
+            ref = [logits, model.suppress(logits, past_len, min_new[0]).argmax(-1),
+                   *[t[:, :, -1:] for kv in present for t in kv]]
+        # the graph's cache: the past, then VERIFY_SPARE positions of noise it must ignore
+        cache = [torch.cat([t, 3 * torch.randn(*t.shape[:2], VERIFY_SPARE, t.shape[3], generator=g).to(t.dtype)], 2)
+                 for kv in past for t in kv]
         # the eager reference is fp32: cast to the dtypes the contract records (fp16 K/V for fp16)
         feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
-                 zip(specs[DECODER].inputs, (ids, min_new, *flat_past, *cross, enc_ref[-1]))}
+                 zip(specs[DECODER].inputs, (ids, min_new, torch.tensor([past_len]), *cache, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
         figures[f"decoder_past{past_len}_max_abs_err"] = compare_outputs(
-            DECODER, specs[DECODER].output_names, got, list(ref), tol,
-            f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, past_len {past_len}")
+            DECODER, specs[DECODER].output_names, got, ref, tol,
+            f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
+            f"cache_len {past_len + VERIFY_SPARE}")
+        flat_past = cache
     if REORDER in sessions:  # beam search's cache reorder: rows permuted, one row continued twice
         beam_idx = np.array([(2 * i + 1) % VERIFY_BATCH for i in range(VERIFY_BATCH)], np.int64)
         beam_idx[-1] = beam_idx[0]

@@ -92,8 +92,26 @@ class Attention(nn.Module):
         if self.training and self.dropout:
             probs = F.dropout(probs, self.dropout)
         out = probs.to(v.dtype) @ v  # (B, H, T, Dh)
+        return self.merge(out)
+
+    def merge(self, out: Tensor) -> Tensor:
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def attend_cache(self, x: Tensor, cache: LayerKV, new: LayerKV, cache_mask: Tensor) -> Tensor:
+        """One new position attending over a fixed-capacity cache and itself, without joining them:
+        x (B, 1, D); cache keys / values (B, H, C, Dh), of which cache_mask (1, 1, 1, C) (additive,
+        fp32) leaves the valid positions; new keys / values (B, H, 1, Dh). The same softmax as
+        `attend` over cat(valid cache, new), computed as two score blocks so no step copies the
+        cache. Masked positions get probability exactly 0, and 0 x any finite value is 0."""
+        q = self.split_heads(self.q_proj(x)) * self.scale  # (B, H, 1, Dh)
+        s_cache = (q @ cache[0].transpose(-2, -1)).float() + cache_mask  # (B, H, 1, C)
+        s_new = (q @ new[0].transpose(-2, -1)).float()  # (B, H, 1, 1)
+        probs = torch.cat([s_cache, s_new], dim=-1).softmax(dim=-1)
+        C = cache[0].shape[2]
+        p_cache, p_new = probs[..., :C], probs[..., C:]
+        out = p_cache.to(cache[1].dtype) @ cache[1] + p_new.to(new[1].dtype) * new[1]  # (B, H, 1, Dh)
+        return self.merge(out)
 
 
 class FeedForward(nn.Module):
@@ -185,3 +203,18 @@ class DecoderLayer(nn.Module):
         x = self.self_block(x, self_attn)
         x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
         return self.ffn_block(x, self.ffn), present[0]
+
+    def step(self, x: Tensor, cache: LayerKV, cache_mask: Tensor, cross: LayerKV,
+             cross_mask: Tensor) -> tuple[Tensor, LayerKV]:
+        """One new token (B, 1, D) against a fixed-capacity cache (Attention.attend_cache); returns
+        the layer's output and the token's own keys and values (B, H, 1, Dh), for the caller to
+        store at its position."""
+        new: list[LayerKV] = []
+
+        def self_attn(h):
+            new.append(self.self_attn.project_kv(h))
+            return self.self_attn.attend_cache(h, cache, new[0], cache_mask)
+
+        x = self.self_block(x, self_attn)
+        x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
+        return self.ffn_block(x, self.ffn), new[0]

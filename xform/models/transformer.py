@@ -1,8 +1,10 @@
 """Seq2SeqTransformer: the model, its two export seams (`encode`, `decode`) and the greedy oracle.
 
 `encode` is exactly the encoder graph: source ids and lengths in, the cross-attention K/V of every
-decoder layer and the additive source mask out. `decode` is exactly the decoder graph: new tokens,
-the self-attention past, the cross K/V and the mask in; logits and the present K/V out.
+decoder layer and the additive source mask out. `decode_step` is exactly the decoder graph: one
+token a row, a fixed-capacity self-attention cache and its valid length, the cross K/V and the
+mask in; logits and the token's own K/V out. `decode` is the general form (any number of new
+tokens, the past as a growing list): training, the eager backend and the reference for the step.
 `greedy_decode` re-runs the decoder over the whole prefix every step, without a cache; it is the
 oracle everything else is compared with.
 """
@@ -100,15 +102,42 @@ class Seq2SeqTransformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x, kv = layer(x, None if past is None else past[i], enc.cross_kv[i], self_mask, cross_mask)
             present.append(kv)
+        return self.project(x), present
+
+    def decode_step(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor
+                    ) -> tuple[Tensor, list[LayerKV]]:
+        """One token a row against a fixed-capacity cache: the decoder graph.
+
+        tokens (B, 1) at position past_len; cache per layer: keys and values (B, H, C, Dh) whose
+        first past_len positions hold the past (the rest is masked, whatever it holds); past_len
+        (1,) int64. Returns logits (B, V) in fp32 and per layer the new token's keys and values
+        (B, H, 1, Dh), which the caller stores at position past_len. The same numbers as `decode`
+        with the past as a list (tests/models/test_transformer.py).
+        """
+        dt = self.compute_dtype
+        pos = self.tgt_pos.weight.index_select(0, past_len.reshape(1))  # (1, D): a Gather, not a Slice
+        x = self.tgt_embed(tokens).to(dt) * self.embed_scale + pos.to(dt)
+        C = cache[0][0].shape[2]
+        valid = torch.arange(C, device=tokens.device) < past_len.reshape(1)
+        cache_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32).view(1, 1, 1, C)
+        cross_mask = enc.src_mask[:, None, None, :]
+        new: list[LayerKV] = []
+        for i, layer in enumerate(self.decoder_layers):
+            x, kv = layer.step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask)
+            new.append(kv)
+        return self.project(x)[:, 0], new
+
+    def project(self, x: Tensor) -> Tensor:
+        """The final decoder norm and the output projection: (B, T, D) -> logits (B, T, V) in fp32."""
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         # 2-D so the export is Gemm(transB=1) reading the embedding table itself: a tied table is
         # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy).
         # The output projection is in fp32 at every precision: logits accumulate in fp32.
-        B, _, D = x.shape
+        B, T, D = x.shape
         w = self.lm_head.weight
         logits = nn.functional.linear(x.reshape(B * T, D).to(w.dtype), w, self.output_bias)
-        return logits.view(B, T, -1).float(), present
+        return logits.view(B, T, -1).float()
 
     def forward(self, src_ids: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
         """Training forward, teacher-forced: logits (B, T, V) for every target position."""

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
+import numpy as np
+
 from xform.contract import GraphSpec, signature_for
 from xform.errors import BundleError
 
 MANIFEST = "manifest.json"
 FORMAT = "xform-bundle"
-VERSION = 1
-KNOWN_VERSIONS = (1,)
+VERSION = 2  # 2: the decoder's K/V cache is a fixed-capacity buffer updated in place (contract.py)
+KNOWN_VERSIONS = (2,)
+SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
 
 
 def sha256_file(path: Path) -> str:
@@ -54,6 +57,10 @@ class Bundle:
             raise BundleError(f"{mpath}: corrupt manifest, not valid JSON ({e})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise BundleError(f"{mpath}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
+        if manifest.get("version") == 1:
+            raise BundleError(f"{mpath}: manifest version 1, exported by an earlier xform whose decoder graph "
+                              "returned a whole new K/V cache every step; this xform updates the cache in place "
+                              f"and needs version {VERSION}: re-export it (xform export ... --force)")
         if manifest.get("version") not in KNOWN_VERSIONS:
             raise BundleError(f"{mpath}: manifest version {manifest.get('version')!r} is not one this xform "
                               f"knows {list(KNOWN_VERSIONS)}; re-export the bundle or upgrade xform")
@@ -82,12 +89,49 @@ class Bundle:
         if problems:
             raise BundleError(f"{mpath}: implausible model config: " + "; ".join(problems))
         decoder_inputs = m["graphs"].get("decoder", {}).get("signature", {}).get("inputs", [])
-        kv_dtype = next((t.get("dtype") for t in decoder_inputs if isinstance(t, dict) and t.get("name") == "past_key_0"),
+        kv_dtype = next((t.get("dtype") for t in decoder_inputs if isinstance(t, dict) and t.get("name") == "cache_key_0"),
                         "float32")
         expected = signature_for(self.config, kv_dtype)
+        missing = [g for g in expected if g not in m["graphs"]]
+        if missing:
+            raise BundleError(f"{mpath}: no {', '.join(missing)} graph; re-export the bundle")
+        self.shared_weights()
         for graph, entry in m["graphs"].items():
             if graph in expected and entry.get("signature") != expected[graph].to_dict():
                 raise BundleError(f"{mpath}: the {graph} graph's signature is not the one its config implies")
+
+    def shared_weights(self) -> list[dict[str, Any]]:
+        """The manifest's `shared_weights`: initializers several graphs hold with the same bytes, as
+        a region of one bundle file that the runtime maps once ({file, offset, dtype, shape, graphs:
+        {graph: initializer name}}). Each is checked to lie inside its file."""
+        mpath = self.path / MANIFEST
+        entries = self.manifest.get("shared_weights", [])
+        if not isinstance(entries, list):
+            raise BundleError(f"{mpath}: shared_weights must be a list, got {type(entries).__name__}")
+        out = []
+        for i, w in enumerate(entries):
+            where = f"{mpath}: shared_weights[{i}]"
+            try:
+                path = self.inside(w["file"])
+                dtype = np.dtype(w["dtype"]) if w["dtype"] in SHARED_DTYPES else None
+                shape = [int(d) for d in w["shape"]]
+                offset = int(w["offset"])
+                graphs = dict(w["graphs"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise BundleError(f"{where}: malformed ({type(e).__name__}: {e})") from None
+            if dtype is None:
+                raise BundleError(f"{where}: dtype {w['dtype']!r} is not one of {list(SHARED_DTYPES)}")
+            if not shape or any(d < 1 or d > 2**31 for d in shape) or offset < 0:
+                raise BundleError(f"{where}: implausible shape {shape} or offset {offset}")
+            end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            size = path.stat().st_size if path.is_file() else None
+            if size is None or end > size:
+                raise BundleError(f"{where}: bytes {offset}..{end} lie outside {path} "
+                                  f"({'missing' if size is None else f'{size} bytes'})")
+            if not graphs or any(g not in self.manifest["graphs"] or not isinstance(n, str) for g, n in graphs.items()):
+                raise BundleError(f"{where}: graphs {graphs!r} must map this bundle's graphs to initializer names")
+            out.append({"file": w["file"], "offset": offset, "dtype": dtype.name, "shape": shape, "graphs": graphs})
+        return out
 
     def inside(self, name: Any) -> Path:
         """`name` as a path inside the bundle; refused when it could lead outside it."""
@@ -106,6 +150,10 @@ class Bundle:
         return p
 
     def verify_files(self, names: list[str] | None = None) -> None:
+        """Every file against its sha256. Hashing reads the shared weights too: their bytes are
+        dropped from the page cache afterwards, so that this process (or another xform on the same
+        bundle) does not leave them cached for a running session's lookups to map wholesale
+        (ort_backend.SharedWeight.page_out)."""
         files: dict[str, str] = self.manifest.get("files", {})
         for name in names if names is not None else list(files):
             if name not in files:
@@ -117,6 +165,10 @@ class Bundle:
             if got != files[name]:
                 raise BundleError(f"{p}: sha256 {got[:16]}... does not match the manifest's {files[name][:16]}...; "
                                   "the file was changed or corrupted after export; re-export the bundle")
+        for w in self.shared_weights():
+            if names is None or w["file"] in names:
+                nbytes = int(np.prod(w["shape"], dtype=np.int64)) * np.dtype(w["dtype"]).itemsize
+                drop_cached(self.path / w["file"], w["offset"], nbytes)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -144,6 +196,18 @@ class Bundle:
 # Upper bounds no real model reaches: a manifest beyond them is refused before anything is allocated.
 LIMITS = {"src_vocab_size": 1 << 22, "tgt_vocab_size": 1 << 22, "d_model": 1 << 16, "n_heads": 1 << 10,
           "d_ff": 1 << 18, "n_encoder_layers": 1 << 10, "n_decoder_layers": 1 << 10, "max_len": 1 << 20}
+
+
+def drop_cached(path: Path, offset: int, nbytes: int) -> None:
+    """Evict a file range from the page cache (clean pages nobody maps); where the OS has no
+    posix_fadvise, nothing."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def config_problems(config: Any) -> list[str]:

@@ -1,11 +1,14 @@
 """The TensorRT backend: the bundle's engines on an NVIDIA GPU, through cuda-bindings.
 
 Device buffers are allocated once, at the engines' profile maximum. The encoder writes the cross
-K/V and the source mask straight into the buffers the decoder reads; the self-attention cache
-lives on the device in two buffer sets per layer that swap roles every step (the present of one
-step is the past of the next, already in the layout TensorRT wrote it in). Each step copies the
-input ids in (8 bytes a row) and only the next ids out, plus the logits when asked (--check).
-Every CUDA and TensorRT status is checked. Works with `tensorrt` and `tensorrt_rtx` alike.
+K/V and the source mask straight into the buffers the decoder reads. The self-attention cache is
+one (B, H, C, Dh) buffer per layer, key and value (contract.py): the decoder reads it in place and
+writes only the new token's keys and values, which one strided device copy puts at the step's
+position. Its capacity C starts at INITIAL_CAPACITY and doubles when full (a copy into the second
+buffer set, which also receives beam search's reorder), so a short decode attends over a short
+cache. Each step copies the input ids in (8 bytes a row) and only the next ids out, plus the
+logits when asked (--check). Every CUDA and TensorRT status is checked. Works with `tensorrt`
+and `tensorrt_rtx` alike.
 """
 from __future__ import annotations
 
@@ -16,32 +19,17 @@ import numpy as np
 
 from xform.contract import DECODER, ENCODER, REORDER, GraphSpec, TensorSpec, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
+from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
+from xform.runtime.cuda import copy_rows, cuda_check, import_cudart, zero
 from xform.runtime.gpu import gpu_info
 
 log = logging.getLogger(__name__)
 FLAVORS = ("tensorrt", "tensorrt_rtx")
 
 
-def import_cudart():
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError as e:
-        raise BackendUnavailableError(f"the trt backend needs cuda-bindings: pip install cuda-bindings ({e})") from None
-    return cudart
-
-
-def cuda_check(cudart, result, what: str):
-    """cuda-bindings calls return (error, *values): raise on error, return the values."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cudart.cudaError_t.cudaSuccess:
-        _, name = cudart.cudaGetErrorName(err)
-        raise XformError(f"CUDA error in {what}: {name.decode() if isinstance(name, bytes) else name}")
-    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
-
-
-def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
-    """The (flavor, encoder entry, decoder entry) to run; the engines must come from this ONNX."""
+def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict, dict]:
+    """The (flavor, encoder, decoder, reorder entries) to run; the engines must come from this ONNX."""
     engines = bundle.manifest.get("engines", {})
     flavors = [f for f in FLAVORS if f"{ENCODER}.{f}" in engines and f"{DECODER}.{f}" in engines]
     if flavor != "auto":
@@ -52,8 +40,10 @@ def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
     chosen = flavors[0]
     enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
     files = bundle.manifest["files"]
-    reorder = engines.get(f"{REORDER}.{chosen}")
-    for entry in (enc, dec) + ((reorder,) if reorder else ()):
+    if f"{REORDER}.{chosen}" not in engines:
+        raise BundleError(f"{bundle.path}: no {chosen} engine for the reorder graph; rebuild with: "
+                          f"xform build-engine {bundle.path} --force")
+    for entry in (enc, dec, engines[f"{REORDER}.{chosen}"]):
         for name, recorded in ((entry["onnx"], entry["onnx_sha256"]),
                                (f"{entry['onnx']}.data", entry.get("onnx_data_sha256"))):
             if recorded != files.get(name):
@@ -61,7 +51,7 @@ def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict]:
                 raise BundleError(f"{bundle.path / entry['file']}: built from another {name} "
                                   f"(sha256 {(recorded or 'none')[:16]}..., the bundle's is {have}...); "
                                   f"rebuild with: xform build-engine {bundle.path} --force")
-    return chosen, enc, dec
+    return chosen, enc, dec, engines[f"{REORDER}.{chosen}"]
 
 
 @dataclass
@@ -76,7 +66,7 @@ class TrtBackend:
     def __init__(self, bundle: Bundle, device: str = "cuda", flavor: str = "auto"):
         if device != "cuda":
             raise XformError(f"the trt backend runs on an NVIDIA GPU: use --device cuda, not {device!r}")
-        self.flavor, enc_entry, dec_entry = pick_engines(bundle, flavor)
+        self.flavor, enc_entry, dec_entry, reorder_entry = pick_engines(bundle, flavor)
         if gpu_info() is None:
             raise BackendUnavailableError("the trt backend needs an NVIDIA GPU with a CUDA driver; none was found "
                                           "(use --backend ort on this machine)")
@@ -91,20 +81,16 @@ class TrtBackend:
         self.decoder = self.deserialize(bundle, dec_entry, self.dec_spec)
         self.enc_ctx = self.encoder.create_execution_context()
         self.dec_ctx = self.decoder.create_execution_context()
-        # beam search's cache reorder: an engine of its own, absent from bundles made before it
-        reorder_entry = bundle.manifest.get("engines", {}).get(f"{REORDER}.{self.flavor}")
-        self.reorder = self.reorder_ctx = None
-        if reorder_entry is not None:
-            self.reorder_spec = bundle.graph_spec(REORDER)
-            self.reorder = self.deserialize(bundle, reorder_entry, self.reorder_spec)
-            self.reorder_ctx = self.reorder.create_execution_context()
-        if self.enc_ctx is None or self.dec_ctx is None or (self.reorder is not None and self.reorder_ctx is None):
+        self.reorder_spec = bundle.graph_spec(REORDER)
+        self.reorder = self.deserialize(bundle, reorder_entry, self.reorder_spec)  # beam search's cache gather
+        self.reorder_ctx = self.reorder.create_execution_context()
+        if self.enc_ctx is None or self.dec_ctx is None or self.reorder_ctx is None:
             raise XformError("TensorRT could not create an execution context (out of GPU memory?)")
         self.stream = cuda_check(cudart, cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags")
         prof = dec_entry["profile"]
         self.max_batch, self.max_src = prof["batch"][2], prof["src_len"][2]
-        self.max_steps = prof["past_len"][2] + 1
+        self.max_steps = prof["cache_len"][2]
         cfg = bundle.config
         self.n_layers, self.vocab = cfg["n_decoder_layers"], cfg["tgt_vocab_size"]
         self.allocate()
@@ -139,17 +125,18 @@ class TrtBackend:
         B, S, P = self.max_batch, self.max_src, self.max_steps
         self.enc_bufs = {t.name: self.alloc(t, batch=B, src_len=S) for t in (*self.enc_spec.inputs, *self.enc_spec.outputs)}
         dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
-        self.dec_bufs = {n: self.alloc(dec[n], batch=B) for n in ("input_ids", "min_new_tokens", "logits", "next_ids")}
-        past, present = kv_names("past", self.n_layers), kv_names("present", self.n_layers)
-        # two cache sets that swap roles: a step reads one as past and writes the other as present;
-        # beam search's reorder reads the past set and writes the other, which becomes the past
-        self.cache = [[self.alloc(dec[n], batch=B, past_len=P) for n in past] for _ in range(2)]
-        self.current = 0  # the set holding the past
-        if self.reorder is not None:
-            self.beam_buf = self.alloc(self.reorder_spec.input("beam_idx"), batch=B)
-        self.past_names, self.present_names = past, present
+        self.dec_bufs = {n: self.alloc(dec[n], batch=B) for n in ("input_ids", "min_new_tokens", "past_len", "logits",
+                                                                  "next_ids")}
+        self.cache_names, self.new_names = kv_names("cache", self.n_layers), kv_names("new", self.n_layers)
+        # two cache sets: a step reads and updates the current one in place; growing the capacity
+        # and beam search's reorder copy the current set into the other, which becomes current
+        self.cache = [[self.alloc(dec[n], batch=B, cache_len=P) for n in self.cache_names] for _ in range(2)]
+        self.new = [self.alloc(dec[n], batch=B) for n in self.new_names]
+        self.current = 0
+        self.beam_buf = self.alloc(self.reorder_spec.input("beam_idx"), batch=B)
         self.cross_names = kv_names("cross", self.n_layers)
-        self.kv_spec = dec[past[0]]
+        self.kv_spec = dec[self.cache_names[0]]
+        self.kv_item = self.kv_spec.shape[3] * np.dtype(self.kv_spec.dtype).itemsize  # one position of one row
 
     # -- helpers -------------------------------------------------------------------------------
     def h2d(self, buf: DeviceBuffer, array: np.ndarray) -> None:
@@ -192,6 +179,9 @@ class TrtBackend:
         if S > self.max_src:
             raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a larger one")
         self.B, self.S, self.steps, self.current = B, S, 0, 0
+        self.capacity = min(INITIAL_CAPACITY, self.max_steps)
+        for buf in (*self.cache[0], *self.cache[1]):  # masked positions hold zeros, never a stale NaN
+            zero(self.cudart, buf.ptr, buf.nbytes, self.stream, "zeroing the K/V cache")
         self.h2d(self.enc_bufs["src_ids"], src_ids)
         self.h2d(self.enc_bufs["src_lengths"], src_lengths)
         self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"], (B, S))
@@ -208,49 +198,62 @@ class TrtBackend:
     def max_rows(self) -> int:
         return self.max_batch
 
+    def shape(self) -> tuple[int, int, int, int]:
+        return self.B, self.kv_spec.shape[1], self.capacity, self.kv_spec.shape[3]
+
+    def copy_cache(self, capacity: int, positions: int, what: str) -> None:
+        """The current set's first `positions` positions into the other set, laid out for `capacity`;
+        the other set becomes current."""
+        rows = self.B * self.kv_spec.shape[1]
+        for src, dst in zip(self.cache[self.current], self.cache[1 - self.current]):
+            copy_rows(self.cudart, dst.ptr, capacity * self.kv_item, src.ptr, self.capacity * self.kv_item,
+                      positions * self.kv_item, rows, self.stream, what)
+        self.current, self.capacity = 1 - self.current, capacity
+
     def reorder_cache(self, beam_idx: np.ndarray) -> None:
-        """Gather the cache by beam_idx on the device: the reorder engine reads the past set and
-        writes the other, which becomes the past. Only beam_idx (8 bytes a row) crosses the bus."""
-        if self.reorder is None:
-            raise BundleError("these engines have no reorder engine (built before beam search); re-export the "
-                              "bundle with this xform and rebuild its engines to decode with beams")
-        B, p = self.B, self.steps
-        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        """Gather the cache by beam_idx on the device: the reorder engine reads the current set and
+        writes the other, which becomes current. Only beam_idx (8 bytes a row) crosses the bus."""
         self.h2d(self.beam_buf, np.ascontiguousarray(beam_idx, dtype=np.int64))
-        self.bind(self.reorder_ctx, "beam_idx", self.beam_buf, (B,))
+        self.bind(self.reorder_ctx, "beam_idx", self.beam_buf, (self.B,))
         src, dst = self.cache[self.current], self.cache[1 - self.current]
-        for i, name in enumerate(self.past_names):
-            self.bind(self.reorder_ctx, name, src[i], (B, H, p, D))
+        for i, name in enumerate(self.cache_names):
+            self.bind(self.reorder_ctx, name, src[i], self.shape())
         for i, name in enumerate(kv_names("reordered", self.n_layers)):
             self.bind(self.reorder_ctx, name, dst[i])
-        self.execute(self.reorder_ctx, f"cache reorder before step {p}")
+        self.execute(self.reorder_ctx, f"cache reorder before step {self.steps}")
         self.current = 1 - self.current
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
-        if beam_idx is not None:
-            self.reorder_cache(beam_idx)
         if self.steps >= self.max_steps:
             raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
                              "rebuild with a larger one")
+        if beam_idx is not None:
+            self.reorder_cache(beam_idx)
         B, p = self.B, self.steps
-        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        if p == self.capacity:
+            self.copy_cache(min(2 * p, self.max_steps), p, f"growing the K/V cache past {p} positions")
         self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(B, 1))
         self.h2d(self.dec_bufs["min_new_tokens"], np.array([min_new_tokens], np.int64))
+        self.h2d(self.dec_bufs["past_len"], np.array([p], np.int64))
         self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"], (B, 1))
         self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"], (1,))
-        past, present = self.cache[self.current], self.cache[1 - self.current]
-        for i, name in enumerate(self.past_names):
-            self.bind(self.dec_ctx, name, past[i], (B, H, p, D))  # p == 0: a real, empty buffer
-        for i, name in enumerate(self.present_names):
-            self.bind(self.dec_ctx, name, present[i])
+        self.bind(self.dec_ctx, "past_len", self.dec_bufs["past_len"], (1,))
+        cache = self.cache[self.current]
+        for i, name in enumerate(self.cache_names):
+            self.bind(self.dec_ctx, name, cache[i], self.shape())
+        for i, name in enumerate(self.new_names):
+            self.bind(self.dec_ctx, name, self.new[i])
         self.bind(self.dec_ctx, "logits", self.dec_bufs["logits"])
         self.bind(self.dec_ctx, "next_ids", self.dec_bufs["next_ids"])
         self.execute(self.dec_ctx, f"decoder step {p}")
+        rows = B * self.kv_spec.shape[1]
+        for c, n in zip(cache, self.new):  # the new position into the cache, in place
+            copy_rows(self.cudart, c.ptr + p * self.kv_item, self.capacity * self.kv_item, n.ptr, self.kv_item,
+                      self.kv_item, rows, self.stream, f"writing position {p} of the K/V cache")
         next_ids = self.d2h(self.dec_bufs["next_ids"], (B,), np.int64)
         logits = self.d2h(self.dec_bufs["logits"], (B, self.vocab), np.float32) if want_logits else None
         self.cuda_sync()
         self.steps += 1
-        self.current = 1 - self.current  # the present just written is the next step's past
         return next_ids, logits
 
     def close(self) -> None:

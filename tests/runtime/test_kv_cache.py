@@ -1,0 +1,111 @@
+"""The K/V cache of the ORT backend: a fixed-capacity buffer updated in place, grown by doubling,
+reordered in place for beams; and a table both graphs hold, mapped once.
+
+The capacity is forced small (1 or 3 positions at the first step) so that every decode below
+grows it several times, through greedy, beam and sampled decoding; tokens must stay exactly
+those of the uncached reference, transformers' beams, or the default capacity.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import xform
+import xform.runtime.ort_backend as ort_backend
+from tests.conftest import make_model, padded_batch
+from xform.models.checkpoint import save_checkpoint
+from xform.models.transformer import greedy_decode
+
+
+@pytest.fixture
+def capacity(monkeypatch):
+    def set_to(n: int) -> None:
+        monkeypatch.setattr(ort_backend, "INITIAL_CAPACITY", n)
+    return set_to
+
+
+@pytest.mark.parametrize("initial", [1, 3])
+def test_greedy_through_growth_equals_the_uncached_reference(tiny_bundle, capacity, initial):
+    capacity(initial)
+    model = make_model("seed-002")
+    src, lens = padded_batch(model.cfg, [13, 2, 9, 5], seed=7)
+    n = model.cfg.max_len  # to the model's limit: the capacity is capped there
+    session = xform.load(tiny_bundle, backend="ort")
+    got = session.generate(src, max_new_tokens=n, min_new_tokens=n)
+    ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), n, n).numpy()
+    np.testing.assert_array_equal(got, ref)
+    cache = session.backend.cache
+    assert cache.capacity == model.cfg.max_len  # 1 or 3, doubled, then capped at max_len 40
+    # logits through growth: within float noise of the eager model's
+    _, logits = session.teacher_forced(src, lens, ref)
+    torch_logits = xform.load(tiny_bundle, backend="torch").teacher_forced(src, lens, ref)[1]
+    np.testing.assert_allclose(logits, torch_logits, rtol=0, atol=1e-4)
+
+
+def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bundle, capacity):
+    capacity(4)
+    session = xform.load(tiny_bundle, backend="ort")
+    model = make_model("seed-002")
+    src, lens = padded_batch(model.cfg, [6, 3], seed=2)
+    backend = session.backend
+    backend.start(src, lens)
+    arrays = list(backend.cache.arrays)
+    tok = np.full(2, session.start_id, np.int64)
+    for step in range(3):
+        tok, _ = backend.step(tok, 0)
+        assert all(a is b for a, b in zip(backend.cache.arrays, arrays))  # no step allocates a cache
+        assert all(np.abs(a[:, :, step]).sum() > 0 and not a[:, :, step + 1:].any() for a in arrays)
+    tok, _ = backend.step(tok, 0)  # position 3 fills the capacity of 4
+    tok, _ = backend.step(tok, 0)  # grows to 8, copying the 4 positions
+    grown = backend.cache.arrays
+    assert backend.cache.capacity == 8 and grown[0].shape[2] == 8
+    for old, new in zip(arrays, grown):
+        np.testing.assert_array_equal(new[:, :, :4], old[:, :, :4])
+        assert new[:, :, 4].any() and not new[:, :, 5:].any()
+
+
+def test_beams_through_growth_equal_transformers(marians, capacity):
+    from tests.runtime.test_beam_search import MAX_NEW, hf_beams
+    from tests.marian_fixtures import sources
+
+    capacity(2)  # reordered in place after every step, grown at steps 2, 4, 8
+    for name, (_, model, bundle) in sorted(marians.items()):
+        src, mask = sources(model.config, [7, 3, 9, 5], seed=4)
+        kw = dict(num_beams=4, length_penalty=1.0, early_stopping=False, num_return_sequences=2)
+        want, want_scores = hf_beams(model, src, mask, **kw)
+        got, scores = xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=MAX_NEW,
+                                                                   return_scores=True, **kw)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_sampling_through_growth_equals_the_default_capacity(tiny_bundle, capacity):
+    model = make_model("seed-002")
+    src, _ = padded_batch(model.cfg, [5, 8, 2], seed=5)
+    kw = dict(max_new_tokens=20, do_sample=True, top_k=10, seed=3, num_return_sequences=2)
+    want = xform.load(tiny_bundle, backend="ort").generate(src, **kw)
+    capacity(1)
+    np.testing.assert_array_equal(xform.load(tiny_bundle, backend="ort").generate(src, **kw), want)
+
+
+def test_a_table_both_graphs_hold_is_mapped_once(tmp_path):
+    """Shared embeddings of at least 1 MiB: the manifest names where the decoder's copy lies, the
+    backend maps it once for both sessions (and pages it out), and decoding is unchanged."""
+    from xform.exporter.export import export_bundle
+
+    model = make_model("marian", src_vocab_size=5600, tgt_vocab_size=5600)  # 5600 x 48 x 4 bytes > 1 MiB
+    save_checkpoint(model, tmp_path / "ckpt")
+    bundle = export_bundle(tmp_path / "ckpt", tmp_path / "b").path
+    shared = json.loads((bundle / "manifest.json").read_text())["shared_weights"]
+    assert len(shared) == 1
+    w = shared[0]
+    assert w["file"] == "decoder.onnx.data" and w["dtype"] == "float32" and w["shape"] == [5600, 48]
+    assert set(w["graphs"]) == {"encoder", "decoder"}
+    table = np.fromfile(bundle / w["file"], np.float32, 5600 * 48, offset=w["offset"]).reshape(5600, 48)
+    np.testing.assert_array_equal(table, model.src_embed.weight.detach().numpy())
+    session = xform.load(bundle, backend="ort")
+    assert [s.array.shape for s in session.backend.shared] == [(5600, 48)]
+    src, lens = padded_batch(model.cfg, [9, 4, 6], seed=1)
+    ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), 12).numpy()
+    np.testing.assert_array_equal(session.generate(src, max_new_tokens=12), ref)

@@ -1,0 +1,40 @@
+"""The few CUDA runtime calls the GPU backends make, through cuda-bindings, every status checked.
+
+The K/V cache of a decode lives on the device as one (B, H, C, Dh) buffer per layer, key and value
+(contract.py); a step's new keys and values, (B, H, 1, Dh), are written into it at one position,
+and a growing cache is copied into a longer one. Both are one strided copy (`cudaMemcpy2DAsync`):
+B x H rows, each `Dh` (or `C x Dh`) elements wide. Used by the TensorRT backend and by the ONNX
+Runtime backend on CUDA; imported only by them.
+"""
+from __future__ import annotations
+
+from xform.errors import BackendUnavailableError, XformError
+
+
+def import_cudart():
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError as e:
+        raise BackendUnavailableError(f"the GPU backends need cuda-bindings: pip install cuda-bindings ({e})") from None
+    return cudart
+
+
+def cuda_check(cudart, result, what: str):
+    """cuda-bindings calls return (error, *values): raise on error, return the values."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        _, name = cudart.cudaGetErrorName(err)
+        raise XformError(f"CUDA error in {what}: {name.decode() if isinstance(name, bytes) else name}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+def copy_rows(cudart, dst: int, dst_row: int, src: int, src_row: int, width: int, rows: int, stream, what: str
+              ) -> None:
+    """Device to device: `rows` rows of `width` bytes, from rows `src_row` bytes apart to rows
+    `dst_row` bytes apart (a cache position into a cache, or a cache into a longer one)."""
+    cuda_check(cudart, cudart.cudaMemcpy2DAsync(dst, dst_row, src, src_row, width, rows,
+                                                cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream), what)
+
+
+def zero(cudart, ptr: int, nbytes: int, stream, what: str) -> None:
+    cuda_check(cudart, cudart.cudaMemsetAsync(ptr, 0, nbytes, stream), what)
