@@ -96,12 +96,11 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             DECODER, specs[DECODER].output_names, got, ref, tol,
             f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
             f"cache_len {past_len + VERIFY_SPARE}")
-        flat_past = cache
     if REORDER in sessions:  # beam search's cache reorder: rows permuted, one row continued twice
         beam_idx = np.array([(2 * i + 1) % VERIFY_BATCH for i in range(VERIFY_BATCH)], np.int64)
         beam_idx[-1] = beam_idx[0]
         feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
-            x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in flat_past]))}
+            x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in cache]))}  # the last past_len's cache
         got = sessions[REORDER].run(None, feeds)
         want = [x[beam_idx] for x in feeds.values()][1:]
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):

@@ -200,9 +200,7 @@ class DecoderLayer(nn.Module):
             present.append((k, v))
             return self.self_attn.attend(h, k, v, self_mask)
 
-        x = self.self_block(x, self_attn)
-        x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
-        return self.ffn_block(x, self.ffn), present[0]
+        return self.blocks(x, self_attn, cross, cross_mask), present[0]
 
     def step(self, x: Tensor, cache: LayerKV, cache_mask: Tensor, cross: LayerKV,
              cross_mask: Tensor) -> tuple[Tensor, LayerKV]:
@@ -215,6 +213,10 @@ class DecoderLayer(nn.Module):
             new.append(self.self_attn.project_kv(h))
             return self.self_attn.attend_cache(h, cache, new[0], cache_mask)
 
+        return self.blocks(x, self_attn, cross, cross_mask), new[0]
+
+    def blocks(self, x: Tensor, self_attn, cross: LayerKV, cross_mask: Tensor) -> Tensor:
+        """The three sublayers around a self-attention function (cached either way)."""
         x = self.self_block(x, self_attn)
         x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
-        return self.ffn_block(x, self.ffn), new[0]
+        return self.ffn_block(x, self.ffn)

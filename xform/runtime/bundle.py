@@ -102,8 +102,8 @@ class Bundle:
 
     def shared_weights(self) -> list[dict[str, Any]]:
         """The manifest's `shared_weights`: initializers several graphs hold with the same bytes, as
-        a region of one bundle file that the runtime maps once ({file, offset, dtype, shape, graphs:
-        {graph: initializer name}}). Each is checked to lie inside its file."""
+        a region of one bundle file that the runtime maps once ({file, offset, dtype, shape, nbytes,
+        graphs: {graph: initializer name}}). Each is checked to lie inside its file."""
         mpath = self.path / MANIFEST
         entries = self.manifest.get("shared_weights", [])
         if not isinstance(entries, list):
@@ -123,14 +123,16 @@ class Bundle:
                 raise BundleError(f"{where}: dtype {w['dtype']!r} is not one of {list(SHARED_DTYPES)}")
             if not shape or any(d < 1 or d > 2**31 for d in shape) or offset < 0:
                 raise BundleError(f"{where}: implausible shape {shape} or offset {offset}")
-            end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            end = offset + nbytes
             size = path.stat().st_size if path.is_file() else None
             if size is None or end > size:
                 raise BundleError(f"{where}: bytes {offset}..{end} lie outside {path} "
                                   f"({'missing' if size is None else f'{size} bytes'})")
             if not graphs or any(g not in self.manifest["graphs"] or not isinstance(n, str) for g, n in graphs.items()):
                 raise BundleError(f"{where}: graphs {graphs!r} must map this bundle's graphs to initializer names")
-            out.append({"file": w["file"], "offset": offset, "dtype": dtype.name, "shape": shape, "graphs": graphs})
+            out.append({"file": w["file"], "offset": offset, "dtype": dtype.name, "shape": shape, "nbytes": nbytes,
+                        "graphs": graphs})
         return out
 
     def inside(self, name: Any) -> Path:
@@ -167,8 +169,7 @@ class Bundle:
                                   "the file was changed or corrupted after export; re-export the bundle")
         for w in self.shared_weights():
             if names is None or w["file"] in names:
-                nbytes = int(np.prod(w["shape"], dtype=np.int64)) * np.dtype(w["dtype"]).itemsize
-                drop_cached(self.path / w["file"], w["offset"], nbytes)
+                drop_cached(self.path / w["file"], w["offset"], w["nbytes"])
 
     @property
     def config(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from xform.contract import DECODER, ENCODER, REORDER, kv_names
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle, drop_cached
+from xform.runtime.cuda import copy_rows, cuda_check, import_cudart, zero
 
 
 def import_onnxruntime():
@@ -72,8 +73,7 @@ class OrtBackend:
         providers = providers_for(device)
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
-        self.shared = [SharedWeight(bundle, w) for w in bundle.shared_weights()]
-        self.shared_values = [ort.OrtValue.ortvalue_from_numpy(w.array) for w in self.shared]
+        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights()]
         sessions = {}
         for graph in (DECODER, ENCODER, REORDER):  # the decoder first: its prepacking is what pages tables in
             opts = ort.SessionOptions()
@@ -81,9 +81,9 @@ class OrtBackend:
             if threads:
                 opts.intra_op_num_threads = threads
                 opts.inter_op_num_threads = 1
-            for w, value in zip(self.shared, self.shared_values):
+            for w in self.shared:
                 if graph in w.graphs:
-                    opts.add_initializer(w.graphs[graph], value)
+                    opts.add_initializer(w.graphs[graph], w.value)
             sessions[graph] = session(ort, bundle.graph_file(graph), opts, providers)
             if graph == DECODER and self.ort_device == "cpu":
                 for w in self.shared:
@@ -101,7 +101,6 @@ class OrtBackend:
         self.enc_names = [o.name for o in self.encoder.get_outputs()]
         self.cudart = None
         if self.ort_device == "cuda":
-            from xform.runtime.cuda import import_cudart
             self.cudart = import_cudart()
         self.binding = self.cache = None
 
@@ -202,7 +201,6 @@ class DeviceCache:
         self.new = [self.zeros((shape[0], shape[1], 1, shape[3])) for _ in self.keys]
 
     def zeros(self, shape):
-        from xform.runtime.cuda import zero
         b = self.backend
         value = b.ort.OrtValue.ortvalue_from_shape_and_type(list(shape), b.kv_dtype, "cuda", 0)
         zero(b.cudart, value.data_ptr(), int(np.prod(shape)) * b.kv_dtype.itemsize, 0, "zeroing the K/V cache")
@@ -217,26 +215,27 @@ class DeviceCache:
             binding.bind_ortvalue_output(name, v)
 
     def copy(self, dst, dst_pos: int, dst_len: int, src, src_len: int, positions: int, what: str) -> None:
-        from xform.runtime.cuda import copy_rows
         b = self.backend
         item = b.head_dim * b.kv_dtype.itemsize  # one position of one row
         copy_rows(b.cudart, dst.data_ptr() + dst_pos * item, dst_len * item, src.data_ptr(), src_len * item,
                   positions * item, b.B * b.kv_heads, 0, what)
 
     def write(self, p: int) -> None:
-        from xform.runtime.cuda import cuda_check
         for c, n in zip(self.values, self.new):
             self.copy(c, p, self.capacity, n, 1, 1, f"writing position {p} of the K/V cache")
-        cuda_check(self.backend.cudart, self.backend.cudart.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+        self.sync()
 
     def grow(self, capacity: int, p: int) -> None:
-        from xform.runtime.cuda import cuda_check
         b = self.backend
         grown = [self.zeros((b.B, b.kv_heads, capacity, b.head_dim)) for _ in self.values]
         for g, c in zip(grown, self.values):
             self.copy(g, 0, capacity, c, self.capacity, p, f"growing the K/V cache to {capacity}")
-        cuda_check(b.cudart, b.cudart.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+        self.sync()
         self.values, self.capacity = grown, capacity
+
+    def sync(self) -> None:
+        """The copies ran on the default stream; they finish before the next graph reads the cache."""
+        cuda_check(self.backend.cudart, self.backend.cudart.cudaStreamSynchronize(0), "cudaStreamSynchronize")
 
     def reorder(self, beam_idx: np.ndarray, p: int) -> None:
         b = self.backend
@@ -254,16 +253,15 @@ class SharedWeight:
     """One manifest `shared_weights` entry (validated by Bundle.validate), mapped read-only from
     the bundle's file once for every session that holds it."""
 
-    def __init__(self, bundle: Bundle, entry: dict):
+    def __init__(self, ort, bundle: Bundle, entry: dict):
         self.path = bundle.file(entry["file"])
-        dtype = np.dtype(entry["dtype"])
-        count = int(np.prod(entry["shape"]))
-        self.offset, self.nbytes = entry["offset"], count * dtype.itemsize
-        self.start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
+        self.offset, self.nbytes = entry["offset"], entry["nbytes"]
+        start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
         with open(self.path, "rb") as f:
-            self.map = mmap.mmap(f.fileno(), self.offset + self.nbytes - self.start, access=mmap.ACCESS_READ,
-                                 offset=self.start)
-        self.array = np.frombuffer(self.map, dtype, count, self.offset - self.start).reshape(entry["shape"])
+            self.map = mmap.mmap(f.fileno(), self.offset + self.nbytes - start, access=mmap.ACCESS_READ, offset=start)
+        self.array = np.frombuffer(self.map, entry["dtype"], offset=self.offset - start,
+                                   count=int(np.prod(entry["shape"]))).reshape(entry["shape"])
+        self.value = ort.OrtValue.ortvalue_from_numpy(self.array)  # the sessions read this memory
         self.graphs = entry["graphs"]
 
     def page_out(self) -> None:
