@@ -97,10 +97,13 @@ def shared_weight(name, **entry):
     return edit
 
 
-def version_1(b, out):
-    m = manifest(b)
-    m["version"] = 1
-    rehash(b, m)
+def old_version(n):
+    def edit(b, out):
+        m = manifest(b)
+        m["version"] = n
+        rehash(b, m)
+    edit.__name__ = f"version_{n}"
+    return edit
 
 
 def lying_safetensors_header(b, out):
@@ -134,7 +137,8 @@ CASES = [
     (shared_weight("path_escapes", file="../x.data"), ["--text", "12"], "names the path '../x.data', which leads outside"),
     (shared_weight("unknown_graph", graphs={"planner": "w"}), ["--text", "12"], "must map this bundle's graphs"),
     (shared_weight("odd_dtype", dtype="object"), ["--text", "12"], "dtype 'object' is not one of"),
-    (version_1, ["--text", "12"], "manifest version 1, exported by an earlier xform"),
+    (old_version(1), ["--text", "12"], "manifest version 1, exported by an earlier xform"),
+    (old_version(2), ["--text", "12"], "manifest version 2, exported by an earlier xform whose decoder graph read"),
     (lying_safetensors_header, ["--check"], "model.safetensors: not a readable safetensors file"),
 ]
 

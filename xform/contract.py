@@ -16,7 +16,23 @@ axis with `beam_idx` (row b of the result continues row beam_idx[b]), on the dev
 decoder steps. Greedy decoding never runs it, so its decoder graph carries no gather
 (docs/design.md has the measurements behind this choice).
 
-Axes: a str is a named dynamic axis (`batch`, `src_len`, `cache_len`), an int is fixed.
+The decoder's `batch` is its rows; its cross K/V and source mask have one row per source
+(`src_batch`), which `batch` divides into equal groups: the rows of source i are rows i*g .. i*g+g-1
+(g = batch / src_batch: a source's beams or samples, 1 for greedy). The graph reads them as g
+extra queries over the source's one copy, as CTranslate2 does, so beams never re-encode or copy
+their source (docs/design.md, "Beams share their source"). The reorder graph gathers along its
+first axis whatever it is given: the cache by row (beam search, finished rows leaving) and, with
+the source length as `cache_len`, the cross K/V by source.
+
+A fourth graph serves beam search: `candidates` reads the decoder's logits where they are (on the
+device, on a GPU) and returns each row's `num_candidates` best log-probabilities and their ids,
+after the decoder's own suppression (pad and banned ids never, end-of-sentence not before
+min_new_tokens): what transformers' beam search ranks, without the (rows, vocab) logits
+leaving the device or the host sorting a vocabulary. Greedy decoding never runs it, so its
+decoder graph carries no log-softmax or TopK.
+
+Axes: a str is a named dynamic axis (`batch`, `src_batch`, `src_len`, `cache_len`, `candidates`), an int is
+fixed.
 """
 from __future__ import annotations
 
@@ -26,8 +42,10 @@ from typing import Any
 ENCODER = "encoder"
 DECODER = "decoder"
 REORDER = "reorder"
-GRAPHS = (ENCODER, DECODER, REORDER)
-DYNAMIC_AXES = ("batch", "src_len", "cache_len")
+CANDIDATES = "candidates"
+GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)
+WEIGHTLESS = (REORDER, CANDIDATES)  # nothing to quantize
+DYNAMIC_AXES = ("batch", "src_batch", "src_len", "cache_len", "candidates")
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ def kv_names(prefix: str, n_layers: int) -> list[str]:
 def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size: int,
               kv_dtype: str = "float32") -> dict[str, GraphSpec]:
     """The encoder and decoder graph specs for a model; kv_dtype is the K/V cache precision."""
-    kv = lambda name, length: TensorSpec(name, kv_dtype, ("batch", n_heads, length, head_dim))  # noqa: E731
+    kv = lambda name, length, rows="batch": TensorSpec(name, kv_dtype, (rows, n_heads, length, head_dim))  # noqa: E731
     encoder = GraphSpec(
         inputs=(TensorSpec("src_ids", "int64", ("batch", "src_len")),
                 TensorSpec("src_lengths", "int64", ("batch",))),
@@ -97,8 +115,8 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
                 TensorSpec("min_new_tokens", "int64", (1,)),
                 TensorSpec("past_len", "int64", (1,)),
                 *(kv(n, "cache_len") for n in kv_names("cache", n_decoder_layers)),
-                *(kv(n, "src_len") for n in kv_names("cross", n_decoder_layers)),
-                TensorSpec("src_mask", "float32", ("batch", "src_len"))),
+                *(kv(n, "src_len", "src_batch") for n in kv_names("cross", n_decoder_layers)),
+                TensorSpec("src_mask", "float32", ("src_batch", "src_len"))),
         outputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
                  TensorSpec("next_ids", "int64", ("batch",)),
                  *(kv(n, 1) for n in kv_names("new", n_decoder_layers))),
@@ -108,7 +126,15 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
                 *(kv(n, "cache_len") for n in kv_names("cache", n_decoder_layers))),
         outputs=tuple(kv(n, "cache_len") for n in kv_names("reordered", n_decoder_layers)),
     )
-    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder}
+    candidates = GraphSpec(
+        inputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
+                TensorSpec("num_candidates", "int64", (1,)),
+                TensorSpec("min_new_tokens", "int64", (1,)),
+                TensorSpec("past_len", "int64", (1,))),
+        outputs=(TensorSpec("cand_logprobs", "float32", ("batch", "candidates")),
+                 TensorSpec("cand_ids", "int64", ("batch", "candidates"))),
+    )
+    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates}
 
 
 def signature_for(config: dict[str, Any], kv_dtype: str = "float32") -> dict[str, GraphSpec]:

@@ -70,15 +70,20 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
         for t in (*spec[graph].inputs, *spec[graph].outputs):
             assert io[t.name]["dtype"] == t.dtype, t.name
             assert io[t.name]["shape"] == [-1 if isinstance(a, str) else a for a in t.shape]
-        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]], "cache_len": [1, 10, 20]}
+        # the reorder engine gathers cross K/V (src_len positions) through its cache axis too
+        cache_max = max(20, cfg["max_len"]) if graph == "reorder" else 20
+        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]],
+                                "cache_len": [1, 10, cache_max], "src_batch": [1, 2, 6]}
     dec = bundle.manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
     H, D = cfg["n_heads"], cfg.get("attention_head_dim") or cfg["d_model"] // cfg["n_heads"]
     assert dec["cache_key_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, 20, D]]  # capacity, not the valid length
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
+    assert dec["src_mask"] == [[1, 1], [2, 9], [6, cfg["max_len"]]]
     assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec and "past_len" not in dec
     assert sum(1 for k in dec if k.startswith("cache_")) == 2 * cfg["n_decoder_layers"]
     reorder = bundle.manifest["engines"]["reorder.tensorrt_rtx"]["tensor_profiles"]
-    assert reorder["beam_idx"] == [[1], [2], [6]] and reorder["cache_value_0"] == dec["cache_value_0"]
+    assert reorder["beam_idx"] == [[1], [2], [6]]
+    assert reorder["cache_value_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, max(20, cfg["max_len"]), D]]
     assert events and all(len(e) == 4 for e in events)  # progress was reported
 
 
@@ -187,6 +192,8 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     assert len(after) == 3 and not set(after) & set(first)
     e = Bundle.open(path).manifest["engines"]["reorder.tensorrt_rtx"]
     assert e["max_beams"] == 4 and e["max_sources"] == 3 and e["tensor_profiles"]["beam_idx"][2] == [12]
+    dec = Bundle.open(path).manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
+    assert dec["input_ids"][2] == [12, 1] and dec["cross_key_0"][2][0] == 3  # rows: sources x beams; cross: sources
     r = CliRunner().invoke(main, ["build-engine", str(path), "--max-beams", "0", "--force"])
     assert r.exit_code == 1 and "--max-beams must be at least 1" in r.output
     r = CliRunner().invoke(main, ["build-engine", str(path), "--force", "--max-src-len", "999"])

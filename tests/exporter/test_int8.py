@@ -28,7 +28,7 @@ def test_int8_graphs_hold_int8_weights(demo8):
         assert "DynamicQuantizeLinear" in ops and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
         assert any(i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2 for i in m.graph.initializer)
     assert sorted(p.name for p in demo8.iterdir() if p.suffix in (".onnx", ".data")) == [
-        "decoder.onnx", "decoder.onnx.data", "encoder.onnx", "encoder.onnx.data", "reorder.onnx"]
+        "candidates.onnx", "decoder.onnx", "decoder.onnx.data", "encoder.onnx", "encoder.onnx.data", "reorder.onnx"]
 
 
 def test_demo_int8_token_agreement_and_logit_bound(demo8):

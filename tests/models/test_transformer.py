@@ -61,6 +61,32 @@ def test_decode_step_over_a_noisy_cache_equals_decode(variant):
                 layer[1][:, :, t] = v[:, :, 0]
 
 
+@pytest.mark.parametrize("variant", ["seed-001", "marian"])
+def test_decode_step_with_rows_sharing_their_source_equals_repeated_encoding(variant):
+    """Beams read their source's one encoding as extra queries (g rows a source): the same logits
+    and new K/V as decode with the encoding repeated g times; a mis-grouping (rows i*g.. taken for
+    another source) would mix sources of different lengths and fail."""
+    model = make_model(variant)
+    cfg = model.cfg
+    src, lengths = map(torch.from_numpy, padded_batch(cfg, [8, 3, 5]))
+    g = 3
+    enc = model.encode(src, lengths)
+    rep = model.encode(src.repeat_interleave(g, 0), lengths.repeat_interleave(g, 0))
+    gen = torch.Generator().manual_seed(2)
+    tgt = torch.randint(4, cfg.tgt_vocab_size, (3 * g, 4), generator=gen)
+    cache = [tuple(torch.zeros(3 * g, cfg.n_heads, 5, cfg.head_dim) for _ in range(2))
+             for _ in range(cfg.n_decoder_layers)]
+    past = None
+    with torch.no_grad():
+        for t in range(4):
+            ref, past = model.decode(tgt[:, t:t + 1], rep, past)
+            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.tensor([t]))
+            torch.testing.assert_close(got, ref[:, -1], atol=2e-5, rtol=0)
+            for (k, v), layer in zip(new, cache):
+                layer[0][:, :, t] = k[:, :, 0]
+                layer[1][:, :, t] = v[:, :, 0]
+
+
 def test_padding_does_not_change_a_row():
     model = make_model("seed-000")
     src, lengths = map(torch.from_numpy, padded_batch(model.cfg, [9, 4, 6]))

@@ -97,3 +97,23 @@ def test_one_beam_is_todays_greedy(tiny_bundle, backend):
     from xform.models.transformer import greedy_decode
     ref = greedy_decode(make_model("seed-002"), torch.from_numpy(src), torch.from_numpy(lengths), 10).numpy()
     np.testing.assert_array_equal(greedy, ref)
+
+
+def test_ort_ranks_beam_candidates_in_its_graph(marians):
+    """On ONNX Runtime, beam search takes each row's 2 x num_beams candidates from the candidates
+    graph: no (rows, vocab) logits reach the strategy, and the tokens are transformers'."""
+    _, model, bundle = marians["swish-scaled"]
+    src, mask = sources(model.config, [6, 9, 4], seed=9)
+    want, want_scores = hf_beams(model, src, mask, num_beams=3)
+    session = xform.load(bundle, backend="ort")
+    shapes, step = [], session.backend.step
+
+    def spy(*args, **kw):
+        nxt, out = step(*args, **kw)
+        shapes.append((kw.get("candidates"), [a.shape for a in out] if isinstance(out, tuple) else out.shape))
+        return nxt, out
+    session.backend.step = spy
+    got, scores = session.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=3, return_scores=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=SCORE_ATOL)
+    assert shapes and all(k == 6 and out == [(n, 6), (n, 6)] for k, out in shapes for n in [out[0][0]])

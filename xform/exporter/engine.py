@@ -14,11 +14,11 @@ import hashlib
 import importlib
 import logging
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from xform.contract import DECODER, ENCODER, GRAPHS, GraphSpec, TensorSpec
+from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.bundle import Bundle, atomic_write, remove_stale_temporaries, write_manifest
 from xform.runtime.gpu import gpu_info
@@ -47,14 +47,23 @@ def import_tensorrt(flavor: str = "auto"):
 @dataclass(frozen=True)
 class ProfileRanges:
     """min / opt / max of every dynamic axis of the contract."""
-    batch: tuple[int, int, int]
+    batch: tuple[int, int, int]  # decoded rows: sources x beams
     src_len: tuple[int, int, int]
     cache_len: tuple[int, int, int]
+    src_batch: tuple[int, int, int]  # sources
 
     def shapes(self, spec: TensorSpec) -> tuple[tuple[int, ...], ...]:
         """(min, opt, max) shapes of one input: named axes from the ranges, fixed ones as they are."""
-        axes = {"batch": self.batch, "src_len": self.src_len, "cache_len": self.cache_len}
+        axes = asdict(self)
         return tuple(tuple(axes[a][k] if isinstance(a, str) else a for a in spec.shape) for k in range(3))
+
+    def for_graph(self, graph: str) -> "ProfileRanges":
+        """The reorder graph gathers the cache (cache_len positions) and, when sources leave the
+        batch, the cross K/V (src_len positions) through the same axis."""
+        if graph != REORDER:
+            return self
+        lo, opt, hi = self.cache_len
+        return replace(self, cache_len=(lo, opt, max(hi, self.src_len[2])))
 
     def to_dict(self) -> dict[str, list[int]]:
         return {k: list(v) for k, v in asdict(self).items()}
@@ -92,7 +101,7 @@ def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = 
     if problems:
         raise XformError("inconsistent engine profile:\n  - " + "\n  - ".join(problems))
     return ProfileRanges((1, opt_batch, max_batch * max_beams), (1, opt_src_len, max_src_len),
-                         (1, max(1, max_new_tokens // 2), max_new_tokens))
+                         (1, max(1, max_new_tokens // 2), max_new_tokens), (1, opt_batch, max_batch))
 
 
 @dataclass
@@ -272,7 +281,9 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         log.warning("--timing-cache: %s has no timing cache (its timing cache calls are no-ops); ignored", flavor)
     ranges = ranges or profile_ranges(bundle.config, **range_flags)
     engine_dir = bundle.path / ENGINE_DIR
-    graphs = [g for g in GRAPHS if g in bundle.manifest["graphs"]]  # reorder: bundles since beam search
+    # the candidates graph runs on ONNX Runtime only: its TopK width is a runtime input, which
+    # TensorRT takes as a shape tensor; the TensorRT backend ranks beam candidates on the host
+    graphs = [g for g in GRAPHS if g in bundle.manifest["graphs"] and g != CANDIDATES]
     existing = [bundle.path / bundle.manifest["engines"][engine_key(g, flavor)]["file"] for g in graphs
                 if engine_key(g, flavor) in bundle.manifest["engines"]]
     if existing and not force:
@@ -280,8 +291,8 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
     built: dict[str, tuple[bytes, dict]] = {}
     for graph in graphs:
         cb = (lambda phase, done, total, g=graph: progress(g, phase, done, total)) if progress else None
-        built[graph] = build_engine(trt, bundle.graph_file(graph), bundle.graph_spec(graph), ranges, options,
-                                    flavor, cb)
+        built[graph] = build_engine(trt, bundle.graph_file(graph), bundle.graph_spec(graph),
+                                    ranges.for_graph(graph), options, flavor, cb)
     target = ({"gpu": gpu["name"], "compute_capability": gpu["compute_capability"]} if gpu and flavor == "tensorrt"
               else {"gpu": gpu["name"] if gpu else None,
                     "compute_capability": "portable (TensorRT-RTX ahead-of-time default: every supported "
@@ -302,7 +313,7 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
             data_name = f"{onnx_name}.data"
             manifest["engines"][engine_key(graph, flavor)] = {
                 "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
-                "tensorrt_version": trt.__version__, "target": target, "profile": ranges.to_dict(),
+                "tensorrt_version": trt.__version__, "target": target, "profile": ranges.for_graph(graph).to_dict(),
                 "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name],
                 "max_sources": ranges.batch[2] // range_flags.get("max_beams", 1),
                 "max_beams": range_flags.get("max_beams", 1),

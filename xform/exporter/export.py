@@ -19,7 +19,7 @@ import onnx
 import torch
 
 from xform import __version__
-from xform.contract import DECODER, ENCODER, REORDER, signature_for
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, WEIGHTLESS, signature_for
 from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
@@ -174,7 +174,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     with atomic_directory(out, force) as tmp:
         for graph in GRAPHS:
             progress(f"exporting {graph} ({precision})")
-            if precision == "int8" and graph != REORDER:  # the reorder graph has no weights
+            if precision == "int8" and graph not in WEIGHTLESS:
                 export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset)
                 quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
             else:
@@ -222,8 +222,8 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
     from xform.runtime.session import Session
 
     backend = OrtBackend(bundle, "cpu")
-    figures = verify_graphs(model, {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder},
-                            {g: bundle.graph_spec(g) for g in GRAPHS}, tol)
+    figures = verify_graphs(model, {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
+                                    CANDIDATES: backend.candidates}, {g: bundle.graph_spec(g) for g in GRAPHS}, tol)
     if tol.min_token_agreement == 1.0:
         figures.update(verify_greedy(model, Session(backend, bundle.config)))
     report = check(bundle.path, session=Session(backend, bundle.config, bundle=bundle), batch=8, src_len=12,

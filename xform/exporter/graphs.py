@@ -15,7 +15,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from xform.contract import DECODER, ENCODER, GRAPHS, REORDER, GraphSpec
+from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, GraphSpec
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, reorder_cache
 
 DEFAULT_OPSET = 17
@@ -60,27 +60,45 @@ class ReorderGraph(nn.Module):
         return tuple(t for kv in reorder_cache(cache, beam_idx) for t in kv)
 
 
-MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph}
+class CandidatesGraph(nn.Module):
+    """Beam search's candidates: per row, the num_candidates best log-probs after the decoder's
+    suppression (Seq2SeqTransformer.suppress), and their ids, largest first (ties: lower id)."""
+
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor, past_len: Tensor):
+        scores = self.model.suppress(torch.log_softmax(logits, dim=-1), past_len[0], min_new_tokens[0])  # (R, V)
+        return torch.topk(scores, num_candidates[0], dim=-1)  # (R, K) each; K stays a graph input
+
+
+MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph}
 
 
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
-                   past_len: int = 3, cache_len: int = 6) -> tuple[Tensor, ...]:
-    """Trace-time inputs (a cache longer than its valid part); verification uses other shapes."""
+                   past_len: int = 3, cache_len: int = 6, group: int = 2) -> tuple[Tensor, ...]:
+    """Trace-time inputs (a cache longer than its valid part, `group` decoder rows per source, so
+    that no shape is taken for another); verification uses other shapes."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     src = torch.randint(0, cfg.src_vocab_size, (batch, src_len), generator=g)
     lengths = torch.full((batch,), src_len, dtype=torch.long)
     if graph == ENCODER:
         return src, lengths
+    if graph == CANDIDATES:
+        logits = torch.randn(batch * group, cfg.tgt_vocab_size, generator=g)
+        return logits, torch.tensor([3]), torch.tensor([1]), torch.tensor([past_len])
     with torch.no_grad():
         enc = model.encode(src, lengths)
     dtype = model.compute_dtype
-    cache = [torch.randn(batch, cfg.n_heads, cache_len, cfg.head_dim, generator=g).to(dtype)
+    rows = batch if graph == REORDER else batch * group
+    cache = [torch.randn(rows, cfg.n_heads, cache_len, cfg.head_dim, generator=g).to(dtype)
              for _ in range(2 * cfg.n_decoder_layers)]
     if graph == REORDER:
         beam_idx = torch.arange(batch - 1, -1, -1)  # a real permutation
         return (beam_idx, *cache)
-    ids = torch.full((batch, 1), cfg.start_id, dtype=torch.long)
+    ids = torch.full((rows, 1), cfg.start_id, dtype=torch.long)
     return (ids, torch.zeros(1, dtype=torch.long), torch.tensor([past_len]), *cache,
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
 

@@ -1,7 +1,8 @@
 """Verify exported graphs against eager PyTorch with ONNX Runtime, at shapes other than the trace's.
 
 Encoder: batch 3, a source length unlike the trace's, padded rows. Decoder: past length 0 (the
-first step) and past length > 0, in a cache with spare positions full of noise, same batch,
+first step) and past length > 0, in a cache with spare positions full of noise, one row a source
+and two rows a source (beams sharing their source's encoding),
 checked output by output against the general `decode` (the past as a list). Then whole greedy decoding
 through the runtime against the uncached oracle, tokens exactly. Any excess raises ToleranceError.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.contract import REORDER, DECODER, ENCODER, GraphSpec
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode
@@ -18,7 +19,7 @@ from xform.runtime.compare import Tolerance, excess
 
 VERIFY_BATCH = 3
 VERIFY_SRC_LEN = 7
-VERIFY_PAST_LENS = (0, 4)
+VERIFY_STEPS = ((0, 1), (4, 1), (2, 2))  # (past length, decoder rows per source: beams share their source)
 VERIFY_SPARE = 3  # cache positions past the valid ones, filled with noise the decoder must mask
 
 
@@ -71,14 +72,15 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
         ENCODER, specs[ENCODER].output_names, enc_out, list(enc_ref), tol,
         f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, padded")}
     cross = list(enc_ref[:-1])
-    for past_len in VERIFY_PAST_LENS:
-        with torch.no_grad():
-            enc = model.encode(*enc_in)
+    for past_len, group in VERIFY_STEPS:
+        rows = VERIFY_BATCH * group
+        with torch.no_grad():  # the reference reads the encoding repeated: the graph, one copy a source
+            enc = model.encode(*(t.repeat_interleave(group, 0) for t in enc_in))
             g = torch.Generator().manual_seed(past_len)
-            prefix = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, past_len), generator=g)
+            prefix = torch.randint(3, cfg.tgt_vocab_size, (rows, past_len), generator=g)
             past = model.decode(prefix, enc)[1] if past_len else [
-                (torch.zeros(VERIFY_BATCH, cfg.n_heads, 0, cfg.head_dim),) * 2 for _ in range(cfg.n_decoder_layers)]
-            ids = torch.randint(3, cfg.tgt_vocab_size, (VERIFY_BATCH, 1), generator=g)
+                (torch.zeros(rows, cfg.n_heads, 0, cfg.head_dim),) * 2 for _ in range(cfg.n_decoder_layers)]
+            ids = torch.randint(3, cfg.tgt_vocab_size, (rows, 1), generator=g)
             min_new = torch.tensor([past_len + 1])  # exercises the end-of-sentence suppression
             # the reference is the general decode (past as a list, joined with the new token)
             logits, present = model.decode(ids, enc, past if past_len else None)
@@ -92,21 +94,42 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
         feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
                  zip(specs[DECODER].inputs, (ids, min_new, torch.tensor([past_len]), *cache, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
-        figures[f"decoder_past{past_len}_max_abs_err"] = compare_outputs(
+        figures[f"decoder_past{past_len}{'_group' + str(group) if group > 1 else ''}_max_abs_err"] = compare_outputs(
             DECODER, specs[DECODER].output_names, got, ref, tol,
-            f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
+            f"{rows} rows over {VERIFY_BATCH} sources, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
             f"cache_len {past_len + VERIFY_SPARE}")
-    if REORDER in sessions:  # beam search's cache reorder: rows permuted, one row continued twice
-        beam_idx = np.array([(2 * i + 1) % VERIFY_BATCH for i in range(VERIFY_BATCH)], np.int64)
+    if REORDER in sessions:  # beam search's cache reorder: rows permuted, one continued twice, one dropped
+        n = cache[0].shape[0]
+        beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
         beam_idx[-1] = beam_idx[0]
         feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
             x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in cache]))}  # the last past_len's cache
         got = sessions[REORDER].run(None, feeds)
-        want = [x[beam_idx] for x in feeds.values()][1:]
+        want = [x[beam_idx] for x in list(feeds.values())[1:]]
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):
             raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
         figures["reorder_exact"] = True
+    if CANDIDATES in sessions:
+        figures["candidates_max_abs_err"] = verify_candidates(model, sessions[CANDIDATES], specs[CANDIDATES], tol)
     return figures
+
+
+def verify_candidates(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: Tolerance) -> float:
+    """The candidates graph against eager log-softmax, suppression and topk: ids exactly (distinct
+    random logits have no ties), log-probs within the tolerance; before and after min_new_tokens."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(5)
+    logits = 4 * torch.randn(VERIFY_BATCH * 2, cfg.tgt_vocab_size, generator=g)
+    worst = 0.0
+    for k, past_len, min_new in ((min(4, cfg.tgt_vocab_size), 0, 2), (min(7, cfg.tgt_vocab_size), 3, 2)):
+        with torch.no_grad():
+            ref = torch.topk(model.suppress(torch.log_softmax(logits, -1), past_len, min_new), k, dim=-1)
+        feeds = {"logits": logits.numpy(), "num_candidates": np.array([k]), "min_new_tokens": np.array([min_new]),
+                 "past_len": np.array([past_len])}
+        got = session.run(None, feeds)
+        worst = max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
+                                           f"{logits.shape[0]} rows, {k} candidates, past_len {past_len}"))
+    return worst
 
 
 def verify_greedy(model: Seq2SeqTransformer, session, max_new_tokens: int = 12) -> dict:

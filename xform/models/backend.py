@@ -30,15 +30,19 @@ class TorchBackend:
         self.n_steps = 0
 
     @torch.no_grad()
-    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
-        self.enc = self.model.encode(torch.from_numpy(src_ids).to(self.device),
-                                     torch.from_numpy(src_lengths).to(self.device))
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
+        """The reference encodes every row's source, as transformers does for beams: no sharing."""
+        self.enc = self.model.encode(torch.from_numpy(np.repeat(src_ids, group, 0)).to(self.device),
+                                     torch.from_numpy(np.repeat(src_lengths, group, 0)).to(self.device))
         self.past, self.n_steps = None, 0
 
     @torch.no_grad()
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
         tok = torch.from_numpy(np.ascontiguousarray(input_ids)).to(self.device).view(-1, 1)
         reorder = None if beam_idx is None else torch.from_numpy(np.ascontiguousarray(beam_idx)).to(self.device)
+        if reorder is not None and len(reorder) < self.enc.src_mask.shape[0]:  # rows left the batch
+            self.enc = EncoderOutput([(k.index_select(0, reorder), v.index_select(0, reorder))
+                                      for k, v in self.enc.cross_kv], self.enc.src_mask.index_select(0, reorder))
         logits, self.past = self.model.decode(tok, self.enc, self.past, reorder)
         logits = logits[:, -1]
         nxt = self.model.suppress(logits, self.n_steps, min_new_tokens).argmax(-1)

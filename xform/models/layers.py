@@ -94,6 +94,19 @@ class Attention(nn.Module):
         out = probs.to(v.dtype) @ v  # (B, H, T, Dh)
         return self.merge(out)
 
+    def attend_shared(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """One new position a row over keys / values held once per source: x (R, 1, D) where the
+        rows of source i are rows i*g .. i*g+g-1 (a source's beams or samples); k, v (Bs, H, S, Dh)
+        with R = Bs x g; mask (Bs, 1, 1, S). The g rows are g queries of one attention (CTranslate2's
+        treatment of beams): the same numbers as `attend` over keys repeated g times, without the
+        copies. With g = 1 the ops are exactly `attend`'s."""
+        R, T, _ = x.shape
+        Bs = k.shape[0]
+        q = self.q_proj(x).view(Bs, -1, self.n_heads, self.head_dim).transpose(1, 2) * self.scale  # (Bs, H, g, Dh)
+        scores = (q @ k.transpose(-2, -1)).float() + mask  # (Bs, H, g, S)
+        out = scores.softmax(dim=-1).to(v.dtype) @ v  # (Bs, H, g, Dh)
+        return self.out_proj(out.transpose(1, 2).reshape(R, T, self.n_heads * self.head_dim))
+
     def merge(self, out: Tensor) -> Tensor:
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
@@ -200,23 +213,26 @@ class DecoderLayer(nn.Module):
             present.append((k, v))
             return self.self_attn.attend(h, k, v, self_mask)
 
-        return self.blocks(x, self_attn, cross, cross_mask), present[0]
+        cross_attn = lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask)  # noqa: E731
+        return self.blocks(x, self_attn, cross_attn), present[0]
 
     def step(self, x: Tensor, cache: LayerKV, cache_mask: Tensor, cross: LayerKV,
              cross_mask: Tensor) -> tuple[Tensor, LayerKV]:
-        """One new token (B, 1, D) against a fixed-capacity cache (Attention.attend_cache); returns
-        the layer's output and the token's own keys and values (B, H, 1, Dh), for the caller to
-        store at its position."""
+        """One new token a row (R, 1, D) against a fixed-capacity cache (Attention.attend_cache)
+        and its source's cross keys / values, held once per source (Attention.attend_shared);
+        returns the layer's output and the token's own keys and values (R, H, 1, Dh), for the
+        caller to store at its position."""
         new: list[LayerKV] = []
 
         def self_attn(h):
             new.append(self.self_attn.project_kv(h))
             return self.self_attn.attend_cache(h, cache, new[0], cache_mask)
 
-        return self.blocks(x, self_attn, cross, cross_mask), new[0]
+        cross_attn = lambda h: self.cross_attn.attend_shared(h, cross[0], cross[1], cross_mask)  # noqa: E731
+        return self.blocks(x, self_attn, cross_attn), new[0]
 
-    def blocks(self, x: Tensor, self_attn, cross: LayerKV, cross_mask: Tensor) -> Tensor:
-        """The three sublayers around a self-attention function (cached either way)."""
+    def blocks(self, x: Tensor, self_attn, cross_attn) -> Tensor:
+        """The three sublayers around the self- and cross-attention functions."""
         x = self.self_block(x, self_attn)
-        x = self.cross_block(x, lambda h: self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
+        x = self.cross_block(x, cross_attn)
         return self.ffn_block(x, self.ffn)

@@ -108,11 +108,13 @@ class Seq2SeqTransformer(nn.Module):
                     ) -> tuple[Tensor, list[LayerKV]]:
         """One token a row against a fixed-capacity cache: the decoder graph.
 
-        tokens (B, 1) at position past_len; cache per layer: keys and values (B, H, C, Dh) whose
+        tokens (R, 1) at position past_len; cache per layer: keys and values (R, H, C, Dh) whose
         first past_len positions hold the past (the rest is masked, whatever it holds); past_len
-        (1,) int64. Returns logits (B, V) in fp32 and per layer the new token's keys and values
-        (B, H, 1, Dh), which the caller stores at position past_len. The same numbers as `decode`
-        with the past as a list (tests/models/test_transformer.py).
+        (1,) int64; `enc` holds one row per source (Bs of them, R = Bs x g: the rows of source i
+        are rows i*g .. i*g+g-1, its beams or samples). Returns logits (R, V) in fp32 and per
+        layer the new token's keys and values (R, H, 1, Dh), which the caller stores at position
+        past_len. The same numbers as `decode` with the past as a list and the encoding repeated
+        g times (tests/models/test_transformer.py).
         """
         dt = self.compute_dtype
         pos = self.tgt_pos.weight.index_select(0, past_len.reshape(1))  # (1, D): a Gather, not a Slice

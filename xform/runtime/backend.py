@@ -1,14 +1,17 @@
 """The one small interface every backend speaks, in numpy.
 
 A backend runs the two graphs of the contract for one batch at a time and keeps the state
-between steps (the encoder's cross K/V and source mask, the self-attention cache) itself:
+between steps (the encoder's cross K/V and source mask, one copy a source, and the
+self-attention cache, one row a decoded row: runtime/cache.py) itself:
 
-    backend.start(src_ids, src_lengths)          # encoder; a new, empty cache
+    backend.start(src_ids, src_lengths, group)   # encoder on the Bs sources; Bs x group rows, the
+        # rows of source i being rows i*group .. i*group+group-1 (its beams or samples); an empty cache
     next_ids, logits = backend.step(input_ids, min_new_tokens, want_logits, beam_idx)
-        # input_ids (B,) int64 at position `steps so far`; next_ids (B,) int64 greedy choices
-        # (pad never, end-of-sentence not before min_new_tokens); logits (B, V) float32 or None;
-        # beam_idx (B,) int64 or None: row b continues the cache of row beam_idx[b] (None: itself).
-        # The cache is reordered where it lives (in place on the host, by the reorder graph on a device).
+        # input_ids (R,) int64 at position `steps so far`; next_ids (R,) int64 greedy choices
+        # (pad never, end-of-sentence not before min_new_tokens); logits (R, V) float32 or None;
+        # beam_idx (R',) int64 or None: row b continues the cache of row beam_idx[b] (None: itself).
+        # R' < R drops rows, whole sources at a time (their `group` rows leave together), and with
+        # them the sources' cross K/V and mask. Gathered where the cache lives.
     backend.max_rows   # optional: the most rows one batch may have (a TensorRT profile's batch)
 
 The decoding loop over it is written once, in session.py, for every strategy (decoding.py).
@@ -27,7 +30,7 @@ INITIAL_CAPACITY = 32
 class Backend(Protocol):
     name: str
 
-    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None: ...
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None: ...
 
     def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False,
              beam_idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]: ...

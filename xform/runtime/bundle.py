@@ -25,8 +25,13 @@ from xform.errors import BundleError
 
 MANIFEST = "manifest.json"
 FORMAT = "xform-bundle"
-VERSION = 2  # 2: the decoder's K/V cache is a fixed-capacity buffer updated in place (contract.py)
-KNOWN_VERSIONS = (2,)
+# 2: the decoder's K/V cache is a fixed-capacity buffer updated in place (contract.py)
+# 3: the decoder reads its cross K/V once per source (`src_batch`), a source's beams as extra queries
+VERSION = 3
+KNOWN_VERSIONS = (3,)
+OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform updates the cache in place",
+                2: "read the encoder's output once per decoded row; this xform reads it once per source, "
+                   "however many beams or samples decode it"}
 SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
 
 
@@ -57,10 +62,11 @@ class Bundle:
             raise BundleError(f"{mpath}: corrupt manifest, not valid JSON ({e})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise BundleError(f"{mpath}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
-        if manifest.get("version") == 1:
-            raise BundleError(f"{mpath}: manifest version 1, exported by an earlier xform whose decoder graph "
-                              "returned a whole new K/V cache every step; this xform updates the cache in place "
-                              f"and needs version {VERSION}: re-export it (xform export ... --force)")
+        old = manifest.get("version")
+        if isinstance(old, int) and old in OLD_VERSIONS:
+            raise BundleError(f"{mpath}: manifest version {old}, exported by an earlier xform whose decoder graph "
+                              f"{OLD_VERSIONS[old]} and needs version {VERSION}: re-export it "
+                              "(xform export ... --force)")
         if manifest.get("version") not in KNOWN_VERSIONS:
             raise BundleError(f"{mpath}: manifest version {manifest.get('version')!r} is not one this xform "
                               f"knows {list(KNOWN_VERSIONS)}; re-export the bundle or upgrade xform")

@@ -38,3 +38,29 @@ def copy_rows(cudart, dst: int, dst_row: int, src: int, src_row: int, width: int
 
 def zero(cudart, ptr: int, nbytes: int, stream, what: str) -> None:
     cuda_check(cudart, cudart.cudaMemsetAsync(ptr, 0, nbytes, stream), what)
+
+
+class CudaOps:
+    """runtime.cache.DeviceOps over the CUDA runtime: memory, strided copies on `stream`, and a
+    gather along rows run by the backend's reorder graph or engine."""
+
+    def __init__(self, cudart, stream, gather):
+        self.cudart, self.stream, self.run_gather = cudart, stream, gather
+
+    def alloc(self, nbytes: int) -> int:
+        return int(cuda_check(self.cudart, self.cudart.cudaMalloc(nbytes), f"cudaMalloc({nbytes})"))
+
+    def free(self, ptr: int) -> None:
+        self.cudart.cudaFree(ptr)  # at teardown too: an error here has nowhere better to go
+
+    def zero(self, ptr: int, nbytes: int) -> None:
+        zero(self.cudart, ptr, nbytes, self.stream, "zeroing the K/V cache")
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        copy_rows(self.cudart, dst, dst_pitch, src, src_pitch, width, rows, self.stream, "a K/V cache copy")
+
+    def gather(self, rows, src, dst, shape) -> None:
+        self.run_gather(rows, src, dst, shape)
+
+    def sync(self) -> None:
+        cuda_check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")

@@ -4,9 +4,16 @@ The loop that drives a backend is written once (session.py); a strategy only say
 the backend decodes, what to feed it next, and which cached row each new row continues:
 
     strategy.rows                     # rows the backend decodes (batch x beams, or x samples)
+    strategy.group                    # rows a source: its beams, its samples, or 1
     strategy.needs_logits             # whether the loop must copy logits to the host each step
     tokens, beam_idx = strategy.advance(step, next_ids, logits)   # tokens None: finished
     ids, scores = strategy.result()
+
+`beam_idx` (or None: every row continues itself) says which of this step's rows each next row
+continues: beam search's reorder, and, shorter than the rows, finished rows leaving the batch. A
+source's rows leave together, when none of them can change the result any more (greedy and
+sampled rows at end-of-sentence; a source's beams when its finished hypotheses are final), so
+the backend never runs a row whose tokens are already decided.
 
 Beam search follows transformers' vectorized `_beam_search` (4.57) step for step, in float32:
 log-softmax, then the logits processors (pad and banned ids, end-of-sentence before
@@ -110,11 +117,12 @@ class Special:
     pad: int
     eos: int
     blocked: tuple[int, ...]  # never generated: the pad id and the model's banned ids
+    vocab: int = 0  # the target vocabulary's size (beam search orders candidates by beam x vocab + id)
 
     @classmethod
     def from_config(cls, config: dict) -> "Special":
         blocked = sorted({config["pad_id"], *config.get("banned_ids", ())})
-        return cls(config["pad_id"], config["eos_id"], tuple(blocked))
+        return cls(config["pad_id"], config["eos_id"], tuple(blocked), config["tgt_vocab_size"])
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -137,17 +145,20 @@ def process(scores: np.ndarray, step: int, gen: GenerationConfig, special: Speci
 
 
 class Greedy:
-    """The graph's own ArgMax (next_ids); logits only when scores are asked for."""
+    """The graph's own ArgMax (next_ids); logits only when scores are asked for. A row leaves the
+    batch when it ends (with samples, when every sample of its source has ended)."""
+
+    group = 1  # rows a source
+    candidates_wanted = 0  # beam search asks the backend for ranked candidates instead of logits
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
-        self.rows, self.gen, self.special = batch, gen, special
+        self.rows, self.gen, self.special = batch * self.group, gen, special
         self.needs_logits = want_scores
-        self.done = np.zeros(batch, bool)
-        self.out: list[np.ndarray] = []
-        self.scores = np.zeros(batch, np.float32) if want_scores else None
-
-    def expand(self, a: np.ndarray) -> np.ndarray:
-        return a
+        self.active = np.arange(self.rows)  # the original row of each row the backend still runs
+        self.done = np.zeros(self.rows, bool)
+        self.out = np.full((self.rows, gen.max_new_tokens), special.pad, np.int64)
+        self.steps = 0
+        self.scores = np.zeros(self.rows, np.float32) if want_scores else None
 
     def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
         if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
@@ -155,17 +166,26 @@ class Greedy:
         return next_ids
 
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
-        nxt = np.where(self.done, self.special.pad, self.choose(step, next_ids, logits)).astype(np.int64)
+        act = self.active
+        done = self.done[act]
+        nxt = np.where(done, self.special.pad, self.choose(step, next_ids, logits)).astype(np.int64)
         if self.scores is not None:
             lp = process(log_softmax(logits), step, self.gen, self.special)
-            self.scores += np.where(self.done, 0.0, lp[np.arange(self.rows), nxt]).astype(np.float32)
-        self.out.append(nxt)
-        self.done |= nxt == self.special.eos
-        return (None if self.done.all() else nxt), None
+            self.scores[act] += np.where(done, 0.0, lp[np.arange(len(act)), nxt]).astype(np.float32)
+        self.out[act, step] = nxt
+        self.steps = step + 1
+        self.done[act] = done | (nxt == self.special.eos)
+        if self.done.all():
+            return None, None
+        running = ~self.done[act].reshape(-1, self.group).all(axis=1)  # a source's rows leave together
+        if running.all():
+            return nxt, None
+        keep = np.flatnonzero(np.repeat(running, self.group))
+        self.active = act[keep]
+        return nxt[keep], keep
 
     def result(self) -> tuple[np.ndarray, np.ndarray | None]:
-        ids = np.stack(self.out, 1) if self.out else np.zeros((self.rows, 0), np.int64)
-        return ids, self.scores
+        return self.out[:, :self.steps], self.scores
 
 
 class Sample(Greedy):
@@ -173,13 +193,10 @@ class Sample(Greedy):
     order), from a seeded numpy generator: the same seed gives the same tokens on one backend."""
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
-        self.n = gen.num_return_sequences
-        super().__init__(batch * self.n, gen, special, want_scores)
+        self.group = gen.num_return_sequences
+        super().__init__(batch, gen, special, want_scores)
         self.needs_logits = True
         self.rng = np.random.default_rng(gen.seed)
-
-    def expand(self, a: np.ndarray) -> np.ndarray:
-        return np.repeat(a, self.n, axis=0)
 
     def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
         scores = process(logits.astype(np.float64), step, self.gen, self.special) / self.gen.temperature
@@ -199,7 +216,7 @@ class Sample(Greedy):
             probs[removed] = 0.0
             probs /= probs.sum(axis=1, keepdims=True)
         cdf = np.cumsum(probs, axis=1)
-        u = self.rng.random(len(probs))[:, None] * cdf[:, -1:]
+        u = self.rng.random(self.rows)[self.active, None] * cdf[:, -1:]  # one draw a row, ended rows too
         return np.minimum((cdf <= u).sum(axis=1), V - 1).astype(np.int64)
 
 
@@ -208,6 +225,7 @@ class BeamSearch:
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
         self.B, self.k, self.gen, self.special = batch, gen.num_beams, gen, special
+        self.group = self.k
         self.K = 2 * self.k  # beams_to_keep: max(2, 1 + one end-of-sentence id) * num_beams
         self.rows = batch * self.k
         self.needs_logits = True
@@ -222,12 +240,24 @@ class BeamSearch:
         self.finished = np.zeros((B, k), bool)
         self.improvable = np.ones((B, 1), bool)  # is_early_stop_heuristic_unsatisfied
         self.top_mask = np.arange(self.K) < k
+        self.sources = np.arange(B)  # the original source of each one still searched
+        self.vocab = special.vocab
+        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy())  # by original source
 
-    def expand(self, a: np.ndarray) -> np.ndarray:
-        return np.repeat(a, self.k, axis=0)
+    @property
+    def candidates_wanted(self) -> int:
+        return self.K
 
-    def candidates(self, step: int, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per row, the top-K processed log-probs and their ids: (rows, K) each."""
+    def candidates(self, step: int, logits) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the top-K processed log-probs and their ids: (rows, K) each. `logits` is either
+        the (rows, V) logits, ranked here, or the backend's candidates graph's (log-probs, ids),
+        which applied every processor but the forced end-of-sentence."""
+        if isinstance(logits, tuple):
+            lp, ids = logits
+            if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:  # end-of-sentence, nothing else
+                lp, ids = np.full_like(lp, -np.inf), ids.copy()
+                lp[:, 0], ids[:, 0] = 0.0, self.special.eos
+            return lp, ids
         V = logits.shape[1]
         logits = logits.astype(np.float32, copy=False)
         m = logits.max(axis=1, keepdims=True)
@@ -250,8 +280,8 @@ class BeamSearch:
         return order[:, :n]
 
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray):
-        B, k, K, gen = self.B, self.k, self.K, self.gen
-        V = logits.shape[1]
+        B, k, K, gen = len(self.sources), self.k, self.K, self.gen
+        V = self.vocab
         lp, ids = self.candidates(step, logits)  # (B*k, K')
         Kc = lp.shape[1]
         acc = (lp.reshape(B, k, Kc) + self.running_scores[:, :, None]).reshape(B, k * Kc)
@@ -299,15 +329,32 @@ class BeamSearch:
                  and not hits.all())
         if not go_on or last:
             return None, None
-        beam_idx = (np.arange(B)[:, None] * k + parent).reshape(-1)
-        tokens = self.running[:, :, step].reshape(-1)
-        return tokens, beam_idx
+        beam_idx = np.arange(B)[:, None] * k + parent  # (B, k): the row each next row continues
+        tokens = self.running[:, :, step]
+        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
+        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them
+        frozen = ~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
+        if frozen.any():
+            self.retire(frozen)
+            beam_idx, tokens = beam_idx[~frozen], tokens[~frozen]
+        return tokens.reshape(-1), beam_idx.reshape(-1)
+
+    def retire(self, which: np.ndarray) -> None:
+        """Store the sources `which` (of those still searched) in the result; keep searching the others."""
+        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths)):
+            final[self.sources[which]] = now[which]
+        keep = ~which
+        self.sources = self.sources[keep]
+        for name in ("running", "running_scores", "seqs", "scores", "lengths", "finished", "improvable"):
+            setattr(self, name, getattr(self, name)[keep])
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
+        self.retire(np.ones(len(self.sources), bool))
+        seqs, scores, lengths = self.final
         n = self.gen.num_return_sequences
-        seqs = self.seqs[:, :n].reshape(self.B * n, -1)
-        width = int(self.lengths[:, :n].max()) if seqs.size else 0
-        return seqs[:, :width], self.scores[:, :n].reshape(-1)
+        seqs = seqs[:, :n].reshape(self.B * n, -1)
+        width = int(lengths[:, :n].max()) if seqs.size else 0
+        return seqs[:, :width], scores[:, :n].reshape(-1)
 
 
 def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):

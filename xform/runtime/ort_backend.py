@@ -25,11 +25,12 @@ import mmap
 
 import numpy as np
 
-from xform.contract import DECODER, ENCODER, REORDER, kv_names
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, kv_names
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle, drop_cached
-from xform.runtime.cuda import copy_rows, cuda_check, import_cudart, zero
+from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
+from xform.runtime.cuda import CudaOps, import_cudart
 
 
 def import_onnxruntime():
@@ -75,7 +76,7 @@ class OrtBackend:
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights()]
         sessions = {}
-        for graph in (DECODER, ENCODER, REORDER):  # the decoder first: its prepacking is what pages tables in
+        for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             if threads:
@@ -89,164 +90,154 @@ class OrtBackend:
                 for w in self.shared:
                     w.page_out()
         self.encoder, self.decoder, self.reorder = sessions[ENCODER], sessions[DECODER], sessions[REORDER]
+        self.candidates = sessions[CANDIDATES]
         spec = bundle.graph_spec(DECODER)
         n = bundle.config["n_decoder_layers"]
         self.cache_names, self.new_names = kv_names("cache", n), kv_names("new", n)
-        self.reordered_names = kv_names("reordered", n)
+        self.cross_names, self.reordered_names = kv_names("cross", n), kv_names("reordered", n)
         first = spec.input(self.cache_names[0])
         self.kv_dtype = np.dtype(first.dtype)
         self.kv_heads, self.head_dim = first.shape[1], first.shape[3]
         self.vocab = bundle.config["tgt_vocab_size"]
         self.max_len = bundle.config["max_len"]
-        self.enc_names = [o.name for o in self.encoder.get_outputs()]
-        self.cudart = None
+        self.ops = None
         if self.ort_device == "cuda":
-            self.cudart = import_cudart()
-        self.binding = self.cache = None
+            self.ops = CudaOps(import_cudart(), 0, self.run_reorder)
+            self.cache = DeviceCache(self.ops, len(self.cache_names), self.kv_dtype.itemsize)
+            self.cross = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
+        else:
+            self.cache = self.cross = None
+        self.binding = None
 
-    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
-        self.binding = self.cache = None  # the last decode's buffers go before the encoder allocates
+    # -- the backend interface -------------------------------------------------------------------
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
+        """The encoder on the Bs sources; the decoder then runs Bs x group rows over them."""
+        Bs, S = src_ids.shape
+        H, D = self.kv_heads, self.head_dim
+        self.binding = None
+        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, INITIAL_CAPACITY, D)
+        if self.ops is None:  # the last decode's buffers go before the encoder allocates
+            self.cache = self.cross = None
+            self.cross = HostRows(len(self.cross_names), cross_shape, self.kv_dtype)
+            self.cache = HostCache(len(self.cache_names), cache_shape, self.kv_dtype)
+        else:
+            self.cross.reset(cross_shape, zero=False)
+            self.cache.reset(cache_shape)
+        self.mask = np.empty((Bs, S), np.float32)  # on the host on every device: a few bytes a row
         enc = self.encoder.io_binding()
         enc.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids))
         enc.bind_cpu_input("src_lengths", np.ascontiguousarray(src_lengths))
-        for name in self.enc_names:
-            enc.bind_output(name, self.ort_device)
+        self.bind_tensors(enc, "output", self.cross_names, self.cross.addresses(), cross_shape)
+        bind_host(enc, "output", "src_mask", self.mask)
         self.encoder.run_with_iobinding(enc)
-        B = self.B = src_ids.shape[0]
-        self.binding = dec = self.decoder.io_binding()
-        for name, value in zip(self.enc_names, enc.get_outputs()):
-            dec.bind_ortvalue_input(name, value)  # cross K/V and mask, bound once, never copied
-        self.ids = np.empty((B, 1), np.int64)
-        self.min_new = np.zeros(1, np.int64)
-        self.past_len = np.zeros(1, np.int64)
-        self.next_ids = np.empty(B, np.int64)
-        self.logits = np.empty((B, self.vocab), np.float32)
-        dec.bind_cpu_input("input_ids", self.ids)
-        dec.bind_cpu_input("min_new_tokens", self.min_new)
-        dec.bind_cpu_input("past_len", self.past_len)
-        self.host_output("next_ids", self.next_ids)
-        self.host_output("logits", self.logits)
-        cache_cls = HostCache if self.ort_device == "cpu" else DeviceCache
-        self.cache = cache_cls(self, (B, self.kv_heads, INITIAL_CAPACITY, self.head_dim))
-        self.cache.bind_new(dec)
-        self.cache.bind(dec)
-        self.steps = 0
+        enc.synchronize_outputs()
+        self.group, self.steps = group, 0
+        R = Bs * group
+        self.ids_buf, self.next_buf = np.empty((R, 1), np.int64), np.empty(R, np.int64)
+        self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None else None
+        self.min_new, self.past_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self.binding = self.decoder.io_binding()
+        self.bind_rows()
 
-    def host_output(self, name: str, array: np.ndarray) -> None:
-        self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    @property
+    def rows(self) -> int:
+        return self.cache.shape[0]
 
-    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
-        dec, p = self.binding, self.steps
+    def bind_rows(self) -> None:
+        """Bind everything whose address or shape follows the rows (after start, a gather, a growth)."""
+        dec, R = self.binding, self.rows
+        self.ids, self.next_ids = self.ids_buf[:R], self.next_buf[:R]
+        for name, a in (("input_ids", self.ids), ("min_new_tokens", self.min_new), ("past_len", self.past_len),
+                        ("src_mask", self.mask)):
+            bind_host(dec, "input", name, a)
+        bind_host(dec, "output", "next_ids", self.next_ids)
+        if self.ops is None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
+            self.logits = self.logits_buf[:R]
+            bind_host(dec, "output", "logits", self.logits)
+        else:
+            self.logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32, "cuda", 0)
+            dec.bind_ortvalue_output("logits", self.logits)
+        self.bind_tensors(dec, "input", self.cross_names, self.cross.addresses(), self.cross.shape)
+        self.bind_tensors(dec, "input", self.cache_names, self.cache.addresses(), self.cache.shape)
+        self.bind_tensors(dec, "output", self.new_names, self.cache.new_addresses(), (*self.cache.shape[:2], 1,
+                                                                                     self.head_dim))
+
+    def bind_tensors(self, binding, kind: str, names: list[str], addresses: list[int], shape) -> None:
+        bind = binding.bind_input if kind == "input" else binding.bind_output
+        for name, ptr in zip(names, addresses):
+            bind(name, self.ort_device, 0, self.kv_dtype, list(shape), ptr)
+
+    has_candidates = True  # step(..., candidates=K) runs the candidates graph where the logits are
+
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
+        """With candidates K: the second value is each row's K best (log-probs (R, K), ids (R, K))
+        instead of the logits."""
+        p = self.steps
         if beam_idx is not None:
-            self.cache.reorder(np.ascontiguousarray(beam_idx, dtype=np.int64), p)
-            self.cache.bind(dec)
+            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64), p)
         if p == self.cache.capacity:
             self.cache.grow(min(2 * p, max(self.max_len, p + 1)), p)
-            self.cache.bind(dec)
+            self.bind_rows()
         self.ids[:, 0] = input_ids
         self.min_new[0] = min_new_tokens
         self.past_len[0] = p
-        dec.synchronize_inputs()
+        dec = self.binding
+        if self.ops is not None:
+            self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
+            dec.synchronize_inputs()
         self.decoder.run_with_iobinding(dec)
         dec.synchronize_outputs()
         self.cache.write(p)
         self.steps += 1
-        return self.next_ids.copy(), (self.logits.copy() if want_logits else None)
+        if candidates:
+            return self.next_ids.copy(), self.run_candidates(candidates, p)
+        if not want_logits:
+            return self.next_ids.copy(), None
+        return self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+
+    def run_candidates(self, k: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates graph over the logits where they are; only (R, k) values come back."""
+        cb = self.candidates.io_binding()
+        if self.ops is None:
+            bind_host(cb, "input", "logits", self.logits)
+        else:
+            cb.bind_ortvalue_input("logits", self.logits)
+        cb.bind_cpu_input("num_candidates", np.array([k], np.int64))
+        cb.bind_cpu_input("min_new_tokens", self.min_new)
+        cb.bind_cpu_input("past_len", np.array([p], np.int64))
+        lp, ids = np.empty((self.rows, k), np.float32), np.empty((self.rows, k), np.int64)
+        bind_host(cb, "output", "cand_logprobs", lp)
+        bind_host(cb, "output", "cand_ids", ids)
+        self.candidates.run_with_iobinding(cb)
+        cb.synchronize_outputs()
+        return lp, ids
+
+    def gather(self, rows: np.ndarray, p: int) -> None:
+        """Row i continues row rows[i]; fewer rows than before drop the others, and with them
+        every source none of the remaining rows reads (its cross K/V and mask)."""
+        before, g = self.rows, self.group
+        self.cache.gather(rows, p)
+        if len(rows) < before:
+            sources = rows[::g] // g
+            if len(sources) < self.cross.rows:
+                self.cross.gather(sources)
+                self.mask = np.ascontiguousarray(self.mask[sources])
+        self.bind_rows()
+
+    def run_reorder(self, rows: np.ndarray, src: list[int], dst: list[int], shape) -> None:
+        """DeviceOps.gather on CUDA: the reorder graph from one buffer set into the other."""
+        rb = self.reorder.io_binding()
+        rb.bind_cpu_input("beam_idx", rows)
+        self.bind_tensors(rb, "input", self.cache_names, src, shape)
+        self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
+        self.reorder.run_with_iobinding(rb)
+        rb.synchronize_outputs()
 
 
-class HostCache:
-    """The cache as numpy arrays (B, H, C, Dh) on the CPU: zeros from the allocator, so positions
-    not yet written are pages never made resident; writes and reorders are numpy in place."""
-
-    def __init__(self, backend: OrtBackend, shape: tuple[int, int, int, int]):
-        self.backend, self.capacity = backend, shape[2]
-        self.keys = backend.cache_names
-        self.arrays = [np.zeros(shape, backend.kv_dtype) for _ in self.keys]
-        self.new = [np.empty((shape[0], shape[1], 1, shape[3]), backend.kv_dtype) for _ in self.keys]
-
-    def bind(self, binding) -> None:
-        for name, a in zip(self.keys, self.arrays):
-            binding.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-
-    def bind_new(self, binding) -> None:
-        for name, a in zip(self.backend.new_names, self.new):
-            binding.bind_output(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-
-    def write(self, p: int) -> None:
-        for a, n in zip(self.arrays, self.new):
-            a[:, :, p] = n[:, :, 0]
-
-    def grow(self, capacity: int, p: int) -> None:
-        grown = []
-        for a in self.arrays:
-            g = np.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype)
-            g[:, :, :p] = a[:, :, :p]
-            grown.append(g)
-        self.arrays, self.capacity = grown, capacity
-
-    def reorder(self, beam_idx: np.ndarray, p: int) -> None:
-        for a in self.arrays:
-            a[:, :, :p] = a[beam_idx, :, :p]  # only the written positions: the rest stay zero pages
-
-
-class DeviceCache:
-    """The cache as ONNX Runtime device buffers on CUDA: new keys and values are copied in at the
-    step's position, and a full cache into a longer one, by strided device copies (xform.runtime.cuda);
-    beam search reorders through the reorder graph, which writes a reordered copy."""
-
-    def __init__(self, backend: OrtBackend, shape: tuple[int, int, int, int]):
-        self.backend, self.capacity = backend, shape[2]
-        self.keys = backend.cache_names
-        self.values = [self.zeros(shape) for _ in self.keys]
-        self.new = [self.zeros((shape[0], shape[1], 1, shape[3])) for _ in self.keys]
-
-    def zeros(self, shape):
-        b = self.backend
-        value = b.ort.OrtValue.ortvalue_from_shape_and_type(list(shape), b.kv_dtype, "cuda", 0)
-        zero(b.cudart, value.data_ptr(), int(np.prod(shape)) * b.kv_dtype.itemsize, 0, "zeroing the K/V cache")
-        return value
-
-    def bind(self, binding) -> None:
-        for name, v in zip(self.keys, self.values):
-            binding.bind_ortvalue_input(name, v)
-
-    def bind_new(self, binding) -> None:
-        for name, v in zip(self.backend.new_names, self.new):
-            binding.bind_ortvalue_output(name, v)
-
-    def copy(self, dst, dst_pos: int, dst_len: int, src, src_len: int, positions: int, what: str) -> None:
-        b = self.backend
-        item = b.head_dim * b.kv_dtype.itemsize  # one position of one row
-        copy_rows(b.cudart, dst.data_ptr() + dst_pos * item, dst_len * item, src.data_ptr(), src_len * item,
-                  positions * item, b.B * b.kv_heads, 0, what)
-
-    def write(self, p: int) -> None:
-        for c, n in zip(self.values, self.new):
-            self.copy(c, p, self.capacity, n, 1, 1, f"writing position {p} of the K/V cache")
-        self.sync()
-
-    def grow(self, capacity: int, p: int) -> None:
-        b = self.backend
-        grown = [self.zeros((b.B, b.kv_heads, capacity, b.head_dim)) for _ in self.values]
-        for g, c in zip(grown, self.values):
-            self.copy(g, 0, capacity, c, self.capacity, p, f"growing the K/V cache to {capacity}")
-        self.sync()
-        self.values, self.capacity = grown, capacity
-
-    def sync(self) -> None:
-        """The copies ran on the default stream; they finish before the next graph reads the cache."""
-        cuda_check(self.backend.cudart, self.backend.cudart.cudaStreamSynchronize(0), "cudaStreamSynchronize")
-
-    def reorder(self, beam_idx: np.ndarray, p: int) -> None:
-        b = self.backend
-        rb = b.reorder.io_binding()
-        rb.bind_cpu_input("beam_idx", beam_idx)
-        for name, value in zip(self.keys, self.values):
-            rb.bind_ortvalue_input(name, value)
-        for name in b.reordered_names:
-            rb.bind_output(name, "cuda")
-        b.reorder.run_with_iobinding(rb)
-        self.values = rb.get_outputs()
+def bind_host(binding, kind: str, name: str, array: np.ndarray) -> None:
+    """Bind a contiguous numpy array in place (ONNX Runtime reads or writes its memory)."""
+    bind = binding.bind_input if kind == "input" else binding.bind_output
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
 
 
 class SharedWeight:

@@ -112,7 +112,9 @@ class Session:
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
                on_step: Callable[[int], None] | None = None):
-        """The one decoding loop, for every strategy and backend."""
+        """The one decoding loop, for every strategy and backend. The strategy's row index
+        (`beam_idx`) reorders the backend's rows for beam search and drops finished ones, so the
+        rows run per step fall as sources end."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         strategy = make_strategy(src_ids.shape[0], gen, self.special, return_scores)
         limit = getattr(self.backend, "max_rows", None)
@@ -121,11 +123,14 @@ class Session:
                              f"{strategy.rows // src_ids.shape[0]} (--num-beams / --num-return-sequences) = "
                              f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
                              "with a larger --max-batch or --max-beams")
-        self.backend.start(strategy.expand(src_ids), strategy.expand(src_lengths))
+        self.backend.start(src_ids, src_lengths, strategy.group)  # each source encoded once
         tokens = np.full(strategy.rows, self.start_id, np.int64)
         beam_idx = None
+        # beam candidates ranked where the logits are, when the backend can (ONNX Runtime's graph)
+        ranked = {"candidates": strategy.candidates_wanted} if (
+            strategy.candidates_wanted and getattr(self.backend, "has_candidates", False)) else {}
         for step in range(gen.max_new_tokens):
-            nxt, logits = self.backend.step(tokens, gen.min_new_tokens, strategy.needs_logits, beam_idx)
+            nxt, logits = self.backend.step(tokens, gen.min_new_tokens, strategy.needs_logits, beam_idx, **ranked)
             tokens, beam_idx = strategy.advance(step, nxt, logits)
             if on_step is not None:
                 on_step(step)

@@ -1,14 +1,14 @@
 """The TensorRT backend: the bundle's engines on an NVIDIA GPU, through cuda-bindings.
 
 Device buffers are allocated once, at the engines' profile maximum. The encoder writes the cross
-K/V and the source mask straight into the buffers the decoder reads. The self-attention cache is
-one (B, H, C, Dh) buffer per layer, key and value (contract.py): the decoder reads it in place and
-writes only the new token's keys and values, which one strided device copy puts at the step's
-position. Its capacity C starts at INITIAL_CAPACITY and doubles when full (a copy into the second
-buffer set, which also receives beam search's reorder), so a short decode attends over a short
-cache. Each step copies the input ids in (8 bytes a row) and only the next ids out, plus the
-logits when asked (--check). Every CUDA and TensorRT status is checked. Works with `tensorrt`
-and `tensorrt_rtx` alike.
+K/V (one copy a source, whatever its beams) and the source mask straight into the buffers the
+decoder reads. The self-attention cache is runtime/cache.py's DeviceCache, the same object ONNX
+Runtime uses on CUDA: the decoder reads it in place and writes only the new token's keys and
+values, which one strided device copy puts at the step's position; its capacity starts at
+INITIAL_CAPACITY and doubles when full; beam search's reorder and finished rows leaving the batch
+are one gather by the reorder engine into the second buffer set. Each step copies the input ids
+in (8 bytes a row) and only the next ids out, plus the logits when asked (--check). Every CUDA
+and TensorRT status is checked. Works with `tensorrt` and `tensorrt_rtx` alike.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from xform.contract import DECODER, ENCODER, REORDER, GraphSpec, TensorSpec, kv_
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cuda import copy_rows, cuda_check, import_cudart, zero
+from xform.runtime.cache import DeviceCache, DeviceRows
+from xform.runtime.cuda import CudaOps, cuda_check, import_cudart
 from xform.runtime.gpu import gpu_info
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class TrtBackend:
         self.enc_ctx = self.encoder.create_execution_context()
         self.dec_ctx = self.decoder.create_execution_context()
         self.reorder_spec = bundle.graph_spec(REORDER)
-        self.reorder = self.deserialize(bundle, reorder_entry, self.reorder_spec)  # beam search's cache gather
+        self.reorder = self.deserialize(bundle, reorder_entry, self.reorder_spec)  # gathers rows: beams, compaction
         self.reorder_ctx = self.reorder.create_execution_context()
         if self.enc_ctx is None or self.dec_ctx is None or self.reorder_ctx is None:
             raise XformError("TensorRT could not create an execution context (out of GPU memory?)")
@@ -90,6 +91,7 @@ class TrtBackend:
                                  "cudaStreamCreateWithFlags")
         prof = dec_entry["profile"]
         self.max_batch, self.max_src = prof["batch"][2], prof["src_len"][2]
+        self.max_sources = prof.get("src_batch", prof["batch"])[2]
         self.max_steps = prof["cache_len"][2]
         cfg = bundle.config
         self.n_layers, self.vocab = cfg["n_decoder_layers"], cfg["tgt_vocab_size"]
@@ -122,21 +124,27 @@ class TrtBackend:
         return buf
 
     def allocate(self) -> None:
-        B, S, P = self.max_batch, self.max_src, self.max_steps
-        self.enc_bufs = {t.name: self.alloc(t, batch=B, src_len=S) for t in (*self.enc_spec.inputs, *self.enc_spec.outputs)}
+        """Everything at the profile's maximum, once: no decode allocates device memory."""
+        R, Bs, S, P = self.max_batch, self.max_sources, self.max_src, self.max_steps
+        self.enc_bufs = {t.name: self.alloc(t, batch=Bs, src_len=S) for t in self.enc_spec.inputs}
+        self.enc_bufs["src_mask"] = self.alloc(self.enc_spec.output("src_mask"), batch=Bs, src_len=S)
         dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
-        self.dec_bufs = {n: self.alloc(dec[n], batch=B) for n in ("input_ids", "min_new_tokens", "past_len", "logits",
+        self.dec_bufs = {n: self.alloc(dec[n], batch=R) for n in ("input_ids", "min_new_tokens", "past_len", "logits",
                                                                   "next_ids")}
         self.cache_names, self.new_names = kv_names("cache", self.n_layers), kv_names("new", self.n_layers)
-        # two cache sets: a step reads and updates the current one in place; growing the capacity
-        # and beam search's reorder copy the current set into the other, which becomes current
-        self.cache = [[self.alloc(dec[n], batch=B, cache_len=P) for n in self.cache_names] for _ in range(2)]
-        self.new = [self.alloc(dec[n], batch=B) for n in self.new_names]
-        self.current = 0
-        self.beam_buf = self.alloc(self.reorder_spec.input("beam_idx"), batch=B)
         self.cross_names = kv_names("cross", self.n_layers)
         self.kv_spec = dec[self.cache_names[0]]
-        self.kv_item = self.kv_spec.shape[3] * np.dtype(self.kv_spec.dtype).itemsize  # one position of one row
+        H, D, item = self.kv_spec.shape[1], self.kv_spec.shape[3], np.dtype(self.kv_spec.dtype).itemsize
+        self.ops = CudaOps(self.cudart, self.stream, self.run_reorder)
+        # one cache and one cross object (runtime/cache.py), both buffer sets reserved at the maximum
+        self.cache = DeviceCache(self.ops, len(self.cache_names), item)
+        self.cross = DeviceRows(self.ops, len(self.cross_names), item)
+        for which in (0, 1):
+            self.cache.reserve(which, (R, H, P, D))
+            self.cross.reserve(which, (Bs, H, S, D))
+        self.cache.reset((R, H, 1, D))  # the `new` buffers, at the most rows
+        self.beam_buf = self.alloc(self.reorder_spec.input("beam_idx"), batch=R)
+        self.mask_shape = (0, 0)
 
     # -- helpers -------------------------------------------------------------------------------
     def h2d(self, buf: DeviceBuffer, array: np.ndarray) -> None:
@@ -157,10 +165,10 @@ class TrtBackend:
     def cuda_sync(self) -> None:
         cuda_check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
-    def bind(self, ctx, name: str, buf: DeviceBuffer, shape: tuple[int, ...] | None = None) -> None:
+    def bind(self, ctx, name: str, ptr: int, shape: tuple[int, ...] | None = None) -> None:
         if shape is not None and not ctx.set_input_shape(name, shape):
             raise XformError(f"TensorRT rejected shape {shape} for {name} (outside the engine's profile?)")
-        if not ctx.set_tensor_address(name, buf.ptr):
+        if not ctx.set_tensor_address(name, ptr):
             raise XformError(f"TensorRT rejected the address of {name}")
 
     def execute(self, ctx, what: str) -> None:
@@ -171,92 +179,99 @@ class TrtBackend:
             raise XformError(f"TensorRT {what}: execute_async_v3 failed: see the TensorRT log above")
 
     # -- the backend interface -------------------------------------------------------------------
-    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
-        B, S = src_ids.shape
-        if B > self.max_batch:
-            raise InputError(f"{B} rows (batch x beams x samples) exceed the engines' profile batch {self.max_batch}; "
-                             "rebuild with a larger --max-batch or --max-beams")
+    def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
+        Bs, S = src_ids.shape
+        R = Bs * group
+        if R > self.max_batch or Bs > self.max_sources:
+            raise InputError(f"{Bs} sources x {group} rows each = {R} rows exceed the engines' profile "
+                             f"({self.max_sources} sources, {self.max_batch} rows); rebuild with a larger --max-batch "
+                             "or --max-beams")
         if S > self.max_src:
             raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a larger one")
-        self.B, self.S, self.steps, self.current = B, S, 0, 0
-        self.capacity = min(INITIAL_CAPACITY, self.max_steps)
-        for buf in (*self.cache[0], *self.cache[1]):  # masked positions hold zeros, never a stale NaN
-            zero(self.cudart, buf.ptr, buf.nbytes, self.stream, "zeroing the K/V cache")
+        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        self.group, self.steps = group, 0
+        self.cross.reset((Bs, H, S, D), zero=False)  # the encoder writes it whole
+        self.cache.reset((R, H, min(INITIAL_CAPACITY, self.max_steps), D))  # masked positions hold zeros
         self.h2d(self.enc_bufs["src_ids"], src_ids)
         self.h2d(self.enc_bufs["src_lengths"], src_lengths)
-        self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"], (B, S))
-        self.bind(self.enc_ctx, "src_lengths", self.enc_bufs["src_lengths"], (B,))
-        for name in self.enc_spec.output_names:
-            self.bind(self.enc_ctx, name, self.enc_bufs[name])
+        self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"].ptr, (Bs, S))
+        self.bind(self.enc_ctx, "src_lengths", self.enc_bufs["src_lengths"].ptr, (Bs,))
+        for name, ptr in zip(self.cross_names, self.cross.addresses()):
+            self.bind(self.enc_ctx, name, ptr)
+        self.bind(self.enc_ctx, "src_mask", self.enc_bufs["src_mask"].ptr)
         self.execute(self.enc_ctx, "encoder")
-        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
-        for name in self.cross_names:  # the decoder reads the encoder's outputs in place
-            self.bind(self.dec_ctx, name, self.enc_bufs[name], (B, H, S, D))
-        self.bind(self.dec_ctx, "src_mask", self.enc_bufs["src_mask"], (B, S))
+        self.mask_shape = (Bs, S)
 
     @property
     def max_rows(self) -> int:
         return self.max_batch
 
-    def shape(self) -> tuple[int, int, int, int]:
-        return self.B, self.kv_spec.shape[1], self.capacity, self.kv_spec.shape[3]
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
 
-    def copy_cache(self, capacity: int, positions: int, what: str) -> None:
-        """The current set's first `positions` positions into the other set, laid out for `capacity`;
-        the other set becomes current."""
-        rows = self.B * self.kv_spec.shape[1]
-        for src, dst in zip(self.cache[self.current], self.cache[1 - self.current]):
-            copy_rows(self.cudart, dst.ptr, capacity * self.kv_item, src.ptr, self.capacity * self.kv_item,
-                      positions * self.kv_item, rows, self.stream, what)
-        self.current, self.capacity = 1 - self.current, capacity
+    def run_reorder(self, rows: np.ndarray, src: list[int], dst: list[int], shape) -> None:
+        """DeviceOps.gather: the reorder engine reads one buffer set and writes the other. Only the
+        row index (8 bytes a row) crosses the bus."""
+        self.h2d(self.beam_buf, rows)
+        self.bind(self.reorder_ctx, "beam_idx", self.beam_buf.ptr, (len(rows),))
+        for name, ptr in zip(self.cache_names, src):
+            self.bind(self.reorder_ctx, name, ptr, tuple(shape))
+        for name, ptr in zip(kv_names("reordered", self.n_layers), dst):
+            self.bind(self.reorder_ctx, name, ptr)
+        self.execute(self.reorder_ctx, f"row gather before step {self.steps}")
 
-    def reorder_cache(self, beam_idx: np.ndarray) -> None:
-        """Gather the cache by beam_idx on the device: the reorder engine reads the current set and
-        writes the other, which becomes current. Only beam_idx (8 bytes a row) crosses the bus."""
-        self.h2d(self.beam_buf, np.ascontiguousarray(beam_idx, dtype=np.int64))
-        self.bind(self.reorder_ctx, "beam_idx", self.beam_buf, (self.B,))
-        src, dst = self.cache[self.current], self.cache[1 - self.current]
-        for i, name in enumerate(self.cache_names):
-            self.bind(self.reorder_ctx, name, src[i], self.shape())
-        for i, name in enumerate(kv_names("reordered", self.n_layers)):
-            self.bind(self.reorder_ctx, name, dst[i])
-        self.execute(self.reorder_ctx, f"cache reorder before step {self.steps}")
-        self.current = 1 - self.current
+    def gather(self, rows: np.ndarray, p: int) -> None:
+        """Row i continues row rows[i]; fewer rows drop the others, and every source none of the
+        remaining rows reads (its cross K/V on the device, its mask through the host: a few bytes)."""
+        before, g = self.rows, self.group
+        self.cache.gather(rows, p)
+        if len(rows) < before:
+            sources = rows[::g] // g
+            if len(sources) < self.cross.rows:
+                self.cross.gather(sources)
+                mask = self.d2h(self.enc_bufs["src_mask"], self.mask_shape, np.float32)
+                self.cuda_sync()
+                self.h2d(self.enc_bufs["src_mask"], mask[sources])
+                self.mask_shape = (len(sources), self.mask_shape[1])
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
         if self.steps >= self.max_steps:
             raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
                              "rebuild with a larger one")
+        p = self.steps
         if beam_idx is not None:
-            self.reorder_cache(beam_idx)
-        B, p = self.B, self.steps
-        if p == self.capacity:
-            self.copy_cache(min(2 * p, self.max_steps), p, f"growing the K/V cache past {p} positions")
-        self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(B, 1))
+            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64), p)
+        if p == self.cache.capacity:
+            self.cache.grow(min(2 * p, self.max_steps), p)
+        R = self.rows
+        self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(R, 1))
         self.h2d(self.dec_bufs["min_new_tokens"], np.array([min_new_tokens], np.int64))
         self.h2d(self.dec_bufs["past_len"], np.array([p], np.int64))
-        self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"], (B, 1))
-        self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"], (1,))
-        self.bind(self.dec_ctx, "past_len", self.dec_bufs["past_len"], (1,))
-        cache = self.cache[self.current]
-        for i, name in enumerate(self.cache_names):
-            self.bind(self.dec_ctx, name, cache[i], self.shape())
-        for i, name in enumerate(self.new_names):
-            self.bind(self.dec_ctx, name, self.new[i])
-        self.bind(self.dec_ctx, "logits", self.dec_bufs["logits"])
-        self.bind(self.dec_ctx, "next_ids", self.dec_bufs["next_ids"])
+        self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"].ptr, (R, 1))
+        self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"].ptr, (1,))
+        self.bind(self.dec_ctx, "past_len", self.dec_bufs["past_len"].ptr, (1,))
+        for name, ptr in zip(self.cache_names, self.cache.addresses()):
+            self.bind(self.dec_ctx, name, ptr, self.cache.shape)
+        for name, ptr in zip(self.cross_names, self.cross.addresses()):
+            self.bind(self.dec_ctx, name, ptr, self.cross.shape)
+        self.bind(self.dec_ctx, "src_mask", self.enc_bufs["src_mask"].ptr, self.mask_shape)
+        for name, ptr in zip(self.new_names, self.cache.new_addresses()):
+            self.bind(self.dec_ctx, name, ptr)
+        self.bind(self.dec_ctx, "logits", self.dec_bufs["logits"].ptr)
+        self.bind(self.dec_ctx, "next_ids", self.dec_bufs["next_ids"].ptr)
         self.execute(self.dec_ctx, f"decoder step {p}")
-        rows = B * self.kv_spec.shape[1]
-        for c, n in zip(cache, self.new):  # the new position into the cache, in place
-            copy_rows(self.cudart, c.ptr + p * self.kv_item, self.capacity * self.kv_item, n.ptr, self.kv_item,
-                      self.kv_item, rows, self.stream, f"writing position {p} of the K/V cache")
-        next_ids = self.d2h(self.dec_bufs["next_ids"], (B,), np.int64)
-        logits = self.d2h(self.dec_bufs["logits"], (B, self.vocab), np.float32) if want_logits else None
+        self.cache.write(p)  # the new position into the cache, in place
+        next_ids = self.d2h(self.dec_bufs["next_ids"], (R,), np.int64)
+        logits = self.d2h(self.dec_bufs["logits"], (R, self.vocab), np.float32) if want_logits else None
         self.cuda_sync()
         self.steps += 1
         return next_ids, logits
 
     def close(self) -> None:
+        for obj in (getattr(self, "cache", None), getattr(self, "cross", None)):
+            if obj is not None:
+                obj.release()
         for buf in self.buffers:
             self.cudart.cudaFree(buf.ptr)
         self.buffers = []

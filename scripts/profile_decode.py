@@ -1,0 +1,90 @@
+"""Where a decode's time goes, on the ONNX Runtime backend: encoder, decoder graph, candidates graph,
+cache writes and gathers, and the host's strategy (beam search in numpy), per step.
+
+    python scripts/profile_decode.py BUNDLE [--batch 16] [--beams 4] [--src-len 32] [--new-tokens 64]
+                                     [--threads 2] [--iters 3] [--expanded]
+
+Every decode runs exactly --new-tokens steps (min_new_tokens = max_new_tokens), as the peer
+benchmark does. `--expanded` gives each beam its own copy of its source's encoding (the encoder
+runs on the sources repeated num_beams times, the decoder reads num_beams copies), which is what
+xform did before beams shared their source: the comparison behind docs/design.md, "Beams share
+their source".
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def timed(table: dict, name: str, fn):
+    def wrapper(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            table[name] += time.perf_counter() - t0
+    return wrapper
+
+
+def main() -> None:
+    import xform
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--beams", type=int, default=4)
+    ap.add_argument("--src-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--expanded", action="store_true", help="a copy of the encoding per beam (the old layout)")
+    args = ap.parse_args()
+
+    session = xform.load(args.bundle, backend="ort", threads=args.threads)
+    b = session.backend
+    cfg = session.config
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, cfg["src_vocab_size"] - 2, (args.batch, args.src_len)).astype(np.int64)
+    src[src == session.pad_id] = 2
+    src[:, -1] = session.eos_id
+    t: dict[str, float] = defaultdict(float)
+    start = b.start
+    if args.expanded:
+        def start(src_ids, src_lengths, group=1, _start=b.start):
+            return _start(np.repeat(src_ids, group, 0), np.repeat(src_lengths, group, 0), 1)
+    b.encoder.run_with_iobinding = timed(t, "encoder graph", b.encoder.run_with_iobinding)
+    b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
+    b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)
+    b.gather = timed(t, "row gathers (beams, compaction)", b.gather)
+    b.start = timed(t, "start (encoder, buffers)", start)
+    b.step = timed(t, "backend step", b.step)
+    from xform.runtime import decoding
+    for cls in (decoding.Greedy, decoding.BeamSearch):
+        cls.advance = timed(t, "strategy (host)", cls.advance)
+    gen = session.generation_config(args.new_tokens, min_new_tokens=args.new_tokens, num_beams=args.beams)
+    lens = np.full(args.batch, args.src_len, np.int64)
+    session.decode(src, lens, gen)  # warm-up
+    walls = []
+    for _ in range(args.iters):
+        t.clear()
+        t0 = time.perf_counter()
+        session.decode(src, lens, gen)
+        walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    rows = args.batch * args.beams
+    print(f"{args.bundle}: batch {args.batch} x beams {args.beams} = {rows} rows, src_len {args.src_len}, "
+          f"{args.new_tokens} steps, {args.threads} threads{', expanded encodings' if args.expanded else ''}")
+    print(f"wall {wall * 1e3:.0f} ms (median of {args.iters}), {args.batch * args.new_tokens / wall:.1f} tokens/s")
+    other = t["backend step"] - t["decoder graph"] - t["candidates graph"] - t["row gathers (beams, compaction)"]
+    parts = {k: v for k, v in t.items() if k != "backend step"}
+    parts["cache writes, binding, copies"] = other
+    for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:34s} {v * 1e3:9.1f} ms  {v / wall:6.1%}  ({v / args.new_tokens * 1e3:.2f} ms a step)")
+
+
+if __name__ == "__main__":
+    main()

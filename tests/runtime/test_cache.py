@@ -1,0 +1,166 @@
+"""The one cache object (runtime/cache.py): the device implementation against the host one, and
+finished rows leaving the batch.
+
+DeviceCache runs here on `HeapOps`, a DeviceOps over one numpy byte array with addresses as
+offsets, doing exactly what the CUDA calls do (cudaMemsetAsync, cudaMemcpy2DAsync, the reorder
+graph's gather): so its address arithmetic, pitches, growth and buffer-set swaps are tested on
+the CPU, op for op against HostCache. On a GPU the same object runs on CudaOps (tests marked gpu).
+"""
+import numpy as np
+import pytest
+
+import xform
+from tests.marian_fixtures import sources
+from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
+
+
+class HeapOps:
+    """Device memory as a numpy byte heap; a pointer is an offset (from 256, never null)."""
+
+    def __init__(self, nbytes: int = 1 << 22, dtype=np.float32):
+        self.heap = np.full(nbytes, 0xFF, np.uint8)  # never-written memory reads as NaN in float32
+        self.top, self.dtype, self.live = 256, np.dtype(dtype), set()
+
+    def alloc(self, nbytes: int) -> int:
+        ptr, self.top = self.top, self.top + (nbytes + 255) // 256 * 256
+        assert self.top <= len(self.heap), "heap exhausted"
+        self.live.add(ptr)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self.live.remove(ptr)
+
+    def zero(self, ptr: int, nbytes: int) -> None:
+        self.heap[ptr:ptr + nbytes] = 0
+
+    def copy_rows(self, dst, dst_pitch, src, src_pitch, width, rows) -> None:  # cudaMemcpy2D
+        for r in range(rows):
+            self.heap[dst + r * dst_pitch:dst + r * dst_pitch + width] = \
+                self.heap[src + r * src_pitch:src + r * src_pitch + width].copy()
+
+    def view(self, ptr: int, shape) -> np.ndarray:
+        n = int(np.prod(shape)) * self.dtype.itemsize
+        return self.heap[ptr:ptr + n].view(self.dtype).reshape(shape)
+
+    def gather(self, rows, src, dst, shape) -> None:  # the reorder graph
+        for s, d in zip(src, dst):
+            self.view(d, (len(rows), *shape[1:]))[:] = self.view(s, shape)[rows]
+
+
+def device_arrays(ops: HeapOps, cache) -> list[np.ndarray]:
+    return [ops.view(p, cache.shape).copy() for p in cache.addresses()]
+
+
+def test_device_cache_equals_host_cache_op_for_op():
+    """A decode's life, written, grown, reordered and compacted, on both implementations: every
+    buffer equal after every operation, unwritten positions zero (never the heap's NaN)."""
+    rng = np.random.default_rng(0)
+    ops = HeapOps()
+    n, (R, H, C, D) = 4, (6, 3, 2, 5)
+    host = HostCache(n, (R, H, C, D), np.float32)
+    dev = DeviceCache(ops, n, 4)
+    dev.reset((R, H, C, D))
+    p = 0
+
+    def write():
+        nonlocal p
+        rows = host.shape[0]
+        for a, ptr in zip(host.new, dev.new_addresses()):
+            a[...] = rng.normal(size=a.shape)
+            ops.view(ptr, (rows, H, 1, D))[:] = a
+        if p == host.capacity:
+            host.grow(2 * p, p)
+            dev.grow(2 * p, p)
+        host.write(p)
+        dev.write(p)
+        p += 1
+
+    plan = [write, write, write, lambda: (host.gather(np.array([2, 2, 0, 5, 1, 3]), p),
+                                          dev.gather(np.array([2, 2, 0, 5, 1, 3]), p)),
+            write, lambda: (host.gather(np.array([4, 1, 0]), p), dev.gather(np.array([4, 1, 0]), p)),
+            write, write, lambda: (host.gather(np.array([2]), p), dev.gather(np.array([2]), p)), write]
+    for op in plan:
+        op()
+        assert dev.shape == host.shape
+        for h, d in zip(host.arrays, device_arrays(ops, dev)):
+            np.testing.assert_array_equal(d, h)
+            assert not h[:, :, p:].any()  # positions never written are zeros on both
+    assert host.shape == (1, H, 8, D) and p == 7  # grown 2 -> 4 -> 8, compacted 6 -> 3 -> 1 rows
+
+
+def test_rows_gather_and_buffers_only_grow():
+    ops = HeapOps()
+    rows = DeviceRows(ops, 2, 4)
+    rows.reset((4, 2, 3, 2), zero=False)
+    host = HostRows(2, (4, 2, 3, 2), np.float32)
+    for a, ptr in zip(host.arrays, rows.addresses()):
+        a[...] = np.arange(a.size).reshape(a.shape)
+        ops.view(ptr, a.shape)[:] = a
+    host.gather(np.array([3, 1]))
+    rows.gather(np.array([3, 1]))
+    for h, d in zip(host.arrays, device_arrays(ops, rows)):
+        np.testing.assert_array_equal(d, h)
+    first = list(rows.sets[0])
+    rows.reset((2, 2, 3, 2), zero=False)  # a smaller decode reuses the buffers
+    assert rows.sets[0] == first
+    rows.release()
+    assert not ops.live
+
+
+def rows_per_step(session):
+    """Wrap the backend's step to record how many rows it runs at each step."""
+    seen, step = [], session.backend.step
+
+    def counting(input_ids, *args, **kw):
+        seen.append(len(input_ids))
+        return step(input_ids, *args, **kw)
+    session.backend.step = counting
+    return seen
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_finished_rows_leave_and_the_rest_decode_as_alone(demo_bundle, backend):
+    """'7' ends after one word, '999999' runs long: the rows the backend runs fall as rows end,
+    and every row's tokens equal its decoding alone."""
+    session = xform.load(demo_bundle, backend=backend)
+    texts = ["7", "999999", "40", "123456", "5"]
+    src = session.encode_texts(texts)
+    seen = rows_per_step(session)
+    got = session.generate(src, max_new_tokens=20)
+    assert seen[0] == 5 and seen[-1] < 5 and seen == sorted(seen, reverse=True)
+    assert sum(seen) < 5 * len(seen)  # rows really left: fewer row-steps than a full batch
+    for r, text in enumerate(texts):
+        alone = session.generate(session.encode_texts([text]), max_new_tokens=20)
+        np.testing.assert_array_equal(got[r, :alone.shape[1]], alone[0])
+        assert (got[r, alone.shape[1]:] == session.pad_id).all()
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_beams_of_a_finished_source_leave_together(marians, backend):
+    """Beam search drops a source's beams once its hypotheses are final: rows fall in multiples
+    of num_beams, and tokens and scores stay those of the same sources searched one by one."""
+    _, model, bundle = marians["swish-scaled"]
+    src, _ = sources(model.config, [7, 3, 9, 5, 2], seed=4)
+    session = xform.load(bundle, backend=backend)
+    seen = rows_per_step(session)
+    got, scores = session.generate(src.numpy(), max_new_tokens=14, num_beams=3, early_stopping=True,
+                                   return_scores=True)
+    assert seen[0] == 15 and seen[-1] < 15 and all(n % 3 == 0 for n in seen), seen
+    for r in range(len(src)):
+        row = src[r:r + 1].numpy()
+        row = row[:, :int((row != session.pad_id).sum())]
+        alone, s = session.generate(row, max_new_tokens=14, num_beams=3, early_stopping=True, return_scores=True)
+        np.testing.assert_array_equal(got[r, :alone.shape[1]], alone[0])
+        np.testing.assert_allclose(scores[r], s[0], rtol=0, atol=1e-5)
+
+
+def test_samples_of_a_source_leave_together(demo_bundle):
+    """num_return_sequences samples are a source's rows: the same tokens as without compaction
+    (one random draw a row per step either way), and rows leave only when all its samples end."""
+    session = xform.load(demo_bundle, backend="ort")
+    src = session.encode_texts(["7", "999999", "31"])
+    seen = rows_per_step(session)
+    got = session.generate(src, max_new_tokens=20, do_sample=True, num_return_sequences=2, seed=5, temperature=2.0)
+    assert seen[0] == 6 and seen[-1] < 6 and all(n % 2 == 0 for n in seen), seen
+    again = session.generate(src, max_new_tokens=20, do_sample=True, num_return_sequences=2, seed=5, temperature=2.0)
+    np.testing.assert_array_equal(got, again)

@@ -1,0 +1,199 @@
+"""The decoder's K/V caches as one object with the operations decoding needs, on the host or a device.
+
+A decode is a set of rows (DESIGN section 1). Every layer's self-attention keys and values are a
+(rows, H, C, Dh) buffer of capacity C, updated in place (contract.py); the encoder's cross
+keys and values are (sources, H, S, Dh), one copy per source however many rows decode it (beams
+and samples of a source are its rows: the decoder graph treats them as extra queries). Both are a
+`RowBuffers`: tensors whose first axis is gathered together.
+
+    cache.write(p)              # the step's new keys / values (cache.new) into position p
+    cache.grow(capacity, p)     # a longer buffer holding the first p positions
+    cache.gather(rows, p)       # row i continues row rows[i]: beam search's reorder, and, when
+                                # rows is shorter, finished rows leaving the batch (compaction)
+    cache.addresses(), cache.shape   # what a backend binds
+
+`HostCache` keeps numpy arrays and does all of it in place (a compacted cache is a view of its
+first rows; positions never written are zero pages). `DeviceCache` keeps two sets of device
+buffers and does the same with strided device copies and a gather run by the backend (the
+reorder graph or engine), through a small `DeviceOps` interface, so that ONNX Runtime on CUDA
+and TensorRT share it (and a test can run it on host memory). Unwritten positions always hold
+zeros: masked positions must be finite, since 0 x NaN is NaN.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class HostRows:
+    """Tensors (rows, H, L, Dh) in numpy, gathered together along rows, in place."""
+
+    def __init__(self, n: int, shape: tuple[int, int, int, int], dtype):
+        self.arrays = [np.zeros(shape, dtype) for _ in range(n)]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.arrays[0].shape
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def addresses(self) -> list[int]:
+        return [a.ctypes.data for a in self.arrays]
+
+    def gather(self, rows: np.ndarray, p: int | None = None) -> None:
+        """Row i becomes row rows[i] (only the first p positions are copied; the rest stay zero);
+        fewer rows than before keep the first len(rows) of the buffer: nothing is allocated."""
+        n, cut = len(rows), slice(None) if p is None else slice(None, p)
+        for a in self.arrays:
+            a[:n, :, cut] = a[rows, :, cut]  # the right side is a copy: overlapping rows are safe
+        if n < self.rows:
+            self.arrays = [a[:n] for a in self.arrays]  # a C-contiguous view of the first rows
+
+
+class HostCache(HostRows):
+    """The self-attention cache on the host: numpy arrays, written, grown and gathered in place."""
+
+    def __init__(self, n: int, shape: tuple[int, int, int, int], dtype):
+        super().__init__(n, shape, dtype)
+        self.new = [np.empty((shape[0], shape[1], 1, shape[3]), dtype) for _ in range(n)]
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[2]
+
+    def new_addresses(self) -> list[int]:
+        return [a.ctypes.data for a in self.new]
+
+    def write(self, p: int) -> None:
+        for a, n in zip(self.arrays, self.new):
+            a[:, :, p] = n[:, :, 0]
+
+    def grow(self, capacity: int, p: int) -> None:
+        grown = []
+        for a in self.arrays:
+            g = np.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype)
+            g[:, :, :p] = a[:, :, :p]
+            grown.append(g)
+        self.arrays = grown
+
+    def gather(self, rows: np.ndarray, p: int | None = None) -> None:
+        super().gather(rows, p)
+        self.new = [a[:len(rows)] for a in self.new]
+
+
+class DeviceOps(Protocol):
+    """What DeviceCache needs from a device: memory, strided copies, and a gather along rows."""
+
+    def alloc(self, nbytes: int) -> int: ...
+
+    def free(self, ptr: int) -> None: ...
+
+    def zero(self, ptr: int, nbytes: int) -> None: ...
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None: ...
+
+    def gather(self, rows: np.ndarray, src: list[int], dst: list[int], shape: tuple[int, ...]) -> None:
+        """dst[i] (len(rows), *shape[1:]) = src[i] (shape) gathered by rows along the first axis."""
+
+
+class DeviceRows:
+    """Tensors (rows, H, L, Dh) on a device, in two buffer sets: a gather reads the current set
+    and writes the other, which becomes current. Buffers only grow, and are kept between decodes."""
+
+    def __init__(self, ops: DeviceOps, n: int, item: int):
+        self.ops, self.n, self.item = ops, n, item  # item: bytes of one element
+        self.sets: list[list[int]] = [[], []]
+        self.sizes = [0, 0]
+        self.current = 0
+        self.shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def nbytes(self, shape) -> int:
+        return max(int(np.prod(shape)) * self.item, 256)  # never a null address
+
+    def reserve(self, which: int, shape) -> list[int]:
+        """Set `which`, holding at least `shape`."""
+        need = self.nbytes(shape)
+        if self.sizes[which] < need:
+            for ptr in self.sets[which]:
+                self.ops.free(ptr)
+            self.sets[which] = [self.ops.alloc(need) for _ in range(self.n)]
+            self.sizes[which] = need
+        return self.sets[which]
+
+    def reset(self, shape: tuple[int, int, int, int], zero: bool = True) -> None:
+        """A new decode: `shape`, zeros everywhere (a cache) or whatever the encoder writes (cross)."""
+        self.current, self.shape = 0, tuple(shape)
+        for ptr in self.reserve(0, shape):
+            if zero:
+                self.ops.zero(ptr, self.nbytes(shape))
+
+    def addresses(self) -> list[int]:
+        return self.sets[self.current]
+
+    def gather(self, rows: np.ndarray, p: int | None = None) -> None:
+        shape = (len(rows), *self.shape[1:])
+        dst = self.reserve(1 - self.current, shape)
+        self.ops.gather(np.ascontiguousarray(rows, dtype=np.int64), self.addresses(), dst, self.shape)
+        self.current, self.shape = 1 - self.current, shape
+
+    def release(self) -> None:
+        for s in self.sets:
+            for ptr in s:
+                self.ops.free(ptr)
+        self.sets, self.sizes = [[], []], [0, 0]
+
+
+class DeviceCache(DeviceRows):
+    """The self-attention cache on a device: the step's new keys and values are copied in at
+    their position, and a full cache into a longer one, by strided copies (B x H rows each)."""
+
+    def __init__(self, ops: DeviceOps, n: int, item: int):
+        super().__init__(ops, n, item)
+        self.new: list[int] = []
+        self.new_size = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[2]
+
+    def reset(self, shape: tuple[int, int, int, int], zero: bool = True) -> None:
+        super().reset(shape, zero)
+        need = self.nbytes((shape[0], shape[1], 1, shape[3]))
+        if self.new_size < need:
+            for ptr in self.new:
+                self.ops.free(ptr)
+            self.new, self.new_size = [self.ops.alloc(need) for _ in range(self.n)], need
+
+    def new_addresses(self) -> list[int]:
+        return self.new
+
+    def position(self) -> int:
+        return self.shape[3] * self.item  # bytes of one position of one row
+
+    def write(self, p: int) -> None:
+        R, H, C, _ = self.shape
+        w = self.position()
+        for c, n in zip(self.addresses(), self.new):
+            self.ops.copy_rows(c + p * w, C * w, n, w, w, R * H)
+
+    def grow(self, capacity: int, p: int) -> None:
+        R, H, C, D = self.shape
+        shape, w = (R, H, capacity, D), self.position()
+        dst = self.reserve(1 - self.current, shape)
+        for d, s in zip(dst, self.addresses()):
+            self.ops.zero(d, self.nbytes(shape))
+            self.ops.copy_rows(d, capacity * w, s, C * w, p * w, R * H)
+        self.current, self.shape = 1 - self.current, shape
+
+    def release(self) -> None:
+        super().release()
+        for ptr in self.new:
+            self.ops.free(ptr)
+        self.new, self.new_size = [], 0
