@@ -1,7 +1,7 @@
-"""Greedy speed of two xform checkouts, each on its own bundle of the same model, interleaved.
+"""Greedy (or beam) speed of two xform checkouts, each on its own bundle of the same model, interleaved.
 
     git worktree add /tmp/xform-old <commit>
-    python scripts/bench_greedy_ab.py /tmp/xform-old OLD_BUNDLE . NEW_BUNDLE [--rounds 9]
+    python scripts/bench_greedy_ab.py /tmp/xform-old OLD_BUNDLE . NEW_BUNDLE [--rounds 9] [--beams 4]
 
 Each checkout's runtime runs in a process of its own (its `xform` imported from that checkout),
 2 threads, on scripts/bench_peers.py's sources (32 tokens) at batch 1 and 16, exactly 64 new
@@ -22,7 +22,7 @@ import numpy as np
 NEW_TOKENS = 64
 
 
-def worker(code: str, bundle: str, conn) -> None:
+def worker(code: str, bundle: str, beams: int, conn) -> None:
     sys.path.insert(0, code)
     import xform
     if not xform.__file__.startswith(code):
@@ -32,7 +32,7 @@ def worker(code: str, bundle: str, conn) -> None:
     while (msg := conn.recv()) is not None:
         src, lens = msg
         t0 = time.perf_counter()
-        out = session.generate(src, lens, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+        out = session.generate(src, lens, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_beams=beams)
         conn.send((time.perf_counter() - t0, out))
 
 
@@ -40,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old_code"), ap.add_argument("old_bundle"), ap.add_argument("new_code"), ap.add_argument("new_bundle")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--beams", type=int, default=1)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_peers import sources
@@ -48,7 +49,7 @@ def main() -> None:
     ctx, conns = mp.get_context("spawn"), {}
     for name, (code, bundle) in engines.items():
         parent, child = ctx.Pipe()
-        ctx.Process(target=worker, args=(str(Path(code).resolve()), bundle, child), daemon=True).start()
+        ctx.Process(target=worker, args=(str(Path(code).resolve()), bundle, args.beams, child), daemon=True).start()
         if parent.recv() != "ready":
             raise RuntimeError(f"{name} did not start")
         conns[name] = parent

@@ -164,3 +164,20 @@ def test_samples_of_a_source_leave_together(demo_bundle):
     assert seen[0] == 6 and seen[-1] < 6 and all(n % 2 == 0 for n in seen), seen
     again = session.generate(src, max_new_tokens=20, do_sample=True, num_return_sequences=2, seed=5, temperature=2.0)
     np.testing.assert_array_equal(got, again)
+
+
+def test_one_process_pool_sized_by_the_first_backend(monkeypatch):
+    """The graphs of a backend share one ONNX Runtime pool (no spinning pool beside the decoder's);
+    a backend asking for another size keeps pools of its own."""
+    import xform.runtime.ort_backend as ob
+    made = []
+
+    class FakeOrt:
+        @staticmethod
+        def set_global_thread_pool_sizes(intra, inter):
+            made.append((intra, inter))
+    monkeypatch.setattr(ob, "POOL", [])
+    assert ob.process_pool(FakeOrt, 3) and ob.process_pool(FakeOrt, 3)
+    assert not ob.process_pool(FakeOrt, 2)
+    assert made == [(3, 1)]
+    assert 1 <= ob.physical_cores() <= (__import__("os").cpu_count() or 1)

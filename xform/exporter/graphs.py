@@ -69,7 +69,11 @@ class CandidatesGraph(nn.Module):
         self.model = model
 
     def forward(self, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor, past_len: Tensor):
-        scores = self.model.suppress(torch.log_softmax(logits, dim=-1), past_len[0], min_new_tokens[0])  # (R, V)
+        # suppression as a (V,) additive bias, so the one (R, V) pass after the log-softmax is an Add
+        # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base)
+        blocked = self.model.blocked_ids(past_len[0], min_new_tokens[0], logits.device)  # (V,)
+        bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
+        scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
         return torch.topk(scores, num_candidates[0], dim=-1)  # (R, K) each; K stays a graph input
 
 

@@ -148,14 +148,16 @@ class Seq2SeqTransformer(nn.Module):
     def suppress(self, logits: Tensor, n_generated: Tensor | int, min_new_tokens: Tensor | int) -> Tensor:
         """The logits greedy picks from: the pad id and banned ids never, end-of-sentence not before
         min_new_tokens."""
-        V = logits.shape[-1]
-        ids = torch.arange(V, device=logits.device)
+        return logits.masked_fill(self.blocked_ids(n_generated, min_new_tokens, logits.device), float("-inf"))
+
+    def blocked_ids(self, n_generated: Tensor | int, min_new_tokens: Tensor | int, device=None) -> Tensor:
+        """(V,) bool: the ids `suppress` removes at this step."""
+        ids = torch.arange(self.cfg.tgt_vocab_size, device=device)
         blocked = ids == self.cfg.pad_id
         for banned in self.cfg.banned_ids:
             blocked = blocked | (ids == banned)
         early = torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)
-        blocked = blocked | ((ids == self.cfg.eos_id) & early)
-        return logits.masked_fill(blocked, float("-inf"))
+        return blocked | ((ids == self.cfg.eos_id) & early)
 
 
 def reorder_cache(past: list[LayerKV], beam_idx: Tensor) -> list[LayerKV]:

@@ -47,8 +47,10 @@ class HostRows:
         """Row i becomes row rows[i] (only the first p positions are copied; the rest stay zero);
         fewer rows than before keep the first len(rows) of the buffer: nothing is allocated."""
         n, cut = len(rows), slice(None) if p is None else slice(None, p)
-        for a in self.arrays:
-            a[:n, :, cut] = a[rows, :, cut]  # the right side is a copy: overlapping rows are safe
+        moved = np.flatnonzero(rows != np.arange(n))  # a beam that continues itself stays where it is
+        if len(moved):
+            for a in self.arrays:
+                a[moved, :, cut] = a[rows[moved], :, cut]  # the right side is a copy: overlaps are safe
         if n < self.rows:
             self.arrays = [a[:n] for a in self.arrays]  # a C-contiguous view of the first rows
 
