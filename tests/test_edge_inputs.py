@@ -42,7 +42,7 @@ def test_characters_outside_a_vocabulary_without_unk_fail_alone(demo, monkeypatc
     assert results[1][1] is None and "'x' is not in the source vocabulary and it has no <unk>" in results[1][2]
 
 
-def test_a_thousand_lines_stream_in_batches_and_keep_their_order(demo, demo_bundle, tmp_path):
+def test_a_thousand_lines_stream_in_windows_and_keep_their_order(demo, demo_bundle, tmp_path):
     numbers = [str(n) for n in np.random.default_rng(3).integers(0, 1_000_000, 1000)]
     consumed = []
 
@@ -53,7 +53,7 @@ def test_a_thousand_lines_stream_in_batches_and_keep_their_order(demo, demo_bund
 
     results = demo.translate_lines(lines(), demo.generation_config(16), batch_size=64)
     first = next(results)
-    assert len(consumed) == 64  # one batch read, no more: memory holds a batch, not the file
+    assert len(consumed) == 8 * 64  # one window (read_ahead 8 batches) read, no more: not the file
     got = [first[1][0]] + [t[0] for _, t, _ in results]
     assert got == demo.translate(numbers, max_new_tokens=16)
     f = tmp_path / "many.txt"
@@ -68,3 +68,63 @@ def test_max_new_tokens_zero_and_batch_size_zero_are_usage_errors(demo_bundle):
     assert r.exit_code == 2 and "--max-new-tokens" in r.output
     r = run(demo_bundle, "--text", "12", "--batch-size", "0")
     assert r.exit_code == 2 and "--batch-size" in r.output
+
+
+def test_token_batches_from_the_command_line_keep_one_line_per_input_line(demo, demo_bundle, tmp_path):
+    rng = np.random.default_rng(5)
+    numbers = [str(rng.integers(10 ** (k - 1), 10 ** k)) for k in rng.integers(1, 13, 200)]  # 1 to 12 digits
+    lines = numbers[:50] + ["", "4" * 40] + numbers[50:]
+    f = tmp_path / "in.txt"
+    f.write_text("\n".join(lines) + "\n")
+    r = run(demo_bundle, "--input-file", str(f), "--batch-type", "tokens", "--max-batch-tokens", "40",
+            "--read-ahead", "3", "--max-new-tokens", "24")
+    assert r.exit_code == 1, r.output  # 41 tokens: more than max_len
+    expected = [t[0] for t in (demo.translate([n], max_new_tokens=24) for n in numbers)]
+    assert r.stdout.splitlines() == ([f"{n}\t{t}" for n, t in zip(numbers[:50], expected)] + ["\t", "4" * 40 + "\t"]
+                                     + [f"{n}\t{t}" for n, t in zip(numbers[50:], expected[50:])])
+    assert f"{f}:52:" in r.stderr and "1 of 202 lines could not be translated" in r.stderr
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--max-batch-tokens", "0"], "'--max-batch-tokens': 0 is not in the range x>=1"),
+    (["--read-ahead", "0"], "'--read-ahead': 0 is not in the range x>=1"),
+    (["--batch-type", "words"], "'words' is not one of 'examples', 'tokens'"),
+    (["--batch-type", "tokens"], "batch_type (--batch-type) tokens needs max_batch_tokens (--max-batch-tokens)"),
+    (["--batch-type", "examples", "--max-batch-tokens", "64"], "(--max-batch-tokens) goes with batch_type"),
+])
+def test_bad_batching_flags_are_usage_errors(demo_bundle, flags, fragment):
+    r = run(demo_bundle, "--text", "12", *flags)
+    assert r.exit_code == 2 and fragment in r.output, r.output
+
+
+def test_max_batch_tokens_implies_token_batches(demo_bundle, monkeypatch):
+    from xform.runtime.session import Session
+
+    shapes, decode = [], Session.decode
+
+    def spy(self, src_ids, *args, **kwargs):
+        shapes.append(src_ids.shape)
+        return decode(self, src_ids, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "decode", spy)
+    r = run(demo_bundle, "--text", "12", "--text", "40512", "--max-batch-tokens", "6")
+    assert r.exit_code == 0 and r.stdout == "12\ttwelve\n40512\tforty thousand five hundred twelve\n"
+    assert shapes == [(1, 6), (1, 3)]  # 2 x 6 tokens would exceed 6: longest first, one a batch
+
+
+def test_a_progress_bar_only_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
+    from io import StringIO
+
+    from rich.console import Console
+
+    import xform.cli
+
+    f = tmp_path / "in.txt"
+    f.write_text("12\n\n40512\n7\n")
+    r = run(demo_bundle, "--input-file", str(f))
+    assert r.exit_code == 0 and r.stderr == ""  # stderr is no terminal here: quiet
+    terminal = StringIO()
+    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=100))
+    r = run(demo_bundle, "--input-file", str(f))
+    assert r.exit_code == 0 and r.stdout.splitlines()[2] == "40512\tforty thousand five hundred twelve"
+    assert "4 lines" in terminal.getvalue() and "tokens/s" in terminal.getvalue()

@@ -5,6 +5,7 @@ message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -199,6 +200,80 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
                 yield f"{input_file}:{n}", line
 
 
+def labelled_results(session, labelled, gen, batching, on_batch):
+    """(label, text, translations or None, error or None) for each (label, line), in input order."""
+    labels: list[str] = []
+
+    def lines():
+        for label, line in labelled:
+            labels.append(label)
+            yield line
+
+    results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
+                                      max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
+                                      on_batch=on_batch)
+    for i, (text, targets, error) in enumerate(results):
+        yield labels[i], text, targets, error
+
+
+def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int) -> tuple[int, int]:
+    """Print `source<TAB>translation` lines, n per source (n empty ones for a failed line, its error on
+    stderr), record them in the report, keep the first check_rows translated texts for --check;
+    return (failed lines, lines)."""
+    report["translations"], errors, count = [], 0, 0
+    for count, (label, text, targets, error) in enumerate(results, 1):
+        if error is not None:
+            errors += 1
+            err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
+            report["translations"].append({"source": text, "error": error})
+            targets = [""] * n  # the output keeps one line per input line
+        else:
+            report["translations"] += [{"source": text, "target": t} for t in targets]
+            if text.strip() and len(checked_texts) < check_rows:
+                checked_texts.append(text)
+        for tgt in targets:
+            click.echo(f"{text}\t{tgt}")  # plain tab-separated lines, for scripts
+    return errors, count
+
+
+@contextlib.contextmanager
+def line_progress(show: bool):
+    """translate_lines' on_batch drawing a progress bar on stderr (lines done, generated target
+    tokens per second), or None: shown only when asked, stderr is a terminal and stdout is not (the
+    bar would garble translations printed on the same terminal)."""
+    if not (show and err.is_terminal and not out.is_terminal):
+        yield None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.completed:,.0f} lines"),
+               TextColumn("{task.fields[rate]:,.0f} tokens/s"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task("translating", total=None, rate=0.0)
+        start, tokens = time.perf_counter(), 0
+
+        def on_batch(lines: int, generated: int) -> None:
+            nonlocal tokens
+            tokens += generated
+            progress.update(task, advance=lines, rate=tokens / max(time.perf_counter() - start, 1e-9))
+
+        yield on_batch
+
+
+def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead):
+    """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
+    combinations are usage errors."""
+    from xform.errors import InputError
+    from xform.runtime.batching import Batching
+
+    if batch_type is None:
+        batch_type = "examples" if max_batch_tokens is None else "tokens"
+    try:
+        return Batching(batch_type, batch_size, max_batch_tokens, read_ahead)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def print_check(report) -> None:
     t = Table(title=f"check: {report.backend} ({report.precision}, {report.strategy}) vs eager PyTorch, "
                     "teacher-forced on its best hypothesis")
@@ -280,9 +355,18 @@ def checked_generation(session, max_new_tokens, settings: dict):
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path),
-              help="Translate each line (read as it goes; a blank line gives a blank translation).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Lines of --text / --input-file decoded together.")
+              help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
+                   "line gives a blank translation).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
+                   "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
+@click.option("--batch-type", type=click.Choice(["examples", "tokens"]), default=None,
+              help="Batches of --batch-size lines (examples, the default) or of --max-batch-tokens source tokens "
+                   "(tokens, implied by --max-batch-tokens).")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=None,
+              help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs alone).")
+@click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Batches' worth of lines read, sorted by length and decoded before their results are written.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Default: the model's max_len.")
 @click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
@@ -297,15 +381,16 @@ def checked_generation(session, max_new_tokens, settings: dict):
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @generation_options
 @handle_errors
-def run(bundle, backend, device, threads, texts, input_file, batch_size, max_new_tokens, check, atol, rtol, benchmark,
-        batch, src_len, new_tokens, warmup, iters, json_path, force, greedy, num_beams, early_stopping,
-        **settings) -> None:
+def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
+        max_new_tokens, check, atol, rtol, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
     Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
     flags say otherwise."""
     import xform
     import xform.api
+    from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
     if input_file is not None and not input_file.is_file():
         raise XformError(f"--input-file {input_file}: no such file")
@@ -314,36 +399,20 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, max_new
     if json_path is not None and json_path.exists() and not force:
         raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
     settings = generation_settings(greedy, num_beams, early_stopping, **settings)
+    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
     gen = checked_generation(session, max_new_tokens, settings)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
     failed = False
-    checked_texts: list[str] = []  # --check compares on the first --batch-size translated lines
+    checked_texts: list[str] = []  # --check compares on the first --batch-size (default 32) translated lines
+    check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
     if texts or input_file:
-        labelled = input_lines(texts, input_file)
-        labels: list[str] = []
-
-        def lines():
-            for label, line in labelled:
-                labels.append(label)
-                yield line
-
-        report["translations"], errors = [], 0
-        for i, (text, targets, error) in enumerate(session.translate_lines(lines(), gen, batch_size)):
-            if error is not None:
-                errors += 1
-                err.print(f"[bold red]error:[/] {escape(labels[i])}: {escape(error)}")
-                report["translations"].append({"source": text, "error": error})
-                targets = [""] * gen.num_return_sequences  # the output keeps one line per input line
-            else:
-                report["translations"] += [{"source": text, "target": t} for t in targets]
-                if text.strip() and len(checked_texts) < batch_size:
-                    checked_texts.append(text)
-            for tgt in targets:
-                click.echo(f"{text}\t{tgt}")  # plain tab-separated lines, for scripts
+        with line_progress(show=input_file is not None) as on_batch:
+            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch)
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows)
         if errors:
-            err.print(f"[bold red]error:[/] {errors} of {len(labels)} lines could not be translated "
+            err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
                       "(their output lines are empty)")
             failed = True
     if check:

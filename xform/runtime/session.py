@@ -12,6 +12,7 @@ import numpy as np
 
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
+from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, make_strategy
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
@@ -167,23 +168,47 @@ class Session:
             src[i, :len(r)] = r
         return src, np.array([len(r) for r in rows], np.int64)
 
-    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int = 32
+    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
+                        batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
+                        on_batch: Callable[[int, int], None] | None = None
                         ) -> Iterator[tuple[str, list[str] | None, str | None]]:
-        """Translate a stream of lines in batches of `batch_size`, yielding in input order, for
-        each line: (its text, its translations (num_return_sequences of them) or None, an error or
-        None). A blank line translates to nothing without decoding; a line that cannot be
-        translated (not UTF-8, a word outside a vocabulary without <unk>, longer than max_len)
-        gets its error and the other lines are translated. Memory holds one batch."""
+        """Translate a stream of lines, yielding in input order, for each line: (its text, its
+        translations (num_return_sequences of them) or None, an error or None).
+
+        Lines are read `read_ahead` batches' worth at a time (a window; memory holds one); a
+        window is sorted by source length, cut into batches (`batch_type` examples: `batch_size`
+        lines, default 32; tokens: at most `max_batch_tokens` padded source tokens, see
+        batching.Batching), decoded, and its results yielded in input order. A blank line
+        translates to nothing without decoding; a line that cannot be translated (not UTF-8, a
+        word outside a vocabulary without <unk>, longer than max_len) gets its error and the
+        other lines are translated. `on_batch(lines, tokens)`, when given, is called as lines
+        are done: how many, and the target tokens generated for them. Bad settings raise
+        InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        batch: list[tuple[str, list[int] | None, str | None]] = []
-        for line in lines:
-            batch.append(self.encode_line(line))
-            if len(batch) == batch_size:
-                yield from self.translate_batch(batch, gen)
-                batch = []
-        if batch:
-            yield from self.translate_batch(batch, gen)
+        batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
+        return self.translate_windows(lines, gen, batching, on_batch)
+
+    def translate_windows(self, lines: Iterable[str | bytes], gen: GenerationConfig, batching: Batching,
+                          on_batch: Callable[[int, int], None] | None = None):
+        encoded = (self.encode_line(line) for line in lines)
+        for window in windows(encoded, lambda e: len(e[1]) if e[1] is not None else 1, batching):
+            yield from self.translate_window(window, gen, batching, on_batch)
+
+    def translate_window(self, window: list[tuple[str, list[int] | None, str | None]], gen: GenerationConfig,
+                         batching: Batching, on_batch: Callable[[int, int], None] | None = None):
+        """The window's (text, translations or None, error or None) in input order; its sources
+        decoded in batches of like length."""
+        todo = [i for i, (_, ids, _) in enumerate(window) if ids is not None]
+        done: dict[int, list[str]] = {}
+        for batch in plan([len(window[i][1]) for i in todo], batching):
+            rows = [todo[j] for j in batch]
+            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch)))
+        if on_batch is not None and len(todo) < len(window):
+            on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
+        n = gen.num_return_sequences
+        for i, (text, ids, error) in enumerate(window):
+            yield text, done[i] if ids is not None else None if error else [""] * n, error
 
     def encode_line(self, line: str | bytes) -> tuple[str, list[int] | None, str | None]:
         if isinstance(line, bytes):
@@ -204,18 +229,15 @@ class Session:
                                 f"max_len {self.config['max_len']}")
         return line, ids, None
 
-    def translate_batch(self, batch, gen: GenerationConfig):
-        todo = [ids for _, ids, _ in batch if ids is not None]
-        out = iter([])
-        if todo:
-            rows = self.decode(*self.pad(todo), gen)
-            out = iter([self.tokenizer.decode(r) for r in rows])
+    def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
+                        on_batch: Callable[[int, int], None] | None = None) -> list[list[str]]:
+        """Decode source id rows together: for each, its num_return_sequences translations."""
+        rows = self.decode(*self.pad(sources), gen)
+        if on_batch is not None:
+            on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
+        out = [self.tokenizer.decode(r) for r in rows]
         n = gen.num_return_sequences
-        for text, ids, error in batch:
-            if ids is None:
-                yield text, None if error else [""] * n, error
-            else:
-                yield text, [next(out) for _ in range(n)], None
+        return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 
     def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
         """Translations in input order; with num_return_sequences n, n per text, one after another.

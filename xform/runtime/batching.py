@@ -1,0 +1,113 @@
+"""Which lines of a stream are decoded together: read-ahead windows, sorted by source length and
+cut into batches of examples (lines) or of tokens.
+
+Pure planning over token counts, as production engines do (Marian's maxi-batch, CTranslate2's
+read_batch_size): sorting a window by length puts sources of like length in a batch, so little
+padding is decoded. Decoding the batches and putting results back in input order is the
+session's business (session.py).
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, TypeVar
+
+from xform.errors import InputError
+
+T = TypeVar("T")
+BATCH_TYPES = ("examples", "tokens")
+DEFAULT_BATCH_SIZE = 32  # lines per batch with batch_type "examples" when none is given
+FLAGS = {"batch_type": "--batch-type", "batch_size": "--batch-size", "max_batch_tokens": "--max-batch-tokens",
+         "read_ahead": "--read-ahead"}
+
+
+def named(param: str) -> str:
+    return f"{param} ({FLAGS[param]})"
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a stream of lines is batched.
+
+    examples: at most batch_size lines per batch (default 32).
+    tokens: a batch's padded size, lines x its longest source (in source tokens), is at most
+    max_batch_tokens; a single source longer than that runs alone. batch_size, when given, also
+    limits the lines (a TensorRT engine's profile batch, say).
+    read_ahead: batches' worth of lines read, sorted and decoded together (a window): read_ahead
+    x batch_size lines, or with tokens read_ahead x max_batch_tokens source tokens.
+    """
+    batch_type: str = "examples"
+    batch_size: int | None = None
+    max_batch_tokens: int | None = None
+    read_ahead: int = 8
+
+    def __post_init__(self):
+        problems = [f"{named(name)} must be an integer >= 1, got {getattr(self, name)!r}"
+                    for name in ("batch_size", "max_batch_tokens", "read_ahead")
+                    if getattr(self, name) is not None and not whole(getattr(self, name))]
+        if self.batch_type not in BATCH_TYPES:
+            problems.append(f"{named('batch_type')} must be examples or tokens, got {self.batch_type!r}")
+        elif self.batch_type == "tokens" and self.max_batch_tokens is None:
+            problems.append(f"{named('batch_type')} tokens needs {named('max_batch_tokens')}")
+        elif self.batch_type == "examples" and self.max_batch_tokens is not None:
+            problems.append(f"{named('max_batch_tokens')} goes with {named('batch_type')} tokens, not examples")
+        if problems:
+            raise InputError("invalid batching:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def lines_per_batch(self) -> int | None:
+        """The limit on lines per batch; None: only max_batch_tokens limits a batch."""
+        if self.batch_size is None and self.batch_type == "examples":
+            return DEFAULT_BATCH_SIZE
+        return self.batch_size
+
+    def fits(self, rows: int, longest: int) -> bool:
+        """Whether `rows` sources, the longest of `longest` tokens, are within a batch's limits."""
+        lines = self.lines_per_batch
+        if lines is not None and rows > lines:
+            return False
+        return self.batch_type == "examples" or rows * longest <= self.max_batch_tokens
+
+    def window_full(self, lines: int, tokens: int) -> bool:
+        """Whether a window of `lines` lines holding `tokens` source tokens is read_ahead batches' worth."""
+        per_batch = self.lines_per_batch
+        if per_batch is not None and lines >= self.read_ahead * per_batch:
+            return True
+        return self.batch_type == "tokens" and tokens >= self.read_ahead * self.max_batch_tokens
+
+
+def whole(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+
+
+def windows(items: Iterable[T], size: Callable[[T], int], batching: Batching) -> Iterator[list[T]]:
+    """Consecutive windows of `items`, read lazily: each ends once it holds read_ahead batches'
+    worth (`size` gives an item's source tokens; count an item without tokens as 1, so blank
+    lines cannot make a window unbounded)."""
+    window: list[T] = []
+    tokens = 0
+    for item in items:
+        window.append(item)
+        tokens += size(item)
+        if batching.window_full(len(window), tokens):
+            yield window
+            window, tokens = [], 0
+    if window:
+        yield window
+
+
+def plan(lengths: list[int], batching: Batching) -> list[list[int]]:
+    """Indices into `lengths` (source token counts) grouped into batches: longest first (ties in
+    input order), each batch within the limits, a single source past max_batch_tokens alone."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if batch and not batching.fits(len(batch) + 1, max(longest, lengths[i])):
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, lengths[i])
+    if batch:
+        batches.append(batch)
+    return batches
