@@ -166,18 +166,13 @@ def test_samples_of_a_source_leave_together(demo_bundle):
     np.testing.assert_array_equal(got, again)
 
 
-def test_one_process_pool_sized_by_the_first_backend(monkeypatch):
-    """The graphs of a backend share one ONNX Runtime pool (no spinning pool beside the decoder's);
-    a backend asking for another size keeps pools of its own."""
-    import xform.runtime.ort_backend as ob
-    made = []
+def test_other_onnxruntime_sessions_in_the_process_still_work(demo_bundle):
+    """xform's sessions keep to their own thread pools: a user's (or Optimum's) plain
+    InferenceSession created after an xform backend, in the same process, still loads and runs
+    (ONNX Runtime's process-wide pool would refuse it)."""
+    import onnxruntime
 
-    class FakeOrt:
-        @staticmethod
-        def set_global_thread_pool_sizes(intra, inter):
-            made.append((intra, inter))
-    monkeypatch.setattr(ob, "POOL", [])
-    assert ob.process_pool(FakeOrt, 3) and ob.process_pool(FakeOrt, 3)
-    assert not ob.process_pool(FakeOrt, 2)
-    assert made == [(3, 1)]
-    assert 1 <= ob.physical_cores() <= (__import__("os").cpu_count() or 1)
+    session = xform.load(demo_bundle, backend="ort")
+    session.generate(session.encode_texts(["7"]), max_new_tokens=3, num_beams=2)
+    plain = onnxruntime.InferenceSession(str(demo_bundle / "reorder.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in plain.get_inputs()][0] == "beam_idx"

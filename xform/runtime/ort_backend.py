@@ -22,7 +22,6 @@ onnxruntime is imported when a backend is made, never at `import xform`; `onnxru
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 
@@ -56,45 +55,6 @@ def providers_for(device: str) -> list[str]:
     raise XformError(f"unknown device {device!r}; expected cpu or cuda")
 
 
-POOL: list[int] = []  # the size of this process's shared ONNX Runtime thread pool, once made
-
-
-def process_pool(ort, size: int) -> bool:
-    """Whether this backend's sessions can run on the process's one intra-op pool of `size` threads.
-
-    The encoder, decoder and candidates graphs run one after another every step; with a pool each
-    (ONNX Runtime's default), the decoder's workers spin while the candidates graph runs on its
-    own, three threads on two cores: beam 4 on Marian-base ran 1.9x slower at batch 1 that way
-    (docs/design.md, "One thread pool"). The pool is made by the first backend (the size it asks
-    for); a later one asking for another size gets pools of its own, with spinning off in every
-    graph but the decoder's."""
-    if not POOL:
-        ort.set_global_thread_pool_sizes(size, 1)
-        POOL.append(size)
-    return POOL[0] == size
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (ONNX Runtime's default thread count), from
-    /proc/cpuinfo's (physical id, core id) pairs; the logical count where that is unreadable."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    try:
-        cores, cpu, phys = set(), None, None
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "processor":
-                    cpu, phys = int(value), None
-                elif key == "physical id":
-                    phys = value
-                elif key == "core id" and cpu in allowed:
-                    cores.add((phys, value))
-        return max(1, len(cores)) if cores else len(allowed)
-    except (OSError, ValueError):
-        return len(allowed)
-
-
 def session(ort, path, opts, providers):
     """An InferenceSession; a graph ONNX Runtime refuses (corrupt, or external data outside the
     bundle) is a BundleError naming the file."""
@@ -116,20 +76,18 @@ class OrtBackend:
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights()]
         sessions = {}
-        shared_pool = device == "cpu" and process_pool(ort, threads or physical_cores())
         for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if shared_pool:
-                opts.use_per_session_threads = False
-            else:
-                if threads:
-                    opts.intra_op_num_threads = threads
-                    opts.inter_op_num_threads = 1
-                if graph != DECODER:
-                    # graphs run between decoder steps, or once: their own pool's threads must not
-                    # spin after their work and take the cores the decoder's next step needs
-                    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if threads:
+                opts.intra_op_num_threads = threads
+                opts.inter_op_num_threads = 1
+            if graph != DECODER:
+                # a pool per session (ONNX Runtime's global pool would fail every other session in
+                # the process that does not opt into it: docs/design.md, "Thread pools"). Graphs run
+                # between decoder steps, or once: their pool's threads must not spin after their
+                # work and take the cores the decoder's next step needs
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             for w in self.shared:
                 if graph in w.graphs:
                     opts.add_initializer(w.graphs[graph], w.value)
