@@ -12,7 +12,8 @@ import numpy as np
 from xform.errors import XformError
 from xform.runtime.bench import random_sources
 from xform.runtime.bundle import Bundle
-from xform.runtime.compare import CheckReport, compare_beams, compare_steps, tolerance_for
+from xform.runtime.compare import (DECODE_SOURCES, CheckReport, compare_beams, compare_decodes, compare_steps,
+                                   tolerance_for)
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.session import Session
 from xform.runtime.tokenizer import load_tokenizer
@@ -81,7 +82,9 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     cfg = session.config
     if texts:
         src_ids = session.encode_texts(texts)
+    tol = tolerance_for(session.bundle.precision)
     if src_ids is None:
+        batch = max(batch, DECODE_SOURCES) if tol.by_decodes else batch  # judging translations needs many
         src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
     src_ids, src_lengths = session.prepare(src_ids, src_lengths)
     gen = generation or GenerationConfig(max_new_tokens=min(max_new_tokens, cfg["max_len"]))
@@ -99,13 +102,20 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     # active: every step up to and including the row's end-of-sentence
     ended = np.cumsum(tokens == cfg["eos_id"], axis=1)
     active = (ended == 0) | ((ended == 1) & (tokens == cfg["eos_id"]))
-    tol = tolerance_for(session.bundle.precision)
     report = compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
                            got_choice, ref_choice, active,
                            tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
                            tol.min_token_agreement)
     report.strategy = gen.strategy
+    ref = None
     if beams is not None:
         ref = reference.decode(src_ids, src_lengths, gen, return_scores=True)
         compare_beams(report, beams, ref, tol.score_atol, tol.score_rtol)
+    if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
+        ref_tokens = ref[0][::gen.num_return_sequences] if ref is not None else reference.decode(
+            src_ids, src_lengths, gen.updated(num_return_sequences=1))
+        ref_tokens = ref_tokens[:, :max(1, int((ref_tokens != cfg["pad_id"]).any(axis=0).sum()))]
+        _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
+        _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
+        compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg["eos_id"], cfg["pad_id"], tol)
     return report

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, GraphSpec, TensorSpec
+from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.bundle import Bundle, atomic_write, remove_stale_temporaries, write_manifest
 from xform.runtime.gpu import gpu_info

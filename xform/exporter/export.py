@@ -199,6 +199,9 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             "tokenizer": {"file": "tokenizer.json"} if loaded.tokenizer is not None else None,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
                           "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
+                          "judged_by": "decodes" if tol.by_decodes else "logits",
+                          **({"min_decode_agreement": tol.min_decode_agreement,
+                              "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
                           "reason": tol.reason},
             "versions": {"xform": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
                          "python": platform.python_version()},
@@ -229,6 +232,13 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
     report = check(bundle.path, session=Session(backend, bundle.config, bundle=bundle), batch=8, src_len=12,
                    max_new_tokens=32)
     figures["check"] = report.to_dict()
+    if not report.passed and report.judged_by == "decodes":
+        raise ToleranceError(
+            f"{bundle.precision} graphs translate unlike eager PyTorch: whole decodes {report.decode_agreement:.2%} "
+            f"alike over {report.decodes_compared} sources (needed {report.min_decode_agreement:.0%}; identical "
+            f"{report.decodes_identical:.2%}), eager's tokens lose {report.logprob_drop:.3g} nats each (allowed "
+            f"{report.max_logprob_drop:g}), teacher-forced token agreement {report.token_agreement:.2%} (needed "
+            f"{report.min_token_agreement:.0%}); max abs logit error {report.max_abs_err:.3g}")
     if not report.passed:
         raise ToleranceError(
             f"{bundle.precision} graphs fail the check against eager PyTorch: max abs logit error "
