@@ -283,11 +283,39 @@ def remove_stale_temporaries(target: Path, any_target: bool = False) -> None:
                     p.unlink()
 
 
+def current_umask() -> int:
+    """The process's umask (from /proc where it is readable, so no thread sees it changed)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def publish_modes(root: Path) -> None:
+    """Files 0666 and directories 0777 less the umask, as open() and mkdir() would make them:
+    temporaries (mkstemp, mkdtemp) and some writers (onnx's external data, safetensors) make
+    theirs private, which would keep a bundle from another user or a non-root Triton container."""
+    mask = current_umask()
+    os.chmod(root, 0o777 & ~mask)
+    for path in Path(root).rglob("*"):
+        if not path.is_symlink():
+            executable = path.is_dir() or path.stat().st_mode & 0o111
+            os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+
+
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write through a temporary file beside `path`, then rename: readers see old or new, never half."""
+    """Write through a temporary file beside `path`, then rename: readers see old or new, never half.
+    The file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's 0600."""
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -319,7 +347,7 @@ def atomic_directory(target: Path, force: bool) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp"))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a bundle is shared like any directory
+        publish_modes(tmp)  # mkdtemp makes it 0700; a bundle is shared like any directory
         if force and target.exists():
             old = target.with_name(f"{temp_prefix(target)}old")
             os.replace(target, old)
