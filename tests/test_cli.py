@@ -72,6 +72,9 @@ def test_sampling_flags_are_reproducible(runner, demo_bundle):
     (["--greedy", "--num-beams", "3"], "--greedy and --num-beams 3 contradict"),
     (["--sample", "--num-beams", "2"], "beam sampling is not supported"),
     (["--early-stopping", "maybe"], "'maybe' is not one of"),
+    (["--temperature", "0.7"], "--temperature applies only when sampling, and this decode is greedy: add --sample"),
+    (["--top-k", "5", "--seed", "3"], "--top-k, --seed apply only when sampling"),
+    (["--num-beams", "2", "--top-p", "0.9"], "this decode searches with beams: add --sample"),
 ])
 def test_bad_decoding_flags_are_usage_errors(runner, tiny_bundle, flags, fragment):
     r = runner.invoke(main, ["run", str(tiny_bundle), "--check", *flags])
@@ -117,3 +120,13 @@ def test_input_file_errors(runner, tiny_bundle, tmp_path):
     assert r.exit_code == 1 and "no tokenizer" in r.output
     r = runner.invoke(main, ["run", str(tiny_bundle), "--text", "12"])
     assert r.exit_code == 1 and "no tokenizer" in r.output
+
+
+def test_input_file_dash_reads_standard_input(runner, demo_bundle, tmp_path):
+    text = "7\n40512\n\n999999\n"
+    f = tmp_path / "in.txt"
+    f.write_text(text)
+    from_file = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", str(f)])
+    from_stdin = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", "-"], input=text)
+    assert from_file.exit_code == 0 and from_stdin.exit_code == 0, from_stdin.output
+    assert from_stdin.output == from_file.output and len(from_stdin.output.splitlines()) == 4

@@ -133,6 +133,9 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
               + ", ".join(f"{k.removesuffix('_max_abs_err')} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))
               + f"; decoding: max abs logit error {c['max_abs_err']:.2e}, token agreement "
               + f"{c['token_agreement']:.2%} of {c['tokens_compared']}"
+              + (f"; translations {c['decode_agreement']:.2%} alike ({c['decodes_identical']:.2%} identical) over "
+                 f"{c['decodes_compared']} sources, eager's tokens {c['logprob_drop']:+.4f} nats each"
+                 if c.get("judged_by") == "decodes" else "")
               + ("; greedy tokens identical to the uncached reference" if v.get("greedy_tokens_identical") else ""))
 
 
@@ -194,7 +197,10 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
     non-UTF-8 line fails alone)."""
     for i, t in enumerate(texts, 1):
         yield f"--text {i}", t
-    if input_file is not None:
+    if input_file is not None and str(input_file) == "-":  # standard input, as a pipe's end
+        for n, line in enumerate(sys.stdin.buffer, 1):
+            yield f"<stdin>:{n}", line
+    elif input_file is not None:
         with open(input_file, "rb") as f:
             for n, line in enumerate(f, 1):
                 yield f"{input_file}:{n}", line
@@ -280,9 +286,17 @@ def print_check(report) -> None:
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_column("tolerance", justify="right")
-    t.add_row("max abs logit error", f"{report.max_abs_err:.3e}", f"atol {report.atol:g}, rtol {report.rtol:g}")
+    by_decodes = report.judged_by == "decodes"
+    if by_decodes:  # a reduced precision is judged by its translations; logit errors are reported
+        t.add_row("decodes alike (edits)", f"{report.decode_agreement:.2%} of {report.decodes_compared}",
+                  f">= {report.min_decode_agreement:.0%}")
+        t.add_row("decodes identical", f"{report.decodes_identical:.2%}", "reported")
+        t.add_row("log-prob drop", f"{report.logprob_drop:.4f} nats/tok", f"<= {report.max_logprob_drop:g}")
+    t.add_row("max abs logit error", f"{report.max_abs_err:.3e}",
+              "reported" if by_decodes else f"atol {report.atol:g}, rtol {report.rtol:g}")
     t.add_row("max rel logit error", f"{report.max_rel_err:.3e}", "")
-    t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}", f"at rtol {report.rtol:g}")
+    t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}",
+              "reported" if by_decodes else f"at rtol {report.rtol:g}")
     t.add_row("token agreement", f"{report.token_agreement:.2%} of {report.tokens_compared}",
               f">= {report.min_token_agreement:.0%}")
     t.add_row("first divergence (row, step)", str(report.first_divergence) if report.first_divergence else "none", "")
@@ -290,7 +304,8 @@ def print_check(report) -> None:
     if report.beam_hypotheses_identical is not None:
         t.add_row("beam hypotheses = eager's", f"{report.beam_hypotheses_identical:.2%} of {report.beam_hypotheses}",
                   f">= {report.min_token_agreement:.0%}")
-        t.add_row("max abs beam score error", f"{report.beam_score_max_abs_err:.3e}", report.beam_score_tolerance)
+        t.add_row("max abs beam score error", f"{report.beam_score_max_abs_err:.3e}",
+                  "reported" if by_decodes else report.beam_score_tolerance)
     out.print(t)
     out.print("[bold green]check passed[/]" if report.passed else "[bold red]check FAILED[/]")
 
@@ -342,9 +357,18 @@ def checked_generation(session, max_new_tokens, settings: dict):
     """The GenerationConfig for these flags over the bundle's defaults; bad combinations are usage errors."""
     from xform.errors import InputError
     try:
-        return session.generation_config(max_new_tokens or session.default_max_new_tokens(), **settings)
+        gen = session.generation_config(max_new_tokens or session.default_max_new_tokens(), **settings)
     except InputError as e:
         raise click.UsageError(str(e)) from None
+    ignored = [flag for key, flag in SAMPLING_FLAGS.items() if settings.get(key) is not None]
+    if ignored and not gen.do_sample:  # they would change nothing: a user who typed them expects a sample
+        raise click.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
+                               f"sampling, and this decode "
+                               f"{'searches with beams' if gen.num_beams > 1 else 'is greedy'}: add --sample")
+    return gen
+
+
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
 @main.command()
@@ -356,7 +380,7 @@ def checked_generation(session, max_new_tokens, settings: dict):
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path),
               help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
-                   "line gives a blank translation).")
+                   "line gives a blank translation). '-' reads standard input.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
                    "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
@@ -392,7 +416,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     import xform.api
     from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
-    if input_file is not None and not input_file.is_file():
+    if input_file is not None and str(input_file) != "-" and not input_file.is_file():
         raise XformError(f"--input-file {input_file}: no such file")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
