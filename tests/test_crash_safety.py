@@ -44,12 +44,14 @@ def assert_absent_or_complete(path: Path):
 
 def test_export_killed_at_random_points(tmp_path):
     target = tmp_path / "b"
-    full = timed(["export", "demo", "-o", str(tmp_path / "ref")])
+    # the quickest of two warm runs: the first run of a process pays for cold caches, and delays
+    # drawn against it would outlast most later runs (CI once killed 12 of 24)
+    full = min(timed(["export", "demo", "-o", str(tmp_path / "ref"), "--force"]) for _ in range(2))
     rng = random.Random(0)
     killed = 0
     for trial in range(24):
         args = ["export", "demo", "-o", str(target)] + (["--force"] if target.exists() else [])
-        if killed_after(args, rng.uniform(0.05, full * 1.1)) == -signal.SIGKILL:
+        if killed_after(args, rng.uniform(0.05, full * 0.9)) == -signal.SIGKILL:
             killed += 1
         assert_absent_or_complete(target)
     assert killed >= 16  # most trials were cut short, at different points

@@ -1,0 +1,218 @@
+"""A user's work: translating a file with a trained Marian Transformer-base, xform against its peers.
+
+    pip install -e ".[bench]"
+    python scripts/train_marian_synthetic.py --out /tmp/xform-files/marian-synthetic   # once, cached
+    python scripts/bench_files.py [--work /tmp/xform-files] [--lines 2000] [--subset 200] [--out docs]
+
+The model is scripts/train_marian_synthetic.py's (OPUS-MT's size, trained on a synthetic task);
+the file has --lines sentences of 3 to 80 words (skewed short, as text is), so outputs end at
+varied lengths. Every engine translates the same text file, text in and text out, with its best
+settings for files, in a process of its own with 2 threads, one engine at a time:
+
+- xform (ONNX Runtime, fp32 and int8): `Session.translate_lines`, the code behind
+  `xform run --input-file`: windows of 8 batches read ahead, sorted by length, batches of at
+  most --max-batch-tokens source tokens;
+- CTranslate2 (fp32 and int8): `translate_iterable` with the same token budget
+  (`batch_type="tokens"`, its own read-ahead and sorting), sentencepiece in and out;
+- transformers eager and Optimum `ORTModelForSeq2SeqLM`: `generate` on batches of 16 lines in
+  file order, MarianTokenizer in and out, on the first --subset lines only (they are far
+  slower; their speed is per sentence all the same).
+
+Greedy and beam 4 (the model's generation_config default); at most --max-new-tokens tokens.
+Reports sentences/s, target tokens/s, peak RSS, and the share of lines whose translation equals
+transformers' (on the subset) and xform fp32's (on the whole file).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+THREADS = 2
+ENGINES = ("xform ort fp32", "xform ort int8", "ctranslate2 fp32", "ctranslate2 int8", "transformers eager",
+           "optimum ort")
+SUBSET_ENGINES = ("transformers eager", "optimum ort")
+BASELINE = "ctranslate2 fp32"
+
+
+def prepare(work: Path, lines: int) -> dict[str, Path]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_peers import export_optimum
+    from train_marian_synthetic import write_corpus
+
+    hf = work / "marian-synthetic"
+    if not (hf / "config.json").exists():
+        raise SystemExit(f"{hf}: no trained model; run scripts/train_marian_synthetic.py --out {hf} first")
+    paths = {"hf": hf, "file": write_corpus(work / f"corpus-{lines}.txt", lines)}
+    import ctranslate2
+    from xform.errors import BundleError
+    from xform.exporter.export import export_bundle
+    from xform.runtime.bundle import Bundle
+    for q in ("fp32", "int8"):
+        out = work / f"xform-{q}"
+        try:
+            Bundle.open(out)
+        except BundleError:
+            export_bundle(hf, out, precision=q, force=True)
+        paths[f"xform-{q}"] = out
+    if not (work / "ct2" / "model.bin").exists():
+        ctranslate2.converters.TransformersConverter(str(hf)).convert(str(work / "ct2"), force=True)
+    paths["ct2"] = work / "ct2"
+    paths["optimum"] = export_optimum(hf, work)
+    return paths
+
+
+def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> list[str]:
+    """The engine's translations of `lines`, in order."""
+    if name.startswith("xform"):
+        import xform
+        session = xform.load(paths["xform-int8" if name.endswith("int8") else "xform-fp32"], threads=THREADS)
+        gen = session.generation_config(args.max_new_tokens, num_beams=beams)
+        out = session.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=args.max_batch_tokens)
+        return [t[0] if t else "" for _, t, _ in out]
+    if name.startswith("ctranslate2"):
+        import ctranslate2
+        import sentencepiece as spm
+        sp_src = spm.SentencePieceProcessor(model_file=str(paths["hf"] / "source.spm"))
+        sp_tgt = spm.SentencePieceProcessor(model_file=str(paths["hf"] / "target.spm"))
+        tr = ctranslate2.Translator(str(paths["ct2"]), device="cpu", inter_threads=1, intra_threads=THREADS,
+                                    compute_type="int8" if name.endswith("int8") else "float32")
+        tokens = (sp_src.encode(line, out_type=str) + ["</s>"] for line in lines)
+        results = tr.translate_iterable(tokens, max_batch_size=args.max_batch_tokens, batch_type="tokens",
+                                        beam_size=beams, max_decoding_length=args.max_new_tokens)
+        return [sp_tgt.decode(r.hypotheses[0]) for r in results]
+    import torch
+    from transformers import MarianTokenizer
+    torch.set_num_threads(THREADS)
+    tok = MarianTokenizer.from_pretrained(paths["hf"])
+    if name == "transformers eager":
+        from transformers import MarianMTModel
+        model = MarianMTModel.from_pretrained(paths["hf"]).eval()
+    else:
+        import onnxruntime
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+        opts = onnxruntime.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = THREADS, 1
+        model = ORTModelForSeq2SeqLM.from_pretrained(paths["optimum"], session_options=opts, use_merged=False)
+    out = []
+    for i in range(0, len(lines), 16):
+        enc = tok(lines[i:i + 16], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            ids = model.generate(**enc, num_beams=beams, do_sample=False, max_new_tokens=args.max_new_tokens)
+        out += tok.batch_decode(ids, skip_special_tokens=True)
+    return out
+
+
+def worker(name, paths, lines, beams, args, conn) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0 = time.perf_counter()
+    out = translate(name, paths, lines, beams, args)
+    wall = time.perf_counter() - t0
+    conn.send((wall, out, peak_rss_mib()))
+
+
+def peak_rss_mib() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_engine(name, paths, lines, beams, args) -> tuple[float, list[str], float]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=worker, args=(name, paths, lines, beams, args, child), daemon=True)
+    proc.start()
+    result = parent.recv()
+    proc.join()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-files"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap.add_argument("--lines", type=int, default=2000)
+    ap.add_argument("--subset", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each engine (median); engines interleaved")
+    ap.add_argument("--beams", default="1,4")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--max-batch-tokens", type=int, default=2048)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    paths = prepare(args.work, args.lines)
+    text = paths["file"].read_text().splitlines()
+    rows = []
+    for beams in map(int, args.beams.split(",")):
+        outs, walls, rss = {}, {}, {}
+        for r in range(args.rounds):
+            for name in args.engines.split(","):
+                lines = text[:args.subset] if name in SUBSET_ENGINES else text
+                wall, out, peak = run_engine(name, paths, lines, beams, args)
+                walls.setdefault(name, []).append(wall)
+                outs[name], rss[name] = out, peak
+                print(f"  beam {beams} round {r + 1}: {name} {len(lines) / wall:.1f} sentences/s", file=sys.stderr,
+                      flush=True)
+        ref_sub = outs.get("transformers eager")
+        ref_all = outs.get("xform ort fp32")
+        for name, out in outs.items():
+            wall = statistics.median(walls[name])
+            n = len(out)
+            rows.append({"beams": beams, "engine": name, "lines": n, "sentences_per_s": n / wall,
+                         "target_tokens_per_s": sum(len(t.split()) for t in out) / wall,
+                         "peak_rss_mib": rss[name],
+                         "same_as_transformers": None if ref_sub is None else
+                         sum(a == b for a, b in zip(out, ref_sub)) / len(ref_sub),
+                         "same_as_xform_fp32": None if ref_all is None or n != len(ref_all) else
+                         sum(a == b for a, b in zip(out, ref_all)) / n})
+        for r in rows:  # against CTranslate2 at fp32, and at the engine's own precision (int8: its int8)
+            if r["beams"] != beams:
+                continue
+            for key, peer in (("vs_ct2_fp32", BASELINE),
+                              ("vs_ct2_same", "ctranslate2 int8" if r["engine"].endswith("int8") else BASELINE)):
+                base = next((b for b in rows if b["beams"] == beams and b["engine"] == peer), None)
+                if base is not None:
+                    r[key] = r["sentences_per_s"] / base["sentences_per_s"]
+    lengths = [len(t.split()) for t in text]
+    ref = outs.get("xform ort fp32") or []
+    out_lengths = [len(t.split()) for t in ref]
+    summary = {"rows": rows, "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                                        f"{platform.python_version()}", "threads": THREADS,
+               "source_words": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+               "xform_fp32_output_words": {"min": min(out_lengths, default=0),
+                                           "median": statistics.median(out_lengths) if out_lengths else 0,
+                                           "max": max(out_lengths, default=0)},
+               "command": "python scripts/bench_files.py " + " ".join(sys.argv[1:]),
+               "training": json.loads((paths["hf"] / "training.json").read_text())}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_files.json").write_text(json.dumps(summary, indent=1) + "\n")
+    md = markdown(summary)
+    (args.out / "bench_files.md").write_text(md)
+    print(md)
+
+
+def markdown(s: dict) -> str:
+    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    lines = [f"Command: `{s['command']}`", "",
+             f"Machine: {s['machine']}, {s['threads']} threads each. Source words {s['source_words']}; xform fp32 "
+             f"output words {s['xform_fp32_output_words']}. Model training: {s['training']}.", "",
+             "| beams | engine | lines | sentences/s | target words/s | vs CTranslate2 fp32 | vs CTranslate2 same "
+             "precision | = transformers (subset) | = xform fp32 | peak RSS MiB |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    for r in s["rows"]:
+        lines.append(f"| {r['beams']} | {r['engine']} | {r['lines']} | {r['sentences_per_s']:.1f} | "
+                     f"{r['target_tokens_per_s']:.0f} | {ratio(r.get('vs_ct2_fp32'))} | {ratio(r.get('vs_ct2_same'))} | "
+                     f"{pct(r['same_as_transformers'])} | "
+                     f"{pct(r['same_as_xform_fp32'])} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
