@@ -39,3 +39,18 @@ def test_test_command_is_what_ci_runs():
     assert "pytest" in cmd and "torch==2.13.0" in cmd
     ci = (README.parent / ".ci" / "run").read_text()
     assert "test-command" in ci
+
+
+def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):
+    """The README's Python block, run after its main command's export, in the same directory."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["export", "demo", "-o", "demo-bundle"])
+    assert r.exit_code == 0, r.output
+    code = re.search(r"<!-- python-snippet -->\s*```python\n(.*?)\n```\s*<!-- /python-snippet -->",
+                     README.read_text(), re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md python-snippet", "exec"), scope)
+    assert scope["session"].translate(["40512", "7"]) == ["forty thousand five hundred twelve", "seven"]
+    assert scope["ids"].shape[0] == 4 and scope["scores"].shape == (4,) and scope["report"].passed
+    assert capsys.readouterr().out.splitlines() == ["40512 ['forty thousand five hundred twelve'] None",
+                                                    "7 ['seven'] None"]

@@ -4,7 +4,9 @@ Importing xform imports neither torch nor onnxruntime; they load when a function
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+# The minor number is the bundle format (runtime/bundle.py VERSION) while the major is 0: a
+# release that changes what a bundle holds moves it, and `xform --version` names both.
+__version__ = "0.3.0"
 
 from xform.errors import XformError  # noqa: E402
 
