@@ -6,6 +6,8 @@ engines serialize, and what they record. Running them needs a GPU (tests/runtime
 import json
 import re
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -198,3 +200,37 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     assert r.exit_code == 1 and "--max-beams must be at least 1" in r.output
     r = CliRunner().invoke(main, ["build-engine", str(path), "--force", "--max-src-len", "999"])
     assert r.exit_code == 1 and "exceeds the model's max_len" in r.output
+
+
+def test_trt_backend_without_tensorrt_says_so_before_engines(bundles, tmp_path, monkeypatch):
+    """No TensorRT is the first thing missing: named with the install line, not 'no engines'."""
+    path = tmp_path / "b"
+    export_bundle(bundles["tiny-fp32"] / "reference", path)  # no engines either
+    for name in ("tensorrt", "tensorrt_rtx"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    with pytest.raises(BackendUnavailableError, match=r"needs TensorRT, and none is installed .*--backend ort"):
+        xform.load(path, backend="trt")
+
+
+def test_built_engines_of_a_flavour_not_installed_are_named(built, monkeypatch):
+    path, _, _ = built["tiny-fp32"]  # tensorrt_rtx engines
+    from xform.runtime.trt_backend import pick_engines
+    with pytest.raises(BackendUnavailableError, match="has tensorrt_rtx engines, but this Python has only tensorrt"):
+        pick_engines(Bundle.open(path), "auto", ["tensorrt"])
+
+
+def test_the_tensorrt_install_hint_agrees_with_the_readme():
+    """Each install line the hint gives is the README's, CUDA versions included, and the extras
+    the README names hold what the hint says."""
+    import tomllib
+    from xform.runtime.gpu import TRT_INSTALL_HINT
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "pip install 'tensorrt-cu12>=10.12' 'cuda-bindings>=12.6,<13' (CUDA 12)" in TRT_INSTALL_HINT
+    assert "CUDA 12: `pip install -e . 'tensorrt-cu12>=10.12' 'cuda-bindings>=12.6,<13'`" in readme
+    assert "pip install 'tensorrt>=10.12' 'cuda-bindings>=12.6' (CUDA 13)" in TRT_INSTALL_HINT
+    assert 'CUDA 13: `pip install -e ".[tensorrt]"`' in readme and extras["tensorrt"] == ["tensorrt>=10.12", "cuda-bindings>=12.6"]
+    assert "'tensorrt-rtx>=1.0' 'cuda-bindings>=12.6' (CUDA 13; tensorrt-rtx-cu12 for CUDA 12" in TRT_INSTALL_HINT
+    assert "(CUDA 13; `tensorrt-rtx-cu12` for CUDA 12)" in readme
+    assert extras["tensorrt-rtx"] == ["tensorrt-rtx>=1.0", "cuda-bindings>=12.6"]

@@ -56,3 +56,7 @@ def test_refusals(demo_bundle, tmp_path):
     r = CliRunner().invoke(main, ["triton", str(demo_bundle), "-o", str(tmp_path / "r5"), "--name", "digits",
                                   "--max-batch", "16"])
     assert r.exit_code == 0 and (tmp_path / "r5" / "digits" / "config.pbtxt").is_file(), r.output
+    # how to serve it: xform serve here (pip's tritonserver is not on PATH), or NVIDIA's container
+    assert f"xform serve {demo_bundle}" in r.output, r.output
+    assert all("nvcr.io/nvidia/tritonserver" in line for line in r.output.splitlines()
+               if "tritonserver --model-repository" in line), r.output

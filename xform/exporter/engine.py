@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 
-import importlib
 import logging
 import shutil
 from dataclasses import asdict, dataclass, replace
@@ -21,27 +20,10 @@ from typing import Any, Callable
 from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.runtime.bundle import Bundle, atomic_write, remove_stale_temporaries, write_manifest
-from xform.runtime.gpu import gpu_info
+from xform.runtime.gpu import gpu_info, import_tensorrt
 
 log = logging.getLogger(__name__)
-FLAVORS = ("tensorrt", "tensorrt_rtx")
 ENGINE_DIR = "engines"
-INSTALL_HINT = ("pip install 'tensorrt>=10.12' (data-centre GPUs, CUDA 12 or 13) or pip install tensorrt-rtx "
-                "(RTX GPUs; builds without a GPU)")
-
-
-def import_tensorrt(flavor: str = "auto"):
-    """(module, flavor name): `tensorrt` when installed, else `tensorrt_rtx`, or as asked."""
-    names = FLAVORS if flavor == "auto" else (flavor,)
-    if flavor not in (*FLAVORS, "auto"):
-        raise XformError(f"--flavor {flavor!r}: expected one of auto, {', '.join(FLAVORS)}")
-    failures = []
-    for name in names:
-        try:
-            return importlib.import_module(name), name
-        except ImportError as e:
-            failures.append(f"{name}: {e}")
-    raise BackendUnavailableError(f"no TensorRT installed ({'; '.join(failures)}); {INSTALL_HINT}")
 
 
 @dataclass(frozen=True)

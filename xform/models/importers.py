@@ -100,15 +100,30 @@ def load_state_dict_file(path: Path, arch: str, hparams: dict[str, Any]) -> Load
     recognised = arch == "auto"
     if recognised:
         arch = detect_arch(state, str(path))
-    nn_only = sorted(k for k in torch_nn.OPTIONS if hparams.get(k) is not None)
-    if arch == TORCH_NN:
-        model, source = torch_nn.load_torch_nn(path, hparams, state)
-    elif nn_only:
-        raise CheckpointError(f"{', '.join('--' + k.replace('_', '-') for k in nn_only)} only go with "
-                              f"--arch {TORCH_NN}; {path} is a {arch} state dict, whose code fixes them")
-    else:
-        model, source = seeds.load_seed(path, arch, hparams, state)
+    try:
+        nn_only = sorted(k for k in torch_nn.OPTIONS if hparams.get(k) is not None)
+        if arch == TORCH_NN:
+            model, source = torch_nn.load_torch_nn(path, hparams, state)
+        elif nn_only:
+            raise CheckpointError(f"{', '.join('--' + k.replace('_', '-') for k in nn_only)} only go with "
+                                  f"--arch {TORCH_NN}; {path} is a {arch} state dict, whose code fixes them")
+        else:
+            model, source = seeds.load_seed(path, arch, hparams, state)
+    except CheckpointError as e:
+        layout = None if recognised else matching_layout(state, str(path))
+        if layout is None or layout == arch:
+            raise
+        raise CheckpointError(f"{e}\n{path} is not a --arch {arch} state dict: its keys are a {layout} model's; "
+                              f"pass --arch {layout}, or leave --arch out (auto recognises it)") from None
     return LoadedModel(model, {**source, "recognised": recognised})
+
+
+def matching_layout(state: dict[str, Any], source: str) -> str | None:
+    """The one layout the keys fit, or None (none or several)."""
+    try:
+        return detect_arch(state, source)
+    except CheckpointError:
+        return None
 
 
 def detect_arch(state: dict[str, Any], source: str) -> str:

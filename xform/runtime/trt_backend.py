@@ -23,21 +23,28 @@ from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import DeviceCache, DeviceRows
 from xform.runtime.cuda import CudaOps, cuda_check, import_cudart
-from xform.runtime.gpu import gpu_info
+from xform.runtime.gpu import TRT_FLAVORS as FLAVORS
+from xform.runtime.gpu import TRT_INSTALL_HINT, gpu_info, importable_flavors
 
 log = logging.getLogger(__name__)
-FLAVORS = ("tensorrt", "tensorrt_rtx")
 
 
-def pick_engines(bundle: Bundle, flavor: str) -> tuple[str, dict, dict, dict]:
-    """The (flavor, encoder, decoder, reorder entries) to run; the engines must come from this ONNX."""
+def pick_engines(bundle: Bundle, flavor: str, installed: list[str] | tuple[str, ...] = FLAVORS
+                 ) -> tuple[str, dict, dict, dict]:
+    """The (flavor, encoder, decoder, reorder entries) to run, of a flavour that is installed; the
+    engines must come from this ONNX."""
     engines = bundle.manifest.get("engines", {})
-    flavors = [f for f in FLAVORS if f"{ENCODER}.{f}" in engines and f"{DECODER}.{f}" in engines]
+    built = [f for f in FLAVORS if f"{ENCODER}.{f}" in engines and f"{DECODER}.{f}" in engines]
     if flavor != "auto":
-        flavors = [f for f in flavors if f == flavor]
-    if not flavors:
+        built = [f for f in built if f == flavor]
+    if not built:
         raise BundleError(f"{bundle.path}: no TensorRT engines{'' if flavor == 'auto' else ' for ' + flavor}; "
                           f"build them with: xform build-engine {bundle.path}")
+    flavors = [f for f in built if f in installed]
+    if not flavors:
+        raise BackendUnavailableError(f"{bundle.path}: has {' and '.join(built)} engines, but this Python has only "
+                                      f"{' and '.join(installed)}: install {built[0]}, or build engines for "
+                                      f"{installed[0]} with: xform build-engine {bundle.path} --flavor {installed[0]}")
     chosen = flavors[0]
     enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
     files = bundle.manifest["files"]
@@ -67,7 +74,11 @@ class TrtBackend:
     def __init__(self, bundle: Bundle, device: str = "cuda", flavor: str = "auto"):
         if device != "cuda":
             raise XformError(f"the trt backend runs on an NVIDIA GPU: use --device cuda, not {device!r}")
-        self.flavor, enc_entry, dec_entry, reorder_entry = pick_engines(bundle, flavor)
+        installed = importable_flavors()
+        if not installed:  # the first thing missing, before engines or a GPU
+            raise BackendUnavailableError(f"the trt backend needs TensorRT, and none is installed (use --backend ort, "
+                                          f"or install it: {TRT_INSTALL_HINT})")
+        self.flavor, enc_entry, dec_entry, reorder_entry = pick_engines(bundle, flavor, installed)
         if gpu_info() is None:
             raise BackendUnavailableError("the trt backend needs an NVIDIA GPU with a CUDA driver; none was found "
                                           "(use --backend ort on this machine)")
