@@ -130,3 +130,58 @@ def test_input_file_dash_reads_standard_input(runner, demo_bundle, tmp_path):
     from_stdin = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", "-"], input=text)
     assert from_file.exit_code == 0 and from_stdin.exit_code == 0, from_stdin.output
     assert from_stdin.output == from_file.output and len(from_stdin.output.splitlines()) == 4
+
+
+def test_a_mistyped_model_path_with_state_dict_flags_says_no_such_file(runner, tmp_path):
+    r = runner.invoke(main, ["export", str(tmp_path / "modle.pt"), "-o", str(tmp_path / "b"), "--n-heads", "4"])
+    assert r.exit_code == 1 and "modle.pt: no such file or directory" in r.output, r.output
+    assert "only go with" not in r.output
+
+
+def test_run_warns_on_lines_of_mostly_unknown_tokens(runner, demo_bundle, tmp_path):
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--text", "40512", "--text", "hello",
+                             "--text", "12x"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "--text 2: 5 of its 5 source tokens are unknown" in warnings[0], r.output
+    assert sum("\t" in line for line in r.output.splitlines()) == 3  # all three translated
+    f = tmp_path / "in.txt"
+    f.write_text("7\n" + "abc\n" * 12)  # past the first ten, counted rather than named
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", str(f)])
+    warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
+    assert r.exit_code == 0 and len(warnings) == 11, r.output
+    assert f"{f}:2:" in warnings[0] and "12 lines in all were mostly unknown" in warnings[-1]
+
+
+def test_scores_on_the_command_line_for_beams_and_samples(runner, demo_bundle, tmp_path):
+    import xform
+    session = xform.load(demo_bundle)
+    texts = ["40512", "7", "999"]
+    src = session.encode_texts(texts)
+    for flags, settings in ((["--num-beams", "4", "--num-return-sequences", "2"],
+                             dict(num_beams=4, num_return_sequences=2)),
+                            (["--sample", "--seed", "5", "--num-return-sequences", "3", "--top-k", "5"],
+                             dict(do_sample=True, seed=5, num_return_sequences=3, top_k=5))):
+        js = tmp_path / f"{flags[0]}.json"
+        r = runner.invoke(main, ["run", str(demo_bundle), "--scores", "--json", str(js), *flags,
+                                 *[a for t in texts for a in ("--text", t)]])
+        assert r.exit_code == 0, r.output
+        rows = [line.split("\t") for line in r.output.splitlines()]
+        ids, scores = session.generate(src, return_scores=True, **settings)
+        assert [row[1] for row in rows] == [session.tokenizer.decode(i) for i in ids]
+        assert [float(row[2]) for row in rows] == pytest.approx(scores.tolist(), abs=1e-4)
+        assert [t["score"] for t in json.loads(js.read_text())["translations"]] == pytest.approx(scores.tolist())
+        assert len(set(row[2] for row in rows)) > 1
+    r = runner.invoke(main, ["run", str(demo_bundle), "--scores", "--benchmark"])
+    assert r.exit_code == 2 and "--scores goes with --text / --input-file" in r.output
+
+
+def test_version_moves_with_the_bundle_format(runner):
+    import importlib.metadata
+
+    from xform import __version__
+    from xform.runtime.bundle import VERSION
+    r = runner.invoke(main, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"xform {__version__} (bundle format {VERSION})"
+    assert int(__version__.split(".")[1]) == VERSION  # the minor number is the bundle format
+    assert importlib.metadata.version("xform") == __version__  # one version: pyproject reads this one

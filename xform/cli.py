@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from xform import __version__
 from xform.errors import XformError
+from xform.runtime.bundle import VERSION as BUNDLE_VERSION
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
 
@@ -38,7 +40,8 @@ def handle_errors(fn):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="xform")
+@click.version_option(version=__version__, prog_name="xform",
+                      message=f"%(prog)s %(version)s (bundle format {BUNDLE_VERSION})")
 def main() -> None:
     """Export encoder-decoder Transformers to ONNX / TensorRT and run them, checked against PyTorch."""
     import logging
@@ -93,10 +96,13 @@ def main() -> None:
                    "else whitespace).")
 @click.option("--src-bos", is_flag=True, help="With --src-vocab: the source starts with the bos id too (as "
                                               "PyTorch's translation tutorial does); eos always ends it.")
+@click.option("--max-new-tokens", "decode_cap", type=click.IntRange(min=1), default=None,
+              help="The bundle's default limit on generated tokens (default: the model's max_length, else 256; "
+                   "never beyond max_len). run --max-new-tokens overrides it per run.")
 @handle_errors
 def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
-           src_bos: bool, **hparams) -> None:
+           src_bos: bool, decode_cap: int | None, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
@@ -104,7 +110,10 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     named with --arch) with the hyper-parameters its weights do not record.
     """
     from xform.exporter.export import export_bundle
+    from xform.models.importers import BUNDLED, KNOWN
 
+    if model not in BUNDLED and not Path(model).exists():  # before any flag is judged against what it is
+        raise XformError(f"{model}: no such file or directory; MODEL is {KNOWN}")
     if n_layers is not None:
         hparams["n_encoder_layers"] = hparams["n_encoder_layers"] or n_layers
         hparams["n_decoder_layers"] = hparams["n_decoder_layers"] or n_layers
@@ -119,7 +128,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     vocab = None if src_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
     with err.status("exporting") as status:
         result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
-                               hparams=hparams, vocab=vocab, progress=lambda msg: status.update(msg))
+                               hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
+                               progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
     c = v["check"]
     source = result.manifest["model"]["source"]
@@ -137,6 +147,10 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
                  f"{c['decodes_compared']} sources, eager's tokens {c['logprob_drop']:+.4f} nats each"
                  if c.get("judged_by") == "decodes" else "")
               + ("; greedy tokens identical to the uncached reference" if v.get("greedy_tokens_identical") else ""))
+    print_text_report(result.path, result.manifest)
+    cap, why = decode_cap_of(result.manifest)
+    out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {why}. Change it with "
+              "xform export --max-new-tokens N, or per run with xform run --max-new-tokens N")
 
 
 @main.command("build-engine")
@@ -206,7 +220,7 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch):
+def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -215,30 +229,50 @@ def labelled_results(session, labelled, gen, batching, on_batch):
             labels.append(label)
             yield line
 
+    warned = []
+
+    def on_warning(index: int, message: str) -> None:
+        warned.append(index)
+        if len(warned) <= MAX_WARNINGS:
+            err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(message)}")
+
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
-                                      on_batch=on_batch)
+                                      on_batch=on_batch, on_warning=on_warning, return_scores=scores)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
+    if len(warned) > MAX_WARNINGS:
+        err.print(f"[bold yellow]warning:[/] {len(warned)} lines in all were mostly unknown tokens "
+                  f"(the first {MAX_WARNINGS} are named above)")
 
 
-def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int) -> tuple[int, int]:
-    """Print `source<TAB>translation` lines, n per source (n empty ones for a failed line, its error on
-    stderr), record them in the report, keep the first check_rows translated texts for --check;
-    return (failed lines, lines)."""
+MAX_WARNINGS = 10  # lines named one by one; the rest are counted
+
+
+def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int,
+                       scores: bool = False) -> tuple[int, int]:
+    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after), n per source (n empty
+    ones for a failed line, its error on stderr), record them in the report, keep the first
+    check_rows translated texts for --check; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
     for count, (label, text, targets, error) in enumerate(results, 1):
         if error is not None:
             errors += 1
             err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
             report["translations"].append({"source": text, "error": error})
-            targets = [""] * n  # the output keeps one line per input line
-        else:
-            report["translations"] += [{"source": text, "target": t} for t in targets]
-            if text.strip() and len(checked_texts) < check_rows:
-                checked_texts.append(text)
+            for _ in range(n):  # the output keeps one line per input line
+                click.echo(f"{text}\t" + ("\t" if scores else ""))
+            continue
+        if text.strip() and len(checked_texts) < check_rows:
+            checked_texts.append(text)
         for tgt in targets:
-            click.echo(f"{text}\t{tgt}")  # plain tab-separated lines, for scripts
+            if scores:
+                tgt, score = tgt
+                report["translations"].append({"source": text, "target": tgt, "score": score})
+                click.echo(f"{text}\t{tgt}\t{score:.4f}")  # plain tab-separated lines, for scripts
+            else:
+                report["translations"].append({"source": text, "target": tgt})
+                click.echo(f"{text}\t{tgt}")
     return errors, count
 
 
@@ -353,6 +387,30 @@ def generation_settings(greedy: bool, num_beams, early_stopping, **settings) -> 
     return settings
 
 
+def print_text_report(bundle: Path, manifest: dict) -> None:
+    """How the bundle turns text into ids and back, with a sample split, and the tokenizer's notes
+    (inferences on stdout, warnings on stderr)."""
+    from xform.runtime.tokenizer import load_tokenizer
+
+    if not manifest.get("tokenizer"):
+        out.print("text: none (this model came without vocabularies): decode token ids with Session.generate, or "
+                  "export again with --src-vocab / --tgt-vocab to translate text")
+        return
+    tok = load_tokenizer(bundle / manifest["tokenizer"]["file"], manifest["model"]["config"])
+    for line in tok.describe():
+        out.print(escape(line))
+    for note in manifest["tokenizer"].get("notes", []):
+        if note.startswith("warning: "):
+            err.print(f"[bold yellow]warning:[/] {escape(note.removeprefix('warning: '))}")
+        else:
+            out.print(escape(note))
+
+
+def decode_cap_of(manifest: dict) -> tuple[int, str]:
+    from xform.runtime.decoding import decode_cap
+    return decode_cap(manifest.get("generation") or {}, manifest["model"]["config"]["max_len"])
+
+
 def checked_generation(session, max_new_tokens, settings: dict):
     """The GenerationConfig for these flags over the bundle's defaults; bad combinations are usage errors."""
     from xform.errors import InputError
@@ -391,11 +449,19 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
               help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs alone).")
 @click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
               help="Batches' worth of lines read, sorted by length and decoded before their results are written.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Default: the model's max_len.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="Stop after this many generated tokens (default: the bundle's cap, which export prints: 256 "
+                   "unless the model or export --max-new-tokens sets one; never beyond max_len).")
 @click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
 @click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
-@click.option("--benchmark", is_flag=True, help="Time greedy decoding of exactly --new-tokens tokens.")
+@click.option("--scores", is_flag=True,
+              help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
+                   "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
+@click.option("--benchmark", is_flag=True,
+              help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
+                   "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
+                   "per-step latency percentiles and peak RSS.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--src-len", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
@@ -406,7 +472,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        max_new_tokens, check, atol, rtol, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -418,6 +484,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
 
     if input_file is not None and str(input_file) != "-" and not input_file.is_file():
         raise XformError(f"--input-file {input_file}: no such file")
+    if scores and not (texts or input_file):
+        raise click.UsageError("--scores goes with --text / --input-file (the translations it scores)")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     if json_path is not None and json_path.exists() and not force:
@@ -433,8 +501,9 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
     if texts or input_file:
         with line_progress(show=input_file is not None) as on_batch:
-            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch)
-            errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows)
+            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch, scores)
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
+                                           scores)
         if errors:
             err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
                       "(their output lines are empty)")
@@ -508,7 +577,11 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 
     path = write_model(bundle, repo, model_options(**options), reference=reference, force=force)
     out.print(f"wrote {path} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
-    out.print(f"serve it: tritonserver --model-repository {repo.resolve()}")
+    out.print(f"serve it here: xform serve {bundle} (with the same model flags; it starts the tritonserver of the "
+              "nvidia-pytriton wheel, see README \"Serving\")")
+    out.print(f"or in NVIDIA's container, with xform installed in its Python: docker run --gpus all -p 8000:8000 "
+              f"-v {repo.resolve()}:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver "
+              "--model-repository /models")
 
 
 @main.command()

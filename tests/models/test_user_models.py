@@ -236,6 +236,8 @@ def test_text_in_and_out_with_sentencepiece_models(users, tmp_path):
 
 @pytest.mark.parametrize("files, fragment", [
     (("src.json", "big.json"), "--tgt-vocab .*big.json: 50 tokens, but the model's target embedding has 41 rows"),
+    (("t41.json", "s37.json"), "--src-vocab .*t41.json has 41 tokens, the rows of the model's target embedding, "
+                               "and --tgt-vocab .*s37.json has 37, the source's: the two look swapped"),
     (("bad.json", "src.json"), "--src-vocab .*bad.json: not a JSON vocabulary"),
     (("dupe.json", "src.json"), "--src-vocab .*dupe.json: id 4 is given to both 'a' and 'b'"),
     (("src.json", "src.model"), "--tgt-vocab .*src.model: not a sentencepiece model"),
@@ -244,6 +246,8 @@ def test_bad_vocabularies_are_refused_by_name(users, tmp_path, files, fragment):
     _, path, _, _ = users["nn-post-relu-seq-first"]
     (tmp_path / "src.json").write_text(json.dumps(SPECIALS + [f"w{i}" for i in range(4, SRC_V)]))
     (tmp_path / "big.json").write_text(json.dumps([f"t{i}" for i in range(50)]))
+    (tmp_path / "t41.json").write_text(json.dumps(SPECIALS + [f"T{i}" for i in range(4, TGT_V)]))
+    (tmp_path / "s37.json").write_text(json.dumps(SPECIALS + [f"w{i}" for i in range(4, SRC_V)]))
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "dupe.json").write_text(json.dumps({"a": 4, "b": 4}))
     (tmp_path / "src.model").write_bytes(b"not a model")
@@ -254,3 +258,89 @@ def test_bad_vocabularies_are_refused_by_name(users, tmp_path, files, fragment):
         export_bundle(path, tmp_path / "b", hparams=dict(n_heads=3, bos_id=2, eos_id=3),
                       vocab=VocabFiles(*(tmp_path / f for f in files)))
     assert not (tmp_path / "b").exists()
+
+
+NN_FLAGS = ["--n-heads", "3", "--bos-id", "2", "--eos-id", "3"]
+
+
+def test_the_default_cap_stops_a_model_that_never_ends(users, tmp_path):
+    """A tutorial model keeps PositionalEncoding's 5,000 positions; one that never yields
+    end-of-sentence stops at 256 new tokens by default, not at 5,000."""
+    _, path, _, _ = users["nn-post-relu-seq-first"]
+    state = torch.load(path)
+    state["generator.bias"][3] = -1e4  # end-of-sentence never wins
+    torch.save(state, tmp_path / "never.pt")
+    export = ["export", str(tmp_path / "never.pt"), *NN_FLAGS]
+    r = CliRunner().invoke(main, [*export, "-o", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert ("decoding stops after 256 new tokens unless end-of-sentence comes first: xform's default 256"
+            in r.output), r.output
+    session = xform.load(tmp_path / "b")
+    assert session.config["max_len"] == 5000
+    src = padded(sources(CASES["nn-post-relu-seq-first"])[:3], 1)
+    out = session.generate(src)
+    assert out.shape == (3, 256) and not (out == 3).any()
+    assert session.generate(src, max_new_tokens=7).shape == (3, 7)  # a run's own limit wins
+    r = CliRunner().invoke(main, [*export, "-o", str(tmp_path / "b40"), "--max-new-tokens", "40"])
+    assert "decoding stops after 40 new tokens unless end-of-sentence comes first: set at export" in r.output
+    assert xform.load(tmp_path / "b40").generate(src).shape == (3, 40)
+    r = CliRunner().invoke(main, [*export, "-o", str(tmp_path / "b6000"), "--max-new-tokens", "6000"])
+    assert r.exit_code == 1 and "--max-new-tokens 6000: expected 1 to the model's max_len 5000" in r.output
+    assert not (tmp_path / "b6000").exists()
+
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456")  # 33 characters: with the 4 specials, SRC_V
+TCHARS = list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!")  # 37: TGT_V
+
+
+def test_export_reports_how_text_is_split_and_infers_characters(users, tmp_path):
+    """Single-character vocabularies are split into characters without --tokenize, export says
+    so with a sample, and run --text equals the model's own loop on those ids."""
+    model, path, _, _ = users["nn-post-relu-seq-first"]
+    (tmp_path / "src.json").write_text(json.dumps(SPECIALS + CHARS))
+    (tmp_path / "tgt.json").write_text(json.dumps(SPECIALS + TCHARS))
+    vocab = ["--src-vocab", str(tmp_path / "src.json"), "--tgt-vocab", str(tmp_path / "tgt.json"), "--src-bos"]
+    r = CliRunner().invoke(main, ["export", str(path), "-o", str(tmp_path / "b"), *NN_FLAGS, *vocab])
+    assert r.exit_code == 0, r.output
+    assert ("--src-vocab src.json: split into characters, inferred: 100% of its 33 plain tokens are single "
+            "characters (--tokenize whitespace to override)") in r.output
+    assert ("text in: characters of a 37-token vocabulary, then end-of-sentence <eos> (id 3); start-of-sentence "
+            "<bos> (id 2) first") in r.output
+    assert "text out: characters of a 41-token vocabulary, joined with nothing" in r.output
+    assert "sample: 'abcdefgh' -> <bos> a b c d e f g h <eos> (ids 2 4 5 6 7 8 9 10 11 3)" in r.output
+    assert "warning" not in r.output
+    texts = ["hello", "abc def", "zz9"]
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "b"), "--max-new-tokens", str(MAX_NEW),
+                                  *[a for t in texts for a in ("--text", t)]])
+    assert r.exit_code == 0, r.output
+    for text, line in zip(texts, r.output.strip().splitlines()):
+        ids = [2] + [4 + CHARS.index(c) if c in CHARS else 0 for c in text if c != " "] + [3]  # 0: <unk>
+        ref, _ = tn.tutorial_greedy(model, ids, 2, 3, 1, MAX_NEW)
+        assert line == f"{text}\t{''.join((SPECIALS + TCHARS)[i] for i in ref if i not in (1, 2, 3))}"
+    # told to split on whitespace, the export warns that the words will be unknown
+    r = CliRunner().invoke(main, ["export", str(path), "-o", str(tmp_path / "w"), *NN_FLAGS, *vocab,
+                                  "--tokenize", "whitespace"])
+    assert r.exit_code == 0 and ("warning: --src-vocab src.json: --tokenize whitespace, but 100% of its 33 plain "
+                                 "tokens are single characters") in r.output, r.output
+
+
+def test_vocabularies_that_do_not_fit_the_models_roles_are_warned_of(users, tmp_path):
+    _, path, _, _ = users["nn-post-relu-seq-first"]
+    (tmp_path / "src.json").write_text(json.dumps(["<unk>", "<pad>", "<eos>", "<bos>"] + [f"w{i}" for i in range(4, 30)]))
+    (tmp_path / "tgt.json").write_text(json.dumps(SPECIALS + [f"T{i}" for i in range(4, TGT_V)]))
+    r = CliRunner().invoke(main, ["export", str(path), "-o", str(tmp_path / "b"), *NN_FLAGS,
+                                  "--src-vocab", str(tmp_path / "src.json"), "--tgt-vocab", str(tmp_path / "tgt.json")])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
+    assert any("--src-vocab src.json: '<bos>' is id 3, but the model's bos_id is 2 (--bos-id)" in w for w in warnings)
+    assert any("--src-vocab src.json: '<eos>' is id 2, but the model's eos_id is 3 (--eos-id)" in w for w in warnings)
+    assert any("--src-vocab src.json: 30 tokens for the source embedding's 37 rows" in w for w in warnings)
+    assert not any("tgt.json" in w for w in warnings), warnings
+
+
+def test_a_wrong_arch_names_the_layout_the_file_matches(users, tmp_path):
+    _, path, _, _ = users["seed-003"]
+    r = CliRunner().invoke(main, ["export", str(path), "-o", str(tmp_path / "b"), "--arch", "torch-nn-transformer",
+                                  "--n-heads", "3", "--bos-id", "1", "--eos-id", "2"])
+    assert r.exit_code == 1, r.output
+    assert "its keys are a seed-003 model's; pass --arch seed-003, or leave --arch out" in r.output, r.output

@@ -97,3 +97,25 @@ def test_unknown_backend_and_device(tiny_bundle):
         xform.load(tiny_bundle, backend="tvm")
     with pytest.raises(XformError, match="unknown device 'tpu'"):
         xform.load(tiny_bundle, device="tpu")
+
+
+def test_fp32_tolerance_scales_with_a_steps_largest_logit():
+    """A logit bias of -1e4 (a user banning a token) rounds every logit of its step by ~1e-3 in
+    float32: within fp32's 1e-6 of the scale; an error of 2e-2 at that scale, or 2e-4 at scale
+    10, still fails."""
+    from xform.runtime.compare import compare_steps, tolerance_for
+    tol = tolerance_for("fp32")
+    rng = np.random.default_rng(0)
+    ref = rng.normal(0, 3, (2, 3, 11)).astype(np.float32)
+    ref[..., 5] = -1e4
+    choice, active = ref.argmax(-1), np.ones((2, 3), bool)
+
+    def passes(got):
+        return compare_steps("ort", "fp32", got, ref, choice, choice, active, tol.atol, tol.rtol, 1.0).passed
+
+    assert passes(ref + np.float32(9.8e-4))
+    assert not passes(ref + np.float32(2e-2))
+    small = ref.copy()
+    small[..., 5] = 10.0
+    assert not compare_steps("ort", "fp32", small + np.float32(2e-4), small, small.argmax(-1), small.argmax(-1),
+                             active, tol.atol, tol.rtol, 1.0).passed

@@ -153,7 +153,7 @@ def check_graph(path: Path) -> None:
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
-                  progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
+                  max_new_tokens: int | None = None, progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
     out = Path(out)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
@@ -163,11 +163,18 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     progress("loading model")
     loaded = loaded or resolve_model(model_ref, arch, hparams)
     model, cfg = loaded.model.eval(), loaded.model.cfg
+    generation = dict(loaded.generation or {"num_beams": 1, "source": "xform default (greedy)"})
+    if max_new_tokens is not None:
+        if not 1 <= max_new_tokens <= cfg.max_len:
+            raise XformError(f"--max-new-tokens {max_new_tokens}: expected 1 to the model's max_len {cfg.max_len}")
+        generation["max_new_tokens"] = max_new_tokens
     if vocab is not None:
         if loaded.tokenizer is not None:
             raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models without one")
-        tokenizer, files = vocab_tokenizer(vocab, cfg.to_dict())
+        tokenizer, files, notes = vocab_tokenizer(vocab, cfg.to_dict())
         loaded = dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files)
+    else:
+        notes = []
     graph_model = to_fp16(model) if precision == "fp16" else model
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision])
     tol = tolerance_for(precision)
@@ -195,8 +202,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             "shared_weights": shared_weights(tmp),
             "reference": {"dir": REFERENCE_DIR},
             # decoding defaults of run / translate / generate; greedy unless the model ships others
-            "generation": loaded.generation or {"num_beams": 1, "source": "xform default (greedy)"},
-            "tokenizer": {"file": "tokenizer.json"} if loaded.tokenizer is not None else None,
+            "generation": generation,
+            "tokenizer": {"file": "tokenizer.json", "notes": notes} if loaded.tokenizer is not None else None,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
                           "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
                           "judged_by": "decodes" if tol.by_decodes else "logits",

@@ -3,8 +3,12 @@ bundle's tokenizer: kind `xform-vocab`, one side each for source and target.
 
 A side is a JSON list (index = id: torchtext's `vocab.get_itos()`), a JSON dict (token -> id:
 `vocab.get_stoi()`, or a hand-made dict), or a sentencepiece `.model` whose own ids are the model's.
-Text is split on whitespace or into characters (`--tokenize`), or by sentencepiece for a `.model`.
+Text is split on whitespace or into characters (`--tokenize`; without it, characters when nearly
+every token of the list is one character, else whitespace), or by sentencepiece for a `.model`.
 The source gets end-of-sentence appended, and start-of-sentence prepended with `--src-bos`.
+What was inferred, and where the vocabularies do not fit the model (a special token at another id
+than the model's, fewer tokens than embedding rows), comes back as notes that export prints;
+vocabularies larger than their embedding, or whose sizes fit the other side, are refused.
 No torch: the CLI imports this.
 """
 from __future__ import annotations
@@ -18,6 +22,11 @@ from xform.errors import CheckpointError
 
 TOKENIZE = {"whitespace": "word", "characters": "char", "sentencepiece": "spm"}
 SIDE_FILES = {"source": "source.model", "target": "target.model"}
+CHAR_SHARE = 0.9  # a list whose plain tokens are at least this share single characters is a character vocabulary
+# the names tutorials and libraries give special tokens, by the model's id they must sit at
+SPECIAL_NAMES = {"pad_id": ("<pad>", "<blank>", "[PAD]"), "bos_id": ("<bos>", "<s>", "<sos>", "<start>", "[BOS]"),
+                 "eos_id": ("<eos>", "</s>", "<end>", "[EOS]")}
+ID_FLAGS = {"pad_id": "--pad-id", "bos_id": "--bos-id", "eos_id": "--eos-id"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,31 @@ def read_tokens(path: Path, flag: str) -> list[str | None]:
     return tokens
 
 
+def looks_special(token: str) -> bool:
+    return len(token) > 2 and (token[0], token[-1]) in (("<", ">"), ("[", "]"))
+
+
+def infer_unit(tokens: list[str | None]) -> tuple[str, float, int]:
+    """(char or word, the share of single characters, the count) among the plain (non-special) tokens."""
+    plain = [t for t in tokens if t is not None and not looks_special(t)]
+    share = sum(len(t) == 1 for t in plain) / len(plain) if plain else 0.0
+    return ("char" if plain and share >= CHAR_SHARE else "word"), share, len(plain)
+
+
+def role_notes(tokens: list[str | None], config: dict[str, Any], flag: str, path: Path) -> list[str]:
+    """Warnings where the list names a special token at another id than the model's."""
+    notes = []
+    for key, names in SPECIAL_NAMES.items():
+        want = config.get(key)
+        found = {t: i for i, t in enumerate(tokens) if t in names}
+        if want is None or not found or (want < len(tokens) and tokens[want] in names):
+            continue
+        token, at = next(iter(found.items()))
+        notes.append(f"{flag} {path.name}: {token!r} is id {at}, but the model's {key} is {want} "
+                     f"({ID_FLAGS[key]}): is this the vocabulary the model was trained with?")
+    return notes
+
+
 def spm_size(path: Path, flag: str) -> int:
     try:
         import sentencepiece
@@ -70,28 +104,58 @@ def spm_size(path: Path, flag: str) -> int:
     return proc.GetPieceSize()
 
 
-def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[Path, str]]]:
-    """The tokenizer.json content and the files (path, name in the bundle's tokenizer/) it needs."""
+def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
+                    ) -> tuple[dict[str, Any], list[tuple[Path, str]], list[str]]:
+    """The tokenizer.json content, the files (path, name in the bundle's tokenizer/) it needs, and
+    notes for the user: what was inferred, and warnings where the vocabularies do not fit the model."""
     tokenize = files.tokenize
     spec: dict[str, Any] = {"kind": "xform-vocab"}
     copies: list[tuple[Path, str]] = []
-    for side, path, flag, rows in (("source", files.src, "--src-vocab", config["src_vocab_size"]),
-                                   ("target", files.tgt, "--tgt-vocab", config["tgt_vocab_size"])):
-        path = Path(path)
+    notes: list[str] = []
+    sides = (("source", Path(files.src), "--src-vocab", config["src_vocab_size"]),
+             ("target", Path(files.tgt), "--tgt-vocab", config["tgt_vocab_size"]))
+    sizes = {}
+    for side, path, flag, rows in sides:
         if path.suffix == ".model":
             if tokenize not in (None, "sentencepiece"):
                 raise CheckpointError(f"{flag} {path}: a sentencepiece model, but --tokenize {tokenize}")
-            size = spm_size(path, flag)
+            sizes[side] = spm_size(path, flag)
             spec[side] = {"unit": "spm", "model": SIDE_FILES[side]}
             copies.append((path, SIDE_FILES[side]))
+            continue
+        if tokenize == "sentencepiece":
+            raise CheckpointError(f"{flag} {path}: --tokenize sentencepiece needs a sentencepiece .model file")
+        tokens = read_tokens(path, flag)
+        sizes[side] = len(tokens)
+        inferred, share, plain = infer_unit(tokens)
+        if tokenize is None:
+            unit = inferred
+            notes.append(f"{flag} {path.name}: split into {'characters' if unit == 'char' else 'whitespace words'}, "
+                         f"inferred: {share:.0%} of its {plain} plain tokens are single characters "
+                         f"(--tokenize {'whitespace' if unit == 'char' else 'characters'} to override)")
         else:
-            if tokenize == "sentencepiece":
-                raise CheckpointError(f"{flag} {path}: --tokenize sentencepiece needs a sentencepiece .model file")
-            tokens = read_tokens(path, flag)
-            size = len(tokens)
-            spec[side] = {"unit": TOKENIZE[tokenize or "whitespace"], "tokens": tokens, "unk": "<unk>"}
-        if size > rows:
-            raise CheckpointError(f"{flag} {path}: {size} tokens, but the model's {side} embedding has {rows} rows")
+            unit = TOKENIZE[tokenize]
+            if unit != inferred:
+                notes.append(f"warning: {flag} {path.name}: --tokenize {tokenize}, but {share:.0%} of its {plain} "
+                             f"plain tokens are single characters: "
+                             + ("a word is looked up whole, and most will be unknown" if unit == "word" else
+                                "its multi-character tokens can never be produced from text"))
+        if "<unk>" not in tokens:
+            notes.append(f"{flag} {path.name}: no '<unk>' token: a line with a {'character' if unit == 'char' else 'word'} "
+                         "outside the vocabulary fails alone")
+        notes += ["warning: " + n for n in role_notes(tokens, config, flag, path)]
+        spec[side] = {"unit": unit, "tokens": tokens, "unk": "<unk>"}
+    (_, src_path, _, src_rows), (_, tgt_path, _, tgt_rows) = sides
+    if src_rows != tgt_rows and sizes["source"] == tgt_rows and sizes["target"] == src_rows:
+        raise CheckpointError(f"--src-vocab {src_path} has {sizes['source']} tokens, the rows of the model's target "
+                              f"embedding, and --tgt-vocab {tgt_path} has {sizes['target']}, the source's: the two "
+                              "look swapped")
+    for side, path, flag, rows in sides:
+        if sizes[side] > rows:
+            raise CheckpointError(f"{flag} {path}: {sizes[side]} tokens, but the model's {side} embedding has {rows} rows")
+        if sizes[side] < rows:
+            notes.append(f"warning: {flag} {path.name}: {sizes[side]} tokens for the {side} embedding's {rows} rows: "
+                         f"ids {sizes[side]}..{rows - 1} have no text")
     if files.src_bos:
         spec["source_prefix"] = [config["bos_id"]]
-    return spec, copies
+    return spec, copies, notes

@@ -39,6 +39,32 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-toke
          "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
+# The longest decode unless the bundle or the caller says otherwise: CTranslate2's
+# max_decoding_length. Not the position table's size: a tutorial model's table holds 5,000
+# positions, and one source that never yields end-of-sentence would decode all of them. A fixed
+# cap rather than fairseq's a * source length + b: it cannot cut a legitimate translation of a
+# short source into a wordier language, beams and samples of one source keep one length limit (as
+# transformers' max_length), and a runaway row costs only its own steps once the other rows have
+# left the batch. docs/design.md "A decode cap that does not come from a table size".
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+def decode_cap(generation: dict[str, Any], max_len: int) -> tuple[int, str]:
+    """The default max_new_tokens of a bundle and where it comes from: the bundle's own
+    `max_new_tokens` (set at export), else the model's `max_length` less its start token
+    (transformers counts it), else DEFAULT_MAX_NEW_TOKENS; never beyond the position table."""
+    if generation.get("max_new_tokens") is not None:
+        n, why = int(generation["max_new_tokens"]), "set at export with --max-new-tokens"
+    elif generation.get("max_length") is not None:
+        n = int(generation["max_length"]) - 1
+        why = f"the model's max_length {generation['max_length']} less the start token"
+    else:
+        n, why = DEFAULT_MAX_NEW_TOKENS, f"xform's default {DEFAULT_MAX_NEW_TOKENS}, CTranslate2's max_decoding_length"
+    if n > max_len:
+        n, why = max_len, f"{why}, cut to the model's max_len {max_len}"
+    return max(1, n), why
+
+
 def named(param: str) -> str:
     return f"{param} ({FLAGS[param]})" if param in FLAGS else param
 

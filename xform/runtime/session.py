@@ -13,7 +13,7 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.decoding import GenerationConfig, Special, make_strategy
+from xform.runtime.decoding import GenerationConfig, Special, decode_cap, make_strategy
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
 
@@ -87,9 +87,9 @@ class Session:
         return gen
 
     def default_max_new_tokens(self) -> int:
-        """max_length - 1 from the bundle's generation defaults (the start token counts there), else max_len."""
-        n = self.generation_defaults.get("max_length", self.config["max_len"] + 1) - 1
-        return max(1, min(n, self.config["max_len"]))
+        """The bundle's decode cap (decoding.decode_cap): set at export, else the model's
+        max_length - 1, else 256; never beyond max_len."""
+        return decode_cap(self.generation_defaults, self.config["max_len"])[0]
 
     def generate(self, src_ids, src_lengths=None, max_new_tokens: int | None = None,
                  min_new_tokens: int | None = None, *,
@@ -101,7 +101,7 @@ class Session:
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
         log-probs, else the sum of log-probs). Unset settings take the bundle's defaults (max_new_tokens:
-        the model's max_length - 1 when it records one, else its max_len)."""
+        the bundle's cap, decoding.decode_cap: 256 unless the bundle or the model sets one)."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         if max_new_tokens is None:
             max_new_tokens = self.default_max_new_tokens()
@@ -170,8 +170,9 @@ class Session:
 
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
-                        on_batch: Callable[[int, int], None] | None = None
-                        ) -> Iterator[tuple[str, list[str] | None, str | None]]:
+                        on_batch: Callable[[int, int], None] | None = None,
+                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False
+                        ) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -182,33 +183,47 @@ class Session:
         translates to nothing without decoding; a line that cannot be translated (not UTF-8, a
         word outside a vocabulary without <unk>, longer than max_len) gets its error and the
         other lines are translated. `on_batch(lines, tokens)`, when given, is called as lines
-        are done: how many, and the target tokens generated for them. Bad settings raise
-        InputError at once."""
+        are done: how many, and the target tokens generated for them. `on_warning(index, message)`,
+        when given, hears of a line (0-based) most of whose tokens are unknown to the source
+        vocabulary: it is translated, but likely not in the model's language or tokenization.
+        With return_scores, each translation is a (text, score) pair, the score as generate()
+        returns it. Bad settings raise InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
-        return self.translate_windows(lines, gen, batching, on_batch)
+        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores)
 
     def translate_windows(self, lines: Iterable[str | bytes], gen: GenerationConfig, batching: Batching,
-                          on_batch: Callable[[int, int], None] | None = None):
-        encoded = (self.encode_line(line) for line in lines)
-        for window in windows(encoded, lambda e: len(e[1]) if e[1] is not None else 1, batching):
-            yield from self.translate_window(window, gen, batching, on_batch)
+                          on_batch: Callable[[int, int], None] | None = None,
+                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False):
+        def encoded():
+            for index, line in enumerate(lines):
+                text, ids, error = self.encode_line(line)
+                if ids is not None and on_warning is not None:
+                    warning = self.unknown_warning(ids)
+                    if warning:
+                        on_warning(index, warning)
+                yield text, ids, error
+
+        for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
+            yield from self.translate_window(window, gen, batching, on_batch, return_scores)
 
     def translate_window(self, window: list[tuple[str, list[int] | None, str | None]], gen: GenerationConfig,
-                         batching: Batching, on_batch: Callable[[int, int], None] | None = None):
+                         batching: Batching, on_batch: Callable[[int, int], None] | None = None,
+                         return_scores: bool = False):
         """The window's (text, translations or None, error or None) in input order; its sources
         decoded in batches of like length."""
         todo = [i for i, (_, ids, _) in enumerate(window) if ids is not None]
         done: dict[int, list[str]] = {}
         for batch in plan([len(window[i][1]) for i in todo], batching):
             rows = [todo[j] for j in batch]
-            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch)))
+            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
+        blank = [("", 0.0) if return_scores else ""] * n  # nothing decoded: log-probability 0
         for i, (text, ids, error) in enumerate(window):
-            yield text, done[i] if ids is not None else None if error else [""] * n, error
+            yield text, done[i] if ids is not None else None if error else blank, error
 
     def encode_line(self, line: str | bytes) -> tuple[str, list[int] | None, str | None]:
         if isinstance(line, bytes):
@@ -229,13 +244,26 @@ class Session:
                                 f"max_len {self.config['max_len']}")
         return line, ids, None
 
+    def unknown_warning(self, ids: list[int]) -> str | None:
+        """A warning when more than half of an encoded source's text tokens are unknown, else None."""
+        unknown, total = self.tokenizer.unknown(ids)
+        if total and unknown * 2 > total:
+            return (f"{unknown} of its {total} source tokens are unknown to the vocabulary: is it in the model's "
+                    "source language, and does export's 'text in' line show the right tokenization?")
+        return None
+
     def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
-                        on_batch: Callable[[int, int], None] | None = None) -> list[list[str]]:
-        """Decode source id rows together: for each, its num_return_sequences translations."""
-        rows = self.decode(*self.pad(sources), gen)
+                        on_batch: Callable[[int, int], None] | None = None, return_scores: bool = False) -> list[list]:
+        """Decode source id rows together: for each, its num_return_sequences translations (with
+        return_scores, (text, score) pairs)."""
+        rows = self.decode(*self.pad(sources), gen, return_scores=return_scores)
+        if return_scores:
+            rows, scores = rows
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
         out = [self.tokenizer.decode(r) for r in rows]
+        if return_scores:
+            out = [(t, float(sc)) for t, sc in zip(out, scores)]
         n = gen.num_return_sequences
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 

@@ -88,6 +88,35 @@ class VocabSide:
             ids.append(i)
         return ids
 
+    @property
+    def size(self) -> int:
+        return self.spm.GetPieceSize() if self.unit == "spm" else len(self.tokens)
+
+    @property
+    def unk_id(self) -> int | None:
+        return self.spm.unk_id() if self.unit == "spm" else self.unk
+
+    def piece(self, i: int) -> str:
+        if self.unit == "spm":
+            return self.spm.IdToPiece(i) if 0 <= i < self.size else f"<id {i}>"
+        return (self.tokens[i] if 0 <= i < self.size else None) or f"<id {i}>"
+
+    def describe(self) -> str:
+        unit = {"char": "characters", "word": "whitespace-separated words", "spm": "sentencepiece pieces"}[self.unit]
+        return f"{unit} of a {self.size}-token vocabulary"
+
+    def sample_text(self) -> str:
+        """A short text made of the vocabulary's own plain tokens (letters first), to show a split."""
+        if self.unit == "spm":
+            ids = [i for i in range(self.size) if not (self.spm.IsControl(i) or self.spm.IsUnknown(i))
+                   and self.spm.IdToPiece(i).lstrip("\u2581").isalpha()]
+            return self.spm.decode(ids[len(ids) // 3:len(ids) // 3 + 4]) if ids else "hello"
+        plain = [t for t in self.tokens if t and not (len(t) > 2 and t[0] in "<[" and t[-1] in ">]") and t != " "]
+        plain = [t for t in plain if t.isalpha()] or plain
+        if self.unit == "char":
+            return "".join(plain[:8])
+        return " ".join(plain[:4])
+
     def decode(self, ids: list[int]) -> str:
         if self.unit == "spm":
             return self.spm.decode([i for i in ids if i < self.spm.GetPieceSize()])
@@ -115,6 +144,25 @@ class VocabTokenizer:
     def decode(self, ids) -> str:
         return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
 
+    def unknown(self, ids: list[int]) -> tuple[int, int]:
+        """(unknown tokens, text tokens) of an encoded source: the framing is not counted."""
+        body = ids[len(self.prefix):-1]
+        unk = self.src.unk_id
+        return (sum(i == unk for i in body) if unk is not None else 0), len(body)
+
+    def describe(self) -> list[str]:
+        """How text becomes ids and back, for export's report, with a sample split."""
+        frame = [self.src.piece(i) for i in self.prefix]
+        eos = self.src.piece(self.cfg["eos_id"])
+        sample = self.src.sample_text()
+        ids = self.encode(sample)
+        start = (f"start-of-sentence {' '.join(frame)} (id {' '.join(map(str, self.prefix))}) first"
+                 if self.prefix else "no start token")
+        return [f"text in: {self.src.describe()}, then end-of-sentence {eos} (id {self.cfg['eos_id']}); {start}",
+                f"text out: {self.tgt.describe()}, joined with "
+                f"{'nothing' if self.tgt.unit == 'char' else 'spaces' if self.tgt.unit == 'word' else 'sentencepiece'}",
+                f"sample: {sample!r} -> {' '.join(self.src.piece(i) for i in ids)} (ids {' '.join(map(str, ids))})"]
+
 
 class SpmTokenizer:
     """Marian's tokenizer: sentencepiece pieces mapped through vocab.json (target_vocab.json for
@@ -141,7 +189,8 @@ class SpmTokenizer:
         self.spm_source = spm("source.spm")
         self.spm_target = spm("target.spm") if (d / "target.spm").is_file() else self.spm_source
         self.encoder = vocab("vocab.json")
-        target = vocab("target_vocab.json") if data.get("separate_vocabs") else self.encoder
+        self.separate = bool(data.get("separate_vocabs"))
+        target = vocab("target_vocab.json") if self.separate else self.encoder
         for name, vocab_map, rows in (("vocab.json", self.encoder, config["src_vocab_size"]),
                                       ("target_vocab.json" if data.get("separate_vocabs") else "vocab.json", target,
                                        config["tgt_vocab_size"])):
@@ -164,6 +213,21 @@ class SpmTokenizer:
     def decode(self, ids) -> str:
         pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""))
         return self.spm_target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def unknown(self, ids: list[int]) -> tuple[int, int]:
+        """(unknown tokens, text tokens) of an encoded source, end-of-sentence not counted."""
+        return sum(i == self.unk_id for i in ids[:-1]), len(ids) - 1
+
+    def describe(self) -> list[str]:
+        names = {i: t for t, i in self.encoder.items()}
+        sample = "Hello, world."
+        ids = self.encode(sample)
+        return [f"text in: Marian sentencepiece pieces (source.spm) looked up in vocab.json ({len(self.encoder)} "
+                f"tokens), a >>lang<< code first when the text starts with one, then end-of-sentence (id "
+                f"{self.cfg['eos_id']})",
+                f"text out: {'target_vocab.json' if self.separate else 'vocab.json'}, pieces joined by "
+                f"{'target.spm' if self.spm_target is not self.spm_source else 'source.spm'}",
+                f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} (ids {' '.join(map(str, ids))})"]
 
 
 def load_tokenizer(path: Path, config: dict[str, Any]):
