@@ -33,7 +33,7 @@ def test_export_run_check_benchmark_json(runner, checkpoint_dir, tmp_path):
 
 
 def test_check_fails_beyond_tolerance(runner, tiny_bundle):
-    r = runner.invoke(main, ["run", str(tiny_bundle), "--check", "--atol", "1e-12"])
+    r = runner.invoke(main, ["run", str(tiny_bundle), "--check", "--atol", "1e-12", "--rtol", "0"])
     assert r.exit_code == 1
     assert "check FAILED" in r.output and "smallest passing atol" in r.output
 
