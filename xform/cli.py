@@ -371,6 +371,9 @@ def generation_options(fn):
         click.option("--top-k", type=int, default=None, help="--sample: keep the k most likely tokens (0: all)."),
         click.option("--top-p", type=float, default=None, help="--sample: keep the smallest set of mass >= p, (0, 1]."),
         click.option("--seed", type=int, default=None, help="--sample: the same seed gives the same tokens."),
+        click.option("--forced-bos-id", "forced_bos_token_id", type=int, default=None,
+                     help="The first generated token, whatever the model prefers (transformers' forced_bos_token_id: "
+                          "a multilingual model's target-language token; default: the bundle's, if it records one)."),
     ]
     for option in reversed(options):
         fn = option(fn)

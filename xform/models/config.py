@@ -4,7 +4,9 @@ Pure Python (importable without torch). The config expresses the variants the se
 torch.nn.Transformer and Marian use: where each sublayer's LayerNorm sits (post, pre, or
 pre_normed_residual; one position for all sublayers or one per sublayer), a final LayerNorm, ReLU /
 GELU / SiLU, biases on or off separately, an attention width other than d_model, embedding
-scaling, tied or separate embeddings, positions, special ids.
+scaling and normalization, tied or separate embeddings, positions, special ids. (A position
+offset, as BART's learned table and M2M100's sinusoids have, is taken out at import: row i of
+xform's table is the vector of position i.)
 It does not own weights (see checkpoint.py) or graph names (see xform/contract.py).
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ class TransformerConfig:
     ffn_bias: bool = True
     output_bias: bool = False
     scale_embedding: bool = False
+    # a LayerNorm over embeddings + positions, one per side (mBART's and BART's layernorm_embedding)
+    embedding_norm: bool = False
     positions: str = "sinusoidal"
     # share_embeddings: one table for source and target tokens (needs equal vocab sizes)
     share_embeddings: bool = False

@@ -23,7 +23,7 @@ from xform.models.transformer import Seq2SeqTransformer
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian directory, or a state dict file (.pt / .pth / .bin / .safetensors) of a "
+         "a Hugging Face Marian, M2M100 / NLLB, mBART or BART directory, or a state dict file (.pt / .pth / .bin / .safetensors) of a "
          "torch.nn.Transformer or seed tutorial model")
 TORCH_NN = "torch-nn-transformer"
 # keys xform itself names its parameters with, to recognise a bare xform state dict
@@ -57,12 +57,15 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
         return load_xform_dir(bundled_path(str(ref)), f"bundled:{ref}")
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; MODEL is {KNOWN}")
-    from xform.models import marian
+    from xform.models import bart_family, marian
     if marian.is_marian_dir(path):
         model, source = marian.load_marian(path)
         spec = marian.tokenizer_spec(path)
         return LoadedModel(model, source, spec, [(path / f, f) for f in spec["files"]] if spec else [],
                            marian.generation_defaults(path))
+    if bart_family.is_family_dir(path):
+        model, source = bart_family.load_family(path)
+        return LoadedModel(model, source, None, [], bart_family.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
         try:
@@ -71,7 +74,7 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
             model_type = None
         if model_type is not None:
             raise CheckpointError(f"{cfg_file}: a Hugging Face config of model_type {model_type!r}; xform imports "
-                                  "model_type 'marian' and xform checkpoints")
+                                  "model_type marian, m2m_100 (M2M100, NLLB), mbart, bart and xform checkpoints")
     return load_xform_dir(path, "xform-checkpoint")
 
 

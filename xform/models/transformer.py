@@ -34,6 +34,8 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
         self.src_pos = Positions(cfg)
         self.tgt_pos = Positions(cfg)
+        self.src_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
+        self.tgt_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.encoder_norm = layer_norm(cfg) if cfg.final_norm else None
@@ -47,7 +49,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def reset_parameters(self) -> None:
         for name, p in self.named_parameters():
-            if "embed" in name:
+            if name.split(".")[0] in ("src_embed", "tgt_embed"):
                 nn.init.normal_(p, std=self.cfg.d_model ** -0.5)
             elif p.dim() > 1:
                 nn.init.xavier_uniform_(p)
@@ -58,9 +60,12 @@ class Seq2SeqTransformer(nn.Module):
         """The dtype of the residual stream and K/V: the dtype of the layers' weights."""
         return self.decoder_layers[0].ffn.fc1.weight.dtype
 
-    def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int) -> Tensor:
+    def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int,
+              norm: nn.Module | None) -> Tensor:
         dt = self.compute_dtype  # a table kept in fp32 for the output projection is cast here
         x = table(ids).to(dt) * self.embed_scale + pos(offset, ids.shape[1]).to(dt)  # (B, T, D)
+        if norm is not None:
+            x = norm(x)
         if self.training and self.cfg.dropout:
             x = nn.functional.dropout(x, self.cfg.dropout)
         return x
@@ -71,7 +76,7 @@ class Seq2SeqTransformer(nn.Module):
         valid = torch.arange(S, device=src_ids.device).unsqueeze(0) < src_lengths.unsqueeze(1)  # (B, S)
         src_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32)  # (B, S)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        x = self.embed(self.src_embed, self.src_pos, src_ids, 0)
+        x = self.embed(self.src_embed, self.src_pos, src_ids, 0, self.src_embed_norm)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)
         if self.encoder_norm is not None:
@@ -91,7 +96,7 @@ class Seq2SeqTransformer(nn.Module):
             past = reorder_cache(past, beam_idx)
         T = tokens.shape[1]
         past_len = past[0][0].shape[2] if past is not None else 0
-        x = self.embed(self.tgt_embed, self.tgt_pos, tokens, past_len)
+        x = self.embed(self.tgt_embed, self.tgt_pos, tokens, past_len, self.tgt_embed_norm)
         self_mask = None
         if T > 1:  # causal within the new tokens; a single new token sees the whole past
             q = torch.arange(T, device=tokens.device).unsqueeze(1) + past_len
@@ -119,6 +124,8 @@ class Seq2SeqTransformer(nn.Module):
         dt = self.compute_dtype
         pos = self.tgt_pos.weight.index_select(0, past_len.reshape(1))  # (1, D): a Gather, not a Slice
         x = self.tgt_embed(tokens).to(dt) * self.embed_scale + pos.to(dt)
+        if self.tgt_embed_norm is not None:
+            x = self.tgt_embed_norm(x)
         C = cache[0][0].shape[2]
         valid = torch.arange(C, device=tokens.device) < past_len.reshape(1)
         cache_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32).view(1, 1, 1, C)

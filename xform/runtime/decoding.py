@@ -36,7 +36,7 @@ NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added 
 FLAGS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "num_beams": "--num-beams",
          "length_penalty": "--length-penalty", "early_stopping": "--early-stopping",
          "num_return_sequences": "--num-return-sequences", "do_sample": "--sample", "temperature": "--temperature",
-         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "forced_bos_token_id": "--forced-bos-id"}
 
 
 # The longest decode unless the bundle or the caller says otherwise: CTranslate2's
@@ -84,6 +84,9 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int | None = None
     forced_eos: bool = False  # end-of-sentence forced at the last step (transformers' forced_eos_token_id)
+    # the first generated token, whatever the logits say (transformers' forced_bos_token_id: a
+    # multilingual model's target language); it scores 0, as transformers' processor gives it
+    forced_bos_token_id: int | None = None
 
     def __post_init__(self):
         problems = []
@@ -109,6 +112,10 @@ class GenerationConfig:
             problems.append(f"{named('temperature')} must be > 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             problems.append(f"{named('top_p')} must be in (0, 1], got {self.top_p!r}")
+        if self.forced_bos_token_id is not None and (isinstance(self.forced_bos_token_id, bool) or not isinstance(
+                self.forced_bos_token_id, (int, np.integer)) or self.forced_bos_token_id < 0):
+            problems.append(f"{named('forced_bos_token_id')} must be a token id (an integer >= 0), got "
+                            f"{self.forced_bos_token_id!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):
             problems.append(f"{named('seed')} must be a non-negative integer, got {self.seed!r}")
@@ -159,11 +166,15 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def process(scores: np.ndarray, step: int, gen: GenerationConfig, special: Special) -> np.ndarray:
-    """transformers' logits processors, in place, on (rows, V) scores: blocked ids never,
-    end-of-sentence not before min_new_tokens, and forced at the last step when asked."""
+    """transformers' logits processors, in place, on (rows, V) scores, in its order: blocked ids
+    never, end-of-sentence not before min_new_tokens, the forced first token, and end-of-sentence
+    forced at the last step when asked."""
     scores[:, list(special.blocked)] = -np.inf
     if step < gen.min_new_tokens:
         scores[:, special.eos] = -np.inf
+    if gen.forced_bos_token_id is not None and step == 0:
+        scores[:] = -np.inf
+        scores[:, gen.forced_bos_token_id] = 0.0
     if gen.forced_eos and step == gen.max_new_tokens - 1:
         scores[:] = -np.inf
         scores[:, special.eos] = 0.0
@@ -189,6 +200,8 @@ class Greedy:
     def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
         if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
             return np.full_like(next_ids, self.special.eos)
+        if self.gen.forced_bos_token_id is not None and step == 0:
+            return np.full_like(next_ids, self.gen.forced_bos_token_id)
         return next_ids
 
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
@@ -277,12 +290,13 @@ class BeamSearch:
     def candidates(self, step: int, logits) -> tuple[np.ndarray, np.ndarray]:
         """Per row, the top-K processed log-probs and their ids: (rows, K) each. `logits` is either
         the (rows, V) logits, ranked here, or the backend's candidates graph's (log-probs, ids),
-        which applied every processor but the forced end-of-sentence."""
+        which applied every processor but the forced tokens."""
+        forced = self.forced(step)
         if isinstance(logits, tuple):
             lp, ids = logits
-            if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:  # end-of-sentence, nothing else
+            if forced is not None:  # that token, nothing else
                 lp, ids = np.full_like(lp, -np.inf), ids.copy()
-                lp[:, 0], ids[:, 0] = 0.0, self.special.eos
+                lp[:, 0], ids[:, 0] = 0.0, forced
             return lp, ids
         V = logits.shape[1]
         logits = logits.astype(np.float32, copy=False)
@@ -295,9 +309,17 @@ class BeamSearch:
         lp = (raw - m) - lse  # log_softmax of the candidates only, in float32
         keep = np.take_along_axis(masked, ids, axis=1)
         lp = np.where(np.isfinite(keep), lp, keep).astype(np.float32)  # processors: -inf (or a forced 0)
-        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
-            lp = np.where(ids == self.special.eos, np.float32(0.0), lp).astype(np.float32)
+        if forced is not None:
+            lp = np.where(ids == forced, np.float32(0.0), lp).astype(np.float32)
         return lp, ids
+
+    def forced(self, step: int) -> int | None:
+        """The token a processor forces at this step (scored 0), else None."""
+        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
+            return self.special.eos
+        if self.gen.forced_bos_token_id is not None and step == 0:
+            return self.gen.forced_bos_token_id
+        return None
 
     @staticmethod
     def top(values: np.ndarray, flat_index: np.ndarray, n: int) -> np.ndarray:

@@ -84,6 +84,9 @@ class Session:
         gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
         if gen.max_new_tokens > self.config["max_len"]:
             raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
+        if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= self.config["tgt_vocab_size"]:
+            raise InputError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
+                             f"of {self.config['tgt_vocab_size']}")
         return gen
 
     def default_max_new_tokens(self) -> int:
@@ -96,8 +99,8 @@ class Session:
                  num_beams: int | None = None, length_penalty: float | None = None,
                  early_stopping: bool | str | None = None, num_return_sequences: int | None = None,
                  do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, return_scores: bool = False,
-                 on_step: Callable[[int], None] | None = None):
+                 top_p: float | None = None, seed: int | None = None, forced_bos_token_id: int | None = None,
+                 return_scores: bool = False, on_step: Callable[[int], None] | None = None):
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
         log-probs, else the sum of log-probs). Unset settings take the bundle's defaults (max_new_tokens:
@@ -108,7 +111,8 @@ class Session:
         gen = self.generation_config(max_new_tokens, min_new_tokens=min_new_tokens, num_beams=num_beams,
                                      length_penalty=length_penalty, early_stopping=early_stopping,
                                      num_return_sequences=num_return_sequences, do_sample=do_sample,
-                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                     forced_bos_token_id=forced_bos_token_id)
         return self.decode(src_ids, src_lengths, gen, return_scores, on_step)
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,

@@ -1,0 +1,219 @@
+"""Import Hugging Face directories of the BART family: M2M100 and NLLB (`model_type` m2m_100),
+mBART / mBART-50 (mbart) and BART (bart), without transformers.
+
+They are Marian's encoder-decoder (the same parameter names, marian.layer_names) with these
+differences, each expressed in the TransformerConfig or taken out at import:
+
+| | M2M100 / NLLB | mBART | BART |
+| --- | --- | --- | --- |
+| norm position | pre, final encoder / decoder LayerNorm | pre, final norms | post |
+| after the embeddings | - | LayerNorm (`embedding_norm`) | LayerNorm |
+| positions | fairseq's sinusoids from position pad_id + 1 | learned, offset 2 | learned, offset 2 |
+| output | tied | tied, `final_logits_bias` | tied, `final_logits_bias` |
+
+A position offset is taken out of the table: xform's row i is the vector transformers adds at
+the i-th token (M2M100 counts positions over non-pad tokens, which for right-padded sources and
+generated tokens is the index plus pad_id + 1). The decoder starts from `decoder_start_token_id`
+(`</s>`), and the generation defaults record `forced_bos_token_id` (the target language) when
+the model ships one. transformers' modeling reads only the config keys checked here; generation
+settings xform cannot reproduce (n-gram blocking, repetition penalties, beam groups) are refused
+by name.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xform.errors import CheckpointError, ConfigError
+from xform.models import marian
+from xform.models.checkpoint import load_state_into
+from xform.models.config import TransformerConfig
+from xform.models.transformer import Seq2SeqTransformer
+from xform.runtime.bundle import sha256_file
+
+FAMILIES = ("m2m_100", "mbart", "bart")
+# what each family is, in TransformerConfig terms
+SHAPES = {
+    "m2m_100": dict(norm_position="pre", final_norm=True, embedding_norm=False, output_bias=False),
+    "mbart": dict(norm_position="pre", final_norm=True, embedding_norm=True, output_bias=True),
+    "bart": dict(norm_position="post", final_norm=False, embedding_norm=True, output_bias=True),
+}
+LEARNED_OFFSET = 2  # BART's and mBART's learned position tables start two rows in
+# generation settings transformers applies and xform does not: refused when they would act
+UNSUPPORTED_GENERATION = {"no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+                          "encoder_repetition_penalty": 1.0, "num_beam_groups": 1, "diversity_penalty": 0.0,
+                          "exponential_decay_length_penalty": None, "suppress_tokens": None,
+                          "begin_suppress_tokens": None, "sequence_bias": None, "renormalize_logits": False}
+
+
+def model_type(directory: Path) -> str | None:
+    cfg = directory / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        return marian.read_json(cfg).get("model_type")
+    except CheckpointError:
+        return None
+
+
+def is_family_dir(directory: Path) -> bool:
+    return model_type(directory) in FAMILIES
+
+
+def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
+    """TransformerConfig from a config.json of the family (+ generation_config.json); refuses
+    with every reason at once."""
+    get = hf.get
+    family = get("model_type")
+    problems = []
+    if family not in FAMILIES:
+        problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
+    if get("encoder_attention_heads") != get("decoder_attention_heads"):
+        problems.append(f"encoder_attention_heads ({get('encoder_attention_heads')}) differs from "
+                        f"decoder_attention_heads ({get('decoder_attention_heads')}); xform has one head count")
+    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
+        problems.append(f"encoder_ffn_dim ({get('encoder_ffn_dim')}) differs from decoder_ffn_dim "
+                        f"({get('decoder_ffn_dim')}); xform has one d_ff")
+    act = get("activation_function", "gelu" if family != "m2m_100" else "relu")
+    if act not in marian.ACTIVATIONS:
+        problems.append(f"activation_function {act!r} is not one of {sorted(marian.ACTIVATIONS)}")
+    if not get("tie_word_embeddings", True):
+        problems.append("tie_word_embeddings is false; the family's output projection is the shared embedding")
+    for key, neutral in UNSUPPORTED_GENERATION.items():
+        value = generation.get(key, get(key, neutral))
+        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
+            problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
+                            "/ config.json to export; decoding then differs from transformers' with it)")
+    bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
+    if any(len(w) != 1 for w in bad_words):
+        problems.append(f"bad_words_ids has multi-token sequences {[w for w in bad_words if len(w) != 1][:3]}; "
+                        "xform bans single tokens only")
+    if problems:
+        raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
+                          + "\n  - ".join(problems))
+    pad = get("pad_token_id", 1)
+    eos = generation.get("eos_token_id", get("eos_token_id", 2))
+    eos = eos[0] if isinstance(eos, list) else eos
+    start = generation.get("decoder_start_token_id", get("decoder_start_token_id", eos))
+    try:
+        return TransformerConfig(
+            src_vocab_size=get("vocab_size"), tgt_vocab_size=get("vocab_size"), d_model=get("d_model"),
+            n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
+            n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
+            activation=marian.ACTIVATIONS[act], layer_norm_eps=1e-5, norm_bias=True, attn_bias=True,
+            ffn_bias=True, scale_embedding=bool(get("scale_embedding", False)), **SHAPES[family],
+            positions="learned", share_embeddings=True, tie_output=True, pad_id=pad, bos_id=start, eos_id=eos,
+            decoder_start_id=start, max_len=get("max_position_embeddings", 1024),
+            banned_ids=tuple(sorted({w[0] for w in bad_words} - {pad})))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def fairseq_sinusoids(rows: int, dim: int, padding_idx: int) -> torch.Tensor:
+    """transformers' M2M100SinusoidalPositionalEmbedding.get_embedding, step for step in float32."""
+    half = dim // 2
+    scale = math.log(10000) / (half - 1)
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -scale)
+    angles = torch.arange(rows, dtype=torch.int64).float().unsqueeze(1) * freq.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).view(rows, -1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(rows, 1)], dim=1)
+    table[padding_idx, :] = 0
+    return table
+
+
+def position_table(cfg: TransformerConfig, family: str, theirs: dict[str, torch.Tensor], side: str,
+                   problems: list[str]) -> torch.Tensor | None:
+    """xform's (max_len, d_model) table for one side: row i is what transformers adds at index i."""
+    if family == "m2m_100":  # not saved (a buffer); positions count from pad_id + 1
+        first = cfg.pad_id + 1
+        return fairseq_sinusoids(cfg.max_len + first, cfg.d_model, cfg.pad_id)[first:]
+    key = f"model.{side}.embed_positions.weight"
+    table = theirs.get(key)
+    if table is None:
+        problems.append(f"missing {key}")
+        return None
+    if tuple(table.shape) != (cfg.max_len + LEARNED_OFFSET, cfg.d_model):
+        problems.append(f"{key} has shape {tuple(table.shape)}, expected ({cfg.max_len + LEARNED_OFFSET}, "
+                        f"{cfg.d_model}): max_position_embeddings + 2 rows")
+        return None
+    return table[LEARNED_OFFSET:]
+
+
+def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, torch.Tensor],
+                         source: str) -> dict[str, torch.Tensor]:
+    ours: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    problems: list[str] = []
+    for name, candidates in marian.embedding_aliases(cfg).items():
+        present = [c for c in candidates if c in theirs]
+        if not present:
+            problems.append(f"missing {' or '.join(candidates)}")
+            continue
+        ours[name] = theirs[present[0]]
+        for other in present[1:]:
+            if not torch.equal(theirs[other], theirs[present[0]]):
+                problems.append(f"{other} should be tied to {present[0]} but differs")
+        used.update(present)
+    names = marian.layer_names(cfg)
+    for side, our_side in (("encoder", "src"), ("decoder", "tgt")):
+        table = position_table(cfg, family, theirs, side, problems)
+        if table is not None:
+            ours[f"{our_side}_pos.weight"] = table
+        used.add(f"model.{side}.embed_positions.weight")
+        if cfg.embedding_norm:
+            for kind in ("weight", "bias"):
+                names[f"{our_side}_embed_norm.{kind}"] = f"model.{side}.layernorm_embedding.{kind}"
+        if cfg.final_norm:
+            for kind in ("weight", "bias"):
+                names[f"{side}_norm.{kind}"] = f"model.{side}.layer_norm.{kind}"
+    for name, their_name in names.items():
+        if their_name in theirs:
+            ours[name] = theirs[their_name]
+            used.add(their_name)
+        else:
+            problems.append(f"missing {their_name}")
+    if cfg.output_bias:
+        bias = theirs.get("final_logits_bias")
+        ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
+        used.add("final_logits_bias")
+    unexpected = sorted(set(theirs) - used)
+    if unexpected:
+        problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if problems:
+        raise CheckpointError(f"{source}: weights do not match a {family} model of this config:\n  - "
+                              + "\n  - ".join(problems))
+    return ours
+
+
+def load_family(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
+    """(model, source description) from an M2M100 / NLLB, mBART or BART directory."""
+    directory = Path(directory)
+    hf = marian.read_json(directory / "config.json")
+    gen_path = directory / "generation_config.json"
+    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
+    cfg = family_config(hf, generation, str(directory / "config.json"))
+    family = hf["model_type"]
+    theirs, weights_path = marian.read_weights(directory)
+    state = convert_family_state(cfg, family, dict(theirs), str(weights_path))
+    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
+    source = {"path": str(directory.resolve()), "kind": f"huggingface-{family}", "sha256": sha256_file(weights_path),
+              "weights": weights_path.name, "notes": []}
+    return model, source
+
+
+def generation_defaults(directory: str | Path) -> dict[str, Any]:
+    """Marian's record (beams, length penalty, early stopping, max_length, forced_eos) plus the
+    forced first token (transformers' forced_bos_token_id) when the model ships one."""
+    directory = Path(directory)
+    out = marian.generation_defaults(directory)
+    hf = marian.read_json(directory / "config.json")
+    gen_path = directory / "generation_config.json"
+    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
+    forced = generation.get("forced_bos_token_id", hf.get("forced_bos_token_id"))
+    if forced is not None:
+        out["forced_bos_token_id"] = int(forced)
+    return out
