@@ -70,7 +70,8 @@ def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np
 def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, *, src_ids=None, src_lengths=None,
           texts: list[str] | None = None, max_new_tokens: int = 32, atol: float | None = None,
           rtol: float | None = None, batch: int = 4, src_len: int = 12, seed: int = 0,
-          session: Session | None = None, generation: GenerationConfig | None = None) -> CheckReport:
+          session: Session | None = None, generation: GenerationConfig | None = None,
+          src_lang: str | None = None) -> CheckReport:
     """Decode with `backend` (greedy unless `generation` says otherwise), then teacher-force its own
     best hypothesis through it and through eager PyTorch step by step, and compare logits and
     greedy choices at every active position. With beams, also compare the hypotheses and their
@@ -81,7 +82,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     reference = session_for(bundle, "torch", "cpu")
     cfg = session.config
     if texts:
-        src_ids = session.encode_texts(texts)
+        src_ids = session.encode_texts(texts, src_lang)
     tol = tolerance_for(session.bundle.precision)
     if src_ids is None:
         batch = max(batch, DECODE_SOURCES) if tol.by_decodes else batch  # judging translations needs many

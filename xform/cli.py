@@ -220,7 +220,7 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False):
+def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False, src_lang: str | None = None):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -238,7 +238,8 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = 
 
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
-                                      on_batch=on_batch, on_warning=on_warning, return_scores=scores)
+                                      on_batch=on_batch, on_warning=on_warning, return_scores=scores,
+                                      src_lang=src_lang)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
@@ -458,6 +459,11 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
 @click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
+@click.option("--src-lang", default=None,
+              help="A multilingual model's source language code (NLLB: fra_Latn, mBART-50: fr_XX, M2M100: fr; "
+                   "default: its tokenizer's).")
+@click.option("--tgt-lang", default=None,
+              help="A multilingual model's target language code: its token is forced first (--forced-bos-id).")
 @click.option("--scores", is_flag=True,
               help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
                    "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
@@ -475,7 +481,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -483,6 +489,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     flags say otherwise."""
     import xform
     import xform.api
+    from xform.errors import InputError
     from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
     if input_file is not None and str(input_file) != "-" and not input_file.is_file():
@@ -496,6 +503,14 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     settings = generation_settings(greedy, num_beams, early_stopping, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    if texts or input_file or src_lang or tgt_lang:
+        try:
+            if settings.get("forced_bos_token_id") is None and session.tokenizer is not None:
+                settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+            if src_lang is not None:
+                session.encode_text("", src_lang)
+        except InputError as e:
+            raise click.UsageError(str(e)) from None
     gen = checked_generation(session, max_new_tokens, settings)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
@@ -504,7 +519,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
     if texts or input_file:
         with line_progress(show=input_file is not None) as on_batch:
-            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch, scores)
+            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch, scores,
+                                       src_lang)
             errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
                                            scores)
         if errors:
@@ -516,7 +532,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
             check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
                                     min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
             rep = xform.check(bundle, session=session, texts=checked_texts or None, atol=atol, rtol=rtol,
-                              generation=check_gen)
+                              generation=check_gen, src_lang=src_lang)
         print_check(rep)
         report["check"] = rep.to_dict()
         failed = failed or not rep.passed

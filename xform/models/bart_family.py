@@ -217,3 +217,65 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     if forced is not None:
         out["forced_bos_token_id"] = int(forced)
     return out
+
+
+# transformers' tokenizer classes of the family whose text xform reproduces: sentencepiece pieces,
+# mapped to model ids by fairseq's offset (NLLB, mBART-50) or through vocab.json (M2M100), with
+# language codes as added tokens; and where the source's language code goes
+FAIRSEQ_SPM = {"NllbTokenizer": "offset", "NllbTokenizerFast": "offset", "MBart50Tokenizer": "offset",
+               "MBart50TokenizerFast": "offset", "M2M100Tokenizer": "vocab"}
+SPM_FILE = "sentencepiece.bpe.model"
+
+# transformers" M2M100Tokenizer FAIRSEQ_LANGUAGE_CODES (tokenization_m2m_100.py): M2M100"s language tokens
+# are "__<code>__" at ids len(vocab.json) + index; its tokenizer_config.json does not list them
+M2M100_LANGUAGES = {
+    "m2m100": ("af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de",
+         "el", "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr",
+         "ht", "hu", "hy", "id", "ig", "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg",
+         "ln", "lo", "lt", "lv", "mg", "mk", "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or",
+         "pa", "pl", "ps", "pt", "ro", "ru", "sd", "si", "sk", "sl", "so", "sq", "sr", "ss", "su", "sv", "sw",
+         "ta", "th", "tl", "tn", "tr", "uk", "ur", "uz", "vi", "wo", "xh", "yi", "yo", "zh", "zu"),
+    "wmt21": ("en", "ha", "is", "ja", "cs", "ru", "zh", "de"),
+}
+
+
+def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the bundle's tokenizer.json content, the files it needs from the directory), or (None, [])
+    when the directory holds no tokenizer xform reproduces."""
+    directory = Path(directory)
+    cfg_path = directory / "tokenizer_config.json"
+    if not cfg_path.is_file() or not (directory / SPM_FILE).is_file():
+        return None, []
+    tok = marian.read_json(cfg_path)
+    kind = FAIRSEQ_SPM.get(tok.get("tokenizer_class"))
+    if kind is None:
+        return None, []
+    if kind == "vocab" and not (directory / "vocab.json").is_file():
+        raise CheckpointError(f"{directory}: an M2M100Tokenizer needs vocab.json beside {SPM_FILE}")
+    special: dict[str, int] = {}
+    for i, entry in (tok.get("added_tokens_decoder") or {}).items():
+        if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+            special[entry["content"]] = int(i)
+    languages = [t for t in tok.get("additional_special_tokens") or [] if isinstance(t, str) and t in special]
+    if not languages and kind == "vocab":  # M2M100: computed, not saved
+        codes = M2M100_LANGUAGES.get(tok.get("language_codes", "m2m100"))
+        if codes is None:
+            raise CheckpointError(f"{cfg_path}: language_codes {tok.get('language_codes')!r} is not one of "
+                                  f"{sorted(M2M100_LANGUAGES)}")
+        size = len(marian.read_json(directory / "vocab.json"))
+        languages = [f"__{c}__" for c in codes]
+        special.update({t: size + i for i, t in enumerate(languages)})
+    if not languages:
+        raise CheckpointError(f"{cfg_path}: a {tok.get('tokenizer_class')} without language codes among its "
+                              "additional_special_tokens / added_tokens_decoder")
+    unk = tok.get("unk_token", "<unk>")
+    unk = unk.get("content") if isinstance(unk, dict) else unk
+    files = [SPM_FILE] + (["vocab.json"] if kind == "vocab" else [])
+    legacy = bool(tok.get("legacy_behaviour", False)) and tok.get("tokenizer_class", "").startswith("Nllb")
+    spec = {"kind": "fairseq-spm", "class": tok.get("tokenizer_class"), "model": SPM_FILE,
+            "vocab": "vocab.json" if kind == "vocab" else None, "offset": 1, "unk_token": unk,
+            "special": special, "languages": languages,
+            # where the source language's code goes: NLLB's legacy_behaviour puts it last
+            "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
+            "src_lang": tok.get("src_lang"), "tgt_lang": tok.get("tgt_lang")}
+    return spec, files

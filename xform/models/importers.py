@@ -65,7 +65,8 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
                            marian.generation_defaults(path))
     if bart_family.is_family_dir(path):
         model, source = bart_family.load_family(path)
-        return LoadedModel(model, source, None, [], bart_family.generation_defaults(path))
+        spec, files = bart_family.tokenizer_spec(path)
+        return LoadedModel(model, source, spec, [(path / f, f) for f in files], bart_family.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
         try:

@@ -158,12 +158,36 @@ class Session:
             logits.append(lg)
         return np.stack(choices, 1), np.stack(logits, 1)
 
-    def encode_texts(self, texts: list[str]) -> np.ndarray:
+    def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         if not texts:
             raise InputError("no text to translate (an empty batch)")
-        return self.pad([self.tokenizer.encode(t) for t in texts])[0]
+        return self.pad([self.encode_text(t, src_lang) for t in texts])[0]
+
+    def encode_text(self, text: str, src_lang: str | None = None) -> list[int]:
+        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer."""
+        if src_lang is None:
+            return self.tokenizer.encode(text)
+        if not getattr(self.tokenizer, "languages", None):
+            raise InputError(f"--src-lang {src_lang}: this model's tokenizer has no languages")
+        return self.tokenizer.encode(text, src_lang)
+
+    def target_language(self, tgt_lang: str | None) -> int | None:
+        """The forced first token for `tgt_lang` (a multilingual model's target language), else
+        the tokenizer's default target language's, else None (the bundle's default applies). A
+        multilingual model with neither, and no recorded forced token, is refused with its languages."""
+        languages = getattr(self.tokenizer, "languages", None)
+        if not languages:
+            if tgt_lang is not None:
+                raise InputError(f"--tgt-lang {tgt_lang}: this model's tokenizer has no languages")
+            return None
+        code = tgt_lang or self.tokenizer.tgt_lang
+        if code is not None:
+            return self.tokenizer.language_id(code)
+        if self.generation_defaults.get("forced_bos_token_id") is None:
+            raise InputError(f"this model translates into the language --tgt-lang names; known: {', '.join(languages)}")
+        return None
 
     def pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Id rows as a right-padded int64 batch and its lengths."""
@@ -175,8 +199,8 @@ class Session:
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
                         on_batch: Callable[[int, int], None] | None = None,
-                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False
-                        ) -> Iterator[tuple[str, list | None, str | None]]:
+                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
+                        src_lang: str | None = None) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -195,14 +219,17 @@ class Session:
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
-        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores)
+        if src_lang is not None:
+            self.encode_text("", src_lang)  # an unknown language is refused at the call
+        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang)
 
     def translate_windows(self, lines: Iterable[str | bytes], gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,
-                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False):
+                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
+                          src_lang: str | None = None):
         def encoded():
             for index, line in enumerate(lines):
-                text, ids, error = self.encode_line(line)
+                text, ids, error = self.encode_line(line, src_lang)
                 if ids is not None and on_warning is not None:
                     warning = self.unknown_warning(ids)
                     if warning:
@@ -229,7 +256,7 @@ class Session:
         for i, (text, ids, error) in enumerate(window):
             yield text, done[i] if ids is not None else None if error else blank, error
 
-    def encode_line(self, line: str | bytes) -> tuple[str, list[int] | None, str | None]:
+    def encode_line(self, line: str | bytes, src_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
         if isinstance(line, bytes):
             line = line.rstrip(b"\r\n")
             try:
@@ -240,7 +267,7 @@ class Session:
         if not line.strip():
             return line, None, None
         try:
-            ids = self.tokenizer.encode(line)
+            ids = self.encode_text(line, src_lang)
         except InputError as e:
             return line, None, str(e)
         if len(ids) > self.config["max_len"]:
@@ -271,10 +298,15 @@ class Session:
         n = gen.num_return_sequences
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 
-    def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
+    def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
+                  tgt_lang: str | None = None, **settings: Any) -> list[str]:
         """Translations in input order; with num_return_sequences n, n per text, one after another.
-        `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...)."""
-        src = self.encode_texts(list(texts))
+        `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...);
+        `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
+        "fr_XX", M2M100's "fr"), the target's becoming the forced first token."""
+        if settings.get("forced_bos_token_id") is None:
+            settings["forced_bos_token_id"] = self.target_language(tgt_lang)
+        src = self.encode_texts(list(texts), src_lang)
         n = max_new_tokens if max_new_tokens is not None else self.default_max_new_tokens()
         out = self.generate(src, max_new_tokens=n, **settings)
         return [self.tokenizer.decode(row) for row in out]

@@ -230,6 +230,99 @@ class SpmTokenizer:
                 f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} (ids {' '.join(map(str, ids))})"]
 
 
+class FairseqSpmTokenizer:
+    """NLLB's, mBART-50's and M2M100's tokenizers, as transformers' slow classes tokenize:
+    sentencepiece pieces, each mapped to the model's id by fairseq's offset (spm id + 1; spm's
+    unknown to `<unk>`) or through vocab.json (M2M100); the source framed by its language code and
+    end-of-sentence; language codes and the other added tokens by the ids tokenizer_config.json
+    gives them. `encode(text, src_lang)`; `language_id(code)` is the target's forced first token."""
+
+    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+        self.cfg, self.source = config, source
+        d = root / "tokenizer"
+        name = data.get("model")
+        if not isinstance(name, str) or Path(name).name != name:
+            raise BundleError(f"{source}: model must name a file in tokenizer/, found {name!r}")
+        self.spm = load_spm(d / name, source)
+        self.special = data.get("special")
+        self.languages = data.get("languages")
+        if not isinstance(self.special, dict) or not all(
+                isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in self.special.items()):
+            raise BundleError(f"{source}: special must be an object token -> id")
+        if not isinstance(self.languages, list) or not all(t in self.special for t in self.languages):
+            raise BundleError(f"{source}: languages must list tokens of special")
+        self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
+        if self.unk_id is None:
+            raise BundleError(f"{source}: no id for the unknown token {data.get('unk_token')!r}")
+        self.vocab = None
+        if data.get("vocab"):
+            try:
+                self.vocab = json.loads((d / data["vocab"]).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise BundleError(f"{d / data['vocab']}: unreadable vocabulary ({e})") from None
+            self.pieces = {i: t for t, i in self.vocab.items()}
+        self.offset = int(data.get("offset", 1))
+        self.template = data.get("source", ["lang", "text", "eos"])
+        if sorted(self.template) != ["eos", "lang", "text"]:
+            raise BundleError(f"{source}: source must order lang, text and eos, found {self.template!r}")
+        self.src_lang, self.tgt_lang = data.get("src_lang"), data.get("tgt_lang")
+        rows = config["src_vocab_size"]
+        bad = sorted(t for t, i in self.special.items() if not 0 <= i < rows)
+        if bad or self.spm.GetPieceSize() + self.offset > rows and self.vocab is None:
+            raise BundleError(f"{source}: token ids outside the model's vocabulary of {rows} (for {bad[:3] or 'pieces'})")
+        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
+
+    def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
+        if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"
+            code = f"__{code}__"
+        if code not in self.languages:
+            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.languages)}")
+        return self.special[code]
+
+    def piece_ids(self, text: str) -> list[int]:
+        pieces = self.spm.encode(text, out_type=str)
+        if self.vocab is not None:
+            return [self.vocab.get(p, self.unk_id) for p in pieces]
+        ids = []
+        for p in pieces:
+            i = self.spm.PieceToId(p)
+            ids.append(i + self.offset if i and not self.spm.IsUnknown(i) else self.unk_id)
+        return ids
+
+    def encode(self, text: str, src_lang: str | None = None) -> list[int]:
+        lang = src_lang or self.src_lang
+        if lang is None:
+            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.languages)}")
+        parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text), "eos": [self.cfg["eos_id"]]}
+        return [i for part in self.template for i in parts[part]]
+
+    def decode(self, ids) -> str:
+        pieces = []
+        for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int):
+            if self.vocab is not None:
+                pieces.append(self.pieces.get(i, ""))
+            elif 0 <= i - self.offset < self.spm.GetPieceSize():
+                pieces.append(self.spm.IdToPiece(i - self.offset))
+        return self.spm.decode_pieces(pieces)
+
+    def unknown(self, ids: list[int]) -> tuple[int, int]:
+        body = ids[1:-1] if self.template[0] == "lang" else ids[:-2]
+        return sum(i == self.unk_id for i in body), len(body)
+
+    def describe(self) -> list[str]:
+        sample = "Hello, world."
+        lang = self.src_lang or self.languages[0]
+        ids = self.encode(sample, lang)
+        names = {i: t for t, i in self.special.items()}
+        pieces = [names.get(i) or (self.pieces.get(i) if self.vocab is not None else self.spm.IdToPiece(i - self.offset))
+                  for i in ids]
+        return [f"text in: {self.spm.GetPieceSize()} sentencepiece pieces ({'vocab.json' if self.vocab else 'ids + 1'}), "
+                f"framed as {' '.join('<src_lang>' if p == 'lang' else '...' if p == 'text' else '</s>' for p in self.template)}; "
+                f"{len(self.languages)} languages: --src-lang / --tgt-lang (default source {self.src_lang}, target "
+                f"{self.tgt_lang})",
+                f"sample: {sample!r} ({lang}) -> {' '.join(pieces)} (ids {' '.join(map(str, ids))})"]
+
+
 def load_tokenizer(path: Path, config: dict[str, Any]):
     """The bundle's tokenizer, by the kind its tokenizer.json names."""
     path = Path(path)
@@ -244,4 +337,6 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
         return VocabTokenizer(data, config, path.parent, str(path))
     if kind == "marian-spm":
         return SpmTokenizer(data, config, path.parent, str(path))
-    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab or marian-spm")
+    if kind == "fairseq-spm":
+        return FairseqSpmTokenizer(data, config, path.parent, str(path))
+    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm or fairseq-spm")

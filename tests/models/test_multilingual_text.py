@@ -1,0 +1,136 @@
+"""Language-aware text for NLLB, mBART-50 and M2M100: token ids equal transformers' own
+tokenizers (NllbTokenizer, MBart50Tokenizer, M2M100Tokenizer) on sentences with punctuation,
+digits, accents and characters outside the vocabulary, for several language pairs, from small
+tokenizer files built here; `run --text --src-lang --tgt-lang` equals transformers' generate
+with the target language forced, decoded by the same tokenizer. No torch or transformers at run
+time: sentencepiece and the ids the bundle records.
+"""
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import xform
+from xform.cli import main
+from xform.exporter.export import export_bundle
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+spm = pytest.importorskip("sentencepiece")
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Élodie a mangé 3 pommes, déjà!",
+          "Der Hund läuft schnell über die Straße.", "numbers 12345 and 6789; (brackets) & symbols",
+          "¿Dónde está la biblioteca?", "naïve café résumé", "ŋ漢字 outside the vocabulary ✓", "  spaced   out  ",
+          "UPPER lower MiXeD", "a"]
+PAIRS = {"nllb": [("fra_Latn", "eng_Latn"), ("deu_Latn", "spa_Latn"), ("eng_Latn", "fra_Latn")],
+         "mbart50": [("fr_XX", "en_XX"), ("de_DE", "es_XX")],
+         "m2m100": [("fr", "en"), ("de", "es")]}
+
+
+def spm_file(path):
+    buf = io.BytesIO()
+    lines = [s for s in CORPUS[:6]] * 40
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=110,
+                                   model_type="bpe", hard_vocab_limit=False, minloglevel=2, character_coverage=0.99)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def make_tokenizer(kind, d):
+    model = spm_file(d / "sp.model")
+    if kind == "nllb":
+        return transformers.NllbTokenizer(vocab_file=str(model), src_lang="fra_Latn", tgt_lang="eng_Latn")
+    if kind == "mbart50":
+        return transformers.MBart50Tokenizer(vocab_file=str(model), src_lang="fr_XX", tgt_lang="en_XX")
+    proc = spm.SentencePieceProcessor(model_file=str(model))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(proc.GetPieceSize()):
+        vocab.setdefault(proc.IdToPiece(i), len(vocab))
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    return transformers.M2M100Tokenizer(vocab_file=str(d / "vocab.json"), spm_file=str(model), src_lang="fr",
+                                        tgt_lang="en")
+
+
+def make_model(kind, vocab):
+    common = dict(vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                  decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+                  pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True)
+    if kind == "mbart50":
+        model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**common))
+    else:
+        model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5) if p.dim() > 1 else p.normal_(0, 0.1)
+    return model.eval()
+
+
+def reference_decode(tok, ids):
+    """transformers' decode, skipping special tokens. A fresh M2M100Tokenizer does not register its
+    language tokens as special (the published models' tokenizer files list them, so their decode
+    drops them, as xform does): they are taken out here."""
+    langs = set(getattr(tok, "lang_token_to_id", {}).values())
+    return tok.decode([i for i in ids if i not in langs], skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module", params=list(PAIRS))
+def exported(request, tmp_path_factory):
+    kind = request.param
+    d = tmp_path_factory.mktemp(kind)
+    tok = make_tokenizer(kind, d)
+    # M2M100's vocabulary: its pieces, then 100 language tokens and 8 made-up words (len(tok) omits them)
+    vocab = len(tok) if kind != "m2m100" else len(tok.encoder) + len(tok.lang_token_to_id) + tok.num_madeup_words
+    model = make_model(kind, vocab)
+    model.save_pretrained(d / "hf")
+    tok.save_pretrained(d / "hf")
+    return kind, tok, model, export_bundle(d / "hf", d / "bundle").path
+
+
+def test_source_ids_equal_transformers_tokenizer(exported):
+    kind, tok, _, bundle = exported
+    session = xform.load(bundle)
+    for src_lang, _ in PAIRS[kind]:
+        tok.src_lang = src_lang
+        for text in CORPUS:
+            assert session.encode_text(text, src_lang) == tok(text).input_ids, (kind, src_lang, text)
+
+
+def test_decoding_equals_transformers_tokenizer(exported):
+    kind, tok, _, bundle = exported
+    session = xform.load(bundle)
+    rng = np.random.default_rng(0)
+    special = set(tok.all_special_ids)
+    plain = [i for i in range(len(tok)) if i not in special]
+    for n in range(30):
+        ids = [int(i) for i in rng.choice(plain, int(rng.integers(1, 12)))]
+        codes = tok.additional_special_tokens or list(tok.lang_token_to_id)  # M2M100 does not list its own
+        lang = tok.convert_tokens_to_ids(codes[n % 5])
+        row = [lang] + ids + [2, 1, 1]  # generated: the forced language, text, end-of-sentence, pads
+        assert session.tokenizer.decode(np.array(row)) == reference_decode(tok, row), (kind, row)
+
+
+def test_run_translates_with_the_languages(exported):
+    kind, tok, model, bundle = exported
+    src_lang, tgt_lang = PAIRS[kind][1]
+    texts = CORPUS[:4]
+    r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", src_lang, "--tgt-lang", tgt_lang,
+                                  "--max-new-tokens", "10", *[a for t in texts for a in ("--text", t)]])
+    assert r.exit_code == 0, r.output
+    tok.src_lang = src_lang
+    batch = tok(texts, return_tensors="pt", padding=True)
+    forced = tok.convert_tokens_to_ids(tok.get_lang_token(tgt_lang) if kind == "m2m100" else tgt_lang)
+    out = model.generate(**batch, forced_bos_token_id=forced, max_new_tokens=10, num_beams=1, do_sample=False)
+    want = [f"{t}\t{reference_decode(tok, o.tolist())}" for t, o in zip(texts, out)]
+    assert r.output.splitlines() == want
+    assert len(set(want)) > 1
+
+
+def test_unknown_languages_are_refused_with_the_known_ones(exported):
+    kind, _, _, bundle = exported
+    r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", "xx_Fake", "--text", "hello"])
+    assert r.exit_code == 2 and "--src-lang 'xx_Fake': not a language of this model; known:" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(bundle), "--tgt-lang", "yy", "--text", "hello"])
+    assert r.exit_code == 2 and "--tgt-lang 'yy': not a language of this model; known:" in r.output, r.output
