@@ -134,3 +134,20 @@ def test_unknown_languages_are_refused_with_the_known_ones(exported):
     assert r.exit_code == 2 and "--src-lang 'xx_Fake': not a language of this model; known:" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(bundle), "--tgt-lang", "yy", "--text", "hello"])
     assert r.exit_code == 2 and "--tgt-lang 'yy': not a language of this model; known:" in r.output, r.output
+
+
+def test_triton_handler_takes_the_languages_per_request(exported):
+    """Requests with different languages in one Triton call: each answered as translate() alone."""
+    from xform.serving.handler import execute
+    kind, _, _, bundle = exported
+    session = xform.load(bundle)
+    (s1, t1), (s2, t2) = PAIRS[kind][:2]
+
+    def request(text, src, tgt):
+        return {"text": np.array([[text.encode()]], dtype=object), "src_lang": np.array([[src.encode()]], dtype=object),
+                "tgt_lang": np.array([[tgt.encode()]], dtype=object), "max_new_tokens": np.array([[8]], np.int32)}
+
+    out = execute(session, [request(CORPUS[0], s1, t1), request(CORPUS[1], s2, t2), request(CORPUS[2], s1, "zz_Bad")])
+    assert out[0]["translation"][0, 0].decode() == session.translate([CORPUS[0]], 8, src_lang=s1, tgt_lang=t1)[0]
+    assert out[1]["translation"][0, 0].decode() == session.translate([CORPUS[1]], 8, src_lang=s2, tgt_lang=t2)[0]
+    assert out[2].startswith("input 'tgt_lang': --tgt-lang 'zz_Bad': not a language of this model"), out[2]

@@ -8,7 +8,8 @@ REPO/<name>/1/bundle/      a copy of the bundle (self-contained: the repository 
                            absolute path instead (what `xform serve` does: nothing is copied)
 
 Inputs (one of text / src_ids per request): text TYPE_STRING [1], src_ids TYPE_INT64 [-1]
-(ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1].
+(ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1], and with a
+tokenizer src_lang / tgt_lang TYPE_STRING [1] (a multilingual model's language codes).
 Outputs: output_ids TYPE_INT64 [-1]; translation TYPE_STRING [1] when the bundle has a tokenizer.
 """
 from __future__ import annotations
@@ -71,6 +72,9 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
         '  { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
         '  { name: "num_beams" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
     ]
+    if has_tokenizer:  # a multilingual model's languages (NLLB, mBART-50, M2M100); refused by others
+        inputs += ['  { name: "src_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
+                   '  { name: "tgt_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }']
     outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }']
     if has_tokenizer:
         outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
