@@ -151,3 +151,45 @@ def test_triton_handler_takes_the_languages_per_request(exported):
     assert out[0]["translation"][0, 0].decode() == session.translate([CORPUS[0]], 8, src_lang=s1, tgt_lang=t1)[0]
     assert out[1]["translation"][0, 0].decode() == session.translate([CORPUS[1]], 8, src_lang=s2, tgt_lang=t2)[0]
     assert out[2].startswith("input 'tgt_lang': --tgt-lang 'zz_Bad': not a language of this model"), out[2]
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    """A BART directory with its byte-level BPE tokenizer (trained here) and random weights."""
+    from tokenizers import ByteLevelBPETokenizer
+    d = tmp_path_factory.mktemp("bart")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS[:6] * 20, vocab_size=400, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(d))
+    tok = transformers.BartTokenizer(vocab_file=str(d / "vocab.json"), merges_file=str(d / "merges.txt"))
+    cfg = transformers.BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=2,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=48,
+                                  decoder_ffn_dim=48, max_position_embeddings=64, forced_bos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5) if p.dim() > 1 else p.normal_(0, 0.1)
+    model.save_pretrained(d / "hf")
+    tok.save_pretrained(d / "hf")
+    return tok, model, export_bundle(d / "hf", d / "bundle").path
+
+
+def test_bart_text_equals_transformers(bart):
+    tok, model, bundle = bart
+    session = xform.load(bundle)
+    for text in CORPUS:
+        assert session.encode_text(text) == tok(text).input_ids, text
+    rng = np.random.default_rng(1)
+    plain = [i for i in range(len(tok)) if i not in tok.all_special_ids]
+    for _ in range(30):
+        row = [0] + [int(i) for i in rng.choice(plain, int(rng.integers(1, 12)))] + [2, 1]
+        assert session.tokenizer.decode(np.array(row)) == tok.decode(row, skip_special_tokens=True), row
+    texts = CORPUS[:3]
+    r = CliRunner().invoke(main, ["run", str(bundle), "--max-new-tokens", "10", *[a for t in texts for a in ("--text", t)]])
+    assert r.exit_code == 0, r.output
+    out = model.generate(**tok(texts, return_tensors="pt", padding=True), max_new_tokens=10, num_beams=1, do_sample=False)
+    assert r.output.splitlines() == [f"{t}\t{tok.decode(o, skip_special_tokens=True)}" for t, o in zip(texts, out)]
+    r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", "fr", "--text", "x"])
+    assert r.exit_code == 2 and "this model's tokenizer has no languages" in r.output, r.output

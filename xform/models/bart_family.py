@@ -244,12 +244,16 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
     when the directory holds no tokenizer xform reproduces."""
     directory = Path(directory)
     cfg_path = directory / "tokenizer_config.json"
-    if not cfg_path.is_file() or not (directory / SPM_FILE).is_file():
+    if not cfg_path.is_file():
         return None, []
     tok = marian.read_json(cfg_path)
+    if tok.get("tokenizer_class") in BYTE_BPE:
+        return byte_bpe_spec(directory, tok)
     kind = FAIRSEQ_SPM.get(tok.get("tokenizer_class"))
     if kind is None:
         return None, []
+    if not (directory / SPM_FILE).is_file():
+        raise CheckpointError(f"{directory}: a {tok.get('tokenizer_class')} needs {SPM_FILE}")
     if kind == "vocab" and not (directory / "vocab.json").is_file():
         raise CheckpointError(f"{directory}: an M2M100Tokenizer needs vocab.json beside {SPM_FILE}")
     special: dict[str, int] = {}
@@ -279,3 +283,31 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
             "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
             "src_lang": tok.get("src_lang"), "tgt_lang": tok.get("tgt_lang")}
     return spec, files
+
+
+BYTE_BPE = ("BartTokenizer", "BartTokenizerFast")
+BPE_FILES = ("vocab.json", "merges.txt")
+
+
+def byte_bpe_spec(directory: Path, tok: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """BART's byte-level BPE (GPT-2's): vocab.json and merges.txt, `<s> text </s>`."""
+    missing = [f for f in BPE_FILES if not (directory / f).is_file()]
+    if missing:
+        raise CheckpointError(f"{directory}: a {tok['tokenizer_class']} needs {' and '.join(missing)}")
+    vocab = marian.read_json(directory / "vocab.json")
+
+    def token(key, default):
+        t = tok.get(key, default)
+        return t.get("content") if isinstance(t, dict) else t
+
+    names = {key: token(f"{key}_token", default) for key, default in
+             (("bos", "<s>"), ("eos", "</s>"), ("pad", "<pad>"), ("unk", "<unk>"), ("mask", "<mask>"))}
+    absent = sorted(n for n in names.values() if n not in vocab)
+    if absent:
+        raise CheckpointError(f"{directory / 'vocab.json'}: no ids for the special tokens {absent}")
+    spec = {"kind": "byte-bpe", "vocab": "vocab.json", "merges": "merges.txt",
+            "add_prefix_space": bool(tok.get("add_prefix_space", False)),
+            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False)),
+            "special": {n: vocab[n] for n in names.values()}, "bos_token": names["bos"], "eos_token": names["eos"],
+            "unk_token": names["unk"]}
+    return spec, list(BPE_FILES)

@@ -323,6 +323,64 @@ class FairseqSpmTokenizer:
                 f"sample: {sample!r} ({lang}) -> {' '.join(pieces)} (ids {' '.join(map(str, ids))})"]
 
 
+def clean_up_spaces(text: str) -> str:
+    """transformers' clean_up_tokenization (spaces before punctuation and English contractions)."""
+    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+                 (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(a, b)
+    return text
+
+
+class ByteBpeTokenizer:
+    """BART's tokenizer: GPT-2's byte-level BPE from vocab.json and merges.txt, through the
+    `tokenizers` library, the source framed as `<s> ... </s>`; special tokens skipped on decode."""
+
+    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+        try:
+            from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        except ImportError:
+            raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: pip install tokenizers") from None
+        d = root / "tokenizer"
+        for key in ("vocab", "merges"):
+            name = data.get(key)
+            if not isinstance(name, str) or Path(name).name != name or not (d / name).is_file():
+                raise BundleError(f"{source}: {key} must name a file in tokenizer/, found {name!r}")
+        try:
+            self.bpe = Tokenizer(models.BPE.from_file(str(d / data["vocab"]), str(d / data["merges"])))
+        except Exception as e:  # tokenizers raises its own exception type for a bad file
+            raise BundleError(f"{d}: unreadable byte-level BPE files ({e})") from None
+        self.bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(data.get("add_prefix_space")))
+        self.bpe.decoder = decoders.ByteLevel()
+        self.special = data.get("special") or {}
+        self.cfg, self.clean = config, bool(data.get("clean_up_tokenization_spaces"))
+        rows = config["src_vocab_size"]
+        if self.bpe.get_vocab_size() > rows:
+            raise BundleError(f"{source}: the BPE vocabulary has {self.bpe.get_vocab_size()} ids, but the model's "
+                              f"embedding has {rows} rows")
+        self.bos = self.special.get(data.get("bos_token", "<s>"))
+        self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
+        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos] + self.bpe.encode(text).ids + [self.cfg["eos_id"]]
+
+    def decode(self, ids) -> str:
+        text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)],
+                               skip_special_tokens=False)
+        return clean_up_spaces(text) if self.clean else text
+
+    def unknown(self, ids: list[int]) -> tuple[int, int]:
+        return sum(i == self.unk_id for i in ids[1:-1]), len(ids) - 2
+
+    def describe(self) -> list[str]:
+        sample = "Hello, world."
+        ids = self.encode(sample)
+        return [f"text in: byte-level BPE (vocab.json, merges.txt) of {self.bpe.get_vocab_size()} tokens, framed as "
+                f"<s> ... </s>",
+                f"sample: {sample!r} -> {' '.join(self.bpe.id_to_token(i) or str(i) for i in ids)} "
+                f"(ids {' '.join(map(str, ids))})"]
+
+
 def load_tokenizer(path: Path, config: dict[str, Any]):
     """The bundle's tokenizer, by the kind its tokenizer.json names."""
     path = Path(path)
@@ -339,4 +397,7 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
         return SpmTokenizer(data, config, path.parent, str(path))
     if kind == "fairseq-spm":
         return FairseqSpmTokenizer(data, config, path.parent, str(path))
-    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm or fairseq-spm")
+    if kind == "byte-bpe":
+        return ByteBpeTokenizer(data, config, path.parent, str(path))
+    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm, fairseq-spm or "
+                      "byte-bpe")
