@@ -36,11 +36,26 @@ def bundles(tmp_path_factory, checkpoint_dir):
         # seed 004's pre_normed_residual blocks in fp16; seed 003's attention narrower than d_model
         "seed-004-fp16": export_bundle(variant_dir("seed-004", root), root / "s4", precision="fp16").path,
         "seed-003-fp32": export_bundle(variant_dir("seed-003", root), root / "s3").path,
+        # the BART family: mBART's embedding LayerNorm and final norms in fp16, M2M100's pre-LN in fp32
+        "mbart-fp16": export_bundle(family_dir("mbart", root), root / "mb16", precision="fp16").path,
+        "m2m100-fp32": export_bundle(family_dir("m2m_100", root), root / "m2m32").path,
     }
 
 
 def variant_dir(name, root):
     return save_checkpoint(make_model(name), root / f"ck-{name}")
+
+
+def family_dir(family, root):
+    """A tiny random Hugging Face model of the family, as transformers saves it."""
+    transformers = pytest.importorskip("transformers")
+    config, model = {"mbart": ("MBartConfig", "MBartForConditionalGeneration"),
+                     "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration")}[family]
+    cfg = getattr(transformers, config)(vocab_size=45, d_model=32, encoder_layers=1, decoder_layers=2,
+                                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=40,
+                                        decoder_ffn_dim=40, max_position_embeddings=48)
+    getattr(transformers, model)(cfg).save_pretrained(root / f"hf-{family}")
+    return root / f"hf-{family}"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +69,8 @@ def built(bundles):
     return out
 
 
-@pytest.mark.parametrize("name", ["demo-fp32", "demo-fp16", "tiny-fp32", "seed-004-fp16", "seed-003-fp32"])
+@pytest.mark.parametrize("name", ["demo-fp32", "demo-fp16", "tiny-fp32", "seed-004-fp16", "seed-003-fp32",
+                                  "mbart-fp16", "m2m100-fp32"])
 def test_engines_build_serialize_and_record_the_contract(built, name):
     path, engines, events = built[name]
     bundle = Bundle.open(path)  # engine files are hashed into the manifest
