@@ -2,6 +2,12 @@
 
     pip install -e ".[bench]"
     python scripts/bench_peers.py [--work /tmp/xform-bench] [--iters 5] [--out docs] [--beams 4]
+    python scripts/bench_peers.py --model nllb-600m [--work /tmp/xform-nllb] [--beams 4]
+
+`--model nllb-600m` takes an NLLB-200-distilled-600M-shaped M2M100 instead (d_model 1024, 12+12
+layers, 16 heads, FFN 4096, vocabulary 256,206; scripts/nllb_scale.py's), with a synthetic
+M2M100Tokenizer vocabulary (t4 .. t256097, 100 language tokens, 8 made-up words: what CTranslate2's
+converter reads), at batch 1 and 16 only; files are named bench_peers_nllb*.
 
 Builds the model locally (d_model 512, 6+6 layers, 8 heads, FFN 2048, vocab 32000), gives it a
 synthetic vocabulary (t0 .. t31999) so that every engine sees the same ids, and times, interleaved
@@ -35,8 +41,11 @@ import numpy as np
 
 THREADS = 2
 NEW_TOKENS = 64
-VOCAB = 32000
-PAD, EOS, UNK = VOCAB - 1, 0, 1
+# the model's ids, set by set_model: (vocabulary, pad, eos, unk, first and end of the content ids)
+MODELS = {"marian-base": (32000, 31999, 0, 1, 2, 31999), "nllb-600m": (256206, 1, 2, 3, 4, 256098)}
+MODEL = "marian-base"
+VOCAB, PAD, EOS, UNK, FIRST, END = MODELS[MODEL]
+TITLES = {"marian-base": "Marian Transformer-base", "nllb-600m": "NLLB-200-distilled-600M-shaped M2M100"}
 WORKLOADS = {"batch 1": (1, 32, False), "batch 16": (16, 32, False), "batch 16 ragged": (16, 32, True)}
 FP32_ENGINES = ("xform ort fp32", "xform torch", "transformers eager", "optimum ort", "ctranslate2 fp32")
 ENGINES = ("xform ort fp32", "xform ort int8", "xform torch", "transformers eager", "optimum ort",
@@ -46,8 +55,18 @@ SETTLE_S = 0.3  # pause between engines: OpenMP / ORT workers spin for up to ~20
 
 
 # -- the model and the files every engine loads ------------------------------------------------------
+def set_model(name: str) -> None:
+    global MODEL, VOCAB, PAD, EOS, UNK, FIRST, END
+    MODEL = name
+    VOCAB, PAD, EOS, UNK, FIRST, END = MODELS[name]
+    if name == "nllb-600m":
+        WORKLOADS.pop("batch 16 ragged", None)
+
+
 def build_model(work: Path) -> Path:
-    """Marian Transformer-base, random weights, saved with a synthetic tokenizer."""
+    """The model, random weights, saved with a synthetic tokenizer."""
+    if MODEL == "nllb-600m":
+        return build_nllb(work)
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -83,6 +102,29 @@ def write_synthetic_tokenizer(hf: Path) -> None:
     (hf / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512, "separate_vocabs": False}))
 
 
+def build_nllb(work: Path) -> Path:
+    """scripts/nllb_scale.py's model (built there if missing) with an M2M100Tokenizer vocabulary of
+    synthetic tokens: vocab.json holds <s> <pad> </s> <unk> and t4 .. t256097; M2M100 adds 100
+    language tokens and 8 made-up words after them, 256,206 ids in all."""
+    import sentencepiece as spm
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from nllb_scale import build
+
+    hf = build(work)
+    if not (hf / "vocab.json").exists():
+        vocab = {"<s>": 0, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, **{f"t{i}": i for i in range(FIRST, END)}}
+        (hf / "vocab.json").write_text(json.dumps(vocab))
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf,
+                                       vocab_size=12, minloglevel=2)
+        (hf / "sentencepiece.bpe.model").write_bytes(buf.getvalue())
+        (hf / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "M2M100Tokenizer", "language_codes": "m2m100", "num_madeup_words": 8,
+             "src_lang": "en", "tgt_lang": "fr", "model_max_length": 1024}))
+    return hf
+
+
 def convert_ct2(hf: Path, work: Path) -> Path:
     out = work / "ct2"
     if not (out / "model.bin").exists():
@@ -115,9 +157,10 @@ def make_engine(name: str, paths: dict[str, Path], beams: int = 1):
                                                   num_beams=beams)
     if name == "transformers eager":
         import torch
-        from transformers import MarianMTModel
+        import transformers
         torch.set_num_threads(THREADS)
-        model = MarianMTModel.from_pretrained(paths["hf"]).eval()
+        cls = "M2M100ForConditionalGeneration" if MODEL == "nllb-600m" else "MarianMTModel"
+        model = getattr(transformers, cls).from_pretrained(paths["hf"]).eval()
         return lambda src, lens: hf_generate(model, src, lens, beams)
     if name == "optimum ort":
         import onnxruntime
@@ -130,7 +173,8 @@ def make_engine(name: str, paths: dict[str, Path], beams: int = 1):
         import ctranslate2
         translator = ctranslate2.Translator(str(paths["ct2"]), device="cpu", inter_threads=1, intra_threads=THREADS,
                                             compute_type="int8" if name.endswith("int8") else "float32")
-        return lambda src, lens: ct2_generate(translator, src, lens, beams)
+        ids = ct2_vocabulary(paths["ct2"])
+        return lambda src, lens: ct2_generate(translator, src, lens, beams, ids)
     raise ValueError(name)
 
 
@@ -147,12 +191,20 @@ def token(i: int) -> str:
     return {EOS: "</s>", UNK: "<unk>", PAD: "<pad>"}.get(i, f"t{i}")
 
 
-def ct2_generate(translator, src, lens, beams=1):
+def ct2_vocabulary(model: Path) -> dict[str, int]:
+    """token -> id of the converted model's vocabulary (what its generated tokens mean)."""
+    if (model / "shared_vocabulary.json").exists():
+        tokens = json.loads((model / "shared_vocabulary.json").read_text())
+    else:
+        tokens = (model / "shared_vocabulary.txt").read_text(encoding="utf-8").split("\n")
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def ct2_generate(translator, src, lens, beams=1, ids=None):
     batch = [[token(int(i)) for i in row[:n]] for row, n in zip(src, lens)]
     res = translator.translate_batch(batch, beam_size=beams, max_decoding_length=NEW_TOKENS,
                                      min_decoding_length=NEW_TOKENS, max_batch_size=len(batch))
-    ids = {token(i): i for i in (EOS, UNK, PAD)}
-    return np.array([[ids[t] if t in ids else int(t[1:]) for t in r.hypotheses[0]] for r in res])
+    return np.array([[ids[t] for t in r.hypotheses[0]] for r in res])
 
 
 def sources(batch: int, src_len: int, ragged: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -160,15 +212,16 @@ def sources(batch: int, src_len: int, ragged: bool, seed: int = 0) -> tuple[np.n
     lens = rng.integers(8, src_len + 1, batch) if ragged else np.full(batch, src_len)
     src = np.full((batch, src_len), PAD, np.int64)
     for r, n in enumerate(lens):
-        src[r, :n - 1] = rng.integers(2, PAD, n - 1)
+        src[r, :n - 1] = rng.integers(FIRST, END, n - 1)
         src[r, n - 1] = EOS
     return src, lens.astype(np.int64)
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def worker(name: str, paths: dict[str, Path], beams: int, conn) -> None:
+def worker(name: str, paths: dict[str, Path], beams: int, conn, model: str = "marian-base") -> None:
     """Loads one engine, then runs (src, lens) requests until told to stop; reports its peak RSS."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_model(model)
     run = make_engine(name, paths, beams)
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -194,7 +247,7 @@ def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iter
     workers = {}
     for name in names:  # load one at a time: loading is not what is measured
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(name, paths, beams, child), daemon=True)
+        proc = ctx.Process(target=worker, args=(name, paths, beams, child, MODEL), daemon=True)
         proc.start()
         if parent.recv() != "ready":
             raise RuntimeError(f"{name} did not start")
@@ -282,7 +335,7 @@ def chart(summary: dict, path: Path) -> None:
     ax.set_xticks(np.arange(len(WORKLOADS)) + 0.4 - width / 2, list(WORKLOADS))
     ax.set_ylabel("tokens/s (higher is better)")
     strategy = "greedy" if summary.get("beams", 1) == 1 else f"beam {summary['beams']}"
-    ax.set_title(f"Marian Transformer-base, {strategy}, {NEW_TOKENS} new tokens, {THREADS} threads")
+    ax.set_title(f"{TITLES[MODEL]}, {strategy}, {NEW_TOKENS} new tokens, {THREADS} threads")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -296,16 +349,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--beams", type=int, default=1, help="beam search width for every engine (1: greedy)")
+    ap.add_argument("--model", choices=list(MODELS), default="marian-base")
     args = ap.parse_args()
+    set_model(args.model)
     if args.beams > 1:  # beam search: batch 1 and 16; eager PyTorch through xform is no peer here
         for w in ("batch 16 ragged",):
             WORKLOADS.pop(w)
     args.work.mkdir(parents=True, exist_ok=True)
     print("building the model and converting it for every engine", file=sys.stderr)
     hf = build_model(args.work)
-    paths = {"hf": hf, "ct2": convert_ct2(hf, args.work), "xform-fp32": export_xform(hf, args.work, "fp32"),
-             "optimum": export_optimum(hf, args.work)}
     names = args.engines.split(",")
+    paths = {"hf": hf, "ct2": convert_ct2(hf, args.work), "xform-fp32": export_xform(hf, args.work, "fp32")}
+    if "optimum ort" in names:
+        paths["optimum"] = export_optimum(hf, args.work)
     if "xform ort int8" in names:
         paths["xform-int8"] = export_xform(hf, args.work, "int8")
     times, outputs, rss = time_interleaved(names, paths, args.warmup, args.iters, args.beams)
@@ -315,7 +371,8 @@ def main() -> None:
     command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
     summary["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "bench_peers" if args.beams == 1 else f"bench_peers_beam{args.beams}"
+    stem = ("bench_peers" + ("_nllb" if MODEL == "nllb-600m" else "")
+            + ("" if args.beams == 1 else f"_beam{args.beams}"))
     (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(summary, command))
     chart(summary, args.out / f"{stem}.png")

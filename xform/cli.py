@@ -397,8 +397,10 @@ def print_text_report(bundle: Path, manifest: dict) -> None:
     from xform.runtime.tokenizer import load_tokenizer
 
     if not manifest.get("tokenizer"):
-        out.print("text: none (this model came without vocabularies): decode token ids with Session.generate, or "
-                  "export again with --src-vocab / --tgt-vocab to translate text")
+        notes = [n for n in manifest["model"]["source"].get("notes", []) if "tokenizer" in n]
+        out.print("text: none (" + ("; ".join(escape(n) for n in notes) if notes else
+                                    "this model came without vocabularies: export again with --src-vocab / "
+                                    "--tgt-vocab to translate text") + "): decode token ids with Session.generate")
         return
     tok = load_tokenizer(bundle / manifest["tokenizer"]["file"], manifest["model"]["config"])
     for line in tok.describe():
@@ -503,6 +505,11 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     settings = generation_settings(greedy, num_beams, early_stopping, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
+        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
+    if (src_lang or tgt_lang) and session.tokenizer is None:
+        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
+                               "languages (give --forced-bos-id for the target language's token id)")
     if texts or input_file or src_lang or tgt_lang:
         try:
             if settings.get("forced_bos_token_id") is None and session.tokenizer is not None:

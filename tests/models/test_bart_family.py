@@ -270,3 +270,26 @@ def test_check_and_sampling_honour_the_forced_token(family):
     assert (ids[:, 0] == LANGS[0]).all()
     with pytest.raises(xform.XformError, match="forced_bos_token_id 99 is outside the target vocabulary of 47"):
         session.generate(sources(), forced_bos_token_id=99)
+
+
+def test_min_length_becomes_min_new_tokens(family, tmp_path):
+    """transformers suppresses end-of-sentence until min_length (counting the decoder start)."""
+    model, path, _ = family["bart"]
+    d = tmp_path / "hf"
+    d.mkdir()
+    for f in path.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["min_length"] = 9
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    session = xform.load(export_bundle(d, tmp_path / "b").path)
+    assert session.generation_defaults["min_new_tokens"] == 8
+    src = sources()
+    model.generation_config.min_length = 9
+    try:
+        want = hf_generate(model, src, forced_bos_token_id=LANGS[0])
+    finally:
+        model.generation_config.min_length = 0
+    got = session.generate(src, max_new_tokens=MAX_NEW, forced_bos_token_id=LANGS[0])
+    np.testing.assert_array_equal(got, want[:, :got.shape[1]])
+    assert (got[:, :8] != EOS).all()

@@ -7,6 +7,7 @@ time: sentencepiece and the ids the bundle records.
 """
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +42,9 @@ def spm_file(path):
 def make_tokenizer(kind, d):
     model = spm_file(d / "sp.model")
     if kind == "nllb":
-        return transformers.NllbTokenizer(vocab_file=str(model), src_lang="fra_Latn", tgt_lang="eng_Latn")
+        # as the published NLLB tokenizer_config.json: spaces before punctuation cleaned up on decode
+        return transformers.NllbTokenizer(vocab_file=str(model), src_lang="fra_Latn", tgt_lang="eng_Latn",
+                                          clean_up_tokenization_spaces=True)
     if kind == "mbart50":
         return transformers.MBart50Tokenizer(vocab_file=str(model), src_lang="fr_XX", tgt_lang="en_XX")
     proc = spm.SentencePieceProcessor(model_file=str(model))
@@ -193,3 +196,25 @@ def test_bart_text_equals_transformers(bart):
     assert r.output.splitlines() == [f"{t}\t{tok.decode(o, skip_special_tokens=True)}" for t, o in zip(texts, out)]
     r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", "fr", "--text", "x"])
     assert r.exit_code == 2 and "this model's tokenizer has no languages" in r.output, r.output
+
+
+def test_tgt_lang_and_forced_bos_id_together_are_refused(exported):
+    kind, _, _, bundle = exported
+    r = CliRunner().invoke(main, ["run", str(bundle), "--tgt-lang", PAIRS[kind][0][1], "--forced-bos-id", "5",
+                                  "--text", "x"])
+    assert r.exit_code == 2 and "--tgt-lang and --forced-bos-id both name the first token" in r.output, r.output
+
+
+def test_a_bart_directory_without_tokenizer_class_gets_its_model_types_tokenizer(bart, tmp_path):
+    """transformers' AutoTokenizer falls back on the model type; so does export."""
+    tok, _, bundle = bart
+    src = Path(json.loads((bundle / "manifest.json").read_text())["model"]["source"]["path"])
+    d = tmp_path / "hf"
+    d.mkdir()
+    for f in src.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["tokenizer_class"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    session = xform.load(export_bundle(d, tmp_path / "b").path)
+    assert session.encode_text(CORPUS[1]) == tok(CORPUS[1]).input_ids

@@ -7,7 +7,7 @@ It does not verify (verify.py) or write manifests (export.py).
 """
 from __future__ import annotations
 
-import io
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -108,18 +108,90 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
 
 
 def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
-    """Trace one graph to `path` with the contract's names and dynamic axes."""
+    """Trace one graph to `path` with the contract's names and dynamic axes. The trace goes to a
+    file in a scratch directory beside `path`, never to memory: a graph over protobuf's 2 GB (an
+    NLLB-200-sized embedding table) is written by the exporter as external data there, and is
+    moved into the bundle's layout piece by piece rather than loaded whole."""
     module = MODULES[graph](model)
     module.eval()
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TracerWarnings about shape-derived python ints are expected
-        torch.onnx.export(
-            module, example_inputs(model, graph), buf, dynamo=False, opset_version=opset,
-            input_names=spec.input_names, output_names=spec.output_names,
-            dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
-        )
-    save_with_external_data(onnx.load_from_string(buf.getvalue()), path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.trace.") as scratch:
+        traced = Path(scratch) / path.name
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings about shape-derived python ints are expected
+            torch.onnx.export(
+                module, example_inputs(model, graph), str(traced), dynamo=False, opset_version=opset,
+                input_names=spec.input_names, output_names=spec.output_names,
+                dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+            )
+        proto = onnx.load(str(traced), load_external_data=False)
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto)):
+            gather_external_data(proto, Path(scratch), path)
+        else:
+            save_with_external_data(proto, path)
+
+
+ALIGN = 4096  # each tensor's offset in the data file: a page, so ONNX Runtime can map it in place
+
+
+def all_tensors(proto: "onnx.ModelProto"):
+    """The graph's initializers and the tensors its nodes hold as attributes (Constant values)."""
+    yield from proto.graph.initializer
+    for node in proto.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+
+
+def gather_external_data(proto: "onnx.ModelProto", source: Path, path: Path) -> None:
+    """Move the exporter's external initializers (files in `source`) into one `<name>.onnx.data`
+    beside `path`, streamed, each at a page-aligned offset; inline initializers above 1 KiB move
+    there too, and Constant values it wrote out come back inline."""
+    location = f"{path.name}.data"
+    with open(path.parent / location, "wb") as out:
+
+        def place(tensor, data: bytes | None = None) -> None:
+            offset = -(-out.tell() // ALIGN) * ALIGN
+            out.seek(offset)
+            if data is not None:
+                out.write(data)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+            else:
+                info = {e.key: e.value for e in tensor.external_data}
+                with open(source / info["location"], "rb") as f:
+                    f.seek(int(info.get("offset", 0)))
+                    remaining = int(info["length"]) if "length" in info else None
+                    while remaining is None or remaining:
+                        chunk = f.read(1 << 24 if remaining is None else min(remaining, 1 << 24))
+                        if not chunk:
+                            if remaining:
+                                raise OSError(f"{source / info['location']}: ends before tensor {tensor.name}")
+                            break
+                        out.write(chunk)
+                        if remaining is not None:
+                            remaining -= len(chunk)
+            del tensor.external_data[:]
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(out.tell() - offset))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+
+        for tensor in proto.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                place(tensor)
+            elif len(tensor.raw_data) > 1024:
+                place(tensor, tensor.raw_data)
+        for node in proto.graph.node:  # Constant values the exporter wrote out go back inline: ONNX
+            for attr in node.attribute:  # Runtime's shape inference reads them, and cannot read external data
+                for tensor in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
+                    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                        info = {e.key: e.value for e in tensor.external_data}
+                        with open(source / info["location"], "rb") as f:
+                            f.seek(int(info.get("offset", 0)))
+                            tensor.raw_data = f.read(int(info["length"])) if "length" in info else f.read()
+                        del tensor.external_data[:]
+                        tensor.data_location = onnx.TensorProto.DEFAULT
+    onnx.save_model(proto, str(path))
 
 
 def save_with_external_data(model: "onnx.ModelProto", path: Path) -> None:

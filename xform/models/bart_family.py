@@ -104,7 +104,7 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
             n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
             n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
             activation=marian.ACTIVATIONS[act], layer_norm_eps=1e-5, norm_bias=True, attn_bias=True,
-            ffn_bias=True, scale_embedding=bool(get("scale_embedding", False)), **SHAPES[family],
+            ffn_bias=True, scale_embedding=bool(get("scale_embedding", family == "m2m_100")), **SHAPES[family],
             positions="learned", share_embeddings=True, tie_output=True, pad_id=pad, bos_id=start, eos_id=eos,
             decoder_start_id=start, max_len=get("max_position_embeddings", 1024),
             banned_ids=tuple(sorted({w[0] for w in bad_words} - {pad})))
@@ -163,7 +163,8 @@ def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, 
         table = position_table(cfg, family, theirs, side, problems)
         if table is not None:
             ours[f"{our_side}_pos.weight"] = table
-        used.add(f"model.{side}.embed_positions.weight")
+        if family != "m2m_100":  # M2M100's sinusoids are a buffer, never saved
+            used.add(f"model.{side}.embed_positions.weight")
         if cfg.embedding_norm:
             for kind in ("weight", "bias"):
                 names[f"{our_side}_embed_norm.{kind}"] = f"model.{side}.layernorm_embedding.{kind}"
@@ -207,7 +208,8 @@ def load_family(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, An
 
 def generation_defaults(directory: str | Path) -> dict[str, Any]:
     """Marian's record (beams, length penalty, early stopping, max_length, forced_eos) plus the
-    forced first token (transformers' forced_bos_token_id) when the model ships one."""
+    forced first token (transformers' forced_bos_token_id) when the model ships one, and its
+    min_length as min_new_tokens (end-of-sentence suppressed until then, as transformers does)."""
     directory = Path(directory)
     out = marian.generation_defaults(directory)
     hf = marian.read_json(directory / "config.json")
@@ -216,6 +218,9 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     forced = generation.get("forced_bos_token_id", hf.get("forced_bos_token_id"))
     if forced is not None:
         out["forced_bos_token_id"] = int(forced)
+    min_length = generation.get("min_length", hf.get("min_length")) or 0
+    if min_length > 1:  # transformers counts the decoder start in min_length
+        out["min_new_tokens"] = int(min_length) - 1
     return out
 
 
@@ -225,6 +230,13 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
 FAIRSEQ_SPM = {"NllbTokenizer": "offset", "NllbTokenizerFast": "offset", "MBart50Tokenizer": "offset",
                "MBart50TokenizerFast": "offset", "M2M100Tokenizer": "vocab"}
 SPM_FILE = "sentencepiece.bpe.model"
+# transformers' default source language when tokenizer_config.json records none
+DEFAULT_SRC_LANG = {"NllbTokenizer": "eng_Latn", "NllbTokenizerFast": "eng_Latn", "MBart50Tokenizer": "en_XX",
+                    "MBart50TokenizerFast": "en_XX"}
+
+
+class UnsupportedTokenizer(CheckpointError):
+    """The directory's tokenizer is not one xform reproduces: the model exports, taking ids."""
 
 # transformers" M2M100Tokenizer FAIRSEQ_LANGUAGE_CODES (tokenization_m2m_100.py): M2M100"s language tokens
 # are "__<code>__" at ids len(vocab.json) + index; its tokenizer_config.json does not list them
@@ -247,11 +259,17 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
     if not cfg_path.is_file():
         return None, []
     tok = marian.read_json(cfg_path)
+    if not tok.get("tokenizer_class"):  # AutoTokenizer's fallback: the model type's tokenizer
+        family = model_type(directory)
+        tok["tokenizer_class"] = {"bart": "BartTokenizer",  # mBART's two tokenizers frame differently: not guessed
+                                  "m2m_100": "M2M100Tokenizer" if (directory / "vocab.json").is_file()
+                                  else "NllbTokenizer"}.get(family)
     if tok.get("tokenizer_class") in BYTE_BPE:
         return byte_bpe_spec(directory, tok)
     kind = FAIRSEQ_SPM.get(tok.get("tokenizer_class"))
     if kind is None:
-        return None, []
+        raise UnsupportedTokenizer(f"{cfg_path}: tokenizer_class {tok.get('tokenizer_class')!r} is not one xform "
+                                   f"reproduces ({', '.join([*FAIRSEQ_SPM, *BYTE_BPE])}): the bundle takes token ids")
     if not (directory / SPM_FILE).is_file():
         raise CheckpointError(f"{directory}: a {tok.get('tokenizer_class')} needs {SPM_FILE}")
     if kind == "vocab" and not (directory / "vocab.json").is_file():
@@ -266,7 +284,11 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
         if codes is None:
             raise CheckpointError(f"{cfg_path}: language_codes {tok.get('language_codes')!r} is not one of "
                                   f"{sorted(M2M100_LANGUAGES)}")
-        size = len(marian.read_json(directory / "vocab.json"))
+        vocab = marian.read_json(directory / "vocab.json")
+        size = len(vocab)
+        for name in ("<s>", "<pad>", "</s>", "<unk>"):  # configs from before added_tokens_decoder
+            if name in vocab:
+                special.setdefault(name, vocab[name])
         languages = [f"__{c}__" for c in codes]
         special.update({t: size + i for i, t in enumerate(languages)})
     if not languages:
@@ -281,7 +303,9 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
             "special": special, "languages": languages,
             # where the source language's code goes: NLLB's legacy_behaviour puts it last
             "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
-            "src_lang": tok.get("src_lang"), "tgt_lang": tok.get("tgt_lang")}
+            "src_lang": tok.get("src_lang") or DEFAULT_SRC_LANG.get(tok.get("tokenizer_class", "")),
+            "tgt_lang": tok.get("tgt_lang"),
+            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
     return spec, files
 
 

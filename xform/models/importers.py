@@ -65,7 +65,11 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
                            marian.generation_defaults(path))
     if bart_family.is_family_dir(path):
         model, source = bart_family.load_family(path)
-        spec, files = bart_family.tokenizer_spec(path)
+        try:
+            spec, files = bart_family.tokenizer_spec(path)
+        except bart_family.UnsupportedTokenizer as e:
+            spec, files = None, []
+            source["notes"].append(str(e))
         return LoadedModel(model, source, spec, [(path / f, f) for f in files], bart_family.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():

@@ -143,9 +143,12 @@ class Seq2SeqTransformer(nn.Module):
         # 2-D so the export is Gemm(transB=1) reading the embedding table itself: a tied table is
         # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy).
         # The output projection is in fp32 at every precision: logits accumulate in fp32.
+        # Without a bias of its own a zero one keeps it Gemm: a bias-less linear exports as MatMul
+        # over a transposed copy of the table (1 GB more for NLLB-200's 256k x 1024).
         B, T, D = x.shape
         w = self.lm_head.weight
-        logits = nn.functional.linear(x.reshape(B * T, D).to(w.dtype), w, self.output_bias)
+        bias = self.output_bias if self.output_bias is not None else w.new_zeros(w.shape[0], dtype=torch.float32)
+        logits = nn.functional.linear(x.reshape(B * T, D).to(w.dtype), w, bias.to(w.dtype))
         return logits.view(B, T, -1).float()
 
     def forward(self, src_ids: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:

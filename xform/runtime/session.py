@@ -306,6 +306,8 @@ class Session:
         "fr_XX", M2M100's "fr"), the target's becoming the forced first token."""
         if settings.get("forced_bos_token_id") is None:
             settings["forced_bos_token_id"] = self.target_language(tgt_lang)
+        elif tgt_lang is not None:
+            raise InputError("tgt_lang and forced_bos_token_id both name the first token: give one")
         src = self.encode_texts(list(texts), src_lang)
         n = max_new_tokens if max_new_tokens is not None else self.default_max_new_tokens()
         out = self.generate(src, max_new_tokens=n, **settings)

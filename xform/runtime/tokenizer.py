@@ -238,7 +238,8 @@ class FairseqSpmTokenizer:
     gives them. `encode(text, src_lang)`; `language_id(code)` is the target's forced first token."""
 
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
-        self.cfg, self.source = config, source
+        self.cfg = config
+        self.clean = bool(data.get("clean_up_tokenization_spaces"))
         d = root / "tokenizer"
         name = data.get("model")
         if not isinstance(name, str) or Path(name).name != name:
@@ -303,7 +304,8 @@ class FairseqSpmTokenizer:
                 pieces.append(self.pieces.get(i, ""))
             elif 0 <= i - self.offset < self.spm.GetPieceSize():
                 pieces.append(self.spm.IdToPiece(i - self.offset))
-        return self.spm.decode_pieces(pieces)
+        text = self.spm.decode_pieces(pieces)
+        return clean_up_spaces(text) if self.clean else text
 
     def unknown(self, ids: list[int]) -> tuple[int, int]:
         body = ids[1:-1] if self.template[0] == "lang" else ids[:-2]
