@@ -32,6 +32,11 @@ def test_int8_graphs_hold_int8_weights(demo8):
         assert any(i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2 for i in m.graph.initializer)
     assert sorted(p.name for p in demo8.iterdir() if p.suffix in (".onnx", ".data")) == [
         "candidates.onnx", "decoder.onnx", "decoder.onnx.data", "encoder.onnx", "encoder.onnx.data", "reorder.onnx"]
+    for graph in ("encoder", "decoder"):  # the data file holds the graph's tensors, no dead bytes
+        m = onnx.load(str(demo8 / f"{graph}.onnx"), load_external_data=False)
+        ends = [int(e.value) for t in m.graph.initializer for e in t.external_data if e.key in ("offset", "length")]
+        used = max(int(o) + int(n) for o, n in zip(ends[0::2], ends[1::2]))
+        assert (demo8 / f"{graph}.onnx.data").stat().st_size == used, graph
 
 
 def test_demo_int8_token_agreement_and_logit_bound(demo8):
