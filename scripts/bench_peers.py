@@ -119,9 +119,13 @@ def build_nllb(work: Path) -> Path:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf,
                                        vocab_size=12, minloglevel=2)
         (hf / "sentencepiece.bpe.model").write_bytes(buf.getvalue())
+    if not (hf / "tokenizer_config.json").exists():
+        from xform.models.bart_family import M2M100_LANGUAGES
+        # the language tokens listed, so that CTranslate2's converter appends them to its vocabulary
         (hf / "tokenizer_config.json").write_text(json.dumps(
             {"tokenizer_class": "M2M100Tokenizer", "language_codes": "m2m100", "num_madeup_words": 8,
-             "src_lang": "en", "tgt_lang": "fr", "model_max_length": 1024}))
+             "src_lang": "en", "tgt_lang": "fr", "model_max_length": 1024,
+             "additional_special_tokens": [f"__{c}__" for c in M2M100_LANGUAGES["m2m100"]]}))
     return hf
 
 
@@ -354,7 +358,7 @@ def main() -> None:
     set_model(args.model)
     if args.beams > 1:  # beam search: batch 1 and 16; eager PyTorch through xform is no peer here
         for w in ("batch 16 ragged",):
-            WORKLOADS.pop(w)
+            WORKLOADS.pop(w, None)
     args.work.mkdir(parents=True, exist_ok=True)
     print("building the model and converting it for every engine", file=sys.stderr)
     hf = build_model(args.work)
