@@ -150,7 +150,7 @@ def test_run_warns_on_lines_of_mostly_unknown_tokens(runner, demo_bundle, tmp_pa
     r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", str(f)])
     warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
     assert r.exit_code == 0 and len(warnings) == 11, r.output
-    assert f"{f}:2:" in warnings[0] and "12 lines in all were mostly unknown" in warnings[-1]
+    assert f"{f}:2:" in warnings[0] and "12 warnings in all" in warnings[-1]
 
 
 def test_scores_on_the_command_line_for_beams_and_samples(runner, demo_bundle, tmp_path):
@@ -185,3 +185,17 @@ def test_version_moves_with_the_bundle_format(runner):
     assert r.exit_code == 0 and r.output.strip() == f"xform {__version__} (bundle format {VERSION})"
     assert int(__version__.split(".")[1]) == VERSION  # the minor number is the bundle format
     assert importlib.metadata.version("xform") == __version__  # one version: pyproject reads this one
+
+
+def test_truncate_cuts_a_long_line_to_max_len_with_a_warning(runner, demo_bundle):
+    """demo's max_len is 32: 40 digits + end-of-sentence fail alone, or are cut to 31 + eos."""
+    digits = "1234567890" * 4
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--text", digits, "--text", "7"])
+    assert r.exit_code == 1 and "41 source tokens (end-of-sentence included), more than the model's max_len 32" \
+        in r.output, r.output
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--truncate", "--text", digits, "--text", "7"])
+    assert r.exit_code == 0, r.output
+    assert "warning: --text 1: 41 source tokens cut to the model's max_len 32 (--truncate)" in r.output
+    cut = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--text", digits[:31]])
+    translations = [line.split("\t")[1] for line in r.output.splitlines() if "\t" in line]
+    assert translations[0] == cut.output.strip().split("\t")[1] and len(translations) == 2

@@ -220,7 +220,8 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False, src_lang: str | None = None):
+def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False, src_lang: str | None = None,
+                     truncate: bool = False):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -239,12 +240,11 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = 
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
-                                      src_lang=src_lang)
+                                      src_lang=src_lang, truncate=truncate)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
-        err.print(f"[bold yellow]warning:[/] {len(warned)} lines in all were mostly unknown tokens "
-                  f"(the first {MAX_WARNINGS} are named above)")
+        err.print(f"[bold yellow]warning:[/] {len(warned)} warnings in all (the first {MAX_WARNINGS} are above)")
 
 
 MAX_WARNINGS = 10  # lines named one by one; the rest are counted
@@ -466,6 +466,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "default: its tokenizer's).")
 @click.option("--tgt-lang", default=None,
               help="A multilingual model's target language code: its token is forced first (--forced-bos-id).")
+@click.option("--truncate", is_flag=True,
+              help="Cut a line of more source tokens than the model's max_len to it (first max_len - 1 tokens and "
+                   "end-of-sentence), with a warning naming the line; without it such a line fails alone.")
 @click.option("--scores", is_flag=True,
               help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
                    "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
@@ -483,7 +486,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -527,7 +530,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     if texts or input_file:
         with line_progress(show=input_file is not None) as on_batch:
             results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch, scores,
-                                       src_lang)
+                                       src_lang, truncate)
             errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
                                            scores)
         if errors:

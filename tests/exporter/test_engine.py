@@ -250,3 +250,15 @@ def test_the_tensorrt_install_hint_agrees_with_the_readme():
     assert "'tensorrt-rtx>=1.0' 'cuda-bindings>=12.6' (CUDA 13; tensorrt-rtx-cu12 for CUDA 12" in TRT_INSTALL_HINT
     assert "(CUDA 13; `tensorrt-rtx-cu12` for CUDA 12)" in readme
     assert extras["tensorrt-rtx"] == ["tensorrt-rtx>=1.0", "cuda-bindings>=12.6"]
+
+
+def test_explicit_ranges_are_recorded_as_built(bundles, tmp_path):
+    """max_sources / max_beams in the manifest come from the ranges built, also when they are
+    given as ProfileRanges rather than as flags (they were read from the flags alone)."""
+    from xform.exporter.engine import ProfileRanges
+    path = tmp_path / "b"
+    export_bundle(bundles["tiny-fp32"] / "reference", path)
+    ranges = ProfileRanges(batch=(1, 4, 8), src_len=(1, 6, 12), cache_len=(1, 8, 16), src_batch=(1, 1, 2))
+    build_engines(path, "tensorrt_rtx", ranges=ranges, options=BuildOptions(builder_optimization_level=0))
+    e = Bundle.open(path).manifest["engines"]["decoder.tensorrt_rtx"]
+    assert (e["max_sources"], e["max_beams"]) == (2, 4)

@@ -127,3 +127,20 @@ def test_check_on_an_int8_bundle_reports_the_translation_figures(demo8, tmp_path
     check = json.loads(js.read_text())["check"]
     assert check["judged_by"] == "decodes" and check["decodes_compared"] == 64 and check["strategy"] == "beam"
     assert check["decode_agreement"] >= 0.9 and check["passed"]
+
+
+def test_quantizing_keeps_the_callers_logging_setting(tiny_bundle, tmp_path):
+    """The quantizer's advice is silenced during quantization only: a caller's own
+    logging.disable level is what it was afterwards (it used to be reset to NOTSET)."""
+    import logging
+    import shutil
+    shutil.copyfile(tiny_bundle / "encoder.onnx", tmp_path / "e32.onnx")
+    shutil.copyfile(tiny_bundle / "encoder.onnx.data", tmp_path / "encoder.onnx.data")  # the name it refers to
+    before = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        export.quantize_graph(tmp_path / "e32.onnx", tmp_path / "e8.onnx")
+        assert logging.root.manager.disable == logging.ERROR
+    finally:
+        logging.disable(before)
+    assert (tmp_path / "e8.onnx").is_file() and not (tmp_path / "e32.onnx").exists()

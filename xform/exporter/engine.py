@@ -297,8 +297,8 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
                 "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
                 "tensorrt_version": trt.__version__, "target": target, "profile": ranges.for_graph(graph).to_dict(),
                 "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name],
-                "max_sources": ranges.batch[2] // range_flags.get("max_beams", 1),
-                "max_beams": range_flags.get("max_beams", 1),
+                # from the ranges built, whether given as ranges= or as flags
+                "max_sources": ranges.src_batch[2], "max_beams": max(1, ranges.batch[2] // ranges.src_batch[2]),
                 "onnx_data_sha256": manifest["files"].get(data_name), "precision": bundle.precision,
                 "strongly_typed": True,
                 "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt" else None,

@@ -58,7 +58,8 @@ def quantize_graph(fp32: Path, out: Path) -> None:
     from xform.exporter.graphs import save_with_external_data
 
     unshare_quantized_weights(fp32)
-    logging.disable(logging.WARNING)  # the quantizer logs advice on the root logger
+    before = logging.root.manager.disable  # the caller's level, restored after
+    logging.disable(max(before, logging.WARNING))  # the quantizer logs advice on the root logger
     try:
         # reduce_range: 7-bit weights. Without VNNI, x86 multiplies u8 x s8 pairs into int16 with
         # saturation; full-range weights overflowed on this AMD EPYC (demo encoder: error 0.27 of a
@@ -67,7 +68,7 @@ def quantize_graph(fp32: Path, out: Path) -> None:
                          op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True},
                          use_external_data_format=True)
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(before)
     save_with_external_data(onnx.load(str(out)), out)  # our layout: one <name>.onnx.data beside it
     for p in (fp32, fp32.with_name(f"{fp32.name}.data")):
         p.unlink(missing_ok=True)

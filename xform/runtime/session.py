@@ -200,7 +200,8 @@ class Session:
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
                         on_batch: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
-                        src_lang: str | None = None) -> Iterator[tuple[str, list | None, str | None]]:
+                        src_lang: str | None = None, truncate: bool = False
+                        ) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -215,21 +216,32 @@ class Session:
         when given, hears of a line (0-based) most of whose tokens are unknown to the source
         vocabulary: it is translated, but likely not in the model's language or tokenization.
         With return_scores, each translation is a (text, score) pair, the score as generate()
-        returns it. Bad settings raise InputError at once."""
+        returns it. A line of more source tokens than max_len fails alone, or with `truncate` is cut
+        to max_len (its first max_len - 1 tokens and end-of-sentence, as CTranslate2's
+        max_input_length does) and reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
         if src_lang is not None:
             self.encode_text("", src_lang)  # an unknown language is refused at the call
-        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang)
+        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate)
 
     def translate_windows(self, lines: Iterable[str | bytes], gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,
                           on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
-                          src_lang: str | None = None):
+                          src_lang: str | None = None, truncate: bool = False):
         def encoded():
             for index, line in enumerate(lines):
                 text, ids, error = self.encode_line(line, src_lang)
+                if ids is not None and len(ids) > self.config["max_len"]:
+                    if truncate:
+                        n = len(ids)
+                        ids = self.truncated(ids)
+                        if on_warning is not None:
+                            on_warning(index, f"{n} source tokens cut to the model's max_len {len(ids)} (--truncate)")
+                    else:
+                        ids, error = None, (f"{len(ids)} source tokens (end-of-sentence included), more than the "
+                                            f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
                 if ids is not None and on_warning is not None:
                     warning = self.unknown_warning(ids)
                     if warning:
@@ -270,10 +282,14 @@ class Session:
             ids = self.encode_text(line, src_lang)
         except InputError as e:
             return line, None, str(e)
-        if len(ids) > self.config["max_len"]:
-            return line, None, (f"{len(ids)} source tokens (end-of-sentence included), more than the model's "
-                                f"max_len {self.config['max_len']}")
         return line, ids, None
+
+    def truncated(self, ids: list[int]) -> list[int]:
+        """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
+        n = self.config["max_len"]
+        if len(ids) <= n:
+            return ids
+        return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
 
     def unknown_warning(self, ids: list[int]) -> str | None:
         """A warning when more than half of an encoded source's text tokens are unknown, else None."""
