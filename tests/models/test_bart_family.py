@@ -5,6 +5,7 @@ equals transformers' `generate(forced_bos_token_id=...)` token for token (greedy
 4); teacher-forced logits agree within the fp32 tolerance; each mapping, mutated, breaks that.
 """
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -92,6 +93,11 @@ def family(tmp_path_factory):
         model.save_pretrained(d / "hf")
         out[name] = (model, d / "hf", export_bundle(d / "hf", d / "fp32").path)
     return out
+
+
+def copy_dir(src, dst):
+    shutil.copytree(src, dst)
+    return dst
 
 
 def hf_generate(model, src, **kw):
@@ -231,9 +237,7 @@ def test_cli_export_recognises_the_family_and_records_forced_bos(family, tmp_pat
     model, path, _ = family["m2m_100"]
     gen = json.loads((path / "generation_config.json").read_text())
     gen["forced_bos_token_id"] = LANGS[1]
-    (path.parent / "forced").mkdir()
-    for f in path.iterdir():
-        (path.parent / "forced" / f.name).write_bytes(f.read_bytes())
+    copy_dir(path, path.parent / "forced")
     (path.parent / "forced" / "generation_config.json").write_text(json.dumps(gen))
     r = CliRunner().invoke(main, ["export", str(path.parent / "forced"), "-o", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
@@ -248,10 +252,7 @@ def test_cli_export_recognises_the_family_and_records_forced_bos(family, tmp_pat
 
 def test_generation_settings_xform_cannot_reproduce_are_refused_by_name(family, tmp_path):
     _, path, _ = family["bart"]
-    d = tmp_path / "ngram"
-    d.mkdir()
-    for f in path.iterdir():
-        (d / f.name).write_bytes(f.read_bytes())
+    d = copy_dir(path, tmp_path / "ngram")
     gen = json.loads((d / "generation_config.json").read_text())
     gen.update(no_repeat_ngram_size=3, repetition_penalty=1.2)
     (d / "generation_config.json").write_text(json.dumps(gen))
@@ -275,10 +276,7 @@ def test_check_and_sampling_honour_the_forced_token(family):
 def test_min_length_becomes_min_new_tokens(family, tmp_path):
     """transformers suppresses end-of-sentence until min_length (counting the decoder start)."""
     model, path, _ = family["bart"]
-    d = tmp_path / "hf"
-    d.mkdir()
-    for f in path.iterdir():
-        (d / f.name).write_bytes(f.read_bytes())
+    d = copy_dir(path, tmp_path / "hf")
     gen = json.loads((d / "generation_config.json").read_text())
     gen["min_length"] = 9
     (d / "generation_config.json").write_text(json.dumps(gen))

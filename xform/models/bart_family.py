@@ -71,12 +71,7 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
     problems = []
     if family not in FAMILIES:
         problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
-    if get("encoder_attention_heads") != get("decoder_attention_heads"):
-        problems.append(f"encoder_attention_heads ({get('encoder_attention_heads')}) differs from "
-                        f"decoder_attention_heads ({get('decoder_attention_heads')}); xform has one head count")
-    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
-        problems.append(f"encoder_ffn_dim ({get('encoder_ffn_dim')}) differs from decoder_ffn_dim "
-                        f"({get('decoder_ffn_dim')}); xform has one d_ff")
+    problems += marian.one_width_problems(hf)
     act = get("activation_function", "gelu" if family != "m2m_100" else "relu")
     if act not in marian.ACTIVATIONS:
         problems.append(f"activation_function {act!r} is not one of {sorted(marian.ACTIVATIONS)}")
@@ -145,49 +140,25 @@ def position_table(cfg: TransformerConfig, family: str, theirs: dict[str, torch.
 
 def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, torch.Tensor],
                          source: str) -> dict[str, torch.Tensor]:
-    ours: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    problems: list[str] = []
-    for name, candidates in marian.embedding_aliases(cfg).items():
-        present = [c for c in candidates if c in theirs]
-        if not present:
-            problems.append(f"missing {' or '.join(candidates)}")
-            continue
-        ours[name] = theirs[present[0]]
-        for other in present[1:]:
-            if not torch.equal(theirs[other], theirs[present[0]]):
-                problems.append(f"{other} should be tied to {present[0]} but differs")
-        used.update(present)
+    w = marian.WeightMap(theirs)
+    w.embeddings(cfg)
     names = marian.layer_names(cfg)
     for side, our_side in (("encoder", "src"), ("decoder", "tgt")):
-        table = position_table(cfg, family, theirs, side, problems)
+        table = position_table(cfg, family, theirs, side, w.problems)
         if table is not None:
-            ours[f"{our_side}_pos.weight"] = table
+            w.ours[f"{our_side}_pos.weight"] = table
         if family != "m2m_100":  # M2M100's sinusoids are a buffer, never saved
-            used.add(f"model.{side}.embed_positions.weight")
+            w.used.add(f"model.{side}.embed_positions.weight")
         if cfg.embedding_norm:
             for kind in ("weight", "bias"):
                 names[f"{our_side}_embed_norm.{kind}"] = f"model.{side}.layernorm_embedding.{kind}"
         if cfg.final_norm:
             for kind in ("weight", "bias"):
                 names[f"{side}_norm.{kind}"] = f"model.{side}.layer_norm.{kind}"
-    for name, their_name in names.items():
-        if their_name in theirs:
-            ours[name] = theirs[their_name]
-            used.add(their_name)
-        else:
-            problems.append(f"missing {their_name}")
+    w.named(names)
     if cfg.output_bias:
-        bias = theirs.get("final_logits_bias")
-        ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
-        used.add("final_logits_bias")
-    unexpected = sorted(set(theirs) - used)
-    if unexpected:
-        problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    if problems:
-        raise CheckpointError(f"{source}: weights do not match a {family} model of this config:\n  - "
-                              + "\n  - ".join(problems))
-    return ours
+        w.output_bias(cfg)
+    return w.result(source, f"a {family} model")
 
 
 def load_family(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:

@@ -46,18 +46,25 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
-    """TransformerConfig from a Marian config.json (+ generation_config.json); refuses with every reason."""
-    problems = []
-    get = hf.get
-    if get("model_type") != "marian":
-        problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
+def one_width_problems(hf: dict[str, Any]) -> list[str]:
+    """xform has one head count and one d_ff for both stacks; a config with two is refused."""
+    get, problems = hf.get, []
     if get("encoder_attention_heads") != get("decoder_attention_heads"):
         problems.append(f"encoder_attention_heads ({get('encoder_attention_heads')}) differs from "
                         f"decoder_attention_heads ({get('decoder_attention_heads')}); xform has one head count")
     if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
         problems.append(f"encoder_ffn_dim ({get('encoder_ffn_dim')}) differs from decoder_ffn_dim "
                         f"({get('decoder_ffn_dim')}); xform has one d_ff")
+    return problems
+
+
+def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
+    """TransformerConfig from a Marian config.json (+ generation_config.json); refuses with every reason."""
+    problems = []
+    get = hf.get
+    if get("model_type") != "marian":
+        problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
+    problems += one_width_problems(hf)
     act = get("activation_function", "gelu")
     if act not in ACTIVATIONS:
         problems.append(f"activation_function {act!r} is not one of {sorted(ACTIVATIONS)}")
@@ -157,48 +164,71 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise CheckpointError(f"{directory}: no weights; expected one of {WEIGHT_FILES}")
 
 
+class WeightMap:
+    """Their state dict mapped onto xform's names, with every problem gathered: the embedding
+    aliases (tied tables saved under one or several names, which must agree), named parameters,
+    and at the end whatever was neither used nor expected. Shared by the Marian and BART-family
+    importers."""
+
+    def __init__(self, theirs: dict[str, torch.Tensor]):
+        self.theirs = theirs
+        self.ours: dict[str, torch.Tensor] = {}
+        self.used: set[str] = set()
+        self.problems: list[str] = []
+
+    def embeddings(self, cfg: TransformerConfig) -> None:
+        for name, candidates in embedding_aliases(cfg).items():
+            present = [c for c in candidates if c in self.theirs]
+            if not present:
+                self.problems.append(f"missing {' or '.join(candidates)}")
+                continue
+            self.ours[name] = self.theirs[present[0]]
+            for other in present[1:]:
+                if not torch.equal(self.theirs[other], self.theirs[present[0]]):
+                    self.problems.append(f"{other} should be tied to {present[0]} but differs")
+            self.used.update(present)
+
+    def named(self, names: dict[str, str]) -> None:
+        for name, their_name in names.items():
+            if their_name in self.theirs:
+                self.ours[name] = self.theirs[their_name]
+                self.used.add(their_name)
+            else:
+                self.problems.append(f"missing {their_name}")
+
+    def output_bias(self, cfg: TransformerConfig) -> None:
+        bias = self.theirs.get("final_logits_bias")
+        self.ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
+        self.used.add("final_logits_bias")
+
+    def result(self, source: str, what: str) -> dict[str, torch.Tensor]:
+        unexpected = sorted(set(self.theirs) - self.used)
+        if unexpected:
+            self.problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        if self.problems:
+            raise CheckpointError(f"{source}: weights do not match {what} of this config:\n  - "
+                                  + "\n  - ".join(self.problems))
+        return self.ours
+
+
 def convert_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    ours: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    problems: list[str] = []
-    for name, candidates in embedding_aliases(cfg).items():
-        present = [c for c in candidates if c in theirs]
-        if not present:
-            problems.append(f"missing {' or '.join(candidates)}")
-            continue
-        ours[name] = theirs[present[0]]
-        for other in present[1:]:
-            if not torch.equal(theirs[other], theirs[present[0]]):
-                problems.append(f"{other} should be tied to {present[0]} but differs")
-        used.update(present)
-    for name, their_name in layer_names(cfg).items():
-        if their_name in theirs:
-            ours[name] = theirs[their_name]
-            used.add(their_name)
-        else:
-            problems.append(f"missing {their_name}")
-    tgt = ours.get("tgt_embed.weight")
+    w = WeightMap(theirs)
+    w.embeddings(cfg)
+    w.named(layer_names(cfg))
+    tgt = w.ours.get("tgt_embed.weight")
     if tgt is not None and tgt.shape[0] > cfg.tgt_vocab_size:
         # transformers copies the encoder's table (vocab_size rows) as the decoder's input table
         # while the output has decoder_vocab_size rows; the decoder only ever reads ids below that
-        ours["tgt_embed.weight"] = tgt[: cfg.tgt_vocab_size]
-    bias = theirs.get("final_logits_bias")
-    ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
-    used.add("final_logits_bias")
+        w.ours["tgt_embed.weight"] = tgt[: cfg.tgt_vocab_size]
+    w.output_bias(cfg)
     table = sinusoid_table(cfg.max_len, cfg.d_model, split=True)
     for side in ("encoder", "decoder"):
         key = f"model.{side}.embed_positions.weight"
         if key in theirs:
-            used.add(key)
+            w.used.add(key)
             if theirs[key].shape != table.shape or not torch.allclose(theirs[key].float(), table, atol=1e-5):
-                problems.append(f"{key} is not Marian's sinusoidal table for max_position_embeddings {cfg.max_len}")
-    unexpected = sorted(set(theirs) - used)
-    if unexpected:
-        problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    if problems:
-        raise CheckpointError(f"{source}: weights do not match a Marian model of this config:\n  - "
-                              + "\n  - ".join(problems))
-    return ours
+                w.problems.append(f"{key} is not Marian's sinusoidal table for max_position_embeddings {cfg.max_len}")
+    return w.result(source, "a Marian model")
 
 
 def load_marian(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
