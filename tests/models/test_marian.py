@@ -154,3 +154,58 @@ print(s.translate(["the red cat sleeps"], max_new_tokens=8))
 assert "transformers" not in sys.modules and "torch" not in sys.modules
 """
     subprocess.run([sys.executable, "-c", code], check=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_score_equals_transformers_loss(marians, name):
+    """Session.score's per-token log-probabilities are transformers' on the same pairs (labels, its
+    loss the mean of their negatives), for given translations: the model's own and reference ones."""
+    d, model, bundle = marians[name]
+    session = xform.load(bundle, backend="ort")
+    src, mask = sources(model.config, [9, 4, 6, 2], seed=5)
+    pad = model.config.pad_token_id
+    own = session.generate(src.numpy(), max_new_tokens=10)
+    rng = np.random.default_rng(0)
+    other = own.copy()  # a different translation: some tokens replaced, the end kept
+    other[:, 0] = rng.integers(3, min(model.config.vocab_size, 40), len(other))
+    for tgt in (own, other):
+        got = session.score(src.numpy(), tgt)
+        labels = torch.from_numpy(np.where(tgt == pad, -100, tgt))
+        with torch.no_grad():
+            out = model(input_ids=src, attention_mask=mask, labels=labels)
+        lp = torch.log_softmax(out.logits.float(), -1).numpy()
+        want = np.where(tgt != pad, np.take_along_axis(lp, tgt[:, :, None], 2)[:, :, 0], 0.0)
+        np.testing.assert_allclose(got["tokens"], want, atol=1e-4, rtol=0)
+        n = (tgt != pad).sum()
+        assert abs(-got["total"].sum() / n - float(out.loss)) < 1e-4
+        np.testing.assert_allclose(got["normalized"], got["total"] / got["lengths"], rtol=1e-6)
+    assert (session.score(src.numpy(), own)["total"] > session.score(src.numpy(), other)["total"]).mean() >= 0.75
+
+
+def test_cli_score_equals_transformers_on_text(text_model, tmp_path):
+    """`xform score --source --target`: each pair's log-likelihood, as transformers computes it on
+    MarianTokenizer's ids (text_target for the reference)."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    d, model, tok, bundle = text_model
+    targets = ["the cat", "a dog runs", "my bird", "one green cat"]
+    (tmp_path / "s.txt").write_text("\n".join(TEXTS) + "\n")
+    (tmp_path / "t.txt").write_text("\n".join(targets) + "\n")
+    r = CliRunner().invoke(main, ["score", str(bundle), "--source", str(tmp_path / "s.txt"),
+                                  "--target", str(tmp_path / "t.txt"), "--batch-size", "3"])
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in r.output.splitlines()]
+    batch = tok(TEXTS, text_target=targets, return_tensors="pt", padding=True)
+    labels = batch["labels"]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(**batch).logits, -1)
+    valid = labels != tok.pad_token_id
+    want = torch.where(valid, lp.gather(2, labels.clamp(min=0)[..., None])[..., 0], 0.0).sum(1)
+    assert [row[3:] for row in rows] == [[s, t] for s, t in zip(TEXTS, targets)]
+    np.testing.assert_allclose([float(row[0]) for row in rows], want.numpy(), atol=2e-4)
+    assert [int(row[2]) for row in rows] == valid.sum(1).tolist()
+    (tmp_path / "short.txt").write_text("x\n")
+    r = CliRunner().invoke(main, ["score", str(bundle), "--source", str(tmp_path / "s.txt"),
+                                  "--target", str(tmp_path / "short.txt")])
+    assert r.exit_code == 1 and "has 4 lines" in r.output and "1: expected one translation a source" in r.output

@@ -13,7 +13,7 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.decoding import GenerationConfig, Special, decode_cap, make_strategy
+from xform.runtime.decoding import GenerationConfig, Special, decode_cap, log_softmax, make_strategy
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
 
@@ -157,6 +157,32 @@ class Session:
             choices.append(nxt)
             logits.append(lg)
         return np.stack(choices, 1), np.stack(logits, 1)
+
+    def score(self, src_ids, tgt_ids, src_lengths=None) -> dict[str, np.ndarray]:
+        """The log-likelihood of given translations, teacher-forced: `tgt_ids` (B, n) right-padded
+        with the pad id, each row ending with end-of-sentence as the model generates it. Returns
+        `tokens` (B, n) float32: each target token's log-probability (0 after the row), `total`
+        (B,) their sum, `lengths` (B,) and `normalized` (B,) the sum over the length: what users
+        filter parallel data and rerank by. transformers' loss on the same pairs is the mean of
+        -tokens over the rows' tokens."""
+        tgt = np.asarray(tgt_ids)
+        if tgt.ndim != 2 or tgt.dtype != np.int64 or tgt.shape[1] == 0:
+            raise InputError(f"target ids: expected a non-empty (batch, length) int64 array, found {tgt.dtype} "
+                             f"{tgt.shape}")
+        if ((tgt < 0) | (tgt >= self.config["tgt_vocab_size"])).any():
+            raise InputError(f"target ids: outside the target vocabulary of {self.config['tgt_vocab_size']}")
+        if tgt.shape[1] > self.config["max_len"]:
+            raise InputError(f"target ids: {tgt.shape[1]} positions, more than the model's max_len "
+                             f"{self.config['max_len']}")
+        _, logits = self.teacher_forced(src_ids, src_lengths, tgt)
+        lp = log_softmax(logits)
+        tokens = np.take_along_axis(lp, tgt[:, :, None], 2)[:, :, 0].astype(np.float32)
+        valid = tgt != self.pad_id
+        tokens = np.where(valid, tokens, np.float32(0.0))
+        lengths = valid.sum(1)
+        total = tokens.sum(1, dtype=np.float32)
+        return {"tokens": tokens, "total": total, "lengths": lengths,
+                "normalized": (total / np.maximum(lengths, 1)).astype(np.float32)}
 
     def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
         if self.tokenizer is None:

@@ -141,6 +141,10 @@ class VocabTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target ids of a reference translation: the target side's split, end-of-sentence last."""
+        return self.tgt.encode(text) + [self.cfg["eos_id"]]
+
     def decode(self, ids) -> str:
         return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
 
@@ -199,6 +203,7 @@ class SpmTokenizer:
                 raise BundleError(f"{d / name}: ids outside the model's vocabulary of {rows} (for {bad[:3]})")
         self.decoder = {i: t for t, i in target.items()}
         unk = data.get("unk_token", "<unk>")
+        self.unk_token = unk
         if unk not in self.encoder:
             raise BundleError(f"{d / 'vocab.json'}: has no unknown token {unk!r}")
         self.unk_id = self.encoder[unk]
@@ -209,6 +214,12 @@ class SpmTokenizer:
         code = [match.group(0)] if match else []
         pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)
         return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg["eos_id"]]
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target ids of a reference translation, as MarianTokenizer(text_target=...) gives them."""
+        target = {t: i for i, t in self.decoder.items()}
+        unk = target.get(self.unk_token, self.unk_id)
+        return [target.get(p, unk) for p in self.spm_target.encode(text, out_type=str)] + [self.cfg["eos_id"]]
 
     def decode(self, ids) -> str:
         pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""))
