@@ -45,7 +45,6 @@ REORDER = "reorder"
 CANDIDATES = "candidates"
 GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)
 WEIGHTLESS = (REORDER, CANDIDATES)  # nothing to quantize
-DYNAMIC_AXES = ("batch", "src_batch", "src_len", "cache_len", "candidates")
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ from typing import Any
 
 from xform.errors import BundleError, InputError
 
-TOKENIZER_FILE = "tokenizer.json"
-
 
 def target_pieces(ids, eos_id: int, special: set, piece) -> list[str]:
     """The pieces of generated ids up to end-of-sentence, special ids left out."""
