@@ -199,3 +199,55 @@ def test_truncate_cuts_a_long_line_to_max_len_with_a_warning(runner, demo_bundle
     cut = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--text", digits[:31]])
     translations = [line.split("\t")[1] for line in r.output.splitlines() if "\t" in line]
     assert translations[0] == cut.output.strip().split("\t")[1] and len(translations) == 2
+
+
+def test_decoding_controls_on_the_command_line(runner, demo_bundle, tmp_path):
+    """--target-prefix per --text, --prefix-column in a file, the repetition controls, --bad-words,
+    --suppress-tokens, --alternatives and --token-scores: each line as the Python API gives it."""
+    import xform
+    session = xform.load(demo_bundle)
+    texts = ["40512", "123456"]
+    r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[0], "--target-prefix", "forty one",
+                             "--text", texts[1], "--target-prefix", ""])
+    assert r.exit_code == 0, r.output
+    want = [session.translate([texts[0]], target_prefix=["forty one"])[0], session.translate([texts[1]])[0]]
+    assert [line.split("\t")[1] for line in r.output.splitlines()] == want and want[0].startswith("forty one")
+    f = tmp_path / "in.tsv"
+    f.write_text("40512\tforty one\n7\t\n123456\tone hundred twenty four\n")
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--prefix-column"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == [
+        f"40512\t{want[0]}", f"7\t{session.translate(['7'])[0]}",
+        f"123456\t{session.translate(['123456'], target_prefix=['one hundred twenty four'])[0]}"]
+    flags = ["--repetition-penalty", "3.0", "--no-repeat-ngram-size", "1", "--bad-words", "thousand",
+             "--suppress-tokens", "5,6"]
+    r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[1], "--token-scores", *flags])
+    assert r.exit_code == 0, r.output
+    ids, score, tokens = session.generate(
+        session.encode_texts([texts[1]]), repetition_penalty=3.0, no_repeat_ngram_size=1, suppress_tokens=[5, 6],
+        bad_words_ids=[session.target_ids("thousand")], return_token_scores=True)
+    row = r.output.splitlines()[0].split("\t")
+    assert row[1] == session.tokenizer.decode(ids[0]) != session.translate([texts[1]])[0]
+    assert float(row[2]) == pytest.approx(float(score[0]), abs=1e-4)
+    assert [float(v) for v in row[3].split()] == pytest.approx(tokens[0][ids[0] != session.pad_id].tolist(), abs=1e-4)
+    r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[0], "--target-prefix", "forty",
+                             "--alternatives", "--num-return-sequences", "3"])
+    assert r.exit_code == 0, r.output
+    alts = [line.split("\t")[1] for line in r.output.splitlines()]
+    assert len(alts) == 3 and len(set(alts)) == 3 and all(a.startswith("forty") for a in alts)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--text", "1", "--target-prefix", "a", "--target-prefix", "b"], "--target-prefix is given 2 times for 1 --text"),
+    (["--text", "1", "--prefix-column"], "--prefix-column reads --input-file lines"),
+    (["--text", "1", "--suppress-tokens", "5,x"], "expected comma-separated token ids"),
+    (["--text", "1", "--bad-word-ids", ","], "expected at least one token id"),
+    (["--text", "1", "--repetition-penalty", "0"], "repetition_penalty (--repetition-penalty) must be a number > 0"),
+    (["--text", "1", "--no-repeat-ngram-size", "-1"], "no_repeat_ngram_size (--no-repeat-ngram-size) must be"),
+    (["--text", "1", "--suppress-tokens", "99999"], "suppress_tokens (--suppress-tokens): ids [99999] are outside"),
+    (["--text", "1", "--alternatives", "--num-return-sequences", "2", "--num-beams", "2"],
+     "continues each alternative greedily"),
+])
+def test_bad_control_flags_are_usage_errors(runner, demo_bundle, flags, fragment):
+    r = runner.invoke(main, ["run", str(demo_bundle), *flags])
+    assert r.exit_code == 2 and fragment in r.output, r.output

@@ -206,11 +206,11 @@ def write_json(path: Path, data: dict, force: bool) -> None:
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
-def input_lines(texts: tuple[str, ...], input_file: Path | None):
-    """(label, line) for each --text, then each line of --input-file read lazily as bytes (so a
-    non-UTF-8 line fails alone)."""
+def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
+    """(label, line) for each --text (with --target-prefix, a (text, prefix) pair), then each line of
+    --input-file read lazily as bytes (so a non-UTF-8 line fails alone)."""
     for i, t in enumerate(texts, 1):
-        yield f"--text {i}", t
+        yield f"--text {i}", (t, prefixes[i - 1]) if prefixes else t
     if input_file is not None and str(input_file) == "-":  # standard input, as a pipe's end
         for n, line in enumerate(sys.stdin.buffer, 1):
             yield f"<stdin>:{n}", line
@@ -220,8 +220,8 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None):
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = False, src_lang: str | None = None,
-                     truncate: bool = False):
+def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
+                     src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -240,7 +240,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool = 
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
-                                      src_lang=src_lang, truncate=truncate)
+                                      src_lang=src_lang, truncate=truncate, prefix_column=prefix_column)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
@@ -251,7 +251,7 @@ MAX_WARNINGS = 10  # lines named one by one; the rest are counted
 
 
 def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int,
-                       scores: bool = False) -> tuple[int, int]:
+                       scores: bool | str = False) -> tuple[int, int]:
     """Print `source<TAB>translation` lines (with scores, `<TAB>score` after), n per source (n empty
     ones for a failed line, its error on stderr), record them in the report, keep the first
     check_rows translated texts for --check; return (failed lines, lines)."""
@@ -262,12 +262,17 @@ def write_translations(results, n: int, report: dict, checked_texts: list[str], 
             err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
             report["translations"].append({"source": text, "error": error})
             for _ in range(n):  # the output keeps one line per input line
-                click.echo(f"{text}\t" + ("\t" if scores else ""))
+                click.echo(f"{text}\t" + ("\t\t" if scores == "tokens" else "\t" if scores else ""))
             continue
         if text.strip() and len(checked_texts) < check_rows:
             checked_texts.append(text)
         for tgt in targets:
-            if scores:
+            if scores == "tokens":
+                tgt, score, per_token = tgt
+                report["translations"].append({"source": text, "target": tgt, "score": score,
+                                               "token_scores": per_token})
+                click.echo(f"{text}\t{tgt}\t{score:.4f}\t" + " ".join(f"{v:.4f}" for v in per_token))
+            elif scores:
                 tgt, score = tgt
                 report["translations"].append({"source": text, "target": tgt, "score": score})
                 click.echo(f"{text}\t{tgt}\t{score:.4f}")  # plain tab-separated lines, for scripts
@@ -375,13 +380,45 @@ def generation_options(fn):
         click.option("--forced-bos-id", "forced_bos_token_id", type=int, default=None,
                      help="The first generated token, whatever the model prefers (transformers' forced_bos_token_id: "
                           "a multilingual model's target-language token; default: the bundle's, if it records one)."),
+        click.option("--repetition-penalty", type=float, default=None,
+                     help="Scores of tokens already in the output are divided by this (multiplied when negative), "
+                          "as transformers' repetition_penalty; > 0, 1.0 off."),
+        click.option("--no-repeat-ngram-size", type=int, default=None,
+                     help="No n-gram of this size occurs twice in an output (transformers' meaning; 0 off)."),
+        click.option("--bad-words", "bad_words", multiple=True, metavar="PHRASE",
+                     help="A word or phrase never generated, split by the target tokenizer; repeat for more."),
+        click.option("--bad-word-ids", "bad_word_ids", multiple=True, metavar="IDS",
+                     help="An id sequence never generated, comma-separated (3,17,5); repeat for more."),
+        click.option("--suppress-tokens", default=None, metavar="IDS",
+                     help="Ids never generated, comma-separated (transformers' suppress_tokens)."),
+        click.option("--alternatives", "return_alternatives", is_flag=True, default=None,
+                     help="The --num-return-sequences best tokens at the first position after the target prefix, "
+                          "each continued greedily (interactive translation's choices)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def generation_settings(greedy: bool, num_beams, early_stopping, **settings) -> dict:
+def id_list(flag: str, value: str) -> list[int]:
+    try:
+        ids = [int(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated token ids (3,17,5), got {value!r}", param_hint=flag)
+    if not ids:
+        raise click.BadParameter("expected at least one token id", param_hint=flag)
+    return ids
+
+
+def generation_settings(greedy: bool, num_beams, early_stopping, bad_words=(), bad_word_ids=(),
+                        **settings) -> dict:
+    """The flags as generate()'s settings; --bad-words phrases stay text until a tokenizer splits them
+    (`bad_words` in the result)."""
+    if settings.get("suppress_tokens") is not None:
+        settings["suppress_tokens"] = id_list("--suppress-tokens", settings["suppress_tokens"])
+    if bad_word_ids:
+        settings["bad_words_ids"] = [id_list("--bad-word-ids", v) for v in bad_word_ids]
+    settings["bad_words"] = list(bad_words)
     if greedy and num_beams not in (None, 1):
         raise click.UsageError(f"--greedy and --num-beams {num_beams} contradict each other")
     settings["num_beams"] = 1 if greedy else num_beams
@@ -472,6 +509,14 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--scores", is_flag=True,
               help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
                    "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
+@click.option("--token-scores", is_flag=True,
+              help="--scores, and each generated token's log-probability after it (a fourth column, "
+                   "space-separated; in --json as token_scores).")
+@click.option("--target-prefix", "target_prefixes", multiple=True, metavar="TEXT",
+              help="The start of the translation of the --text of the same rank: decoding continues after it "
+                   "(repeat once per --text; '' for none).")
+@click.option("--prefix-column", is_flag=True,
+              help="Each --input-file line is source<TAB>target prefix (an empty prefix is none).")
 @click.option("--benchmark", is_flag=True,
               help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
                    "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
@@ -486,7 +531,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
+        prefix_column, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -499,8 +545,15 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
 
     if input_file is not None and str(input_file) != "-" and not input_file.is_file():
         raise XformError(f"--input-file {input_file}: no such file")
+    scores = "tokens" if token_scores else scores
     if scores and not (texts or input_file):
-        raise click.UsageError("--scores goes with --text / --input-file (the translations it scores)")
+        raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
+                               "(the translations it scores)")
+    if target_prefixes and len(target_prefixes) != len(texts):
+        raise click.UsageError(f"--target-prefix is given {len(target_prefixes)} times for {len(texts)} --text: give "
+                               "one per --text ('' for none)")
+    if prefix_column and input_file is None:
+        raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     if json_path is not None and json_path.exists() and not force:
@@ -521,6 +574,13 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                 session.encode_text("", src_lang)
         except InputError as e:
             raise click.UsageError(str(e)) from None
+    bad_words = settings.pop("bad_words")
+    if bad_words:
+        if session.tokenizer is None:
+            raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
+        settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + [session.target_ids(w) for w in bad_words]
+        if any(not w for w in settings["bad_words_ids"]):
+            raise click.UsageError(f"--bad-words: a phrase gives no target tokens ({bad_words})")
     gen = checked_generation(session, max_new_tokens, settings)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
@@ -529,8 +589,9 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
     if texts or input_file:
         with line_progress(show=input_file is not None) as on_batch:
-            results = labelled_results(session, input_lines(texts, input_file), gen, batching, on_batch, scores,
-                                       src_lang, truncate)
+            lines = input_lines(texts, input_file, target_prefixes)
+            results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
+                                       prefix_column)
             errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
                                            scores)
         if errors:
@@ -574,12 +635,18 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--src-lang", default=None, help="A multilingual model's source language code (NLLB's fra_Latn).")
+@click.option("--tgt-lang", default=None, help="A multilingual model's target language code: the targets' first token.")
+@click.option("--tokens", "per_token", is_flag=True,
+              help="Append each target token's log-probability (space-separated, end-of-sentence last).")
 @handle_errors
-def score(bundle, source_file, target_file, backend, device, threads, batch_size) -> None:
+def score(bundle, source_file, target_file, backend, device, threads, batch_size, src_lang, tgt_lang,
+          per_token) -> None:
     """Score given translations: for each pair, the log-likelihood of the target under BUNDLE,
     teacher-forced. Prints `total<TAB>per-token<TAB>tokens<TAB>source<TAB>target` a line (what users
-    filter parallel data and rerank by)."""
+    filter parallel data and rerank by); with --tokens, a sixth column of each token's log-prob."""
     import xform
+    from xform.errors import InputError
 
     for flag, path in (("--source", source_file), ("--target", target_file)):
         if not path.is_file():
@@ -590,17 +657,25 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
         raise XformError(f"--source {source_file} has {len(sources)} lines, --target {target_file} {len(targets)}: "
                          "expected one translation a source")
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
-    if session.tokenizer is None or not hasattr(session.tokenizer, "encode_target"):
-        raise XformError(f"{bundle}: scoring text needs a tokenizer that encodes targets (xform vocabularies, "
-                         "Marian); score token ids with Session.score")
+    if session.tokenizer is None:
+        raise XformError(f"{bundle}: this bundle has no tokenizer to read text; score token ids with Session.score")
+    try:
+        session.encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
+        if src_lang is not None:
+            session.encode_text("", src_lang)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
     for start in range(0, len(sources), batch_size):
         src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-        src_ids = session.encode_texts(src)
-        tgt_ids, _ = session.pad([session.tokenizer.encode_target(t) for t in tgt])
+        src_ids = session.encode_texts(src, src_lang)
+        tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
         result = session.score(src_ids, tgt_ids)
         for i, (s_text, t_text) in enumerate(zip(src, tgt)):
-            click.echo(f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
-                       f"{s_text}\t{t_text}")
+            line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
+                    f"{s_text}\t{t_text}")
+            if per_token:
+                line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
+            click.echo(line)
 
 
 def triton_model_options(fn):

@@ -252,13 +252,35 @@ def test_cli_export_recognises_the_family_and_records_forced_bos(family, tmp_pat
 
 def test_generation_settings_xform_cannot_reproduce_are_refused_by_name(family, tmp_path):
     _, path, _ = family["bart"]
+    d = copy_dir(path, tmp_path / "groups")
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen.update(num_beam_groups=2, diversity_penalty=0.5)
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(ConfigError, match=r"num_beam_groups 2: xform does not reproduce it.*\n.*"
+                                          r"diversity_penalty 0.5"):
+        resolve_model(d)
+
+
+def test_repetition_controls_of_the_generation_config_are_the_bundles_defaults(family, tmp_path):
+    """A config with BART-large-CNN's n-gram blocking, a repetition penalty and a multi-token bad
+    word exports, and decodes by default as transformers' generate does with that config."""
+    model, path, _ = family["bart"]
     d = copy_dir(path, tmp_path / "ngram")
     gen = json.loads((d / "generation_config.json").read_text())
-    gen.update(no_repeat_ngram_size=3, repetition_penalty=1.2)
+    gen.update(no_repeat_ngram_size=1, repetition_penalty=1.3, bad_words_ids=[[7, 9]], num_beams=3)
     (d / "generation_config.json").write_text(json.dumps(gen))
-    with pytest.raises(ConfigError, match=r"no_repeat_ngram_size 3: xform does not reproduce it.*\n.*"
-                                          r"repetition_penalty 1.2"):
-        resolve_model(d)
+    bundle = export_bundle(d, tmp_path / "b").path
+    session = xform.load(bundle)
+    assert session.generation_defaults["no_repeat_ngram_size"] == 1
+    assert session.generation_defaults["bad_words_ids"] == [[7, 9]]
+    src = sources()
+    got = session.generate(src, max_new_tokens=MAX_NEW)
+    want = hf_generate(model, src, no_repeat_ngram_size=1, repetition_penalty=1.3, bad_words_ids=[[7, 9]],
+                       num_beams=3)
+    np.testing.assert_array_equal(got, want[:, :got.shape[1]])
+    free = session.generate(src, max_new_tokens=MAX_NEW, no_repeat_ngram_size=0, repetition_penalty=1.0,
+                            bad_words_ids=[])
+    assert free.shape != got.shape or (free != got).any()
 
 
 def test_check_and_sampling_honour_the_forced_token(family):

@@ -218,3 +218,54 @@ def test_a_bart_directory_without_tokenizer_class_gets_its_model_types_tokenizer
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     session = xform.load(export_bundle(d, tmp_path / "b").path)
     assert session.encode_text(CORPUS[1]) == tok(CORPUS[1]).input_ids
+
+
+def test_cli_score_equals_transformers_loss_with_languages(exported, tmp_path):
+    """`xform score --src-lang --tgt-lang`: each pair's log-likelihood as transformers computes it
+    on its tokenizer's ids (text_target: the target language first, end-of-sentence last), per
+    token with --tokens."""
+    kind, tok, model, bundle = exported
+    src_lang, tgt_lang = PAIRS[kind][0]
+    sources, targets = CORPUS[:4], CORPUS[4:8]
+    (tmp_path / "s.txt").write_text("\n".join(sources) + "\n")
+    (tmp_path / "t.txt").write_text("\n".join(targets) + "\n")
+    r = CliRunner().invoke(main, ["score", str(bundle), "--source", str(tmp_path / "s.txt"), "--target",
+                                  str(tmp_path / "t.txt"), "--src-lang", src_lang, "--tgt-lang", tgt_lang,
+                                  "--tokens", "--batch-size", "3"])
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in r.output.splitlines()]
+    tok.src_lang, tok.tgt_lang = src_lang, tgt_lang
+    batch = tok(sources, text_target=targets, return_tensors="pt", padding=True)
+    labels = batch["labels"]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(**batch).logits, -1)
+    valid = labels != tok.pad_token_id
+    per = torch.where(valid, lp.gather(2, labels.clamp(min=0)[..., None])[..., 0], 0.0)
+    np.testing.assert_allclose([float(row[0]) for row in rows], per.sum(1).numpy(), atol=2e-4)
+    assert [int(row[2]) for row in rows] == valid.sum(1).tolist()
+    for row, want, n in zip(rows, per, valid.sum(1)):
+        np.testing.assert_allclose([float(v) for v in row[5].split()], want[:n].numpy(), atol=2e-4)
+    r = CliRunner().invoke(main, ["score", str(bundle), "--source", str(tmp_path / "s.txt"), "--target",
+                                  str(tmp_path / "t.txt"), "--tgt-lang", "xx_Nope"])
+    assert r.exit_code == 2 and "xx_Nope" in r.output
+
+
+def test_target_prefix_text_follows_the_target_language(exported):
+    """translate(target_prefix=text): the language token, then the prefix's pieces, then what
+    transformers generates from decoder_input_ids = [start, language, prefix...]."""
+    kind, tok, model, bundle = exported
+    src_lang, tgt_lang = PAIRS[kind][1]
+    session = xform.load(bundle)
+    text, prefix = CORPUS[1], "The quick"
+    got = session.generate(session.encode_texts([text], src_lang), max_new_tokens=8,
+                           forced_bos_token_id=session.target_language(tgt_lang),
+                           target_prefix=[session.target_ids(prefix)])
+    tok.src_lang = src_lang
+    forced = tok.convert_tokens_to_ids(tok.get_lang_token(tgt_lang) if kind == "m2m100" else tgt_lang)
+    dec = torch.tensor([[2, forced] + session.target_ids(prefix)])
+    with torch.no_grad():
+        want = model.generate(**tok([text], return_tensors="pt"), decoder_input_ids=dec, max_new_tokens=8,
+                              num_beams=1, do_sample=False)
+    np.testing.assert_array_equal(got[0][:want.shape[1] - 1], want[0, 1:].numpy())
+    assert session.translate([text], max_new_tokens=8, src_lang=src_lang, tgt_lang=tgt_lang,
+                             target_prefix=[prefix]) == [session.tokenizer.decode(got[0])]

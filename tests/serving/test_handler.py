@@ -61,3 +61,52 @@ def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):
     out = execute(session, [{"text": text("hello")}, {"src_ids": np.array([[5, 6, 2]], np.int64)}])
     assert "input 'text': this bundle has no tokenizer; send token ids as 'src_ids'" in out[0]
     assert set(out[1]) == {"output_ids"}
+
+
+def test_decoding_controls_per_request_answer_as_alone(demo):
+    """target_prefix, repetition controls, bad words, suppressed ids, scores and truncate as inputs:
+    each response equals Session.translate / generate with those settings for that request alone."""
+    f32 = lambda v: np.array([[v]], np.float32)  # noqa: E731
+    flag = lambda v: np.array([[v]], bool)  # noqa: E731
+    long_text = "9" * 40  # more source tokens than the demo model's max_len
+    requests = [
+        {"text": text("40512", "7"), "target_prefix": text("forty", "")},
+        {"text": text("123456"), "repetition_penalty": f32(2.5), "no_repeat_ngram_size": i32(1)},
+        {"text": text("123456"), "bad_words": np.array([[b"hundred"]], dtype=object)},
+        {"text": text("40512"), "suppress_tokens": np.array([[5, 6]], np.int32), "return_scores": flag(True)},
+        {"text": text(long_text), "truncate": flag(True)},
+        {"text": text("40512"), "num_beams": i32(2), "return_scores": flag(True), "target_prefix": text("forty one")},
+    ]
+    out = execute(demo, requests)
+    assert not any(isinstance(o, str) for o in out), out
+    got = [[t.decode() for t in o["translation"].reshape(-1)] for o in out]
+    assert got[0] == [demo.translate(["40512"], target_prefix=["forty"])[0], demo.translate(["7"])[0]]
+    assert got[0][0].startswith("forty")
+    assert got[1] == demo.translate(["123456"], repetition_penalty=2.5, no_repeat_ngram_size=1)
+    assert got[2] == demo.translate(["123456"], bad_words_ids=["hundred"]) and "hundred" not in got[2][0]
+    assert got[1] != demo.translate(["123456"]) and got[2] != demo.translate(["123456"])
+    ids, scores, tokens = demo.generate(demo.encode_texts(["40512"]), suppress_tokens=[5, 6], return_token_scores=True)
+    np.testing.assert_array_equal(out[3]["output_ids"], ids)
+    np.testing.assert_allclose(out[3]["scores"], scores[:, None], rtol=1e-6)
+    np.testing.assert_allclose(out[3]["token_scores"], tokens, rtol=1e-6)
+    assert "scores" not in out[0] and out[3]["scores"].dtype == np.float32
+    cut = demo.truncated(demo.encode_text(long_text))
+    np.testing.assert_array_equal(out[4]["output_ids"], demo.generate(np.array([cut])))
+    ids, scores = demo.generate(demo.encode_texts(["40512"]), num_beams=2, return_scores=True,
+                                target_prefix=[demo.target_ids("forty one")])
+    assert got[5][0] == demo.tokenizer.decode(ids[0]) and got[5][0].startswith("forty one")
+    np.testing.assert_allclose(out[5]["scores"][:, 0], scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"repetition_penalty": np.array([[0.0]], np.float32)}, "input 'repetition_penalty': invalid generation settings"),
+    ({"no_repeat_ngram_size": np.array([[-2]], np.int32)}, "input 'no_repeat_ngram_size'"),
+    ({"suppress_tokens": np.array([[9999]], np.int32)}, "input 'suppress_tokens'"),
+    ({"target_prefix": text("a", "b")}, "input 'target_prefix': one a row, found 2 for 1 rows"),
+    ({"text": text("9" * 40)}, "input 'text'"),
+])
+def test_bad_control_inputs_fail_alone(demo, bad, fragment):
+    good = {"text": text("40512")}
+    out = execute(demo, [good, {"text": text("40512"), **bad}, good])
+    assert isinstance(out[1], str) and fragment in out[1], out[1]
+    assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0]

@@ -43,10 +43,11 @@ SHAPES = {
 }
 LEARNED_OFFSET = 2  # BART's and mBART's learned position tables start two rows in
 # generation settings transformers applies and xform does not: refused when they would act
-UNSUPPORTED_GENERATION = {"no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
-                          "encoder_repetition_penalty": 1.0, "num_beam_groups": 1, "diversity_penalty": 0.0,
-                          "exponential_decay_length_penalty": None, "suppress_tokens": None,
+UNSUPPORTED_GENERATION = {"encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
+                          "diversity_penalty": 0.0, "exponential_decay_length_penalty": None,
                           "begin_suppress_tokens": None, "sequence_bias": None, "renormalize_logits": False}
+# ... and those it does, recorded as the bundle's decoding defaults (BART-large-CNN's n-gram blocking)
+RECORDED_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "suppress_tokens": None}
 
 
 def model_type(directory: Path) -> str | None:
@@ -77,15 +78,12 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
         problems.append(f"activation_function {act!r} is not one of {sorted(marian.ACTIVATIONS)}")
     if not get("tie_word_embeddings", True):
         problems.append("tie_word_embeddings is false; the family's output projection is the shared embedding")
+    bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
     for key, neutral in UNSUPPORTED_GENERATION.items():
         value = generation.get(key, get(key, neutral))
         if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
             problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
                             "/ config.json to export; decoding then differs from transformers' with it)")
-    bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
-    if any(len(w) != 1 for w in bad_words):
-        problems.append(f"bad_words_ids has multi-token sequences {[w for w in bad_words if len(w) != 1][:3]}; "
-                        "xform bans single tokens only")
     if problems:
         raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
                           + "\n  - ".join(problems))
@@ -102,7 +100,7 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
             ffn_bias=True, scale_embedding=bool(get("scale_embedding", family == "m2m_100")), **SHAPES[family],
             positions="learned", share_embeddings=True, tie_output=True, pad_id=pad, bos_id=start, eos_id=eos,
             decoder_start_id=start, max_len=get("max_position_embeddings", 1024),
-            banned_ids=tuple(sorted({w[0] for w in bad_words} - {pad})))
+            banned_ids=tuple(sorted({w[0] for w in bad_words if len(w) == 1} - {pad})))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
@@ -192,6 +190,14 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     min_length = generation.get("min_length", hf.get("min_length")) or 0
     if min_length > 1:  # transformers counts the decoder start in min_length
         out["min_new_tokens"] = int(min_length) - 1
+    for key, neutral in RECORDED_GENERATION.items():
+        value = generation.get(key, hf.get(key))
+        if value is not None and value != neutral and value != []:
+            out[key] = value
+    bad_words = generation.get("bad_words_ids", hf.get("bad_words_ids")) or []
+    sequences = [w for w in bad_words if len(w) > 1]  # single ids are the config's banned ids
+    if sequences:
+        out["bad_words_ids"] = sequences
     return out
 
 

@@ -36,7 +36,10 @@ NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added 
 FLAGS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "num_beams": "--num-beams",
          "length_penalty": "--length-penalty", "early_stopping": "--early-stopping",
          "num_return_sequences": "--num-return-sequences", "do_sample": "--sample", "temperature": "--temperature",
-         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "forced_bos_token_id": "--forced-bos-id"}
+         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "forced_bos_token_id": "--forced-bos-id",
+         "repetition_penalty": "--repetition-penalty", "no_repeat_ngram_size": "--no-repeat-ngram-size",
+         "bad_words_ids": "--bad-words", "suppress_tokens": "--suppress-tokens",
+         "return_alternatives": "--alternatives", "target_prefix": "--target-prefix"}
 
 
 # The longest decode unless the bundle or the caller says otherwise: CTranslate2's
@@ -65,6 +68,13 @@ def decode_cap(generation: dict[str, Any], max_len: int) -> tuple[int, str]:
     return max(1, n), why
 
 
+def int_id(value) -> int:
+    """A token id: an integer >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{value!r} is not a token id")
+    return int(value)
+
+
 def named(param: str) -> str:
     return f"{param} ({FLAGS[param]})" if param in FLAGS else param
 
@@ -87,9 +97,31 @@ class GenerationConfig:
     # the first generated token, whatever the logits say (transformers' forced_bos_token_id: a
     # multilingual model's target language); it scores 0, as transformers' processor gives it
     forced_bos_token_id: int | None = None
+    # transformers' repetition controls, with its semantics (decoding.Processors)
+    repetition_penalty: float = 1.0  # > 0; 1.0: off
+    no_repeat_ngram_size: int = 0  # 0: off
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # id sequences never generated, besides pad and banned ids
+    suppress_tokens: tuple[int, ...] = ()  # ids never generated
+    # the num_return_sequences best first tokens after the target prefix, each continued greedily
+    # (CTranslate2's return_alternatives: what interactive translation shows)
+    return_alternatives: bool = False
 
     def __post_init__(self):
         problems = []
+        for name in ("bad_words_ids", "suppress_tokens"):  # lists in, tuples kept: the config stays hashable
+            value = getattr(self, name)
+            try:
+                if name == "bad_words_ids":
+                    value = tuple(tuple(int_id(i) for i in word) for word in value)
+                    if any(not word for word in value):
+                        raise ValueError("an empty sequence")
+                else:
+                    value = tuple(int_id(i) for i in value)
+            except (TypeError, ValueError) as e:
+                shape = "a list of id sequences" if name == "bad_words_ids" else "a list of ids"
+                problems.append(f"{named(name)} must be {shape} (integers >= 0), got {value!r} ({e})")
+                value = ()
+            object.__setattr__(self, name, value)
 
         def whole(name, low):
             v = getattr(self, name)
@@ -101,6 +133,11 @@ class GenerationConfig:
         whole("num_beams", 1)
         whole("num_return_sequences", 1)
         whole("top_k", 0)
+        whole("no_repeat_ngram_size", 0)
+        if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
+                or not self.repetition_penalty > 0 or not np.isfinite(self.repetition_penalty)):
+            problems.append(f"{named('repetition_penalty')} must be a number > 0 (1.0: off), got "
+                            f"{self.repetition_penalty!r}")
         if not problems and self.min_new_tokens > self.max_new_tokens:
             problems.append(f"{named('min_new_tokens')} {self.min_new_tokens} exceeds "
                             f"{named('max_new_tokens')} {self.max_new_tokens}")
@@ -126,15 +163,21 @@ class GenerationConfig:
             elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
                 problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} exceeds "
                                 f"{named('num_beams')} {self.num_beams}: beam search returns at most its beams")
-            elif self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
+            elif self.return_alternatives and (self.num_beams > 1 or self.do_sample):
+                problems.append(f"{named('return_alternatives')} continues each alternative greedily: not with "
+                                f"{named('num_beams')} {self.num_beams} or {named('do_sample')}")
+            elif (self.num_beams == 1 and not self.do_sample and not self.return_alternatives
+                  and self.num_return_sequences > 1):
                 problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} needs beams "
-                                f"({named('num_beams')} >= it) or sampling ({FLAGS['do_sample']}); greedy "
-                                "decoding has one answer")
+                                f"({named('num_beams')} >= it), sampling ({FLAGS['do_sample']}) or alternatives "
+                                f"({FLAGS['return_alternatives']}); greedy decoding has one answer")
         if problems:
             raise InputError("invalid generation settings:\n  - " + "\n  - ".join(problems))
 
     @property
     def strategy(self) -> str:
+        if self.return_alternatives:
+            return "alternatives"
         return "beam" if self.num_beams > 1 else "sample" if self.do_sample else "greedy"
 
     def updated(self, **changes: Any) -> "GenerationConfig":
@@ -165,55 +208,168 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float32))
 
 
-def process(scores: np.ndarray, step: int, gen: GenerationConfig, special: Special) -> np.ndarray:
-    """transformers' logits processors, in place, on (rows, V) scores, in its order: blocked ids
-    never, end-of-sentence not before min_new_tokens, the forced first token, and end-of-sentence
-    forced at the last step when asked."""
-    scores[:, list(special.blocked)] = -np.inf
-    if step < gen.min_new_tokens:
-        scores[:, special.eos] = -np.inf
-    if gen.forced_bos_token_id is not None and step == 0:
-        scores[:] = -np.inf
-        scores[:, gen.forced_bos_token_id] = 0.0
-    if gen.forced_eos and step == gen.max_new_tokens - 1:
-        scores[:] = -np.inf
-        scores[:, special.eos] = 0.0
-    return scores
+class Processors:
+    """transformers' logits processors for one decode, in its order (generation/utils.py
+    `_get_logits_processor`, 4.57): repetition penalty, n-gram blocking, bad words (single ids, with
+    the pad and the model's banned ids, and multi-token sequences by their last token),
+    end-of-sentence before min_new_tokens, the forced first token, end-of-sentence forced at the last
+    step, suppressed tokens. Last, a target prefix forces its tokens whatever the scores say (they
+    are transformers' decoder input, never processed).
+
+    Each row's `t` is its count of tokens generated after its prefix (negative inside the prefix)
+    and its history the decoder input so far: the start id, its prefix, its generated tokens;
+    transformers' `input_ids`, which the repetition controls read."""
+
+    def __init__(self, gen: GenerationConfig, special: Special):
+        self.gen, self.special = gen, special
+        words = [w for w in gen.bad_words_ids if w != (special.eos,)]  # transformers drops [eos]
+        self.blocked = sorted(set(special.blocked) | {w[0] for w in words if len(w) == 1})
+        self.sequences = [w for w in words if len(w) > 1]
+        self.suppress = sorted(set(gen.suppress_tokens))
+        self.history_wanted = gen.repetition_penalty != 1.0 or gen.no_repeat_ngram_size > 0 or bool(self.sequences)
+        # what the graphs cannot apply (they ban the pad and banned ids and early end-of-sentence)
+        self.host = self.history_wanted or bool(self.suppress) or tuple(self.blocked) != special.blocked
+
+    def __call__(self, scores: np.ndarray, t: np.ndarray, history: np.ndarray | None = None,
+                 forced: np.ndarray | None = None) -> np.ndarray:
+        """Process (rows, V) scores in place. `t` (rows,), `history` (rows, L) when history_wanted,
+        `forced` (rows,) the prefix token a row must take, -1 for none."""
+        gen = self.gen
+        if gen.repetition_penalty != 1.0:
+            vals = np.take_along_axis(scores, history, 1)
+            vals = np.where(vals < 0, vals * gen.repetition_penalty, vals / gen.repetition_penalty)
+            np.put_along_axis(scores, history, vals.astype(scores.dtype, copy=False), 1)
+        n = gen.no_repeat_ngram_size
+        if n > 0 and history.shape[1] >= n:  # an n-gram seen before, and its first n - 1 again
+            L = history.shape[1]
+            grams = np.lib.stride_tricks.sliding_window_view(history, n, axis=1)  # (rows, L - n + 1, n)
+            seen = (grams[:, :, :n - 1] == history[:, None, L - n + 1:]).all(2)
+            rows, at = np.nonzero(seen)
+            scores[rows, grams[rows, at, n - 1]] = -np.inf
+        scores[:, self.blocked] = -np.inf
+        for word in self.sequences:
+            if len(word) <= history.shape[1]:
+                hit = (history[:, history.shape[1] - len(word) + 1:] == word[:-1]).all(1)
+                scores[hit, word[-1]] = -np.inf
+        scores[t < gen.min_new_tokens, self.special.eos] = -np.inf
+        if gen.forced_bos_token_id is not None:
+            self.force(scores, t == 0, gen.forced_bos_token_id)
+        if gen.forced_eos:
+            self.force(scores, t == gen.max_new_tokens - 1, self.special.eos)
+        if self.suppress:
+            scores[:, self.suppress] = -np.inf
+        if forced is not None and (forced >= 0).any():
+            rows = np.flatnonzero(forced >= 0)
+            scores[rows] = -np.inf
+            scores[rows, forced[rows]] = 0.0
+        return scores
+
+    @staticmethod
+    def force(scores: np.ndarray, rows: np.ndarray, token: int) -> None:
+        if rows.any():
+            scores[rows] = -np.inf
+            scores[rows, token] = 0.0
+
+    def forced_token(self, t: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+        """(rows,) the token each row must take this step (its prefix's, the forced first token, or
+        the forced end-of-sentence), -1 where the scores decide: what graph-chosen rows obey."""
+        out = np.where(t < 0, prefix, -1)
+        if self.gen.forced_bos_token_id is not None:
+            out = np.where(t == 0, self.gen.forced_bos_token_id, out)
+        if self.gen.forced_eos:
+            out = np.where(t == self.gen.max_new_tokens - 1, self.special.eos, out)
+        return out
+
+
+def prefix_table(prefix, batch: int, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (batch x group): its source's prefix ids, padded with -1, and their count."""
+    prefix = prefix if prefix is not None else [[]] * batch
+    width = max((len(p) for p in prefix), default=0)
+    table = np.full((batch, width), -1, np.int64)
+    for i, p in enumerate(prefix):
+        table[i, :len(p)] = p
+    lengths = np.array([len(p) for p in prefix], np.int64)
+    return np.repeat(table, group, 0), np.repeat(lengths, group)
 
 
 class Greedy:
-    """The graph's own ArgMax (next_ids); logits only when scores are asked for. A row leaves the
-    batch when it ends (with samples, when every sample of its source has ended)."""
+    """The graph's own ArgMax (next_ids), unless a processor the graph lacks is set (then the
+    host's argmax of processed logits); logits also when scores are asked for. A row leaves the
+    batch when it ends (with samples or alternatives, when every row of its source has ended).
+    Rows with a target prefix take its tokens first; their new tokens count from its end."""
 
     group = 1  # rows a source
     candidates_wanted = 0  # beam search asks the backend for ranked candidates instead of logits
 
-    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
+                 prefix=None, start_id: int = 0):
         self.rows, self.gen, self.special = batch * self.group, gen, special
-        self.needs_logits = want_scores
+        self.procs = Processors(gen, special)
+        self.prefix, self.offset = prefix_table(prefix, batch, self.group)
+        self.start_id = start_id
+        self.host = self.procs.host or self.graph_min_new_tokens is None  # choose from host logits
+        self.want_scores = want_scores
         self.active = np.arange(self.rows)  # the original row of each row the backend still runs
         self.done = np.zeros(self.rows, bool)
-        self.out = np.full((self.rows, gen.max_new_tokens), special.pad, np.int64)
+        self.width = self.prefix.shape[1] + gen.max_new_tokens
+        self.out = np.full((self.rows, self.width), special.pad, np.int64)
         self.steps = 0
-        self.scores = np.zeros(self.rows, np.float32) if want_scores else None
+        self.token_scores = np.zeros((self.rows, self.width), np.float32) if want_scores else None
 
-    def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
-        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
-            return np.full_like(next_ids, self.special.eos)
-        if self.gen.forced_bos_token_id is not None and step == 0:
-            return np.full_like(next_ids, self.gen.forced_bos_token_id)
-        return next_ids
+    @property
+    def steps_needed(self) -> int:
+        return self.width
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.want_scores or self.host
+
+    @property
+    def graph_min_new_tokens(self) -> int | None:
+        """min_new_tokens as the graphs count it (from position 0), or None when rows' prefixes
+        differ in length and it must be applied on the host."""
+        if self.gen.min_new_tokens == 0:
+            return 0
+        if (self.offset == self.offset[0]).all():
+            return self.gen.min_new_tokens + int(self.offset[0])
+        return None
+
+    def history(self, rows: np.ndarray, step: int) -> np.ndarray | None:
+        """The decoder input of `rows` (original rows) so far: start id, prefix, generated ids."""
+        if not self.procs.history_wanted:
+            return None
+        return np.concatenate([np.full((len(rows), 1), self.start_id, np.int64), self.out[rows, :step]], 1)
+
+    def processed(self, step: int, rows: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        t = step - self.offset[rows]
+        prefix = self.prefix[rows, step] if step < self.prefix.shape[1] else np.full(len(rows), -1, np.int64)
+        return self.procs(logits.astype(np.float32, copy=True), t, self.history(rows, step),
+                          np.where(t < 0, prefix, -1))
+
+    def choose(self, step: int, next_ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        """This step's tokens of the active rows: the host's argmax of processed scores when a
+        processor needs the host, else the graph's choice obeying the forced tokens."""
+        if self.host:
+            return scores.argmax(1)
+        t = step - self.offset[self.active]
+        prefix = self.prefix[self.active, step] if step < self.prefix.shape[1] else np.full(len(t), -1, np.int64)
+        forced = self.procs.forced_token(t, prefix)
+        return np.where(forced >= 0, forced, next_ids)
 
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
         act = self.active
         done = self.done[act]
-        nxt = np.where(done, self.special.pad, self.choose(step, next_ids, logits)).astype(np.int64)
-        if self.scores is not None:
-            lp = process(log_softmax(logits), step, self.gen, self.special)
-            self.scores[act] += np.where(done, 0.0, lp[np.arange(len(act)), nxt]).astype(np.float32)
+        scores = self.processed(step, act, logits) if logits is not None else None
+        nxt = np.where(done, self.special.pad, self.choose(step, next_ids, scores))
+        nxt = nxt.astype(np.int64)
+        if self.token_scores is not None:
+            lp = log_softmax(scores)[np.arange(len(act)), nxt]  # transformers' normalized processed scores
+            free = (step >= self.offset[act]) & ~done
+            self.token_scores[act, step] = np.where(free, lp, 0.0)
         self.out[act, step] = nxt
         self.steps = step + 1
-        self.done[act] = done | (nxt == self.special.eos)
+        t = step - self.offset[act]
+        self.done[act] = done | ((nxt == self.special.eos) & (t >= 0)) | (t + 1 >= self.gen.max_new_tokens)
         if self.done.all():
             return None, None
         running = ~self.done[act].reshape(-1, self.group).all(axis=1)  # a source's rows leave together
@@ -224,21 +380,60 @@ class Greedy:
         return nxt[keep], keep
 
     def result(self) -> tuple[np.ndarray, np.ndarray | None]:
-        return self.out[:, :self.steps], self.scores
+        scores = self.token_scores.sum(1, dtype=np.float32) if self.token_scores is not None else None
+        return self.out[:, :self.steps], scores
+
+    def per_token(self) -> np.ndarray:
+        return self.token_scores[:, :self.steps]
+
+
+class Alternatives(Greedy):
+    """CTranslate2's return_alternatives: after the target prefix, the num_return_sequences best
+    tokens at the first free position (processed scores, ties to the lower id), row j of a source
+    taking the j-th, each then continued greedily."""
+
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
+                 prefix=None, start_id: int = 0):
+        self.group = gen.num_return_sequences
+        super().__init__(batch, gen, special, want_scores, prefix, start_id)
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.want_scores or self.host or bool((self.steps - self.offset[self.active] == 0).any())
+
+    def choose(self, step: int, next_ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        out = super().choose(step, next_ids, scores)
+        first = step - self.offset[self.active] == 0
+        if first.any():
+            ranked = np.argsort(-scores[first].astype(np.float64), axis=1, kind="stable")
+            j = self.active[first] % self.group
+            pick = ranked[np.arange(len(j)), j]
+            # fewer possible tokens than alternatives (a forced token, a tiny vocabulary): the
+            # rest are empty, ended at once
+            possible = np.isfinite(scores[first][np.arange(len(j)), pick])
+            out[first] = np.where(possible, pick, self.special.eos)
+        return out
+
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
+        if logits is None and (step - self.offset[self.active] == 0).any():
+            raise RuntimeError("alternatives need the logits of their first free position")
+        return super().advance(step, next_ids, logits)
 
 
 class Sample(Greedy):
     """Multinomial sampling after temperature, top-k and top-p (transformers' warpers, in that
-    order), from a seeded numpy generator: the same seed gives the same tokens on one backend."""
+    order, after its processors), from a seeded numpy generator: the same seed gives the same
+    tokens on one backend."""
 
-    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
+                 prefix=None, start_id: int = 0):
         self.group = gen.num_return_sequences
-        super().__init__(batch, gen, special, want_scores)
-        self.needs_logits = True
+        super().__init__(batch, gen, special, want_scores, prefix, start_id)
+        self.host = True
         self.rng = np.random.default_rng(gen.seed)
 
-    def choose(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
-        scores = process(logits.astype(np.float64), step, self.gen, self.special) / self.gen.temperature
+    def choose(self, step: int, next_ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        scores = scores.astype(np.float64) / self.gen.temperature
         V = scores.shape[1]
         if 0 < self.gen.top_k < V:
             kth = np.partition(scores, V - self.gen.top_k, axis=1)[:, V - self.gen.top_k, None]
@@ -260,15 +455,27 @@ class Sample(Greedy):
 
 
 class BeamSearch:
-    """transformers' vectorized beam search (generation/utils.py `_beam_search`), in numpy."""
+    """transformers' vectorized beam search (generation/utils.py `_beam_search`), in numpy. With a
+    target prefix, a source's beams take its tokens first, all copies of beam 0 (so the search
+    starts after it as transformers' does from decoder_input_ids = start + prefix: beam 0 at 0,
+    the others at -1e9); its lengths, length penalty and limits count from the prefix's end."""
 
-    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
+    def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
+                 prefix=None, start_id: int = 0):
         self.B, self.k, self.gen, self.special = batch, gen.num_beams, gen, special
         self.group = self.k
         self.K = 2 * self.k  # beams_to_keep: max(2, 1 + one end-of-sentence id) * num_beams
         self.rows = batch * self.k
+        self.procs = Processors(gen, special)
+        self.start_id = start_id
+        table, offset = prefix_table(prefix, batch, 1)
+        self.prefix, self.offset = table, offset  # by source
+        uniform = (offset == offset[0]).all() if batch else True
+        self.graph_min_new_tokens = (0 if gen.min_new_tokens == 0 else
+                                     gen.min_new_tokens + int(offset[0]) if uniform else None)
+        self.host = self.procs.host or self.graph_min_new_tokens is None
         self.needs_logits = True
-        n = gen.max_new_tokens
+        n = self.steps_needed = table.shape[1] + gen.max_new_tokens
         B, k = batch, self.k
         self.running = np.full((B, k, n), special.pad, np.int64)  # generated ids, without the start id
         self.running_scores = np.zeros((B, k), np.float32)
@@ -278,48 +485,47 @@ class BeamSearch:
         self.lengths = np.zeros((B, k), np.int64)
         self.finished = np.zeros((B, k), bool)
         self.improvable = np.ones((B, 1), bool)  # is_early_stop_heuristic_unsatisfied
+        self.want_scores = want_scores  # each token's processed log-prob, carried with its hypothesis
+        self.running_tok = np.zeros((B, k, n), np.float32)
+        self.seqs_tok = np.zeros((B, k, n), np.float32)
         self.top_mask = np.arange(self.K) < k
         self.sources = np.arange(B)  # the original source of each one still searched
         self.vocab = special.vocab
-        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy())  # by original source
+        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(), self.seqs_tok.copy())
 
     @property
     def candidates_wanted(self) -> int:
-        return self.K
+        return 0 if self.host else self.K
 
     def candidates(self, step: int, logits) -> tuple[np.ndarray, np.ndarray]:
         """Per row, the top-K processed log-probs and their ids: (rows, K) each. `logits` is either
-        the (rows, V) logits, ranked here, or the backend's candidates graph's (log-probs, ids),
-        which applied every processor but the forced tokens."""
-        forced = self.forced(step)
+        the (rows, V) logits, processed and ranked here, or the backend's candidates graph's
+        (log-probs, ids), which applied every processor but the forced tokens."""
+        t = np.repeat(step - self.offset[self.sources], self.k)
+        prefix = self.prefix[self.sources, step] if step < self.prefix.shape[1] else np.full(len(self.sources), -1)
+        prefix = np.repeat(prefix, self.k)
         if isinstance(logits, tuple):
             lp, ids = logits
-            if forced is not None:  # that token, nothing else
-                lp, ids = np.full_like(lp, -np.inf), ids.copy()
-                lp[:, 0], ids[:, 0] = 0.0, forced
+            forced = self.procs.forced_token(t, prefix)
+            rows = np.flatnonzero(forced >= 0)
+            if len(rows):  # that token, nothing else
+                lp, ids = lp.copy(), ids.copy()
+                lp[rows], ids[rows] = -np.inf, ids[rows]
+                lp[rows, 0], ids[rows, 0] = 0.0, forced[rows]
             return lp, ids
         V = logits.shape[1]
-        logits = logits.astype(np.float32, copy=False)
-        m = logits.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(logits - m).sum(axis=1, keepdims=True, dtype=np.float32))
-        masked = process(logits.copy(), step, self.gen, self.special)
+        history = None
+        if self.procs.history_wanted:
+            history = np.concatenate([np.full((self.rows_now, 1), self.start_id, np.int64),
+                                      self.running[:, :, :step].reshape(self.rows_now, step)], 1)
+        lp = self.procs(log_softmax(logits), t, history, np.where(t < 0, prefix, -1))
         K = min(self.K, V)
-        ids = np.argpartition(-masked, K - 1, axis=1)[:, :K] if K < V else np.tile(np.arange(V), (len(logits), 1))
-        raw = np.take_along_axis(logits, ids, axis=1)
-        lp = (raw - m) - lse  # log_softmax of the candidates only, in float32
-        keep = np.take_along_axis(masked, ids, axis=1)
-        lp = np.where(np.isfinite(keep), lp, keep).astype(np.float32)  # processors: -inf (or a forced 0)
-        if forced is not None:
-            lp = np.where(ids == forced, np.float32(0.0), lp).astype(np.float32)
-        return lp, ids
+        ids = np.argpartition(-lp, K - 1, axis=1)[:, :K] if K < V else np.tile(np.arange(V), (len(lp), 1))
+        return np.take_along_axis(lp, ids, axis=1).astype(np.float32), ids
 
-    def forced(self, step: int) -> int | None:
-        """The token a processor forces at this step (scored 0), else None."""
-        if self.gen.forced_eos and step == self.gen.max_new_tokens - 1:
-            return self.special.eos
-        if self.gen.forced_bos_token_id is not None and step == 0:
-            return self.gen.forced_bos_token_id
-        return None
+    @property
+    def rows_now(self) -> int:
+        return len(self.sources) * self.k
 
     @staticmethod
     def top(values: np.ndarray, flat_index: np.ndarray, n: int) -> np.ndarray:
@@ -330,6 +536,8 @@ class BeamSearch:
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray):
         B, k, K, gen = len(self.sources), self.k, self.K, self.gen
         V = self.vocab
+        t = (step - self.offset[self.sources])[:, None]  # (B, 1) tokens generated after the prefix
+        free = t >= 0
         lp, ids = self.candidates(step, logits)  # (B*k, K')
         Kc = lp.shape[1]
         acc = (lp.reshape(B, k, Kc) + self.running_scores[:, :, None]).reshape(B, k * Kc)
@@ -341,47 +549,55 @@ class BeamSearch:
         top_tok = np.take_along_axis(tok, pick, 1)
         top_seq = np.take_along_axis(self.running, top_beam[:, :, None], 1)
         top_seq[:, :, step] = top_tok
-        last = step + 1 == gen.max_new_tokens
-        hits = (top_tok == self.special.eos) | last
+        if self.want_scores:
+            top_seq_tok = np.take_along_axis(self.running_tok, top_beam[:, :, None], 1)
+            top_seq_tok[:, :, step] = np.where(free, np.take_along_axis(lp.reshape(B, k * Kc), pick, 1), 0.0)
+        last = t + 1 == gen.max_new_tokens  # (B, 1)
+        hits = ((top_tok == self.special.eos) & free) | last
         # the running beams of the next step: the best k that did not stop
         run_lp = (top_lp + hits.astype(np.float32) * NEG).astype(np.float32)
         nxt = self.top(run_lp, np.arange(K)[None, :].repeat(B, 0), k)
         self.running = np.take_along_axis(top_seq, nxt[:, :, None], 1)
         self.running_scores = np.take_along_axis(run_lp, nxt, 1)
+        if self.want_scores:
+            self.running_tok = np.take_along_axis(top_seq_tok, nxt[:, :, None], 1)
         parent = np.take_along_axis(top_beam, nxt, 1)
         # the finished hypotheses: merge the new ones (of the top k) by length-penalized score
         just = hits & self.top_mask[None, :]
-        fin_lp = (top_lp / np.float32((step + 1) ** gen.length_penalty)).astype(np.float32)
+        length = np.maximum(t + 1, 1)
+        fin_lp = (top_lp / (length ** gen.length_penalty).astype(np.float32)).astype(np.float32)
         full = self.finished.all(axis=1, keepdims=True) & (gen.early_stopping is True)
         fin_lp = fin_lp + full.astype(np.float32) * NEG
         fin_lp = fin_lp + (~self.improvable).astype(np.float32) * NEG
         fin_lp = (fin_lp + (~just).astype(np.float32) * NEG).astype(np.float32)
         m_scores = np.concatenate([self.scores, fin_lp], 1)
         m_seqs = np.concatenate([self.seqs, top_seq], 1)
-        m_len = np.concatenate([self.lengths, np.full((B, K), step + 1)], 1)
+        m_len = np.concatenate([self.lengths, np.broadcast_to(length, (B, K))], 1)
         m_fin = np.concatenate([self.finished, just], 1)
         keep = self.top(m_scores, np.arange(k + K)[None, :].repeat(B, 0), k)
         self.seqs = np.take_along_axis(m_seqs, keep[:, :, None], 1)
         self.scores = np.take_along_axis(m_scores, keep, 1)
         self.lengths = np.take_along_axis(m_len, keep, 1)
         self.finished = np.take_along_axis(m_fin, keep, 1)
+        if self.want_scores:
+            self.seqs_tok = np.take_along_axis(np.concatenate([self.seqs_tok, top_seq_tok], 1), keep[:, :, None], 1)
         # can a running beam still beat the worst finished one?
         if gen.early_stopping == "never" and gen.length_penalty > 0.0:
-            best_len = gen.max_new_tokens
+            best_len = np.full_like(t, gen.max_new_tokens)
         else:
-            best_len = step + 1
-        best_running = self.running_scores[:, :1] / np.float32(best_len ** gen.length_penalty)
+            best_len = length
+        best_running = self.running_scores[:, :1] / (best_len ** gen.length_penalty).astype(np.float32)
         worst = np.where(self.finished, self.scores.min(axis=1, keepdims=True), NEG)
-        self.improvable &= (best_running > worst).any(axis=1, keepdims=True)
-        go_on = (self.improvable.any() and not (self.finished.all() and gen.early_stopping is True)
-                 and not hits.all())
-        if not go_on or last:
+        self.improvable &= (best_running > worst).any(axis=1, keepdims=True) | ~free
+        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
+        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them,
+        # or it reached its length limit
+        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
+                  | last[:, 0])
+        if frozen.all() or hits.all():
             return None, None
         beam_idx = np.arange(B)[:, None] * k + parent  # (B, k): the row each next row continues
         tokens = self.running[:, :, step]
-        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
-        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them
-        frozen = ~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
         if frozen.any():
             self.retire(frozen)
             beam_idx, tokens = beam_idx[~frozen], tokens[~frozen]
@@ -389,22 +605,34 @@ class BeamSearch:
 
     def retire(self, which: np.ndarray) -> None:
         """Store the sources `which` (of those still searched) in the result; keep searching the others."""
-        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths)):
+        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths, self.seqs_tok)):
             final[self.sources[which]] = now[which]
         keep = ~which
         self.sources = self.sources[keep]
-        for name in ("running", "running_scores", "seqs", "scores", "lengths", "finished", "improvable"):
+        for name in ("running", "running_scores", "seqs", "scores", "lengths", "finished", "improvable",
+                     "running_tok", "seqs_tok"):
             setattr(self, name, getattr(self, name)[keep])
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         self.retire(np.ones(len(self.sources), bool))
-        seqs, scores, lengths = self.final
+        seqs, scores, lengths, _ = self.final
         n = self.gen.num_return_sequences
         seqs = seqs[:, :n].reshape(self.B * n, -1)
-        width = int(lengths[:, :n].max()) if seqs.size else 0
+        ends = lengths[:, :n] + self.offset[:, None]
+        width = int(ends.max()) if seqs.size else 0
         return seqs[:, :width], scores[:, :n].reshape(-1)
 
+    def per_token(self) -> np.ndarray:
+        """(B x num_return_sequences, n) each token's processed log-prob (0 in the prefix and after
+        the end): transformers' compute_transition_scores with the beam indices."""
+        seqs, _, lengths, tok = self.final
+        n = self.gen.num_return_sequences
+        ends = lengths[:, :n] + self.offset[:, None]
+        width = int(ends.max()) if seqs.size else 0
+        return tok[:, :n].reshape(self.B * n, -1)[:, :width]
 
-def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False):
-    kind = {"greedy": Greedy, "sample": Sample, "beam": BeamSearch}[gen.strategy]
-    return kind(batch, gen, special, want_scores)
+
+def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
+                  prefix=None, start_id: int = 0):
+    kind = {"greedy": Greedy, "sample": Sample, "beam": BeamSearch, "alternatives": Alternatives}[gen.strategy]
+    return kind(batch, gen, special, want_scores, prefix, start_id)

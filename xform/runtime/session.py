@@ -6,6 +6,7 @@ graphs is not this module's business (backend.py); it never imports torch.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -13,7 +14,8 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.decoding import GenerationConfig, Special, decode_cap, log_softmax, make_strategy
+from xform.runtime.decoding import (GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy,
+                                    named)
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
 
@@ -79,14 +81,20 @@ class Session:
 
     def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
-        (None keeps a default); checked against the model's max_len."""
+        (None keeps a default); checked against the model's max_len and target vocabulary."""
         gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in GENERATION_FIELDS})
         gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
         if gen.max_new_tokens > self.config["max_len"]:
             raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
-        if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= self.config["tgt_vocab_size"]:
+        vocab = self.config["tgt_vocab_size"]
+        if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= vocab:
             raise InputError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
-                             f"of {self.config['tgt_vocab_size']}")
+                             f"of {vocab}")
+        for name, ids in (("bad_words_ids", [i for w in gen.bad_words_ids for i in w]),
+                          ("suppress_tokens", gen.suppress_tokens)):
+            outside = sorted({i for i in ids if i >= vocab})
+            if outside:
+                raise InputError(f"{named(name)}: ids {outside[:5]} are outside the target vocabulary of {vocab}")
         return gen
 
     def default_max_new_tokens(self) -> int:
@@ -100,11 +108,25 @@ class Session:
                  early_stopping: bool | str | None = None, num_return_sequences: int | None = None,
                  do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, forced_bos_token_id: int | None = None,
-                 return_scores: bool = False, on_step: Callable[[int], None] | None = None):
+                 repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
+                 bad_words_ids: list[list[int]] | None = None, suppress_tokens: list[int] | None = None,
+                 return_alternatives: bool | None = None, target_prefix: list[list[int]] | None = None,
+                 return_scores: bool = False, return_token_scores: bool = False,
+                 on_step: Callable[[int], None] | None = None):
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
-        log-probs, else the sum of log-probs). Unset settings take the bundle's defaults (max_new_tokens:
-        the bundle's cap, decoding.decode_cap: 256 unless the bundle or the model sets one)."""
+        log-probs, else the sum of log-probs); with return_token_scores, also each token's
+        log-prob (B x num_return_sequences, n), 0 in a prefix and after the end. Unset settings take
+        the bundle's defaults (max_new_tokens: the bundle's cap, decoding.decode_cap: 256 unless
+        the bundle or the model sets one).
+
+        `target_prefix`: one id list a source (empty allowed): decoding continues after it and the
+        returned ids begin with it, as CTranslate2's hypotheses do; max_new_tokens and
+        min_new_tokens count after it, as transformers' generate(decoder_input_ids=[start] +
+        prefix) does. `return_alternatives` with num_return_sequences n: the n best tokens at the
+        first position after the prefix, each continued greedily. repetition_penalty,
+        no_repeat_ngram_size, bad_words_ids (sequences, besides the pad and the model's banned ids)
+        and suppress_tokens act as transformers' processors of those names."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         if max_new_tokens is None:
             max_new_tokens = self.default_max_new_tokens()
@@ -112,16 +134,55 @@ class Session:
                                      length_penalty=length_penalty, early_stopping=early_stopping,
                                      num_return_sequences=num_return_sequences, do_sample=do_sample,
                                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                     forced_bos_token_id=forced_bos_token_id)
-        return self.decode(src_ids, src_lengths, gen, return_scores, on_step)
+                                     forced_bos_token_id=forced_bos_token_id,
+                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                     bad_words_ids=bad_words_ids, suppress_tokens=suppress_tokens,
+                                     return_alternatives=return_alternatives)
+        return self.decode(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
+                           return_token_scores=return_token_scores)
+
+    def check_prefix(self, target_prefix, batch: int, gen: GenerationConfig) -> list[list[int]] | None:
+        """The target prefixes as id lists, checked: one a source, ids in the target vocabulary,
+        shorter than the position table (max_new_tokens is cut to what remains of it)."""
+        if target_prefix is None:
+            return None
+        if isinstance(target_prefix, (str, bytes)) or not hasattr(target_prefix, "__len__"):
+            raise InputError(f"target_prefix must be a list of id lists, one a source, got {type(target_prefix).__name__}")
+        if len(target_prefix) != batch:
+            raise InputError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
+                             "source (an empty list for none)")
+        vocab, out = self.config["tgt_vocab_size"], []
+        for i, p in enumerate(target_prefix):
+            try:
+                ids = [int_id(x) for x in p]
+            except (TypeError, ValueError) as e:
+                raise InputError(f"target_prefix[{i}]: expected a list of token ids, got {p!r} ({e})") from None
+            outside = [x for x in ids if x >= vocab]
+            if outside:
+                raise InputError(f"target_prefix[{i}]: id {outside[0]} is outside the target vocabulary of {vocab}")
+            out.append(ids)
+        longest = max((len(p) for p in out), default=0)
+        if longest >= self.config["max_len"]:
+            raise InputError(f"target_prefix of {longest} tokens leaves no room in the model's max_len "
+                             f"{self.config['max_len']} positions")
+        return out
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
-               on_step: Callable[[int], None] | None = None):
+               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False):
         """The one decoding loop, for every strategy and backend. The strategy's row index
         (`beam_idx`) reorders the backend's rows for beam search and drops finished ones, so the
         rows run per step fall as sources end."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        strategy = make_strategy(src_ids.shape[0], gen, self.special, return_scores)
+        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
+        if gen.forced_bos_token_id is not None and (prefix is not None or gen.return_alternatives):
+            # the forced first token (a target language) heads the prefix: what follows it is free
+            prefix = [[gen.forced_bos_token_id] + p for p in (prefix or [[]] * src_ids.shape[0])]
+            gen = replace(gen, forced_bos_token_id=None)
+        room = self.config["max_len"] - max((len(p) for p in prefix or []), default=0)
+        if gen.max_new_tokens > room:  # the position table ends there, whatever was asked
+            gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
+        want = return_scores or return_token_scores
+        strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id)
         limit = getattr(self.backend, "max_rows", None)
         if limit is not None and strategy.rows > limit:
             raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
@@ -131,11 +192,12 @@ class Session:
         self.backend.start(src_ids, src_lengths, strategy.group)  # each source encoded once
         tokens = np.full(strategy.rows, self.start_id, np.int64)
         beam_idx = None
-        # beam candidates ranked where the logits are, when the backend can (ONNX Runtime's graph)
-        ranked = {"candidates": strategy.candidates_wanted} if (
-            strategy.candidates_wanted and getattr(self.backend, "has_candidates", False)) else {}
-        for step in range(gen.max_new_tokens):
-            nxt, logits = self.backend.step(tokens, gen.min_new_tokens, strategy.needs_logits, beam_idx, **ranked)
+        min_new = strategy.graph_min_new_tokens or 0  # None: the host applies it from the logits
+        for step in range(strategy.steps_needed):
+            # beam candidates ranked where the logits are, when the backend can (ONNX Runtime's graph)
+            ranked = {"candidates": strategy.candidates_wanted} if (
+                strategy.candidates_wanted and getattr(self.backend, "has_candidates", False)) else {}
+            nxt, logits = self.backend.step(tokens, min_new, strategy.needs_logits, beam_idx, **ranked)
             tokens, beam_idx = strategy.advance(step, nxt, logits)
             if on_step is not None:
                 on_step(step)
@@ -143,6 +205,8 @@ class Session:
                 break
         ids, scores = strategy.result()
         ids = ids.astype(np.int64, copy=False)
+        if return_token_scores:
+            return ids, scores, strategy.per_token()
         return (ids, scores) if return_scores else ids
 
     def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
@@ -199,6 +263,21 @@ class Session:
             raise InputError(f"--src-lang {src_lang}: this model's tokenizer has no languages")
         return self.tokenizer.encode(text, src_lang)
 
+    def target_ids(self, text: str) -> list[int]:
+        """A text's target ids, nothing added (a prefix, a bad word)."""
+        if self.tokenizer is None:
+            raise XformError("this bundle has no tokenizer; give target ids instead of text")
+        return self.tokenizer.target_ids(text)
+
+    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
+        """The ids of a reference translation as the model would generate them: the forced first
+        token (a target language, BART's <s>) if the decode has one, the text's ids,
+        end-of-sentence. What transformers' tokenizer gives for text_target."""
+        forced = self.target_language(tgt_lang)
+        if forced is None:
+            forced = self.generation_defaults.get("forced_bos_token_id")
+        return ([forced] if forced is not None else []) + self.target_ids(text) + [self.eos_id]
+
     def target_language(self, tgt_lang: str | None) -> int | None:
         """The forced first token for `tgt_lang` (a multilingual model's target language), else
         the tokenizer's default target language's, else None (the bundle's default applies). A
@@ -225,8 +304,8 @@ class Session:
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
                         on_batch: Callable[[int, int], None] | None = None,
-                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
-                        src_lang: str | None = None, truncate: bool = False
+                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
+                        src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False
                         ) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
@@ -242,7 +321,10 @@ class Session:
         when given, hears of a line (0-based) most of whose tokens are unknown to the source
         vocabulary: it is translated, but likely not in the model's language or tokenization.
         With return_scores, each translation is a (text, score) pair, the score as generate()
-        returns it. A line of more source tokens than max_len fails alone, or with `truncate` is cut
+        returns it; with return_scores "tokens", a (text, score, token log-probs) triple. A line
+        may be a (source, target prefix) pair, or, with `prefix_column`, a line
+        `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
+        is none). A line of more source tokens than max_len fails alone, or with `truncate` is cut
         to max_len (its first max_len - 1 tokens and end-of-sentence, as CTranslate2's
         max_input_length does) and reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
@@ -250,15 +332,30 @@ class Session:
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
         if src_lang is not None:
             self.encode_text("", src_lang)  # an unknown language is refused at the call
-        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate)
+        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
+                                      prefix_column)
 
-    def translate_windows(self, lines: Iterable[str | bytes], gen: GenerationConfig, batching: Batching,
+    def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,
-                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool = False,
-                          src_lang: str | None = None, truncate: bool = False):
+                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
+                          src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False):
         def encoded():
             for index, line in enumerate(lines):
+                prefix_text = None
+                if isinstance(line, tuple):
+                    line, prefix_text = line
+                elif prefix_column:  # source<TAB>prefix, split before decoding: the tab is one byte
+                    line, _, prefix_text = line.partition(b"\t" if isinstance(line, bytes) else "\t")
+                    if isinstance(prefix_text, bytes):
+                        prefix_text = prefix_text.rstrip(b"\r\n").decode("utf-8", "replace")
+                    prefix_text = prefix_text.rstrip("\r\n")
                 text, ids, error = self.encode_line(line, src_lang)
+                prefix: list[int] = []
+                if prefix_text and ids is not None:
+                    try:
+                        prefix = self.target_ids(prefix_text)
+                    except InputError as e:
+                        ids, error = None, f"target prefix: {e}"
                 if ids is not None and len(ids) > self.config["max_len"]:
                     if truncate:
                         n = len(ids)
@@ -272,26 +369,29 @@ class Session:
                     warning = self.unknown_warning(ids)
                     if warning:
                         on_warning(index, warning)
-                yield text, ids, error
+                yield text, ids, error, prefix
 
         for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
             yield from self.translate_window(window, gen, batching, on_batch, return_scores)
 
-    def translate_window(self, window: list[tuple[str, list[int] | None, str | None]], gen: GenerationConfig,
-                         batching: Batching, on_batch: Callable[[int, int], None] | None = None,
-                         return_scores: bool = False):
+    def translate_window(self, window: list[tuple[str, list[int] | None, str | None, list[int]]],
+                         gen: GenerationConfig, batching: Batching, on_batch: Callable[[int, int], None] | None = None,
+                         return_scores: bool | str = False):
         """The window's (text, translations or None, error or None) in input order; its sources
         decoded in batches of like length."""
-        todo = [i for i, (_, ids, _) in enumerate(window) if ids is not None]
-        done: dict[int, list[str]] = {}
+        todo = [i for i, entry in enumerate(window) if entry[1] is not None]
+        done: dict[int, list] = {}
         for batch in plan([len(window[i][1]) for i in todo], batching):
             rows = [todo[j] for j in batch]
-            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores)))
+            prefixes = [window[i][3] for i in rows]
+            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores,
+                                                       prefixes if any(prefixes) else None)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
-        blank = [("", 0.0) if return_scores else ""] * n  # nothing decoded: log-probability 0
-        for i, (text, ids, error) in enumerate(window):
+        # nothing decoded: log-probability 0
+        blank = [("", 0.0, []) if return_scores == "tokens" else ("", 0.0) if return_scores else ""] * n
+        for i, (text, ids, error, _) in enumerate(window):
             yield text, done[i] if ids is not None else None if error else blank, error
 
     def encode_line(self, line: str | bytes, src_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
@@ -313,8 +413,6 @@ class Session:
     def truncated(self, ids: list[int]) -> list[int]:
         """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
         n = self.config["max_len"]
-        if len(ids) <= n:
-            return ids
         return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
 
     def unknown_warning(self, ids: list[int]) -> str | None:
@@ -326,17 +424,22 @@ class Session:
         return None
 
     def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
-                        on_batch: Callable[[int, int], None] | None = None, return_scores: bool = False) -> list[list]:
+                        on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
+                        target_prefix: list[list[int]] | None = None) -> list[list]:
         """Decode source id rows together: for each, its num_return_sequences translations (with
-        return_scores, (text, score) pairs)."""
-        rows = self.decode(*self.pad(sources), gen, return_scores=return_scores)
-        if return_scores:
-            rows, scores = rows
+        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs))."""
+        result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
+                             return_token_scores=return_scores == "tokens")
+        rows = result[0] if return_scores else result
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
         out = [self.tokenizer.decode(r) for r in rows]
-        if return_scores:
-            out = [(t, float(sc)) for t, sc in zip(out, scores)]
+        if return_scores == "tokens":
+            _, scores, tokens = result
+            out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
+                   for t, sc, tk, r in zip(out, scores, tokens, rows)]
+        elif return_scores:
+            out = [(t, float(sc)) for t, sc in zip(out, result[1])]
         n = gen.num_return_sequences
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 
@@ -350,6 +453,13 @@ class Session:
             settings["forced_bos_token_id"] = self.target_language(tgt_lang)
         elif tgt_lang is not None:
             raise InputError("tgt_lang and forced_bos_token_id both name the first token: give one")
+        # text where ids go: a prefix or a bad word as the target tokenizer splits it
+        if settings.get("target_prefix") is not None:
+            settings["target_prefix"] = [self.target_ids(p) if isinstance(p, str) else p
+                                         for p in settings["target_prefix"]]
+        if settings.get("bad_words_ids") is not None:
+            settings["bad_words_ids"] = [self.target_ids(w) if isinstance(w, str) else w
+                                         for w in settings["bad_words_ids"]]
         src = self.encode_texts(list(texts), src_lang)
         n = max_new_tokens if max_new_tokens is not None else self.default_max_new_tokens()
         out = self.generate(src, max_new_tokens=n, **settings)

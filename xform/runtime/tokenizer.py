@@ -139,9 +139,10 @@ class VocabTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
-    def encode_target(self, text: str) -> list[int]:
-        """Target ids of a reference translation: the target side's split, end-of-sentence last."""
-        return self.tgt.encode(text) + [self.cfg["eos_id"]]
+    def target_ids(self, text: str) -> list[int]:
+        """Target ids of a text (a reference translation, a prefix, a bad word): the target side's
+        split, no end-of-sentence."""
+        return self.tgt.encode(text)
 
     def decode(self, ids) -> str:
         return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
@@ -213,11 +214,11 @@ class SpmTokenizer:
         pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)
         return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg["eos_id"]]
 
-    def encode_target(self, text: str) -> list[int]:
-        """Target ids of a reference translation, as MarianTokenizer(text_target=...) gives them."""
+    def target_ids(self, text: str) -> list[int]:
+        """Target ids of a text, as MarianTokenizer(text_target=...) gives them less end-of-sentence."""
         target = {t: i for i, t in self.decoder.items()}
         unk = target.get(self.unk_token, self.unk_id)
-        return [target.get(p, unk) for p in self.spm_target.encode(text, out_type=str)] + [self.cfg["eos_id"]]
+        return [target.get(p, unk) for p in self.spm_target.encode(text, out_type=str)]
 
     def decode(self, ids) -> str:
         pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""))
@@ -299,6 +300,10 @@ class FairseqSpmTokenizer:
             ids.append(i + self.offset if i and not self.spm.IsUnknown(i) else self.unk_id)
         return ids
 
+    def target_ids(self, text: str) -> list[int]:
+        """Target ids of a text: its pieces (the language token and end-of-sentence are the session's)."""
+        return self.piece_ids(text)
+
     def encode(self, text: str, src_lang: str | None = None) -> list[int]:
         lang = src_lang or self.src_lang
         if lang is None:
@@ -374,6 +379,10 @@ class ByteBpeTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [self.bos] + self.bpe.encode(text).ids + [self.cfg["eos_id"]]
+
+    def target_ids(self, text: str) -> list[int]:
+        """Target ids of a text: its BPE ids (the forced <s> and end-of-sentence are the session's)."""
+        return self.bpe.encode(text).ids
 
     def decode(self, ids) -> str:
         text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)],

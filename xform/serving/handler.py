@@ -1,32 +1,43 @@
 """One Triton `execute` call: requests in, one response (outputs or an error) per request out.
 
 Each request holds exactly one of `text` (strings, [b, 1]) or `src_ids` (int64, [b, S]), and may
-hold `max_new_tokens` and `num_beams` (int32, [b, 1]; one value per request), and `src_lang` /
-`tgt_lang` (strings, one per request: a multilingual model's language codes). A request that
-breaks the contract gets an error naming the tensor; the others are decoded together: requests
-with the same settings as one padded batch through the Session's one decoding loop, each
-response carrying only its own rows. Rows decode independently of their batch, so a response
-equals what `Session.generate` / `translate` gives for that request alone.
+hold one value per request of: `max_new_tokens`, `num_beams`, `no_repeat_ngram_size` (int32),
+`repetition_penalty` (fp32), `return_scores`, `truncate` (bool); `src_lang` / `tgt_lang`
+(strings: a multilingual model's language codes); `bad_words` (strings, [b, n]: phrases never
+generated) and `suppress_tokens` (int32, [b, n]: ids never generated), the same in every row; and
+`target_prefix` (strings, [b, 1]: the start of each row's translation). A request that breaks
+the contract gets an error naming the tensor; the others are decoded together: requests with the
+same settings as one padded batch through the Session's one decoding loop, each response
+carrying only its own rows. Rows decode independently of their batch, so a response equals what
+`Session.generate` / `translate` gives for that request alone. With return_scores, a response
+also carries `scores` (fp32 [b, 1]) and `token_scores` (fp32 [b, n], 0 in a prefix and after the end).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from xform.errors import InputError, XformError
 
-INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang")
+INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
+          "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate")
 
 
 @dataclass
 class Job:
     index: int  # the request's position in the call
     rows: list[list[int]]  # source ids, one list per row of the request
-    max_new_tokens: int | None
-    num_beams: int | None
-    forced_bos: int | None = None  # the target language's token (tgt_lang), else the bundle's default
+    settings: dict[str, Any] = field(default_factory=dict)  # generate()'s keywords this request sets
+    prefixes: list[list[int]] | None = None  # target prefix ids, one list per row
+    scores: bool = False
+
+    def key(self) -> tuple:
+        """Requests with equal keys decode as one batch."""
+        return (self.scores,) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
+                                              if v and isinstance(v[0], list) else tuple(v))
+                                             for k, v in self.settings.items()))
 
 
 def one_value(name: str, value: np.ndarray | None) -> int | None:
@@ -38,6 +49,45 @@ def one_value(name: str, value: np.ndarray | None) -> int | None:
     if int(flat[0]) < 1:
         raise InputError(f"input '{name}': must be at least 1, found {int(flat[0])}")
     return int(flat[0])
+
+
+def one_float(name: str, value: np.ndarray | None) -> float | None:
+    if value is None:
+        return None
+    flat = np.asarray(value, np.float64).reshape(-1)
+    if flat.size == 0 or (flat != flat[0]).any():
+        raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
+    return float(flat[0])
+
+
+def one_flag(name: str, value: np.ndarray | None) -> bool:
+    if value is None:
+        return False
+    flat = np.asarray(value).reshape(-1)
+    if flat.size == 0 or (flat != flat[0]).any():
+        raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
+    return bool(flat[0])
+
+
+def one_row(name: str, value: np.ndarray | None) -> list | None:
+    """A list input ([b, n]) that every row of the request repeats: its first row."""
+    if value is None:
+        return None
+    arr = np.asarray(value, dtype=object if np.asarray(value).dtype == object else None)
+    arr = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
+    if any(list(r) != list(arr[0]) for r in arr):
+        raise InputError(f"input '{name}': the same list in every row of a request, found {arr.tolist()}")
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr[0]]
+
+
+def strings(name: str, value: np.ndarray) -> list[str]:
+    out = []
+    for item in np.asarray(value, dtype=object).reshape(-1):
+        try:
+            out.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError as e:
+            raise InputError(f"input '{name}': not UTF-8 ({e})") from None
+    return out
 
 
 def one_string(name: str, value: np.ndarray | None) -> str | None:
@@ -72,32 +122,68 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
     if (text is None) == (ids is None):
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
                          f"{'both' if text is not None else 'neither'}")
+    truncate = one_flag("truncate", inputs.get("truncate"))
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
         rows = []
-        for item in np.asarray(text, dtype=object).reshape(-1):
+        for s in strings("text", text):
             try:
-                s = item.decode("utf-8") if isinstance(item, bytes) else str(item)
-            except UnicodeDecodeError as e:
-                raise InputError(f"input 'text': not UTF-8 ({e})") from None
-            try:
-                rows.append(session.encode_text(s, src_lang))
+                row = session.encode_text(s, src_lang)
             except InputError as e:
                 raise InputError(f"input 'text': {e}") from None
+            rows.append(session.truncated(row) if truncate and len(row) > session.config["max_len"] else row)
         name, src = "text", session.pad(rows)[0]
     else:
         src = np.asarray(ids)
         if src.dtype != np.int64:
             raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
+        if truncate and src.ndim == 2 and src.shape[1] > session.config["max_len"]:
+            src = np.array([session.truncated([int(i) for i in r if i != session.pad_id]) for r in src], dtype=object)
+            src = session.pad(list(src))[0]
         name = "src_ids"
     try:
         src, lengths = session.prepare(np.ascontiguousarray(src), None)
     except InputError as e:
         raise InputError(f"input '{name}': {e}") from None
     rows = [list(map(int, r[:n])) for r, n in zip(src, lengths)]
-    return Job(index, rows, one_value("max_new_tokens", inputs.get("max_new_tokens")),
-               one_value("num_beams", inputs.get("num_beams")), forced)
+    settings: dict[str, Any] = {"max_new_tokens": one_value("max_new_tokens", inputs.get("max_new_tokens")),
+                                "num_beams": one_value("num_beams", inputs.get("num_beams")),
+                                "forced_bos_token_id": forced,
+                                "repetition_penalty": one_float("repetition_penalty", inputs.get("repetition_penalty"))}
+    ngram = inputs.get("no_repeat_ngram_size")
+    if ngram is not None:
+        settings["no_repeat_ngram_size"] = int(np.asarray(ngram).reshape(-1)[0])
+        one_float("no_repeat_ngram_size", ngram)  # one value per request
+    words = one_row("bad_words", inputs.get("bad_words"))
+    if words:
+        settings["bad_words_ids"] = [session.target_ids(w) for w in words]
+        if any(not w for w in settings["bad_words_ids"]):
+            raise InputError(f"input 'bad_words': a phrase gives no target tokens ({words})")
+    suppress = one_row("suppress_tokens", inputs.get("suppress_tokens"))
+    if suppress:
+        settings["suppress_tokens"] = [int(i) for i in suppress]
+    settings = {k: v for k, v in settings.items() if v is not None}
+    try:  # the settings' own checks, named by their input
+        checked = {k: v for k, v in settings.items() if k not in ("forced_bos_token_id", "max_new_tokens")}
+        session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), **checked)
+    except InputError as e:
+        raise InputError(f"input '{setting_input(str(e))}': {e}") from None
+    prefixes = None
+    if inputs.get("target_prefix") is not None:
+        texts = strings("target_prefix", inputs["target_prefix"])
+        if len(texts) != len(rows):
+            raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
+        prefixes = [session.target_ids(t) if t else [] for t in texts]
+    return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")))
+
+
+def setting_input(message: str) -> str:
+    """The input a generation-settings error is about."""
+    for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "num_beams"):
+        if name in message:
+            return "bad_words" if name == "bad_words_ids" else name
+    return "max_new_tokens"
 
 
 def trim(out: np.ndarray, pad: int) -> np.ndarray:
@@ -110,36 +196,45 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
 
 def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
-    the bundle has a tokenizer), or an error message."""
+    the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message."""
     results: list[Any] = [None] * len(requests)
-    groups: dict[tuple[int | None, int | None, int | None], list[Job]] = {}
+    groups: dict[tuple, list[Job]] = {}
     for i, inputs in enumerate(requests):
         try:
             job = parse(session, i, inputs)
         except XformError as e:
             results[i] = str(e)
             continue
-        groups.setdefault((job.max_new_tokens, job.num_beams, job.forced_bos), []).append(job)
-    for (max_new, beams, forced), jobs in groups.items():
+        groups.setdefault(job.key(), []).append(job)
+    for jobs in groups.values():
         rows = [r for job in jobs for r in job.rows]
+        prefixes = None
+        if any(job.prefixes for job in jobs):
+            prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
+        settings = jobs[0].settings
         try:
-            out = session.generate(*session.pad(rows), max_new_tokens=max_new, num_beams=beams,
-                                   forced_bos_token_id=forced)
+            out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
+                                   **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
-                results[job.index] = f"input '{'num_beams' if beams else 'max_new_tokens'}': {e}"
+                results[job.index] = f"input '{setting_input(str(e)) if 'prefix' not in str(e) else 'target_prefix'}': {e}"
             continue
         except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
             for job in jobs:
                 results[job.index] = f"decoding failed: {type(e).__name__}: {e}"
             continue
+        out, scores, tokens = out if jobs[0].scores else (out, None, None)
         start = 0
         for job in jobs:
             ids = trim(out[start:start + len(job.rows)], session.pad_id)
-            start += len(job.rows)
             outputs = {"output_ids": np.ascontiguousarray(ids, np.int64)}
             if session.tokenizer is not None:
                 outputs["translation"] = np.array([[session.tokenizer.decode(r).encode("utf-8")] for r in ids],
                                                   dtype=object)
+            if job.scores:
+                outputs["scores"] = scores[start:start + len(job.rows), None].astype(np.float32)
+                outputs["token_scores"] = np.ascontiguousarray(tokens[start:start + len(job.rows), :ids.shape[1]],
+                                                               np.float32)
+            start += len(job.rows)
             results[job.index] = outputs
     return results
