@@ -251,3 +251,22 @@ def test_decoding_controls_on_the_command_line(runner, demo_bundle, tmp_path):
 def test_bad_control_flags_are_usage_errors(runner, demo_bundle, flags, fragment):
     r = runner.invoke(main, ["run", str(demo_bundle), *flags])
     assert r.exit_code == 2 and fragment in r.output, r.output
+
+
+def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_path):
+    """export --with-attention records the layer and adds the decoder's attention output; run
+    --replace-unknowns needs it (a usage error on a plain bundle) and otherwise translates."""
+    import xform
+    out = tmp_path / "aligned"
+    r = runner.invoke(main, ["export", "demo", "-o", str(out), "--with-attention", "--attention-layer", "0"])
+    assert r.exit_code == 0, r.output
+    session = xform.load(out)
+    assert session.bundle.manifest["attention_layer"] == 0
+    assert "attention" in session.bundle.graph_spec("decoder").output_names
+    r = runner.invoke(main, ["run", str(out), "--text", "40512", "--replace-unknowns"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == [f"40512\t{xform.load(demo_bundle).translate(['40512'])[0]}"]
+    r = runner.invoke(main, ["run", str(demo_bundle), "--text", "40512", "--replace-unknowns"])
+    assert r.exit_code == 2 and "export the bundle with --with-attention" in r.output, r.output
+    r = runner.invoke(main, ["export", "demo", "-o", str(tmp_path / "x"), "--attention-layer", "0"])
+    assert r.exit_code == 2 and "--attention-layer goes with --with-attention" in r.output

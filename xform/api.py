@@ -39,7 +39,8 @@ def make_backend(bundle: Bundle, backend: str, device: str | None, threads: int 
     if backend == "torch":
         from xform.models.backend import TorchBackend
         from xform.models.checkpoint import load_checkpoint
-        return TorchBackend(load_checkpoint(bundle.file(bundle.manifest["reference"]["dir"])), device, threads)
+        return TorchBackend(load_checkpoint(bundle.file(bundle.manifest["reference"]["dir"])), device, threads,
+                            bundle.manifest.get("attention_layer"))
     raise XformError(f"unknown backend {backend!r}; choose from {BACKENDS}")
 
 

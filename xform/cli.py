@@ -99,10 +99,18 @@ def main() -> None:
 @click.option("--max-new-tokens", "decode_cap", type=click.IntRange(min=1), default=None,
               help="The bundle's default limit on generated tokens (default: the model's max_length, else 256; "
                    "never beyond max_len). run --max-new-tokens overrides it per run.")
+@click.option("--with-attention", is_flag=True,
+              help="The decoder graph also returns a decoder layer's cross-attention (averaged over heads): "
+                   "alignments (return_attention) and run --replace-unknowns. Off by default: the plain decoder "
+                   "returns nothing it does not need.")
+@click.option("--attention-layer", type=int, default=None,
+              help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
+                   "-1, the last).")
 @handle_errors
 def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
-           src_bos: bool, decode_cap: int | None, **hparams) -> None:
+           src_bos: bool, decode_cap: int | None, with_attention: bool, attention_layer: int | None,
+           **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
@@ -126,10 +134,13 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     if src_vocab is None and (tokenize or src_bos):
         raise click.UsageError("--tokenize and --src-bos go with --src-vocab / --tgt-vocab")
     vocab = None if src_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
+    if attention_layer is not None and not with_attention:
+        raise click.UsageError("--attention-layer goes with --with-attention")
     with err.status("exporting") as status:
         result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
                                hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
-                               progress=lambda msg: status.update(msg))
+                               attention_layer=(-1 if attention_layer is None else attention_layer)
+                               if with_attention else None, progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
     c = v["check"]
     source = result.manifest["model"]["source"]
@@ -221,7 +232,8 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
 
 
 def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
-                     src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False):
+                     src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
+                     replace_unknowns: bool = False):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -240,7 +252,8 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
-                                      src_lang=src_lang, truncate=truncate, prefix_column=prefix_column)
+                                      src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
+                                      replace_unknowns=replace_unknowns)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
@@ -517,6 +530,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "(repeat once per --text; '' for none).")
 @click.option("--prefix-column", is_flag=True,
               help="Each --input-file line is source<TAB>target prefix (an empty prefix is none).")
+@click.option("--replace-unknowns", is_flag=True,
+              help="Write an unknown target token (<unk>) as the source piece it attends to most (a bundle exported "
+                   "--with-attention).")
 @click.option("--benchmark", is_flag=True,
               help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
                    "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
@@ -532,7 +548,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
         max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
-        prefix_column, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        prefix_column, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -554,6 +570,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                                "one per --text ('' for none)")
     if prefix_column and input_file is None:
         raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
+    if replace_unknowns and not (texts or input_file):
+        raise click.UsageError("--replace-unknowns goes with --text / --input-file")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     if json_path is not None and json_path.exists() and not force:
@@ -574,6 +592,11 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                 session.encode_text("", src_lang)
         except InputError as e:
             raise click.UsageError(str(e)) from None
+    if replace_unknowns:
+        try:
+            session.check_replace_unknowns()
+        except InputError as e:
+            raise click.UsageError(f"{bundle}: {e}") from None
     bad_words = settings.pop("bad_words")
     if bad_words:
         if session.tokenizer is None:
@@ -591,7 +614,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         with line_progress(show=input_file is not None) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
-                                       prefix_column)
+                                       prefix_column, replace_unknowns)
             errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
                                            scores)
         if errors:

@@ -100,8 +100,10 @@ def kv_names(prefix: str, n_layers: int) -> list[str]:
 
 
 def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size: int,
-              kv_dtype: str = "float32") -> dict[str, GraphSpec]:
-    """The encoder and decoder graph specs for a model; kv_dtype is the K/V cache precision."""
+              kv_dtype: str = "float32", attention: bool = False) -> dict[str, GraphSpec]:
+    """The graph specs for a model; kv_dtype is the K/V cache precision. With `attention` (a
+    bundle exported --with-attention), the decoder also returns `attention` (batch, src_len): one
+    decoder layer's cross-attention for the new token, averaged over heads (alignments)."""
     kv = lambda name, length, rows="batch": TensorSpec(name, kv_dtype, (rows, n_heads, length, head_dim))  # noqa: E731
     encoder = GraphSpec(
         inputs=(TensorSpec("src_ids", "int64", ("batch", "src_len")),
@@ -118,7 +120,8 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
                 TensorSpec("src_mask", "float32", ("src_batch", "src_len"))),
         outputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
                  TensorSpec("next_ids", "int64", ("batch",)),
-                 *(kv(n, 1) for n in kv_names("new", n_decoder_layers))),
+                 *(kv(n, 1) for n in kv_names("new", n_decoder_layers)),
+                 *((TensorSpec("attention", "float32", ("batch", "src_len")),) if attention else ())),
     )
     reorder = GraphSpec(
         inputs=(TensorSpec("beam_idx", "int64", ("batch",)),
@@ -136,8 +139,8 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
     return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates}
 
 
-def signature_for(config: dict[str, Any], kv_dtype: str = "float32") -> dict[str, GraphSpec]:
+def signature_for(config: dict[str, Any], kv_dtype: str = "float32", attention: bool = False) -> dict[str, GraphSpec]:
     """Signature from a config dict (TransformerConfig.to_dict() or a manifest's `config`)."""
     head_dim = config.get("attention_head_dim") or config["d_model"] // config["n_heads"]
     return signature(config["n_decoder_layers"], config["n_heads"], head_dim,
-                     config["tgt_vocab_size"], kv_dtype)
+                     config["tgt_vocab_size"], kv_dtype, attention)

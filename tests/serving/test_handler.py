@@ -110,3 +110,18 @@ def test_bad_control_inputs_fail_alone(demo, bad, fragment):
     out = execute(demo, [good, {"text": text("40512"), **bad}, good])
     assert isinstance(out[1], str) and fragment in out[1], out[1]
     assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0]
+
+
+def test_replace_unknowns_is_an_input(demo, tmp_path_factory):
+    """replace_unknowns on a bundle exported --with-attention answers as translate(replace_unknowns=True);
+    on a plain bundle the request fails alone, naming the input."""
+    from xform.exporter.export import export_bundle
+    aligned = xform.load(export_bundle("demo", tmp_path_factory.mktemp("aligned") / "b", attention_layer=-1).path)
+    flag = np.array([[True]], bool)
+    out = execute(aligned, [{"text": text("40512", "7"), "replace_unknowns": flag}, {"text": text("40512")}])
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == aligned.translate(["40512", "7"],
+                                                                                        replace_unknowns=True)
+    assert out[1]["translation"][0, 0].decode() == aligned.translate(["40512"])[0]
+    out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")}])
+    assert isinstance(out[0], str) and "input 'replace_unknowns'" in out[0] and "--with-attention" in out[0]
+    assert not isinstance(out[1], str)

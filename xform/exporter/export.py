@@ -154,7 +154,11 @@ def check_graph(path: Path) -> None:
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
-                  max_new_tokens: int | None = None, progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
+                  max_new_tokens: int | None = None, attention_layer: int | None = None,
+                  progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
+    """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
+    graph also returns that decoder layer's cross-attention (negative counts from the last), for
+    alignments and --replace-unknowns."""
     out = Path(out)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
@@ -176,17 +180,24 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         loaded = dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files)
     else:
         notes = []
+    if attention_layer is not None:
+        n = cfg.n_decoder_layers
+        if not -n <= attention_layer < n:
+            raise XformError(f"--attention-layer {attention_layer}: this model has {n} decoder layers "
+                             f"(0 to {n - 1}, or -1 for the last)")
+        attention_layer %= n
     graph_model = to_fp16(model) if precision == "fp16" else model
-    specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision])
+    specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
     tol = tolerance_for(precision)
     with atomic_directory(out, force) as tmp:
         for graph in GRAPHS:
             progress(f"exporting {graph} ({precision})")
+            layer = attention_layer if graph == DECODER else None
             if precision == "int8" and graph not in WEIGHTLESS:
-                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset)
+                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset, layer)
                 quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
             else:
-                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset)
+                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer)
             check_graph(tmp / f"{graph}.onnx")
         save_checkpoint(model, tmp / REFERENCE_DIR)
         if loaded.tokenizer is not None:
@@ -201,6 +212,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             "model": {"config": cfg.to_dict(), "source": loaded.source},
             "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in GRAPHS},
             "shared_weights": shared_weights(tmp),
+            # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
+            "attention_layer": attention_layer,
             "reference": {"dir": REFERENCE_DIR},
             # decoding defaults of run / translate / generate; greedy unless the model ships others
             "generation": generation,
@@ -234,7 +247,8 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
 
     backend = OrtBackend(bundle, "cpu")
     figures = verify_graphs(model, {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
-                                    CANDIDATES: backend.candidates}, {g: bundle.graph_spec(g) for g in GRAPHS}, tol)
+                                    CANDIDATES: backend.candidates}, {g: bundle.graph_spec(g) for g in GRAPHS}, tol,
+                            bundle.manifest.get("attention_layer"))
     if tol.min_token_agreement == 1.0:
         figures.update(verify_greedy(model, Session(backend, bundle.config)))
     report = check(bundle.path, session=Session(backend, bundle.config, bundle=bundle), batch=8, src_len=12,

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, GraphSpec
-from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, reorder_cache
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording, reorder_cache
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
@@ -33,19 +33,21 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    def __init__(self, model: Seq2SeqTransformer):
+    def __init__(self, model: Seq2SeqTransformer, attention_layer: int | None = None):
         super().__init__()
         self.model = model
         self.n = model.cfg.n_decoder_layers
+        self.attention_layer = attention_layer  # also return this layer's cross-attention
 
     def forward(self, input_ids: Tensor, min_new_tokens: Tensor, past_len: Tensor, *flat: Tensor):
         n = self.n
         cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
         cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask = flat[4 * n]
-        logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, past_len)
+        with recording(self.model, self.attention_layer) as attention:
+            logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, past_len)
         next_ids = self.model.suppress(logits, past_len[0], min_new_tokens[0]).argmax(-1)  # (B,)
-        return (logits, next_ids, *[t for kv in new for t in kv])
+        return (logits, next_ids, *[t for kv in new for t in kv], *attention)
 
 
 class ReorderGraph(nn.Module):
@@ -107,12 +109,13 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
 
 
-def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
+def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int,
+                 attention_layer: int | None = None) -> None:
     """Trace one graph to `path` with the contract's names and dynamic axes. The trace goes to a
     file in a scratch directory beside `path`, never to memory: a graph over protobuf's 2 GB (an
     NLLB-200-sized embedding table) is written by the exporter as external data there, and is
     moved into the bundle's layout piece by piece rather than loaded whole."""
-    module = MODULES[graph](model)
+    module = DecoderGraph(model, attention_layer) if graph == DECODER else MODULES[graph](model)
     module.eval()
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.trace.") as scratch:
         traced = Path(scratch) / path.name

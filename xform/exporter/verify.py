@@ -14,7 +14,7 @@ import torch
 from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
-from xform.models.transformer import Seq2SeqTransformer, greedy_decode
+from xform.models.transformer import Seq2SeqTransformer, greedy_decode, recording
 from xform.runtime.compare import Tolerance, excess
 
 VERIFY_BATCH = 3
@@ -60,8 +60,9 @@ def compare_outputs(graph: str, names: list[str], got: list[np.ndarray], ref: li
 
 
 def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, GraphSpec],
-                  tol: Tolerance) -> dict:
-    """Run both graphs on ORT against eager; returns the figures for the manifest."""
+                  tol: Tolerance, attention_layer: int | None = None) -> dict:
+    """Run the graphs on ORT against eager (the decoder's `attention` too, when it has one);
+    returns the figures for the manifest."""
     cfg = model.cfg
     src, lengths = sample_sources(cfg, VERIFY_BATCH, VERIFY_SRC_LEN)
     enc_in = (torch.from_numpy(src), torch.from_numpy(lengths))
@@ -83,10 +84,11 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             ids = torch.randint(3, cfg.tgt_vocab_size, (rows, 1), generator=g)
             min_new = torch.tensor([past_len + 1])  # exercises the end-of-sentence suppression
             # the reference is the general decode (past as a list, joined with the new token)
-            logits, present = model.decode(ids, enc, past if past_len else None)
+            with recording(model, attention_layer) as attention:
+                logits, present = model.decode(ids, enc, past if past_len else None)
             logits = logits[:, -1]
             ref = [logits, model.suppress(logits, past_len, min_new[0]).argmax(-1),
-                   *[t[:, :, -1:] for kv in present for t in kv]]
+                   *[t[:, :, -1:] for kv in present for t in kv], *[a[:, -1] for a in attention]]
         # the graph's cache: the past, then VERIFY_SPARE positions of noise it must ignore
         cache = [torch.cat([t, 3 * torch.randn(*t.shape[:2], VERIFY_SPARE, t.shape[3], generator=g).to(t.dtype)], 2)
                  for kv in past for t in kv]

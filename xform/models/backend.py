@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.models.transformer import EncoderOutput, Seq2SeqTransformer
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording
 
 
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, model: Seq2SeqTransformer, device: str = "cpu", threads: int | None = None):
+    def __init__(self, model: Seq2SeqTransformer, device: str = "cpu", threads: int | None = None,
+                 attention_layer: int | None = None):
         if device == "cuda" and not torch.cuda.is_available():
             from xform.errors import BackendUnavailableError
             raise BackendUnavailableError("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
@@ -28,6 +29,7 @@ class TorchBackend:
         self.enc: EncoderOutput | None = None
         self.past = None
         self.n_steps = 0
+        self.attention_layer, self.has_attention, self.last_attention = attention_layer, attention_layer is not None, None
 
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
@@ -43,8 +45,15 @@ class TorchBackend:
         if reorder is not None and len(reorder) < self.enc.src_mask.shape[0]:  # rows left the batch
             self.enc = EncoderOutput([(k.index_select(0, reorder), v.index_select(0, reorder))
                                       for k, v in self.enc.cross_kv], self.enc.src_mask.index_select(0, reorder))
-        logits, self.past = self.model.decode(tok, self.enc, self.past, reorder)
+        with recording(self.model, self.attention_layer) as attention:
+            logits, self.past = self.model.decode(tok, self.enc, self.past, reorder)
+        if attention:
+            self.last_attention = attention[0][:, -1].float().cpu().numpy()
         logits = logits[:, -1]
         nxt = self.model.suppress(logits, self.n_steps, min_new_tokens).argmax(-1)
         self.n_steps += 1
         return nxt.cpu().numpy(), (logits.cpu().numpy() if want_logits else None)
+
+    def attention(self) -> np.ndarray:
+        """The last step's cross-attention of the bundle's attention layer, averaged over heads."""
+        return self.last_attention.copy()

@@ -75,6 +75,10 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(inner, d, bias=cfg.attn_bias)
         self.scale = self.head_dim ** -0.5
         self.dropout = cfg.dropout
+        # when a list: each attention's probabilities averaged over heads are appended to it,
+        # (B, T, S) from `attend`, (R, S) from `attend_shared` (alignments: the decoder graph's
+        # `attention` output, and the eager reference of it)
+        self.record: list[Tensor] | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -89,6 +93,8 @@ class Attention(nn.Module):
         if mask is not None:
             scores = scores + mask
         probs = scores.softmax(dim=-1)
+        if self.record is not None:
+            self.record.append(probs.mean(dim=1))
         if self.training and self.dropout:
             probs = F.dropout(probs, self.dropout)
         out = probs.to(v.dtype) @ v  # (B, H, T, Dh)
@@ -104,7 +110,10 @@ class Attention(nn.Module):
         Bs = k.shape[0]
         q = self.q_proj(x).view(Bs, -1, self.n_heads, self.head_dim).transpose(1, 2) * self.scale  # (Bs, H, g, Dh)
         scores = (q @ k.transpose(-2, -1)).float() + mask  # (Bs, H, g, S)
-        out = scores.softmax(dim=-1).to(v.dtype) @ v  # (Bs, H, g, Dh)
+        probs = scores.softmax(dim=-1)
+        if self.record is not None:
+            self.record.append(probs.mean(dim=1).reshape(R, -1))
+        out = probs.to(v.dtype) @ v  # (Bs, H, g, Dh)
         return self.out_proj(out.transpose(1, 2).reshape(R, T, self.n_heads * self.head_dim))
 
     def merge(self, out: Tensor) -> Tensor:

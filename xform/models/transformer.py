@@ -10,6 +10,8 @@ oracle everything else is compared with.
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -229,3 +231,19 @@ def cached_greedy_decode(model: Seq2SeqTransformer, src_ids: Tensor, src_lengths
         if done.all():
             break
     return torch.stack(out, 1) if out else torch.zeros(src_ids.shape[0], 0, dtype=torch.long)
+
+
+@contextlib.contextmanager
+def recording(model: Seq2SeqTransformer, layer: int | None):
+    """Within it, decoder layer `layer`'s cross-attention probabilities averaged over heads are
+    appended to the yielded list, one tensor a call (the decoder graph's `attention` output, and
+    the eager reference of it); nothing when `layer` is None."""
+    if layer is None:
+        yield []
+        return
+    attn = model.decoder_layers[layer].cross_attn
+    attn.record = []
+    try:
+        yield attn.record
+    finally:
+        attn.record = None

@@ -97,7 +97,12 @@ class Bundle:
         decoder_inputs = m["graphs"].get("decoder", {}).get("signature", {}).get("inputs", [])
         kv_dtype = next((t.get("dtype") for t in decoder_inputs if isinstance(t, dict) and t.get("name") == "cache_key_0"),
                         "float32")
-        expected = signature_for(self.config, kv_dtype)
+        layer = m.get("attention_layer")
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)
+                                  or not 0 <= layer < self.config["n_decoder_layers"]):
+            raise BundleError(f"{mpath}: attention_layer must be a decoder layer (0 to "
+                              f"{self.config['n_decoder_layers'] - 1}) or null, got {layer!r}")
+        expected = signature_for(self.config, kv_dtype, attention=layer is not None)
         missing = [g for g in expected if g not in m["graphs"]]
         if missing:
             raise BundleError(f"{mpath}: no {', '.join(missing)} graph; re-export the bundle")

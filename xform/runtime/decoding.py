@@ -302,7 +302,7 @@ class Greedy:
     candidates_wanted = 0  # beam search asks the backend for ranked candidates instead of logits
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                 prefix=None, start_id: int = 0):
+                 prefix=None, start_id: int = 0, attention_len: int = 0):
         self.rows, self.gen, self.special = batch * self.group, gen, special
         self.procs = Processors(gen, special)
         self.prefix, self.offset = prefix_table(prefix, batch, self.group)
@@ -315,6 +315,8 @@ class Greedy:
         self.out = np.full((self.rows, self.width), special.pad, np.int64)
         self.steps = 0
         self.token_scores = np.zeros((self.rows, self.width), np.float32) if want_scores else None
+        # each step's attention (backend.attention()), when asked: (rows, steps, src_len)
+        self.attention = np.zeros((self.rows, self.width, attention_len), np.float32)
 
     @property
     def steps_needed(self) -> int:
@@ -356,9 +358,12 @@ class Greedy:
         forced = self.procs.forced_token(t, prefix)
         return np.where(forced >= 0, forced, next_ids)
 
-    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None,
+                attention: np.ndarray | None = None):
         act = self.active
         done = self.done[act]
+        if attention is not None:
+            self.attention[act, step] = np.where(done[:, None], 0.0, attention)
         scores = self.processed(step, act, logits) if logits is not None else None
         nxt = np.where(done, self.special.pad, self.choose(step, next_ids, scores))
         nxt = nxt.astype(np.int64)
@@ -386,6 +391,9 @@ class Greedy:
     def per_token(self) -> np.ndarray:
         return self.token_scores[:, :self.steps]
 
+    def attentions(self) -> np.ndarray:
+        return self.attention[:, :self.steps]
+
 
 class Alternatives(Greedy):
     """CTranslate2's return_alternatives: after the target prefix, the num_return_sequences best
@@ -393,9 +401,9 @@ class Alternatives(Greedy):
     taking the j-th, each then continued greedily."""
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                 prefix=None, start_id: int = 0):
+                 prefix=None, start_id: int = 0, attention_len: int = 0):
         self.group = gen.num_return_sequences
-        super().__init__(batch, gen, special, want_scores, prefix, start_id)
+        super().__init__(batch, gen, special, want_scores, prefix, start_id, attention_len)
 
     @property
     def needs_logits(self) -> bool:
@@ -414,10 +422,11 @@ class Alternatives(Greedy):
             out[first] = np.where(possible, pick, self.special.eos)
         return out
 
-    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None):
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None,
+                attention: np.ndarray | None = None):
         if logits is None and (step - self.offset[self.active] == 0).any():
             raise RuntimeError("alternatives need the logits of their first free position")
-        return super().advance(step, next_ids, logits)
+        return super().advance(step, next_ids, logits, attention)
 
 
 class Sample(Greedy):
@@ -426,9 +435,9 @@ class Sample(Greedy):
     tokens on one backend."""
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                 prefix=None, start_id: int = 0):
+                 prefix=None, start_id: int = 0, attention_len: int = 0):
         self.group = gen.num_return_sequences
-        super().__init__(batch, gen, special, want_scores, prefix, start_id)
+        super().__init__(batch, gen, special, want_scores, prefix, start_id, attention_len)
         self.host = True
         self.rng = np.random.default_rng(gen.seed)
 
@@ -461,7 +470,7 @@ class BeamSearch:
     the others at -1e9); its lengths, length penalty and limits count from the prefix's end."""
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                 prefix=None, start_id: int = 0):
+                 prefix=None, start_id: int = 0, attention_len: int = 0):
         self.B, self.k, self.gen, self.special = batch, gen.num_beams, gen, special
         self.group = self.k
         self.K = 2 * self.k  # beams_to_keep: max(2, 1 + one end-of-sentence id) * num_beams
@@ -488,10 +497,14 @@ class BeamSearch:
         self.want_scores = want_scores  # each token's processed log-prob, carried with its hypothesis
         self.running_tok = np.zeros((B, k, n), np.float32)
         self.seqs_tok = np.zeros((B, k, n), np.float32)
+        # each token's attention (backend.attention()), carried with its hypothesis; src_len 0 unless asked
+        self.running_attn = np.zeros((B, k, n, attention_len), np.float32)
+        self.seqs_attn = np.zeros((B, k, n, attention_len), np.float32)
         self.top_mask = np.arange(self.K) < k
         self.sources = np.arange(B)  # the original source of each one still searched
         self.vocab = special.vocab
-        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(), self.seqs_tok.copy())
+        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(), self.seqs_tok.copy(),
+                      self.seqs_attn.copy())
 
     @property
     def candidates_wanted(self) -> int:
@@ -533,7 +546,7 @@ class BeamSearch:
         order = np.lexsort((flat_index, -values.astype(np.float64)), axis=1)
         return order[:, :n]
 
-    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray):
+    def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray, attention: np.ndarray | None = None):
         B, k, K, gen = len(self.sources), self.k, self.K, self.gen
         V = self.vocab
         t = (step - self.offset[self.sources])[:, None]  # (B, 1) tokens generated after the prefix
@@ -552,6 +565,9 @@ class BeamSearch:
         if self.want_scores:
             top_seq_tok = np.take_along_axis(self.running_tok, top_beam[:, :, None], 1)
             top_seq_tok[:, :, step] = np.where(free, np.take_along_axis(lp.reshape(B, k * Kc), pick, 1), 0.0)
+        if attention is not None:  # the step's attention is its parent row's
+            top_seq_attn = np.take_along_axis(self.running_attn, top_beam[:, :, None, None], 1)
+            top_seq_attn[:, :, step] = attention.reshape(B, k, -1)[np.arange(B)[:, None], top_beam]
         last = t + 1 == gen.max_new_tokens  # (B, 1)
         hits = ((top_tok == self.special.eos) & free) | last
         # the running beams of the next step: the best k that did not stop
@@ -561,6 +577,8 @@ class BeamSearch:
         self.running_scores = np.take_along_axis(run_lp, nxt, 1)
         if self.want_scores:
             self.running_tok = np.take_along_axis(top_seq_tok, nxt[:, :, None], 1)
+        if attention is not None:
+            self.running_attn = np.take_along_axis(top_seq_attn, nxt[:, :, None, None], 1)
         parent = np.take_along_axis(top_beam, nxt, 1)
         # the finished hypotheses: merge the new ones (of the top k) by length-penalized score
         just = hits & self.top_mask[None, :]
@@ -581,6 +599,9 @@ class BeamSearch:
         self.finished = np.take_along_axis(m_fin, keep, 1)
         if self.want_scores:
             self.seqs_tok = np.take_along_axis(np.concatenate([self.seqs_tok, top_seq_tok], 1), keep[:, :, None], 1)
+        if attention is not None:
+            self.seqs_attn = np.take_along_axis(np.concatenate([self.seqs_attn, top_seq_attn], 1),
+                                                keep[:, :, None, None], 1)
         # can a running beam still beat the worst finished one?
         if gen.early_stopping == "never" and gen.length_penalty > 0.0:
             best_len = np.full_like(t, gen.max_new_tokens)
@@ -605,17 +626,17 @@ class BeamSearch:
 
     def retire(self, which: np.ndarray) -> None:
         """Store the sources `which` (of those still searched) in the result; keep searching the others."""
-        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths, self.seqs_tok)):
+        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths, self.seqs_tok, self.seqs_attn)):
             final[self.sources[which]] = now[which]
         keep = ~which
         self.sources = self.sources[keep]
         for name in ("running", "running_scores", "seqs", "scores", "lengths", "finished", "improvable",
-                     "running_tok", "seqs_tok"):
+                     "running_tok", "seqs_tok", "running_attn", "seqs_attn"):
             setattr(self, name, getattr(self, name)[keep])
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         self.retire(np.ones(len(self.sources), bool))
-        seqs, scores, lengths, _ = self.final
+        seqs, scores, lengths, _, _ = self.final
         n = self.gen.num_return_sequences
         seqs = seqs[:, :n].reshape(self.B * n, -1)
         ends = lengths[:, :n] + self.offset[:, None]
@@ -625,14 +646,26 @@ class BeamSearch:
     def per_token(self) -> np.ndarray:
         """(B x num_return_sequences, n) each token's processed log-prob (0 in the prefix and after
         the end): transformers' compute_transition_scores with the beam indices."""
-        seqs, _, lengths, tok = self.final
+        return self.hypotheses(3)
+
+    def attentions(self) -> np.ndarray:
+        """(B x num_return_sequences, n, src_len): each token's attention, 0 after the end."""
+        return self.hypotheses(4)
+
+    def hypotheses(self, which: int) -> np.ndarray:
+        """A per-token array of the final hypotheses (self.final[which]), as wide as the ids."""
+        seqs, _, lengths = self.final[:3]
         n = self.gen.num_return_sequences
         ends = lengths[:, :n] + self.offset[:, None]
         width = int(ends.max()) if seqs.size else 0
-        return tok[:, :n].reshape(self.B * n, -1)[:, :width]
+        arr = self.final[which][:, :n]
+        out = arr.reshape(self.B * n, *arr.shape[2:])[:, :width]
+        after = np.arange(width)[None, :] >= ends.reshape(-1)[:, None]  # past a hypothesis' end
+        out[after] = 0
+        return out
 
 
 def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                  prefix=None, start_id: int = 0):
+                  prefix=None, start_id: int = 0, attention_len: int = 0):
     kind = {"greedy": Greedy, "sample": Sample, "beam": BeamSearch, "alternatives": Alternatives}[gen.strategy]
-    return kind(batch, gen, special, want_scores, prefix, start_id)
+    return kind(batch, gen, special, want_scores, prefix, start_id, attention_len)

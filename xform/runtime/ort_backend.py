@@ -104,6 +104,7 @@ class OrtBackend:
         first = spec.input(self.cache_names[0])
         self.kv_dtype = np.dtype(first.dtype)
         self.kv_heads, self.head_dim = first.shape[1], first.shape[3]
+        self.has_attention = "attention" in spec.output_names  # a bundle exported --with-attention
         self.vocab = bundle.config["tgt_vocab_size"]
         self.max_len = bundle.config["max_len"]
         self.ops = None
@@ -141,6 +142,7 @@ class OrtBackend:
         R = Bs * group
         self.ids_buf, self.next_buf = np.empty((R, 1), np.int64), np.empty(R, np.int64)
         self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None else None
+        self.attention_buf = np.empty((R, S), np.float32) if self.has_attention else None
         self.min_new, self.past_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.binding = self.decoder.io_binding()
         self.bind_rows()
@@ -157,6 +159,9 @@ class OrtBackend:
                         ("src_mask", self.mask)):
             bind_host(dec, "input", name, a)
         bind_host(dec, "output", "next_ids", self.next_ids)
+        if self.has_attention:  # (rows, src_len): on the host on every device, a few bytes a row
+            self.attention_rows = self.attention_buf[:R]
+            bind_host(dec, "output", "attention", self.attention_rows)
         if self.ops is None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
             self.logits = self.logits_buf[:R]
             bind_host(dec, "output", "logits", self.logits)
@@ -200,6 +205,11 @@ class OrtBackend:
         if not want_logits:
             return self.next_ids.copy(), None
         return self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+
+    def attention(self) -> np.ndarray:
+        """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
+        averaged over heads. Only for a bundle exported --with-attention."""
+        return self.attention_rows.copy()
 
     def run_candidates(self, k: int, p: int) -> tuple[np.ndarray, np.ndarray]:
         """The candidates graph over the logits where they are; only (R, k) values come back."""

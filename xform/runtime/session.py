@@ -111,12 +111,15 @@ class Session:
                  repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
                  bad_words_ids: list[list[int]] | None = None, suppress_tokens: list[int] | None = None,
                  return_alternatives: bool | None = None, target_prefix: list[list[int]] | None = None,
-                 return_scores: bool = False, return_token_scores: bool = False,
+                 return_scores: bool = False, return_token_scores: bool = False, return_attention: bool = False,
                  on_step: Callable[[int], None] | None = None):
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
         log-probs, else the sum of log-probs); with return_token_scores, also each token's
-        log-prob (B x num_return_sequences, n), 0 in a prefix and after the end. Unset settings take
+        log-prob (B x num_return_sequences, n), 0 in a prefix and after the end; with
+        return_attention, last, each token's attention over the source (B x num_return_sequences,
+        n, src_len): the cross-attention of the decoder layer the bundle was exported with
+        (--with-attention), averaged over heads, 0 after the end. Unset settings take
         the bundle's defaults (max_new_tokens: the bundle's cap, decoding.decode_cap: 256 unless
         the bundle or the model sets one).
 
@@ -139,7 +142,7 @@ class Session:
                                      bad_words_ids=bad_words_ids, suppress_tokens=suppress_tokens,
                                      return_alternatives=return_alternatives)
         return self.decode(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
-                           return_token_scores=return_token_scores)
+                           return_token_scores=return_token_scores, return_attention=return_attention)
 
     def check_prefix(self, target_prefix, batch: int, gen: GenerationConfig) -> list[list[int]] | None:
         """The target prefixes as id lists, checked: one a source, ids in the target vocabulary,
@@ -168,7 +171,8 @@ class Session:
         return out
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
-               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False):
+               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
+               return_attention: bool = False):
         """The one decoding loop, for every strategy and backend. The strategy's row index
         (`beam_idx`) reorders the backend's rows for beam search and drops finished ones, so the
         rows run per step fall as sources end."""
@@ -182,7 +186,11 @@ class Session:
         if gen.max_new_tokens > room:  # the position table ends there, whatever was asked
             gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
         want = return_scores or return_token_scores
-        strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id)
+        if return_attention and not getattr(self.backend, "has_attention", False):
+            raise InputError("return_attention (--replace-unknowns): this bundle's decoder returns no attention; "
+                             "export it with --with-attention")
+        strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id,
+                                 src_ids.shape[1] if return_attention else 0)
         limit = getattr(self.backend, "max_rows", None)
         if limit is not None and strategy.rows > limit:
             raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
@@ -198,16 +206,24 @@ class Session:
             ranked = {"candidates": strategy.candidates_wanted} if (
                 strategy.candidates_wanted and getattr(self.backend, "has_candidates", False)) else {}
             nxt, logits = self.backend.step(tokens, min_new, strategy.needs_logits, beam_idx, **ranked)
-            tokens, beam_idx = strategy.advance(step, nxt, logits)
+            if return_attention:
+                tokens, beam_idx = strategy.advance(step, nxt, logits, self.backend.attention())
+            else:
+                tokens, beam_idx = strategy.advance(step, nxt, logits)
             if on_step is not None:
                 on_step(step)
             if tokens is None:
                 break
         ids, scores = strategy.result()
         ids = ids.astype(np.int64, copy=False)
+        out: tuple = (ids,)
+        if return_scores or return_token_scores:
+            out += (scores,)
         if return_token_scores:
-            return ids, scores, strategy.per_token()
-        return (ids, scores) if return_scores else ids
+            out += (strategy.per_token(),)
+        if return_attention:
+            out += (strategy.attentions(),)
+        return out if len(out) > 1 else ids
 
     def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -305,8 +321,8 @@ class Session:
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
                         on_batch: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                        src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False
-                        ) -> Iterator[tuple[str, list | None, str | None]]:
+                        src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
+                        replace_unknowns: bool = False) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -324,7 +340,9 @@ class Session:
         returns it; with return_scores "tokens", a (text, score, token log-probs) triple. A line
         may be a (source, target prefix) pair, or, with `prefix_column`, a line
         `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
-        is none). A line of more source tokens than max_len fails alone, or with `truncate` is cut
+        is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
+        piece it attends to most (a bundle exported --with-attention; CTranslate2's
+        replace_unknowns). A line of more source tokens than max_len fails alone, or with `truncate` is cut
         to max_len (its first max_len - 1 tokens and end-of-sentence, as CTranslate2's
         max_input_length does) and reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
@@ -332,13 +350,23 @@ class Session:
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
         if src_lang is not None:
             self.encode_text("", src_lang)  # an unknown language is refused at the call
+        if replace_unknowns:
+            self.check_replace_unknowns()
         return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
-                                      prefix_column)
+                                      prefix_column, replace_unknowns)
+
+    def check_replace_unknowns(self) -> None:
+        if not getattr(self.backend, "has_attention", False):
+            raise InputError("--replace-unknowns needs the decoder's attention: export the bundle with "
+                             "--with-attention")
+        if getattr(self.tokenizer, "target_unk_id", None) is None:
+            raise InputError("--replace-unknowns: this bundle's target vocabulary has no unknown token")
 
     def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,
                           on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                          src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False):
+                          src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
+                          replace_unknowns: bool = False):
         def encoded():
             for index, line in enumerate(lines):
                 prefix_text = None
@@ -372,11 +400,11 @@ class Session:
                 yield text, ids, error, prefix
 
         for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
-            yield from self.translate_window(window, gen, batching, on_batch, return_scores)
+            yield from self.translate_window(window, gen, batching, on_batch, return_scores, replace_unknowns)
 
     def translate_window(self, window: list[tuple[str, list[int] | None, str | None, list[int]]],
                          gen: GenerationConfig, batching: Batching, on_batch: Callable[[int, int], None] | None = None,
-                         return_scores: bool | str = False):
+                         return_scores: bool | str = False, replace_unknowns: bool = False):
         """The window's (text, translations or None, error or None) in input order; its sources
         decoded in batches of like length."""
         todo = [i for i, entry in enumerate(window) if entry[1] is not None]
@@ -384,8 +412,9 @@ class Session:
         for batch in plan([len(window[i][1]) for i in todo], batching):
             rows = [todo[j] for j in batch]
             prefixes = [window[i][3] for i in rows]
+            texts = [window[i][0] for i in rows] if replace_unknowns else None
             done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores,
-                                                       prefixes if any(prefixes) else None)))
+                                                       prefixes if any(prefixes) else None, texts)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
@@ -425,26 +454,55 @@ class Session:
 
     def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
                         on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
-                        target_prefix: list[list[int]] | None = None) -> list[list]:
+                        target_prefix: list[list[int]] | None = None, texts: list[str] | None = None) -> list[list]:
         """Decode source id rows together: for each, its num_return_sequences translations (with
-        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs))."""
+        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). With the
+        sources' `texts`, unknown target tokens are replaced by the source pieces they attend to."""
+        replace_unknowns = texts is not None
         result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
-                             return_token_scores=return_scores == "tokens")
-        rows = result[0] if return_scores else result
+                             return_token_scores=return_scores == "tokens", return_attention=replace_unknowns)
+        rows = result[0] if isinstance(result, tuple) else result
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
-        out = [self.tokenizer.decode(r) for r in rows]
+        n = gen.num_return_sequences
+        if replace_unknowns:
+            attention = result[-1]
+            out = [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n], texts[k // n]))
+                   for k, r in enumerate(rows)]
+        else:
+            out = [self.tokenizer.decode(r) for r in rows]
         if return_scores == "tokens":
-            _, scores, tokens = result
+            scores, tokens = result[1], result[2]
             out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
                    for t, sc, tk, r in zip(out, scores, tokens, rows)]
         elif return_scores:
             out = [(t, float(sc)) for t, sc in zip(out, result[1])]
-        n = gen.num_return_sequences
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 
+    def unknown_replacements(self, ids: np.ndarray, attention: np.ndarray, source: list[int],
+                             text: str | None = None) -> dict[int, str]:
+        """For each unknown target token of `ids` (its position), the piece of the source token it
+        attends to most, among the source's text tokens (not its language code or end-of-sentence):
+        as written in the source `text` when given (a word the vocabulary lacks is copied whole),
+        else the vocabulary's piece."""
+        unk = self.tokenizer.target_unk_id
+        where = np.flatnonzero(ids == unk)
+        if not len(where):
+            return {}
+        framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
+        body = np.array([i not in framing for i in source] + [False] * (attention.shape[1] - len(source)))
+        if not body.any():
+            return {}
+        weights = np.where(body[None, :], attention[where], -1.0)
+        written = None
+        if text is not None and hasattr(self.tokenizer, "source_pieces"):
+            written = self.tokenizer.source_pieces(text)
+            written = written if len(written) == len(source) else None  # a truncated source: the vocabulary's
+        return {int(t): written[int(j)] if written else self.tokenizer.source_piece(source[int(j)])
+                for t, j in zip(where, weights.argmax(1))}
+
     def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
-                  tgt_lang: str | None = None, **settings: Any) -> list[str]:
+                  tgt_lang: str | None = None, replace_unknowns: bool = False, **settings: Any) -> list[str]:
         """Translations in input order; with num_return_sequences n, n per text, one after another.
         `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...);
         `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
@@ -461,6 +519,13 @@ class Session:
             settings["bad_words_ids"] = [self.target_ids(w) if isinstance(w, str) else w
                                          for w in settings["bad_words_ids"]]
         src = self.encode_texts(list(texts), src_lang)
-        n = max_new_tokens if max_new_tokens is not None else self.default_max_new_tokens()
-        out = self.generate(src, max_new_tokens=n, **settings)
+        if replace_unknowns:
+            self.check_replace_unknowns()
+            out, attention = self.generate(src, max_new_tokens=max_new_tokens, return_attention=True, **settings)
+            n = len(out) // len(src)
+            sources = [[int(i) for i in row if i != self.pad_id] for row in src]
+            return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
+                                                                       texts[k // n]))
+                    for k, r in enumerate(out)]
+        out = self.generate(src, max_new_tokens=max_new_tokens, **settings)
         return [self.tokenizer.decode(row) for row in out]

@@ -15,16 +15,25 @@ from typing import Any
 from xform.errors import BundleError, InputError
 
 
-def target_pieces(ids, eos_id: int, special: set, piece) -> list[str]:
-    """The pieces of generated ids up to end-of-sentence, special ids left out."""
+def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int, str] | None = None) -> list:
+    """The pieces of generated ids up to end-of-sentence, special ids left out; a position in
+    `replacements` gives its string instead (--replace-unknowns: the aligned source piece)."""
     pieces = []
-    for i in ids:
+    for pos, i in enumerate(ids):
         i = int(i)
         if i == eos_id:
             break
-        if i not in special:
+        if replacements and pos in replacements:
+            pieces.append(replacements[pos])
+        elif i not in special:
             pieces.append(piece(i))
     return pieces
+
+
+def join_spm_pieces(pieces: list[str]) -> str:
+    """Sentencepiece pieces as text, word boundaries from the U+2581 marks (for pieces that are not
+    all in one model's vocabulary: a target with source pieces copied in)."""
+    return "".join(pieces).replace("\u2581", " ").strip()
 
 
 def load_spm(path: Path, source: str):
@@ -118,7 +127,12 @@ class VocabSide:
     def decode(self, ids: list[int]) -> str:
         if self.unit == "spm":
             return self.spm.decode([i for i in ids if i < self.spm.GetPieceSize()])
-        pieces = [self.tokens[i] or "" if i < len(self.tokens) else "" for i in ids]
+        return self.join([self.tokens[i] or "" if i < len(self.tokens) else "" for i in ids])
+
+    def join(self, pieces: list[str]) -> str:
+        """Piece strings as text, as this side's unit joins them."""
+        if self.unit == "spm":
+            return join_spm_pieces(pieces)
         return ("" if self.unit == "char" else " ").join(pieces)
 
 
@@ -144,8 +158,22 @@ class VocabTokenizer:
         split, no end-of-sentence."""
         return self.tgt.encode(text)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
+        if replacements:
+            return self.tgt.join(target_pieces(ids, self.cfg["eos_id"], self.special, self.tgt.piece, replacements))
         return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
+
+    @property
+    def target_unk_id(self) -> int | None:
+        return self.tgt.unk_id
+
+    def source_piece(self, i: int) -> str:
+        return self.src.piece(i)
+
+    def source_pieces(self, text: str) -> list[str]:
+        """The source text's pieces as written, one per id of encode(text) (framing: empty)."""
+        body = self.src.spm.encode(text, out_type=str) if self.src.unit == "spm" else self.src.split(text)
+        return [""] * len(self.prefix) + list(body) + [""]
 
     def unknown(self, ids: list[int]) -> tuple[int, int]:
         """(unknown tokens, text tokens) of an encoded source: the framing is not counted."""
@@ -220,9 +248,26 @@ class SpmTokenizer:
         unk = target.get(self.unk_token, self.unk_id)
         return [target.get(p, unk) for p in self.spm_target.encode(text, out_type=str)]
 
-    def decode(self, ids) -> str:
-        pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""))
+    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
+        pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""), replacements)
+        if replacements:
+            return join_spm_pieces(pieces)
         return self.spm_target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    @property
+    def target_unk_id(self) -> int | None:
+        return next((i for i, t in self.decoder.items() if t == self.unk_token), None)
+
+    def source_pieces(self, text: str) -> list[str]:
+        """The source text's pieces as written, one per id of encode(text) (end-of-sentence: empty)."""
+        match = self.LANGUAGE_CODE.match(text)
+        code = [match.group(0)] if match else []
+        return code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str) + [""]
+
+    def source_piece(self, i: int) -> str:
+        if not hasattr(self, "source_names"):
+            self.source_names = {j: t for t, j in self.encoder.items()}
+        return self.source_names.get(i, "")
 
     def unknown(self, ids: list[int]) -> tuple[int, int]:
         """(unknown tokens, text tokens) of an encoded source, end-of-sentence not counted."""
@@ -311,15 +356,25 @@ class FairseqSpmTokenizer:
         parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text), "eos": [self.cfg["eos_id"]]}
         return [i for part in self.template for i in parts[part]]
 
-    def decode(self, ids) -> str:
-        pieces = []
-        for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int):
-            if self.vocab is not None:
-                pieces.append(self.pieces.get(i, ""))
-            elif 0 <= i - self.offset < self.spm.GetPieceSize():
-                pieces.append(self.spm.IdToPiece(i - self.offset))
-        text = self.spm.decode_pieces(pieces)
+    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
+        pieces = [p for p in target_pieces(ids, self.cfg["eos_id"], self.skip, self.source_piece, replacements) if p]
+        text = join_spm_pieces(pieces) if replacements else self.spm.decode_pieces(pieces)
         return clean_up_spaces(text) if self.clean else text
+
+    @property
+    def target_unk_id(self) -> int | None:
+        return self.unk_id
+
+    def source_pieces(self, text: str, src_lang: str | None = None) -> list[str]:
+        """The source text's pieces as written, one per id of encode(text) (framing: empty)."""
+        parts = {"lang": [""], "text": self.spm.encode(text, out_type=str), "eos": [""]}
+        return [p for part in self.template for p in parts[part]]
+
+    def source_piece(self, i: int) -> str:
+        """A model id's piece (one vocabulary for source and target)."""
+        if self.vocab is not None:
+            return self.pieces.get(i, "")
+        return self.spm.IdToPiece(i - self.offset) if 0 <= i - self.offset < self.spm.GetPieceSize() else ""
 
     def unknown(self, ids: list[int]) -> tuple[int, int]:
         body = ids[1:-1] if self.template[0] == "lang" else ids[:-2]
@@ -384,7 +439,9 @@ class ByteBpeTokenizer:
         """Target ids of a text: its BPE ids (the forced <s> and end-of-sentence are the session's)."""
         return self.bpe.encode(text).ids
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
+        """Text of generated ids (`replacements` unused: a byte-level BPE spells any text, so no
+        unknown tokens to replace)."""
         text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)],
                                skip_special_tokens=False)
         return clean_up_spaces(text) if self.clean else text

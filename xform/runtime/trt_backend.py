@@ -142,6 +142,10 @@ class TrtBackend:
         dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
         self.dec_bufs = {n: self.alloc(dec[n], batch=R) for n in ("input_ids", "min_new_tokens", "past_len", "logits",
                                                                   "next_ids")}
+        self.has_attention = "attention" in dec  # a bundle exported --with-attention
+        if self.has_attention:
+            self.dec_bufs["attention"] = self.alloc(dec["attention"], batch=R, src_len=S)
+        self.last_attention = None
         self.cache_names, self.new_names = kv_names("cache", self.n_layers), kv_names("new", self.n_layers)
         self.cross_names = kv_names("cross", self.n_layers)
         self.kv_spec = dec[self.cache_names[0]]
@@ -271,13 +275,21 @@ class TrtBackend:
             self.bind(self.dec_ctx, name, ptr)
         self.bind(self.dec_ctx, "logits", self.dec_bufs["logits"].ptr)
         self.bind(self.dec_ctx, "next_ids", self.dec_bufs["next_ids"].ptr)
+        if self.has_attention:
+            self.bind(self.dec_ctx, "attention", self.dec_bufs["attention"].ptr)
         self.execute(self.dec_ctx, f"decoder step {p}")
         self.cache.write(p)  # the new position into the cache, in place
         next_ids = self.d2h(self.dec_bufs["next_ids"], (R,), np.int64)
         logits = self.d2h(self.dec_bufs["logits"], (R, self.vocab), np.float32) if want_logits else None
+        if self.has_attention:
+            self.last_attention = self.d2h(self.dec_bufs["attention"], (R, self.mask_shape[1]), np.float32)
         self.cuda_sync()
         self.steps += 1
         return next_ids, logits
+
+    def attention(self) -> np.ndarray:
+        """The last step's attention output (rows, src_len), for a bundle exported --with-attention."""
+        return self.last_attention.copy()
 
     def close(self) -> None:
         for obj in (getattr(self, "cache", None), getattr(self, "cross", None)):

@@ -5,7 +5,9 @@ hold one value per request of: `max_new_tokens`, `num_beams`, `no_repeat_ngram_s
 `repetition_penalty` (fp32), `return_scores`, `truncate` (bool); `src_lang` / `tgt_lang`
 (strings: a multilingual model's language codes); `bad_words` (strings, [b, n]: phrases never
 generated) and `suppress_tokens` (int32, [b, n]: ids never generated), the same in every row; and
-`target_prefix` (strings, [b, 1]: the start of each row's translation). A request that breaks
+`target_prefix` (strings, [b, 1]: the start of each row's translation); `replace_unknowns`
+(bool: unknown target tokens become the source pieces they attend to, a bundle exported
+--with-attention). A request that breaks
 the contract gets an error naming the tensor; the others are decoded together: requests with the
 same settings as one padded batch through the Session's one decoding loop, each response
 carrying only its own rows. Rows decode independently of their batch, so a response equals what
@@ -22,7 +24,8 @@ import numpy as np
 from xform.errors import InputError, XformError
 
 INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
-          "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate")
+          "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
+          "replace_unknowns")
 
 
 @dataclass
@@ -32,10 +35,11 @@ class Job:
     settings: dict[str, Any] = field(default_factory=dict)  # generate()'s keywords this request sets
     prefixes: list[list[int]] | None = None  # target prefix ids, one list per row
     scores: bool = False
+    texts: list[str] | None = None  # the source texts, kept for replace_unknowns
 
     def key(self) -> tuple:
         """Requests with equal keys decode as one batch."""
-        return (self.scores,) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
+        return (self.scores, self.texts is not None) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
                                               if v and isinstance(v[0], list) else tuple(v))
                                              for k, v in self.settings.items()))
 
@@ -123,6 +127,14 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
                          f"{'both' if text is not None else 'neither'}")
     truncate = one_flag("truncate", inputs.get("truncate"))
+    replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
+    if replace:
+        if text is None:
+            raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
+        try:
+            session.check_replace_unknowns()
+        except InputError as e:
+            raise InputError(f"input 'replace_unknowns': {e}") from None
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
@@ -175,7 +187,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
         if len(texts) != len(rows):
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
-    return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")))
+    return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
+               strings("text", text) if replace else None)
 
 
 def setting_input(message: str) -> str:
@@ -213,8 +226,9 @@ def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[
             prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
         settings = jobs[0].settings
         try:
+            replace = jobs[0].texts is not None
             out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
-                                   **settings)
+                                   return_attention=replace, **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 results[job.index] = f"input '{setting_input(str(e)) if 'prefix' not in str(e) else 'target_prefix'}': {e}"
@@ -223,14 +237,19 @@ def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[
             for job in jobs:
                 results[job.index] = f"decoding failed: {type(e).__name__}: {e}"
             continue
+        attention = out[-1] if replace else None
+        out = out[:-1] if replace else out
+        out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         out, scores, tokens = out if jobs[0].scores else (out, None, None)
         start = 0
         for job in jobs:
             ids = trim(out[start:start + len(job.rows)], session.pad_id)
             outputs = {"output_ids": np.ascontiguousarray(ids, np.int64)}
             if session.tokenizer is not None:
-                outputs["translation"] = np.array([[session.tokenizer.decode(r).encode("utf-8")] for r in ids],
-                                                  dtype=object)
+                texts = [session.tokenizer.decode(r, session.unknown_replacements(
+                    r, attention[start + k], job.rows[k], job.texts[k]) if replace else None)
+                    for k, r in enumerate(ids)]
+                outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts], dtype=object)
             if job.scores:
                 outputs["scores"] = scores[start:start + len(job.rows), None].astype(np.float32)
                 outputs["token_scores"] = np.ascontiguousarray(tokens[start:start + len(job.rows), :ids.shape[1]],

@@ -11,8 +11,8 @@ Inputs (one of text / src_ids per request): text TYPE_STRING [1], src_ids TYPE_I
 (ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1],
 repetition_penalty TYPE_FP32 [1], no_repeat_ngram_size TYPE_INT32 [1], suppress_tokens TYPE_INT32
 [-1], return_scores and truncate TYPE_BOOL [1], and with a tokenizer src_lang / tgt_lang
-TYPE_STRING [1] (a multilingual model's language codes), target_prefix TYPE_STRING [1] and
-bad_words TYPE_STRING [-1] (serving/handler.py says what each does).
+TYPE_STRING [1] (a multilingual model's language codes), target_prefix TYPE_STRING [1],
+bad_words TYPE_STRING [-1] and replace_unknowns TYPE_BOOL [1] (serving/handler.py says what each does).
 Outputs: output_ids TYPE_INT64 [-1]; scores TYPE_FP32 [1] and token_scores TYPE_FP32 [-1] when
 return_scores is set; translation TYPE_STRING [1] when the bundle has a tokenizer.
 """
@@ -85,7 +85,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
         inputs += ['  { name: "src_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
                    '  { name: "tgt_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
                    '  { name: "target_prefix" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
-                   '  { name: "bad_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }']
+                   '  { name: "bad_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }',
+                   '  { name: "replace_unknowns" data_type: TYPE_BOOL dims: [ 1 ] optional: true }']
     outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
                '  { name: "scores" data_type: TYPE_FP32 dims: [ 1 ] }',
                '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }']

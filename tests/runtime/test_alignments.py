@@ -1,0 +1,141 @@
+"""Alignments: a bundle exported --with-attention returns, for each generated token, one decoder
+layer's cross-attention averaged over heads; equal to transformers' output_attentions on the same
+layer within ATOL (probabilities from logits that differ by under 1e-5). --replace-unknowns copies
+the source piece an unknown target token attends to most.
+"""
+import numpy as np
+import pytest
+import torch
+
+import xform
+from tests.marian_fixtures import sources
+from xform.errors import InputError
+from xform.exporter.export import export_bundle
+
+pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+ATOL = 1e-5
+MAX_NEW = 12
+LENGTHS = [7, 3, 9, 5]
+
+
+@pytest.fixture(scope="module")
+def aligned(marians, tmp_path_factory):
+    """name -> (transformers model, {layer: bundle exported with that layer's attention})."""
+    out = {}
+    for name, layers in (("gelu-unscaled", [-1]), ("swish-scaled", [0, 2])):
+        d, model, _ = marians[name]
+        root = tmp_path_factory.mktemp(f"aligned-{name}")
+        out[name] = model, {layer: export_bundle(d, root / f"layer{layer}", attention_layer=layer).path
+                            for layer in layers}
+    return out
+
+
+def hf_attention(model, src, mask, layer, **kw):
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # sdpa returns no attention weights
+    try:
+        with torch.no_grad():
+            out = model.generate(src, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, num_beams=1,
+                                 output_attentions=True, return_dict_in_generate=True, **kw)
+    finally:
+        model.set_attn_implementation(before)
+    # per step, per layer (batch, heads, 1, src_len): this layer, heads averaged
+    att = torch.stack([step[layer][:, :, -1].mean(1) for step in out.cross_attentions], 1)
+    return out.sequences[:, 1:].numpy(), att.numpy()
+
+
+@pytest.mark.parametrize("name, layer", [("gelu-unscaled", -1), ("swish-scaled", 0), ("swish-scaled", 2)])
+def test_greedy_attention_equals_transformers_output_attentions(aligned, name, layer):
+    model, bundles = aligned[name]
+    src, mask = sources(model.config, LENGTHS, seed=4)
+    want_ids, want = hf_attention(model, src, mask, layer)
+    session = xform.load(bundles[layer], backend="ort")
+    ids, att = session.generate(src.numpy(), max_new_tokens=MAX_NEW, return_attention=True)
+    np.testing.assert_array_equal(ids, want_ids)
+    assert att.shape == (len(LENGTHS), ids.shape[1], src.shape[1])
+    valid = ids != session.pad_id
+    np.testing.assert_allclose(att[valid], want[:, :ids.shape[1]][valid], rtol=0, atol=ATOL)
+    assert (att[~valid] == 0).all()
+    np.testing.assert_allclose(att[valid].sum(-1), 1.0, atol=1e-5)  # a distribution over the source
+    for i, n in enumerate(LENGTHS):  # nothing on the padding
+        assert (att[i, :, n:] == 0).all()
+
+
+def test_other_layers_attend_otherwise(aligned):
+    """The layer choice matters: layer 0 and layer 2 of one model differ (a test that mixed them up fails)."""
+    model, bundles = aligned["swish-scaled"]
+    src, _ = sources(model.config, LENGTHS, seed=4)
+    first = xform.load(bundles[0]).generate(src.numpy(), max_new_tokens=MAX_NEW, return_attention=True)[1]
+    last = xform.load(bundles[2]).generate(src.numpy(), max_new_tokens=MAX_NEW, return_attention=True)[1]
+    assert np.abs(first - last).max() > 0.05
+
+
+@pytest.mark.parametrize("backend, settings", [("ort", {}), ("torch", {}),
+                                               ("ort", dict(length_penalty=2.0, early_stopping="never"))])
+def test_beam_attention_follows_each_hypothesis(aligned, backend, settings):
+    """A beam hypothesis' attention is the attention of decoding its own tokens: what a decode
+    forced through it as a target prefix returns (every beam reorder applied to the attention too)."""
+    model, bundles = aligned["gelu-unscaled"]
+    src, _ = sources(model.config, LENGTHS, seed=6)
+    session = xform.load(bundles[-1], backend=backend)
+    ids, att = session.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=4, num_return_sequences=2,
+                                return_attention=True, **settings)
+    for r, row in enumerate(ids):
+        n = int((row != session.pad_id).sum())
+        i = r // 2
+        forced, f_att = session.generate(src.numpy()[i:i + 1], max_new_tokens=1, target_prefix=[row[:n].tolist()],
+                                         return_attention=True)
+        np.testing.assert_array_equal(forced[0, :n], row[:n])
+        np.testing.assert_allclose(att[r, :n], f_att[0, :n], rtol=0, atol=ATOL)
+    greedy = session.generate(src.numpy(), max_new_tokens=MAX_NEW)
+    assert ids[::2].shape != greedy.shape or (ids[::2] != greedy).any()  # beams found other hypotheses
+
+
+def test_default_bundles_have_no_attention_output(marians):
+    _, model, bundle = marians["gelu-unscaled"]
+    session = xform.load(bundle)
+    assert "attention" not in session.bundle.graph_spec("decoder").output_names
+    src, _ = sources(model.config, LENGTHS)
+    with pytest.raises(InputError, match="export it with --with-attention"):
+        session.generate(src.numpy(), return_attention=True)
+
+
+def test_a_layer_outside_the_decoder_is_refused(marians, tmp_path):
+    d, _, _ = marians["gelu-unscaled"]  # one decoder layer
+    with pytest.raises(xform.XformError, match="--attention-layer 1: this model has 1 decoder layers"):
+        export_bundle(d, tmp_path / "b", attention_layer=1)
+    assert not (tmp_path / "b").exists()
+
+
+def test_replace_unknowns_copies_the_attended_source_piece(text_model_aligned):
+    """An unknown target token becomes the source piece (as written) it attends to most; without
+    the flag it is dropped, as transformers' decode skips <unk>."""
+    session = text_model_aligned
+    text = "a blue dog zzz runs fast"
+    unk = session.tokenizer.target_unk_id
+    src = session.encode_texts([text])
+    ids, att = session.generate(src, max_new_tokens=MAX_NEW, target_prefix=[[unk]], return_attention=True)
+    pieces = session.tokenizer.source_pieces(text)
+    body = [j for j, i in enumerate(src[0]) if i not in (session.eos_id, session.pad_id)]
+    j = max(body, key=lambda j: att[0, 0, j])
+    want = session.tokenizer.decode(ids[0], {0: pieces[j]})
+    assert session.translate([text], target_prefix=[[unk]], replace_unknowns=True) == [want]
+    assert want.startswith(pieces[j].replace("\u2581", " ").strip())
+    assert session.translate([text], target_prefix=[[unk]]) == [session.tokenizer.decode(ids[0])] != [want]
+    lines = list(session.translate_lines([(text, None)], session.generation_config(MAX_NEW), replace_unknowns=True,
+                                         prefix_column=False))
+    assert lines[0][1] == session.translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
+
+
+@pytest.fixture(scope="module")
+def text_model_aligned(tmp_path_factory):
+    from transformers import MarianMTModel
+
+    from tests.marian_fixtures import marian_config, train_marian, write_tokenizer
+    d = tmp_path_factory.mktemp("marian-text-aligned")
+    vocab = write_tokenizer(d)
+    torch.manual_seed(1)
+    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=2,
+                                                     activation_function="relu", scale_embedding=True)), 60)
+    model.save_pretrained(d)
+    return xform.load(export_bundle(d, tmp_path_factory.mktemp("bundle") / "t", attention_layer=-1).path)
