@@ -103,14 +103,17 @@ def main() -> None:
               help="The decoder graph also returns a decoder layer's cross-attention (averaged over heads): "
                    "alignments (return_attention) and run --replace-unknowns. Off by default: the plain decoder "
                    "returns nothing it does not need.")
+@click.option("--with-vocab-map", is_flag=True,
+              help="Also the restricted decoder graph and the output table, so run --vocab-map can project onto "
+                   "a per-batch target vocabulary (CPU speed).")
 @click.option("--attention-layer", type=int, default=None,
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
                    "-1, the last).")
 @handle_errors
 def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
-           src_bos: bool, decode_cap: int | None, with_attention: bool, attention_layer: int | None,
-           **hparams) -> None:
+           src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
+           attention_layer: int | None, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
@@ -140,7 +143,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
         result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
                                hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
-                               if with_attention else None, progress=lambda msg: status.update(msg))
+                               if with_attention else None, vocab_map=with_vocab_map,
+                               progress=lambda msg: status.update(msg))
     v = result.manifest["verification"]
     c = v["check"]
     source = result.manifest["model"]["source"]
@@ -233,7 +237,7 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
 
 def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
                      src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                     replace_unknowns: bool = False):
+                     replace_unknowns: bool = False, vocab_map=None):
     """(label, text, translations or None, error or None) for each (label, line), in input order."""
     labels: list[str] = []
 
@@ -253,7 +257,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
                                       src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
-                                      replace_unknowns=replace_unknowns)
+                                      replace_unknowns=replace_unknowns, vocab_map=vocab_map)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
@@ -530,6 +534,10 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "(repeat once per --text; '' for none).")
 @click.option("--prefix-column", is_flag=True,
               help="Each --input-file line is source<TAB>target prefix (an empty prefix is none).")
+@click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+              help="CTranslate2's vocabulary map (source n-gram TAB target tokens; an empty n-gram: always allowed): "
+                   "each batch decodes over the target tokens its sources allow (a bundle exported "
+                   "--with-vocab-map; ort backend).")
 @click.option("--replace-unknowns", is_flag=True,
               help="Write an unknown target token (<unk>) as the source piece it attends to most (a bundle exported "
                    "--with-attention).")
@@ -548,7 +556,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
         max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
-        prefix_column, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -597,6 +605,15 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
             session.check_replace_unknowns()
         except InputError as e:
             raise click.UsageError(f"{bundle}: {e}") from None
+    if vocab_map is not None:
+        if not (texts or input_file):
+            raise click.UsageError("--vocab-map goes with --text / --input-file")
+        if not vocab_map.is_file():
+            raise XformError(f"--vocab-map {vocab_map}: no such file")
+        if not getattr(session.backend, "has_restriction", False):
+            raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
+                                   "it with --with-vocab-map and run it with --backend ort")
+        vocab_map = session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
     bad_words = settings.pop("bad_words")
     if bad_words:
         if session.tokenizer is None:
@@ -614,7 +631,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         with line_progress(show=input_file is not None) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
-                                       prefix_column, replace_unknowns)
+                                       prefix_column, replace_unknowns, vocab_map)
             errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
                                            scores)
         if errors:

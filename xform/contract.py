@@ -31,8 +31,14 @@ min_new_tokens): what transformers' beam search ranks, without the (rows, vocab)
 leaving the device or the host sorting a vocabulary. Greedy decoding never runs it, so its
 decoder graph carries no log-softmax or TopK.
 
-Axes: a str is a named dynamic axis (`batch`, `src_batch`, `src_len`, `cache_len`, `candidates`), an int is
-fixed.
+An optional fifth graph, `decoder_restricted` (bundles exported --with-vocab-map), is the decoder
+with the output projection over given rows of the table only (`out_weight` (vocab_subset,
+d_model), `out_bias`): the logits of a per-batch target vocabulary, the rest of the projection
+never computed (vocabulary restriction, CTranslate2's vocabulary map). It returns no next_ids:
+the host chooses among the subset.
+
+Axes: a str is a named dynamic axis (`batch`, `src_batch`, `src_len`, `cache_len`, `candidates`,
+`vocab_subset`), an int is fixed.
 """
 from __future__ import annotations
 
@@ -43,7 +49,9 @@ ENCODER = "encoder"
 DECODER = "decoder"
 REORDER = "reorder"
 CANDIDATES = "candidates"
-GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)
+RESTRICTED = "decoder_restricted"
+GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)  # every bundle's
+OPTIONAL_GRAPHS = (RESTRICTED,)  # a bundle exported --with-vocab-map
 WEIGHTLESS = (REORDER, CANDIDATES)  # nothing to quantize
 
 
@@ -100,7 +108,7 @@ def kv_names(prefix: str, n_layers: int) -> list[str]:
 
 
 def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size: int,
-              kv_dtype: str = "float32", attention: bool = False) -> dict[str, GraphSpec]:
+              kv_dtype: str = "float32", attention: bool = False, d_model: int = 0) -> dict[str, GraphSpec]:
     """The graph specs for a model; kv_dtype is the K/V cache precision. With `attention` (a
     bundle exported --with-attention), the decoder also returns `attention` (batch, src_len): one
     decoder layer's cross-attention for the new token, averaged over heads (alignments)."""
@@ -136,11 +144,18 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
         outputs=(TensorSpec("cand_logprobs", "float32", ("batch", "candidates")),
                  TensorSpec("cand_ids", "int64", ("batch", "candidates"))),
     )
-    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates}
+    restricted = GraphSpec(  # the decoder with the output projection over given table rows only
+        inputs=(*(t for t in decoder.inputs if t.name != "min_new_tokens"),
+                TensorSpec("out_weight", "float32", ("vocab_subset", d_model)),
+                TensorSpec("out_bias", "float32", ("vocab_subset",))),
+        outputs=(TensorSpec("logits", "float32", ("batch", "vocab_subset")),
+                 *(kv(n, 1) for n in kv_names("new", n_decoder_layers))),
+    )
+    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates, RESTRICTED: restricted}
 
 
 def signature_for(config: dict[str, Any], kv_dtype: str = "float32", attention: bool = False) -> dict[str, GraphSpec]:
     """Signature from a config dict (TransformerConfig.to_dict() or a manifest's `config`)."""
     head_dim = config.get("attention_head_dim") or config["d_model"] // config["n_heads"]
     return signature(config["n_decoder_layers"], config["n_heads"], head_dim,
-                     config["tgt_vocab_size"], kv_dtype, attention)
+                     config["tgt_vocab_size"], kv_dtype, attention, config["d_model"])

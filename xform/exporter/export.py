@@ -19,7 +19,7 @@ import onnx
 import torch
 
 from xform import __version__
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, WEIGHTLESS, signature_for
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
 from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
@@ -42,6 +42,7 @@ PRECISION_PLANS = {
             "K/V and logits fp32. For ONNX Runtime on the CPU; TensorRT engines come from fp32 / fp16 bundles",
 }
 REFERENCE_DIR = "reference"
+OUTPUT_TABLE = "output.safetensors"  # --with-vocab-map: the output projection's weight and bias, fp32
 
 
 @dataclass
@@ -107,9 +108,10 @@ def unshare_quantized_weights(path: Path) -> None:
 
 
 def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
-    """Initializers the encoder and decoder both hold with identical bytes (a shared embedding
-    table): where the decoder's copy lies, for the runtime to map once and give both sessions
-    (manifest `shared_weights`; ort_backend.py). Only tensors of at least `min_bytes`."""
+    """Initializers the decoder and another graph hold with identical bytes (the encoder: a shared
+    embedding table; the restricted decoder: every decoder layer): where the decoder's copy lies,
+    for the runtime to map once and give every session that holds it (manifest `shared_weights`;
+    ort_backend.py). Only tensors of at least `min_bytes`."""
     import hashlib
 
     import numpy as np
@@ -133,14 +135,18 @@ def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
                 digests[location, offset] = hashlib.sha256(f.read(length)).hexdigest()
         return digests[location, offset]
 
-    enc, out = external(ENCODER), []
+    others = {g: external(g) for g in (ENCODER, RESTRICTED) if (directory / f"{g}.onnx").is_file()}
+    out = []
     for name, (location, offset, length, dtype, dims) in external(DECODER).items():
-        for enc_name, (e_loc, e_off, e_len, e_dtype, e_dims) in enc.items():
-            if (e_len, e_dtype, e_dims) == (length, dtype, dims) and \
-                    digest(e_loc, e_off, e_len) == digest(location, offset, length):
-                out.append({"file": location, "offset": offset, "dtype": dtype, "shape": dims,
-                            "graphs": {ENCODER: enc_name, DECODER: name}})
-                break
+        graphs = {DECODER: name}
+        for graph, tensors in others.items():
+            for other_name, (o_loc, o_off, o_len, o_dtype, o_dims) in tensors.items():
+                if (o_len, o_dtype, o_dims) == (length, dtype, dims) and \
+                        digest(o_loc, o_off, o_len) == digest(location, offset, length):
+                    graphs[graph] = other_name
+                    break
+        if len(graphs) > 1:
+            out.append({"file": location, "offset": offset, "dtype": dtype, "shape": dims, "graphs": graphs})
     return out
 
 
@@ -154,11 +160,12 @@ def check_graph(path: Path) -> None:
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
-                  max_new_tokens: int | None = None, attention_layer: int | None = None,
+                  max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
-    alignments and --replace-unknowns."""
+    alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
+    graph and the output table (output.safetensors), for vocabulary restriction."""
     out = Path(out)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
@@ -189,8 +196,9 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     graph_model = to_fp16(model) if precision == "fp16" else model
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
     tol = tolerance_for(precision)
+    graphs = GRAPHS + ((RESTRICTED,) if vocab_map else ())
     with atomic_directory(out, force) as tmp:
-        for graph in GRAPHS:
+        for graph in graphs:
             progress(f"exporting {graph} ({precision})")
             layer = attention_layer if graph == DECODER else None
             if precision == "int8" and graph not in WEIGHTLESS:
@@ -199,6 +207,10 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             else:
                 export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer)
             check_graph(tmp / f"{graph}.onnx")
+        if vocab_map:  # the rows the restricted decoder's projection takes, gathered per batch
+            from safetensors.numpy import save_file
+            weight, bias = model.output_table()
+            save_file({"weight": weight.numpy(), "bias": bias.numpy()}, str(tmp / OUTPUT_TABLE))
         save_checkpoint(model, tmp / REFERENCE_DIR)
         if loaded.tokenizer is not None:
             (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
@@ -210,7 +222,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             "format": FORMAT, "version": VERSION, "precision": precision, "opset": opset,
             "precision_plan": PRECISION_PLANS[precision],
             "model": {"config": cfg.to_dict(), "source": loaded.source},
-            "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in GRAPHS},
+            "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in graphs},
+            "output_table": {"file": OUTPUT_TABLE} if vocab_map else None,
             "shared_weights": shared_weights(tmp),
             # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
             "attention_layer": attention_layer,
@@ -246,8 +259,11 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
     from xform.runtime.session import Session
 
     backend = OrtBackend(bundle, "cpu")
-    figures = verify_graphs(model, {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
-                                    CANDIDATES: backend.candidates}, {g: bundle.graph_spec(g) for g in GRAPHS}, tol,
+    sessions = {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
+                CANDIDATES: backend.candidates}
+    if bundle.has_graph(RESTRICTED):
+        sessions[RESTRICTED] = backend.restricted_session()
+    figures = verify_graphs(model, sessions, {g: bundle.graph_spec(g) for g in sessions}, tol,
                             bundle.manifest.get("attention_layer"))
     if tol.min_token_agreement == 1.0:
         figures.update(verify_greedy(model, Session(backend, bundle.config)))

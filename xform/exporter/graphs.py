@@ -15,7 +15,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, GraphSpec
+from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, RESTRICTED, GraphSpec
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording, reorder_cache
 
 DEFAULT_OPSET = 17
@@ -62,6 +62,24 @@ class ReorderGraph(nn.Module):
         return tuple(t for kv in reorder_cache(cache, beam_idx) for t in kv)
 
 
+class RestrictedGraph(nn.Module):
+    """The decoder with the output projection over given table rows (vocabulary restriction)."""
+
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+        self.n = model.cfg.n_decoder_layers
+
+    def forward(self, input_ids: Tensor, past_len: Tensor, *flat: Tensor):
+        n = self.n
+        cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
+        cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
+        src_mask, out_weight, out_bias = flat[4 * n], flat[4 * n + 1], flat[4 * n + 2]
+        logits, new = self.model.decode_step_restricted(input_ids, EncoderOutput(cross, src_mask), cache, past_len,
+                                                        out_weight, out_bias)
+        return (logits, *[t for kv in new for t in kv])
+
+
 class CandidatesGraph(nn.Module):
     """Beam search's candidates: per row, the num_candidates best log-probs after the decoder's
     suppression (Seq2SeqTransformer.suppress), and their ids, largest first (ties: lower id)."""
@@ -79,7 +97,8 @@ class CandidatesGraph(nn.Module):
         return torch.topk(scores, num_candidates[0], dim=-1)  # (R, K) each; K stays a graph input
 
 
-MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph}
+MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph,
+           RESTRICTED: RestrictedGraph}
 
 
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
@@ -105,6 +124,11 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
         beam_idx = torch.arange(batch - 1, -1, -1)  # a real permutation
         return (beam_idx, *cache)
     ids = torch.full((rows, 1), cfg.start_id, dtype=torch.long)
+    if graph == RESTRICTED:  # a subset of the table's rows, not a prefix of it
+        weight, bias = model.output_table()
+        subset = torch.arange(1, cfg.tgt_vocab_size, 2)[:7]
+        return (ids, torch.tensor([past_len]), *cache, *[t for kv in enc.cross_kv for t in kv], enc.src_mask,
+                weight[subset], bias[subset])
     return (ids, torch.zeros(1, dtype=torch.long), torch.tensor([past_len]), *cache,
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, GraphSpec
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode, recording
@@ -96,10 +96,20 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
         feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
                  zip(specs[DECODER].inputs, (ids, min_new, torch.tensor([past_len]), *cache, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
-        figures[f"decoder_past{past_len}{'_group' + str(group) if group > 1 else ''}_max_abs_err"] = compare_outputs(
-            DECODER, specs[DECODER].output_names, got, ref, tol,
-            f"{rows} rows over {VERIFY_BATCH} sources, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
-            f"cache_len {past_len + VERIFY_SPARE}")
+        name = f"past{past_len}{'_group' + str(group) if group > 1 else ''}"
+        where = (f"{rows} rows over {VERIFY_BATCH} sources, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
+                 f"cache_len {past_len + VERIFY_SPARE}")
+        figures[f"decoder_{name}_max_abs_err"] = compare_outputs(DECODER, specs[DECODER].output_names, got, ref, tol,
+                                                                 where)
+        if RESTRICTED in sessions:  # the full decoder's logits at a subset of ids, in that order
+            subset = torch.randperm(cfg.tgt_vocab_size, generator=g)[:max(2, cfg.tgt_vocab_size // 3)]
+            weight, bias = model.output_table()
+            r_feeds = {k: v for k, v in feeds.items() if k != "min_new_tokens"}
+            r_feeds.update(out_weight=weight[subset].numpy(), out_bias=bias[subset].numpy())
+            got = sessions[RESTRICTED].run(None, r_feeds)
+            figures[f"restricted_{name}_max_abs_err"] = compare_outputs(
+                RESTRICTED, specs[RESTRICTED].output_names, got, [logits[:, subset], *ref[2:2 + len(got) - 1]], tol,
+                f"{where}, {len(subset)} of {cfg.tgt_vocab_size} ids")
     if REORDER in sessions:  # beam search's cache reorder: rows permuted, one continued twice, one dropped
         n = cache[0].shape[0]
         beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)

@@ -123,6 +123,13 @@ class Seq2SeqTransformer(nn.Module):
         past_len. The same numbers as `decode` with the past as a list and the encoding repeated
         g times (tests/models/test_transformer.py).
         """
+        x, new = self.step_hidden(tokens, enc, cache, past_len)
+        return self.project(x)[:, 0], new
+
+    def step_hidden(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor
+                    ) -> tuple[Tensor, list[LayerKV]]:
+        """decode_step's decoder layers: the last layer's output (R, 1, D), before the final norm
+        and the output projection, and the new keys / values."""
         dt = self.compute_dtype
         pos = self.tgt_pos.weight.index_select(0, past_len.reshape(1))  # (1, D): a Gather, not a Slice
         x = self.tgt_embed(tokens).to(dt) * self.embed_scale + pos.to(dt)
@@ -136,7 +143,23 @@ class Seq2SeqTransformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x, kv = layer.step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask)
             new.append(kv)
-        return self.project(x)[:, 0], new
+        return x, new
+
+    def decode_step_restricted(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor,
+                               out_weight: Tensor, out_bias: Tensor) -> tuple[Tensor, list[LayerKV]]:
+        """`decode_step` with the output projection over given rows of the table only: logits
+        (R, V') = final norm (hidden) @ out_weight (V', D)^T + out_bias (V',), in fp32 (the
+        restricted decoder graph, vocabulary restriction)."""
+        x, new = self.step_hidden(tokens, enc, cache, past_len)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return nn.functional.linear(x[:, 0].float(), out_weight, out_bias), new
+
+    def output_table(self) -> tuple[Tensor, Tensor]:
+        """The output projection's weight (V, D) and bias (V,), fp32 (zeros without a bias)."""
+        w = self.lm_head.weight.detach().float()
+        bias = self.output_bias if self.output_bias is not None else w.new_zeros(w.shape[0])
+        return w, bias.detach().float()
 
     def project(self, x: Tensor) -> Tensor:
         """The final decoder norm and the output projection: (B, T, D) -> logits (B, T, V) in fp32."""

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from xform.contract import GraphSpec, signature_for
+from xform.contract import GRAPHS, RESTRICTED, GraphSpec, signature_for
 from xform.errors import BundleError
 
 MANIFEST = "manifest.json"
@@ -103,9 +103,20 @@ class Bundle:
             raise BundleError(f"{mpath}: attention_layer must be a decoder layer (0 to "
                               f"{self.config['n_decoder_layers'] - 1}) or null, got {layer!r}")
         expected = signature_for(self.config, kv_dtype, attention=layer is not None)
-        missing = [g for g in expected if g not in m["graphs"]]
+        missing = [g for g in GRAPHS if g not in m["graphs"]]
         if missing:
             raise BundleError(f"{mpath}: no {', '.join(missing)} graph; re-export the bundle")
+        unknown = [g for g in m["graphs"] if g not in expected]
+        if unknown:
+            raise BundleError(f"{mpath}: unknown graphs {unknown}; known: {list(expected)}")
+        table = m.get("output_table")
+        if (RESTRICTED in m["graphs"]) != bool(table):
+            raise BundleError(f"{mpath}: the {RESTRICTED} graph and output_table go together")
+        if table:
+            try:
+                self.inside(table["file"])
+            except (KeyError, TypeError) as e:
+                raise BundleError(f"{mpath}: malformed output_table ({type(e).__name__}: {e})") from None
         self.shared_weights()
         for graph, entry in m["graphs"].items():
             if graph in expected and entry.get("signature") != expected[graph].to_dict():
@@ -189,6 +200,9 @@ class Bundle:
     @property
     def precision(self) -> str:
         return self.manifest["precision"]
+
+    def has_graph(self, graph: str) -> bool:
+        return graph in self.manifest["graphs"]
 
     def graph_spec(self, graph: str) -> GraphSpec:
         return GraphSpec.from_dict(self.manifest["graphs"][graph]["signature"])

@@ -25,8 +25,8 @@ import mmap
 
 import numpy as np
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, kv_names
-from xform.errors import BackendUnavailableError, BundleError, XformError
+from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, kv_names
+from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle, drop_cached
 from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
@@ -75,23 +75,10 @@ class OrtBackend:
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights()]
+        self.bundle, self.threads, self.providers = bundle, threads, providers
         sessions = {}
         for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
-            opts = ort.SessionOptions()
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if threads:
-                opts.intra_op_num_threads = threads
-                opts.inter_op_num_threads = 1
-            if graph != DECODER:
-                # a pool per session (ONNX Runtime's global pool would fail every other session in
-                # the process that does not opt into it: docs/design.md, "Thread pools"). Graphs run
-                # between decoder steps, or once: their pool's threads must not spin after their
-                # work and take the cores the decoder's next step needs
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            for w in self.shared:
-                if graph in w.graphs:
-                    opts.add_initializer(w.graphs[graph], w.value)
-            sessions[graph] = session(ort, bundle.graph_file(graph), opts, providers)
+            sessions[graph] = self.open_session(graph)
             if graph == DECODER and self.ort_device == "cpu":
                 for w in self.shared:
                     w.page_out()
@@ -115,6 +102,54 @@ class OrtBackend:
         else:
             self.cache = self.cross = None
         self.binding = None
+        # vocabulary restriction (a bundle exported --with-vocab-map): the restricted decoder and
+        # the output table, loaded at the first restriction; the ids of the current one
+        self.restricted = self.table = self.subset = None
+        self.has_restriction = bundle.has_graph(RESTRICTED)
+
+    def open_session(self, graph: str):
+        ort = self.ort
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+        if graph not in (DECODER, RESTRICTED):
+            # a pool per session (ONNX Runtime's global pool would fail every other session in
+            # the process that does not opt into it: docs/design.md, "Thread pools"). Graphs run
+            # between decoder steps, or once: their pool's threads must not spin after their
+            # work and take the cores the decoder's next step needs
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for w in self.shared:
+            if graph in w.graphs:
+                opts.add_initializer(w.graphs[graph], w.value)
+        return session(ort, self.bundle.graph_file(graph), opts, self.providers)
+
+    def restricted_session(self):
+        """The restricted decoder's session, opened at first use (its weights mapped once with the
+        decoder's: manifest shared_weights)."""
+        if self.restricted is None:
+            self.restricted = self.open_session(RESTRICTED)
+        return self.restricted
+
+    def restrict(self, ids: np.ndarray | None) -> None:
+        """Decode the next batches over the target ids `ids` only (sorted, unique, int64): the
+        restricted decoder's projection over those rows of the output table, the others' logits
+        -inf; None: the whole vocabulary again. Call before start()."""
+        if ids is None:
+            self.subset = None
+            return
+        if not self.has_restriction:
+            raise InputError("a vocabulary restriction needs the restricted decoder: export the bundle with "
+                             "--with-vocab-map")
+        if self.table is None:
+            from safetensors.numpy import load_file
+            self.table = load_file(str(self.bundle.file(self.bundle.manifest["output_table"]["file"])))
+            self.restricted_session()
+        self.subset = np.ascontiguousarray(ids, np.int64)
+        self.sub_weight = np.ascontiguousarray(self.table["weight"][self.subset])
+        self.sub_bias = np.ascontiguousarray(self.table["bias"][self.subset])
+        self.blocked = np.isin(self.subset, [self.bundle.config["pad_id"], *self.bundle.config.get("banned_ids", ())])
 
     # -- the backend interface -------------------------------------------------------------------
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
@@ -141,10 +176,13 @@ class OrtBackend:
         self.group, self.steps = group, 0
         R = Bs * group
         self.ids_buf, self.next_buf = np.empty((R, 1), np.int64), np.empty(R, np.int64)
-        self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None else None
+        self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None or self.subset is not None else None
+        if self.subset is not None:  # ids outside the subset: -inf, written once a decode
+            self.logits_buf.fill(-np.inf)
+            self.sub_logits_buf = np.empty((R, len(self.subset)), np.float32)
         self.attention_buf = np.empty((R, S), np.float32) if self.has_attention else None
         self.min_new, self.past_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        self.binding = self.decoder.io_binding()
+        self.binding = (self.restricted if self.subset is not None else self.decoder).io_binding()
         self.bind_rows()
 
     @property
@@ -155,9 +193,16 @@ class OrtBackend:
         """Bind everything whose address or shape follows the rows (after start, a gather, a growth)."""
         dec, R = self.binding, self.rows
         self.ids, self.next_ids = self.ids_buf[:R], self.next_buf[:R]
-        for name, a in (("input_ids", self.ids), ("min_new_tokens", self.min_new), ("past_len", self.past_len),
-                        ("src_mask", self.mask)):
+        for name, a in (("input_ids", self.ids), ("past_len", self.past_len), ("src_mask", self.mask)):
             bind_host(dec, "input", name, a)
+        if self.subset is not None:  # the restricted decoder: the subset's rows of the table in, its logits out
+            bind_host(dec, "input", "out_weight", self.sub_weight)
+            bind_host(dec, "input", "out_bias", self.sub_bias)
+            self.logits, self.sub_logits = self.logits_buf[:R], self.sub_logits_buf[:R]
+            bind_host(dec, "output", "logits", self.sub_logits)
+            self.bind_kv(dec)
+            return
+        bind_host(dec, "input", "min_new_tokens", self.min_new)
         bind_host(dec, "output", "next_ids", self.next_ids)
         if self.has_attention:  # (rows, src_len): on the host on every device, a few bytes a row
             self.attention_rows = self.attention_buf[:R]
@@ -168,6 +213,10 @@ class OrtBackend:
         else:
             self.logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32, "cuda", 0)
             dec.bind_ortvalue_output("logits", self.logits)
+        self.bind_kv(dec)
+
+    def bind_kv(self, dec) -> None:
+        """The cross K/V and the cache in, the new position's K/V out."""
         self.bind_tensors(dec, "input", self.cross_names, self.cross.addresses(), self.cross.shape)
         self.bind_tensors(dec, "input", self.cache_names, self.cache.addresses(), self.cache.shape)
         self.bind_tensors(dec, "output", self.new_names, self.cache.new_addresses(), (*self.cache.shape[:2], 1,
@@ -196,15 +245,24 @@ class OrtBackend:
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
-        self.decoder.run_with_iobinding(dec)
-        dec.synchronize_outputs()
+        if self.subset is not None:
+            self.restricted.run_with_iobinding(dec)
+            dec.synchronize_outputs()
+            self.logits[:, self.subset] = self.sub_logits
+            sub = np.where(self.blocked, -np.inf, self.sub_logits)
+            if p < min_new_tokens:
+                sub[:, self.subset == self.bundle.config["eos_id"]] = -np.inf
+            self.next_ids[:] = self.subset[sub.argmax(1)]  # the graph's rule, over the subset
+        else:
+            self.decoder.run_with_iobinding(dec)
+            dec.synchronize_outputs()
         self.cache.write(p)
         self.steps += 1
         if candidates:
             return self.next_ids.copy(), self.run_candidates(candidates, p)
         if not want_logits:
             return self.next_ids.copy(), None
-        return self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+        return self.next_ids.copy(), (self.logits.copy() if isinstance(self.logits, np.ndarray) else self.logits.numpy())
 
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,

@@ -7,6 +7,7 @@ graphs is not this module's business (backend.py); it never imports torch.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -16,6 +17,7 @@ from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import (GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy,
                                     named)
+from xform.runtime.vocab_map import VocabMap
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
 
@@ -111,8 +113,8 @@ class Session:
                  repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
                  bad_words_ids: list[list[int]] | None = None, suppress_tokens: list[int] | None = None,
                  return_alternatives: bool | None = None, target_prefix: list[list[int]] | None = None,
-                 return_scores: bool = False, return_token_scores: bool = False, return_attention: bool = False,
-                 on_step: Callable[[int], None] | None = None):
+                 vocabulary=None, return_scores: bool = False, return_token_scores: bool = False,
+                 return_attention: bool = False, on_step: Callable[[int], None] | None = None):
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
         log-probs, else the sum of log-probs); with return_token_scores, also each token's
@@ -129,7 +131,10 @@ class Session:
         prefix) does. `return_alternatives` with num_return_sequences n: the n best tokens at the
         first position after the prefix, each continued greedily. repetition_penalty,
         no_repeat_ngram_size, bad_words_ids (sequences, besides the pad and the model's banned ids)
-        and suppress_tokens act as transformers' processors of those names."""
+        and suppress_tokens act as transformers' processors of those names. `vocabulary` (target
+        ids; a bundle exported --with-vocab-map, ort backend): the output projection runs over
+        those ids (and end-of-sentence, unknown, forced and prefix ids) only, the others never
+        generated: the full model's tokens with every other id's logit masked."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         if max_new_tokens is None:
             max_new_tokens = self.default_max_new_tokens()
@@ -142,7 +147,8 @@ class Session:
                                      bad_words_ids=bad_words_ids, suppress_tokens=suppress_tokens,
                                      return_alternatives=return_alternatives)
         return self.decode(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
-                           return_token_scores=return_token_scores, return_attention=return_attention)
+                           return_token_scores=return_token_scores, return_attention=return_attention,
+                           vocabulary=vocabulary)
 
     def check_prefix(self, target_prefix, batch: int, gen: GenerationConfig) -> list[list[int]] | None:
         """The target prefixes as id lists, checked: one a source, ids in the target vocabulary,
@@ -172,7 +178,7 @@ class Session:
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
                on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
-               return_attention: bool = False):
+               return_attention: bool = False, vocabulary=None):
         """The one decoding loop, for every strategy and backend. The strategy's row index
         (`beam_idx`) reorders the backend's rows for beam search and drops finished ones, so the
         rows run per step fall as sources end."""
@@ -191,6 +197,41 @@ class Session:
                              "export it with --with-attention")
         strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id,
                                  src_ids.shape[1] if return_attention else 0)
+        if vocabulary is not None:
+            if return_attention:
+                raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
+                                 "decoder returns no attention")
+            self.restrict(vocabulary, gen, prefix)
+            strategy.host = True  # the host chooses among the subset's logits (-inf elsewhere)
+        try:
+            return self.run_strategy(strategy, src_ids, src_lengths, gen, return_scores, return_token_scores,
+                                     return_attention, on_step)
+        finally:
+            if vocabulary is not None:
+                self.backend.restrict(None)
+
+    def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> None:
+        """Point the backend at `vocabulary` (target ids) and the ids a decode always needs."""
+        if not getattr(self.backend, "has_restriction", False):
+            raise InputError("vocabulary: a restriction needs the restricted decoder on the ort backend: export the "
+                             "bundle with --with-vocab-map and run it with --backend ort")
+        try:
+            ids = np.unique(np.asarray(vocabulary, dtype=np.int64).reshape(-1))
+        except (TypeError, ValueError) as e:
+            raise InputError(f"vocabulary: expected target ids, got {vocabulary!r} ({e})") from None
+        vocab = self.config["tgt_vocab_size"]
+        if len(ids) and (ids[0] < 0 or ids[-1] >= vocab):
+            raise InputError(f"vocabulary: ids outside the target vocabulary of {vocab}")
+        needed = {self.eos_id, *[i for p in prefix or [] for i in p]}
+        if gen.forced_bos_token_id is not None:
+            needed.add(gen.forced_bos_token_id)
+        unk = getattr(self.tokenizer, "target_unk_id", None)
+        if unk is not None:
+            needed.add(unk)
+        self.backend.restrict(np.union1d(ids, np.array(sorted(needed), np.int64)))
+
+    def run_strategy(self, strategy, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool,
+                     return_token_scores: bool, return_attention: bool, on_step):
         limit = getattr(self.backend, "max_rows", None)
         if limit is not None and strategy.rows > limit:
             raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
@@ -322,7 +363,8 @@ class Session:
                         on_batch: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
                         src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                        replace_unknowns: bool = False) -> Iterator[tuple[str, list | None, str | None]]:
+                        replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None
+                        ) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -342,7 +384,8 @@ class Session:
         `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
         is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
         piece it attends to most (a bundle exported --with-attention; CTranslate2's
-        replace_unknowns). A line of more source tokens than max_len fails alone, or with `truncate` is cut
+        replace_unknowns). With a `vocab_map` (a VocabMap or its file; a bundle exported
+        --with-vocab-map), each batch decodes over the target ids its sources allow. A line of more source tokens than max_len fails alone, or with `truncate` is cut
         to max_len (its first max_len - 1 tokens and end-of-sentence, as CTranslate2's
         max_input_length does) and reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
@@ -352,8 +395,23 @@ class Session:
             self.encode_text("", src_lang)  # an unknown language is refused at the call
         if replace_unknowns:
             self.check_replace_unknowns()
+        vocab_map = self.vocab_map(vocab_map)
         return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
-                                      prefix_column, replace_unknowns)
+                                      prefix_column, replace_unknowns, vocab_map)
+
+    def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
+        """A vocabulary map (or the path of one) checked against this bundle: it needs the
+        restricted decoder (export --with-vocab-map) and a tokenizer."""
+        if vocab_map is None:
+            return None
+        if not getattr(self.backend, "has_restriction", False):
+            raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
+                             "with --with-vocab-map and run it with --backend ort")
+        if self.tokenizer is None or not hasattr(self.tokenizer, "target_vocabulary"):
+            raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
+        if not isinstance(vocab_map, VocabMap):
+            vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
+        return vocab_map
 
     def check_replace_unknowns(self) -> None:
         if not getattr(self.backend, "has_attention", False):
@@ -366,7 +424,7 @@ class Session:
                           on_batch: Callable[[int, int], None] | None = None,
                           on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
                           src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                          replace_unknowns: bool = False):
+                          replace_unknowns: bool = False, vocab_map: VocabMap | None = None):
         def encoded():
             for index, line in enumerate(lines):
                 prefix_text = None
@@ -400,11 +458,13 @@ class Session:
                 yield text, ids, error, prefix
 
         for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
-            yield from self.translate_window(window, gen, batching, on_batch, return_scores, replace_unknowns)
+            yield from self.translate_window(window, gen, batching, on_batch, return_scores, replace_unknowns,
+                                             vocab_map)
 
     def translate_window(self, window: list[tuple[str, list[int] | None, str | None, list[int]]],
                          gen: GenerationConfig, batching: Batching, on_batch: Callable[[int, int], None] | None = None,
-                         return_scores: bool | str = False, replace_unknowns: bool = False):
+                         return_scores: bool | str = False, replace_unknowns: bool = False,
+                         vocab_map: VocabMap | None = None):
         """The window's (text, translations or None, error or None) in input order; its sources
         decoded in batches of like length."""
         todo = [i for i, entry in enumerate(window) if entry[1] is not None]
@@ -412,9 +472,10 @@ class Session:
         for batch in plan([len(window[i][1]) for i in todo], batching):
             rows = [todo[j] for j in batch]
             prefixes = [window[i][3] for i in rows]
-            texts = [window[i][0] for i in rows] if replace_unknowns else None
+            texts = [window[i][0] for i in rows]
             done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores,
-                                                       prefixes if any(prefixes) else None, texts)))
+                                                       prefixes if any(prefixes) else None, texts, replace_unknowns,
+                                                       vocab_map)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
@@ -454,13 +515,19 @@ class Session:
 
     def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
                         on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
-                        target_prefix: list[list[int]] | None = None, texts: list[str] | None = None) -> list[list]:
+                        target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
+                        replace_unknowns: bool = False, vocab_map: VocabMap | None = None) -> list[list]:
         """Decode source id rows together: for each, its num_return_sequences translations (with
-        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). With the
-        sources' `texts`, unknown target tokens are replaced by the source pieces they attend to."""
-        replace_unknowns = texts is not None
+        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). Given the
+        sources' `texts`: with replace_unknowns, unknown target tokens are replaced by the source
+        pieces they attend to; with a vocab_map, the batch decodes over the target ids its
+        sources' n-grams allow."""
+        vocabulary = None
+        if vocab_map is not None:
+            vocabulary = vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
         result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
-                             return_token_scores=return_scores == "tokens", return_attention=replace_unknowns)
+                             return_token_scores=return_scores == "tokens", return_attention=replace_unknowns,
+                             vocabulary=vocabulary)
         rows = result[0] if isinstance(result, tuple) else result
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
@@ -502,7 +569,8 @@ class Session:
                 for t, j in zip(where, weights.argmax(1))}
 
     def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
-                  tgt_lang: str | None = None, replace_unknowns: bool = False, **settings: Any) -> list[str]:
+                  tgt_lang: str | None = None, replace_unknowns: bool = False,
+                  vocab_map: "VocabMap | str | Path | None" = None, **settings: Any) -> list[str]:
         """Translations in input order; with num_return_sequences n, n per text, one after another.
         `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...);
         `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
@@ -519,6 +587,9 @@ class Session:
             settings["bad_words_ids"] = [self.target_ids(w) if isinstance(w, str) else w
                                          for w in settings["bad_words_ids"]]
         src = self.encode_texts(list(texts), src_lang)
+        vocab_map = self.vocab_map(vocab_map)
+        if vocab_map is not None:
+            settings["vocabulary"] = vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
         if replace_unknowns:
             self.check_replace_unknowns()
             out, attention = self.generate(src, max_new_tokens=max_new_tokens, return_attention=True, **settings)

@@ -167,6 +167,12 @@ class VocabTokenizer:
     def target_unk_id(self) -> int | None:
         return self.tgt.unk_id
 
+    def target_vocabulary(self) -> dict[str, int]:
+        """Target piece -> id (a vocabulary map's target tokens)."""
+        if self.tgt.unit == "spm":
+            return {self.tgt.spm.IdToPiece(i): i for i in range(self.tgt.size)}
+        return dict(self.tgt.index)
+
     def source_piece(self, i: int) -> str:
         return self.src.piece(i)
 
@@ -257,6 +263,10 @@ class SpmTokenizer:
     @property
     def target_unk_id(self) -> int | None:
         return next((i for i, t in self.decoder.items() if t == self.unk_token), None)
+
+    def target_vocabulary(self) -> dict[str, int]:
+        """Target piece -> id (a vocabulary map's target tokens)."""
+        return {t: i for i, t in self.decoder.items()}
 
     def source_pieces(self, text: str) -> list[str]:
         """The source text's pieces as written, one per id of encode(text) (end-of-sentence: empty)."""
@@ -365,6 +375,13 @@ class FairseqSpmTokenizer:
     def target_unk_id(self) -> int | None:
         return self.unk_id
 
+    def target_vocabulary(self) -> dict[str, int]:
+        """Piece -> id, special tokens and language codes included (one vocabulary both sides)."""
+        if self.vocab is not None:
+            return {**self.vocab, **self.special}
+        pieces = {self.spm.IdToPiece(i): i + self.offset for i in range(1, self.spm.GetPieceSize())}
+        return {**pieces, **self.special}
+
     def source_pieces(self, text: str, src_lang: str | None = None) -> list[str]:
         """The source text's pieces as written, one per id of encode(text) (framing: empty)."""
         parts = {"lang": [""], "text": self.spm.encode(text, out_type=str), "eos": [""]}
@@ -438,6 +455,13 @@ class ByteBpeTokenizer:
     def target_ids(self, text: str) -> list[int]:
         """Target ids of a text: its BPE ids (the forced <s> and end-of-sentence are the session's)."""
         return self.bpe.encode(text).ids
+
+    def source_pieces(self, text: str) -> list[str]:
+        """The source's BPE tokens, one per id of encode(text) (framing: empty)."""
+        return [""] + self.bpe.encode(text).tokens + [""]
+
+    def target_vocabulary(self) -> dict[str, int]:
+        return {**self.bpe.get_vocab(), **self.special}
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
         """Text of generated ids (`replacements` unused: a byte-level BPE spells any text, so no
