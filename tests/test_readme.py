@@ -3,6 +3,7 @@ import re
 import shlex
 from pathlib import Path
 
+import numpy as np
 from click.testing import CliRunner
 
 from xform.cli import main
@@ -52,5 +53,8 @@ def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):
     exec(compile(code, "README.md python-snippet", "exec"), scope)
     assert scope["session"].translate(["40512", "7"]) == ["forty thousand five hundred twelve", "seven"]
     assert scope["ids"].shape[0] == 4 and scope["scores"].shape == (4,) and scope["report"].passed
+    assert scope["per_token"].shape == scope["best"].shape
+    np.testing.assert_allclose(scope["best_scores"] * (scope["best"] != 0).sum(1), scope["per_token"].sum(1),
+                               rtol=1e-5)  # length penalty 1: the sequence score is the tokens' mean
     assert capsys.readouterr().out.splitlines() == ["40512 ['forty thousand five hundred twelve'] None",
                                                     "7 ['seven'] None"]

@@ -735,6 +735,9 @@ def triton_model_options(fn):
         click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),
         click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Model instances (processes) decoding in parallel."),
+        click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+                     help="CTranslate2's vocabulary map: every text request decodes over the target tokens its "
+                          "sources allow (a bundle exported --with-vocab-map; ort)."),
     ]
     for option in reversed(options):
         fn = option(fn)

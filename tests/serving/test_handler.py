@@ -125,3 +125,29 @@ def test_replace_unknowns_is_an_input(demo, tmp_path_factory):
     out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")}])
     assert isinstance(out[0], str) and "input 'replace_unknowns'" in out[0] and "--with-attention" in out[0]
     assert not isinstance(out[1], str)
+
+
+def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):
+    """The model's --vocab-map: text requests decode as translate(vocab_map=) does; id requests
+    are not restricted; write_model copies the map and refuses a bundle without the restricted decoder."""
+    from xform.exporter.export import export_bundle
+    from xform.serving.repository import ModelOptions, write_model
+    root = tmp_path_factory.mktemp("vmap")
+    path = export_bundle("demo", root / "b", vocab_map=True).path
+    session = xform.load(path)
+    words = sorted(session.tokenizer.target_vocabulary())
+    vmap_file = root / "map.txt"
+    vmap_file.write_text("\t" + " ".join(w for w in words if w in ("forty", "thousand", "five", "seven")) + "\n")
+    vmap = session.vocab_map(vmap_file)
+    ids = np.array([[5, 6, 7, 2]], np.int64)
+    out = execute(session, [{"text": text("40512", "7")}, {"src_ids": ids}], vmap)
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == session.translate(["40512", "7"],
+                                                                                        vocab_map=vmap)
+    assert out[0]["translation"][0, 0].decode() != session.translate(["40512"])[0]
+    np.testing.assert_array_equal(out[1]["output_ids"], session.generate(ids))
+    model = write_model(path, root / "repo", ModelOptions(vocab_map=vmap_file))
+    assert (model / "1" / "vocab_map.txt").read_text() == vmap_file.read_text()
+    assert 'key: "vocab_map" value: { string_value: "vocab_map.txt" }' in (model / "config.pbtxt").read_text()
+    with pytest.raises(xform.XformError, match="export it with --with-vocab-map"):
+        write_model(demo_bundle, root / "r2", ModelOptions(vocab_map=vmap_file))
+    assert not (root / "r2").exists() or not any((root / "r2").iterdir())

@@ -88,6 +88,32 @@ def test_http_and_grpc_answers_equal_the_session(served, session):
         assert translations == session.translate(texts[1:2], num_beams=3)
 
 
+def test_decoding_controls_over_http_and_grpc(served, session):
+    """The control inputs through the real server: a target prefix, repetition controls, suppressed
+    ids and scores, over HTTP and gRPC; answers equal the Session's."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    server, name = served
+    for client, mod in ((http(server), th), (grpc(server), tg)):
+        inputs = request(mod, texts=["40512"])
+        for input_name, dtype, value in (("target_prefix", "BYTES", np.array([[b"forty one"]], dtype=object)),
+                                         ("repetition_penalty", "FP32", np.array([[1.5]], np.float32)),
+                                         ("no_repeat_ngram_size", "INT32", np.array([[2]], np.int32)),
+                                         ("suppress_tokens", "INT32", np.array([[5, 6]], np.int32)),
+                                         ("return_scores", "BOOL", np.array([[True]], bool))):
+            t = mod.InferInput(input_name, list(value.shape), dtype)
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        r = client.infer(name, inputs)
+        kw = dict(target_prefix=[session.target_ids("forty one")], repetition_penalty=1.5, no_repeat_ngram_size=2,
+                  suppress_tokens=[5, 6])
+        ids, scores, tokens = session.generate(session.encode_texts(["40512"]), return_token_scores=True, **kw)
+        np.testing.assert_array_equal(r.as_numpy("output_ids"), ids)
+        np.testing.assert_allclose(r.as_numpy("scores")[:, 0], scores, rtol=1e-6)
+        np.testing.assert_allclose(r.as_numpy("token_scores"), tokens, rtol=1e-6, atol=1e-7)
+        assert r.as_numpy("translation")[0, 0].decode().startswith("forty one")
+
+
 def test_8_clients_x_50_requests_with_bad_ones_mixed(served, session):
     """HTTP and gRPC clients at once; every 7th request is malformed. All good requests answered
     right and in each client's order, every bad one answered with its error, none lost; Triton

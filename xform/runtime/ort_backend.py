@@ -248,21 +248,41 @@ class OrtBackend:
         if self.subset is not None:
             self.restricted.run_with_iobinding(dec)
             dec.synchronize_outputs()
-            self.logits[:, self.subset] = self.sub_logits
-            sub = np.where(self.blocked, -np.inf, self.sub_logits)
-            if p < min_new_tokens:
-                sub[:, self.subset == self.bundle.config["eos_id"]] = -np.inf
-            self.next_ids[:] = self.subset[sub.argmax(1)]  # the graph's rule, over the subset
-        else:
-            self.decoder.run_with_iobinding(dec)
-            dec.synchronize_outputs()
+            self.cache.write(p)
+            self.steps += 1
+            return self.restricted_outputs(p, min_new_tokens, want_logits, candidates)
+        self.decoder.run_with_iobinding(dec)
+        dec.synchronize_outputs()
         self.cache.write(p)
         self.steps += 1
         if candidates:
             return self.next_ids.copy(), self.run_candidates(candidates, p)
         if not want_logits:
             return self.next_ids.copy(), None
-        return self.next_ids.copy(), (self.logits.copy() if isinstance(self.logits, np.ndarray) else self.logits.numpy())
+        return self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+
+    def restricted_outputs(self, p: int, min_new_tokens: int, want_logits: bool, candidates: int):
+        """What the decoder and candidates graphs give, from the subset's logits on the host: the
+        next ids (pad and banned ids never, end-of-sentence not before min_new_tokens), each row's
+        best candidates (log-softmax over the subset, the same suppressions), or the logits over
+        the whole vocabulary (-inf outside the subset)."""
+        sub = self.sub_logits
+        blocked = self.blocked | ((self.subset == self.bundle.config["eos_id"]) & (p < min_new_tokens))
+        if candidates:
+            x = sub - sub.max(1, keepdims=True)
+            lp = x - np.log(np.exp(x).sum(1, keepdims=True, dtype=np.float32))
+            lp[:, blocked] = -np.inf
+            k = min(candidates, lp.shape[1])
+            top = np.argpartition(-lp, k - 1, axis=1)[:, :k]
+            vals = np.take_along_axis(lp, top, 1)
+            order = np.argsort(-vals, axis=1, kind="stable")
+            top, vals = np.take_along_axis(top, order, 1), np.take_along_axis(vals, order, 1)
+            return self.subset[top[:, 0]], (vals.astype(np.float32), self.subset[top])
+        self.next_ids[:] = self.subset[np.where(blocked, -np.inf, sub).argmax(1)]
+        if not want_logits:
+            return self.next_ids.copy(), None
+        self.logits[:, self.subset] = sub  # -inf elsewhere since start()
+        return self.next_ids.copy(), self.logits.copy()
 
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,

@@ -201,8 +201,7 @@ class Session:
             if return_attention:
                 raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
                                  "decoder returns no attention")
-            self.restrict(vocabulary, gen, prefix)
-            strategy.host = True  # the host chooses among the subset's logits (-inf elsewhere)
+            self.restrict(vocabulary, gen, prefix)  # the backend chooses over the subset as its graphs do
         try:
             return self.run_strategy(strategy, src_ids, src_lengths, gen, return_scores, return_token_scores,
                                      return_attention, on_step)

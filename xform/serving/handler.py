@@ -35,11 +35,12 @@ class Job:
     settings: dict[str, Any] = field(default_factory=dict)  # generate()'s keywords this request sets
     prefixes: list[list[int]] | None = None  # target prefix ids, one list per row
     scores: bool = False
-    texts: list[str] | None = None  # the source texts, kept for replace_unknowns
+    texts: list[str] | None = None  # the source texts (None for src_ids)
+    replace: bool = False  # replace_unknowns
 
     def key(self) -> tuple:
         """Requests with equal keys decode as one batch."""
-        return (self.scores, self.texts is not None) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
+        return (self.scores, self.replace, self.texts is not None) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
                                               if v and isinstance(v[0], list) else tuple(v))
                                              for k, v in self.settings.items()))
 
@@ -188,7 +189,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
     return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
-               strings("text", text) if replace else None)
+               strings("text", text) if text is not None else None, replace)
 
 
 def setting_input(message: str) -> str:
@@ -207,9 +208,11 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
     return out[:, :keep]
 
 
-def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[str, np.ndarray] | str]:
+def execute(session, requests: list[dict[str, np.ndarray | None]],
+            vocab_map=None) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
-    the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message."""
+    the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message. With
+    a `vocab_map` (the model's --vocab-map), text requests decode over what their sources allow."""
     results: list[Any] = [None] * len(requests)
     groups: dict[tuple, list[Job]] = {}
     for i, inputs in enumerate(requests):
@@ -226,9 +229,12 @@ def execute(session, requests: list[dict[str, np.ndarray | None]]) -> list[dict[
             prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
         settings = jobs[0].settings
         try:
-            replace = jobs[0].texts is not None
+            replace = jobs[0].replace
+            vocabulary = None
+            if vocab_map is not None and jobs[0].texts is not None:
+                vocabulary = vocab_map.ids_for([session.tokenizer.source_pieces(t) for job in jobs for t in job.texts])
             out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
-                                   return_attention=replace, **settings)
+                                   return_attention=replace, vocabulary=vocabulary, **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 results[job.index] = f"input '{setting_input(str(e)) if 'prefix' not in str(e) else 'target_prefix'}': {e}"

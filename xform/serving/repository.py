@@ -28,6 +28,7 @@ from xform.errors import BundleError, XformError
 from xform.runtime.bundle import Bundle, atomic_directory, refuse_existing
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ModelOptions:
     max_queue_delay_us: int = 1000
     dynamic_batching: bool = True
     instances: int = 1
+    vocab_map: Path | None = None  # copied into the model; text requests decode over what it allows
 
     def problems(self) -> list[str]:
         p = []
@@ -55,6 +57,10 @@ class ModelOptions:
                 p.append(f"{flag} must be >= {low}, got {v}")
         if self.threads is not None and self.threads < 1:
             p.append(f"--threads must be >= 1, got {self.threads}")
+        if self.vocab_map is not None and not Path(self.vocab_map).is_file():
+            p.append(f"--vocab-map {self.vocab_map}: no such file")
+        if self.vocab_map is not None and self.backend != "ort":
+            p.append("--vocab-map runs on --backend ort (the TensorRT engines have no restricted decoder)")
         if self.name is not None and not NAME.fullmatch(self.name):
             p.append(f"--name {self.name!r}: letters, digits, '_', '.', '-', starting with a letter or digit")
         return p
@@ -93,7 +99,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     if has_tokenizer:
         outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
     params = {"bundle": bundle_param, "backend": options.backend, "device": device,
-              "threads": "" if options.threads is None else str(options.threads)}
+              "threads": "" if options.threads is None else str(options.threads),
+              "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {options.max_batch}"]
     if options.dynamic_batching:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
@@ -113,6 +120,13 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
     if options.backend == "trt" and not bundle.manifest.get("engines"):
         raise BundleError(f"{bundle.path}: has no TensorRT engines; run `xform build-engine {bundle.path}` "
                           "or serve it with --backend ort")
+    if options.vocab_map is not None:  # checked now, against this bundle's tokenizer, not at the first request
+        from xform.runtime.vocab_map import VocabMap
+        if not bundle.has_graph("decoder_restricted") or bundle.tokenizer_file is None:
+            raise XformError(f"--vocab-map: {bundle.path} needs a tokenizer and the restricted decoder: export it "
+                             "with --with-vocab-map")
+        from xform.runtime.tokenizer import load_tokenizer
+        VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
     target = Path(repo) / name
     refuse_existing(target, force, "Triton model")
@@ -125,5 +139,7 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         else:
             shutil.copytree(bundle.path, version / "bundle", symlinks=False)
             bundle_param = "bundle"
+        if options.vocab_map is not None:
+            shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
         (tmp / "config.pbtxt").write_text(config_pbtxt(name, bundle_param, options, bundle.tokenizer_file is not None))
     return target

@@ -27,6 +27,13 @@ class TritonPythonModel:
             self.session = xform.load(bundle, backend=params["backend"], device=params["device"], threads=threads)
         except xform.XformError as e:  # the reason, without a traceback, in Triton's log and load status
             raise pb_utils.TritonModelException(f"xform: cannot load bundle {bundle}: {e}") from None
+        self.vocab_map = None
+        if params.get("vocab_map"):  # checked when the model was written; a failure here is the reason in the log
+            try:
+                self.vocab_map = self.session.vocab_map(Path(args["model_repository"]) / args["model_version"]
+                                                        / params["vocab_map"])
+            except xform.XformError as e:
+                raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
         pb_utils.Logger.log_info(f"xform: serving {bundle} on {params['backend']} ({params['device']})")
 
     def execute(self, requests):
@@ -38,7 +45,7 @@ class TritonPythonModel:
                 tensors[name] = None if t is None else t.as_numpy()
             inputs.append(tensors)
         responses = []
-        for result in execute(self.session, inputs):
+        for result in execute(self.session, inputs, self.vocab_map):
             if isinstance(result, str):
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(result)))
             else:
