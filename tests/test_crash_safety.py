@@ -108,7 +108,7 @@ def test_two_exports_racing_to_one_target(tmp_path):
 
 
 def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
-    from xform.runtime.bundle import atomic_directory, atomic_write
+    from xform.files import atomic_directory, atomic_write
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale_dir = tmp_path / f".b.xform-{dead.pid}-abc.tmp"

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import pytest
 
 from xform.exporter.export import export_bundle
-from xform.runtime.bundle import atomic_write, current_umask
+from xform.files import atomic_write, current_umask
 
 
 @contextmanager

@@ -215,7 +215,7 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:
-    from xform.runtime.bundle import atomic_write, refuse_existing
+    from xform.files import atomic_write, refuse_existing
 
     refuse_existing(path, force, what="file")
     atomic_write(path, json.dumps(data, indent=2) + "\n")

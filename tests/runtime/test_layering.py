@@ -1,25 +1,73 @@
-"""The runtime never imports torch, xform.models or xform.exporter; `import xform` imports neither."""
+"""Layers point one way: every import between xform's layers, checked from the sources (imports
+inside functions too), and `import xform` / ONNX Runtime generation load no torch.
+
+    base      xform.errors, xform.contract, xform.files   (nothing of xform above them)
+    models    PyTorch only                                (base)
+    runtime   numpy + onnxruntime / tensorrt              (base; never torch, models, exporter)
+    exporter  models -> graphs, checks, engines           (base, models, runtime)
+    serving   Triton, above the runtime                   (base, runtime; never torch)
+    api       xform.load / xform.check                    (everything below it)
+    cli       the commands                                (everything)
+"""
 import ast
 import pathlib
 import subprocess
 import sys
 
-import xform.runtime
+import pytest
 
-FORBIDDEN = ("torch", "xform.models", "xform.exporter", "xform.api", "xform.cli")
+import xform
+
+ROOT = pathlib.Path(xform.__file__).parent
+BASE = ("xform.errors", "xform.contract", "xform.files")
+LAYERS = {  # a layer's files -> the xform modules (by prefix) they may import, and whether torch
+    "base": ([ROOT / "errors.py", ROOT / "contract.py", ROOT / "files.py"], ("xform.errors",), False),
+    "models": (sorted((ROOT / "models").glob("*.py")), BASE + ("xform.models",), True),
+    "runtime": (sorted((ROOT / "runtime").glob("*.py")), BASE + ("xform.runtime",), False),
+    "exporter": (sorted((ROOT / "exporter").glob("*.py")),
+                 BASE + ("xform.models", "xform.runtime", "xform.exporter", "xform.__version__"), True),
+    "serving": (sorted((ROOT / "serving").glob("*.py")), BASE + ("xform.runtime", "xform.serving"), False),
+    "api": ([ROOT / "api.py"], BASE + ("xform.models", "xform.runtime", "xform.exporter"), True),
+}
 
 
-def test_runtime_sources_import_nothing_forbidden():
-    root = pathlib.Path(xform.runtime.__file__).parent
-    for path in root.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                assert not name.startswith(FORBIDDEN), f"{path.name} imports {name}"
+def imports(path: pathlib.Path) -> list[str]:
+    """Every module a file imports (`from xform import __version__` as xform.__version__)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [f"{node.module}.{a.name}" for a in node.names] if node.module == "xform" else [node.module]
+    return out
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_layer_imports_only_the_layers_below_it(layer):
+    files, allowed, torch_ok = LAYERS[layer]
+    assert files
+    for path in files:
+        for name in imports(path):
+            if name == "xform" or name.startswith("xform."):
+                assert name.startswith(allowed), f"{layer}: {path.relative_to(ROOT)} imports {name}"
+            elif name == "torch" or name.startswith("torch."):
+                assert torch_ok, f"{layer}: {path.relative_to(ROOT)} imports {name}"
+
+
+def test_every_module_is_in_a_layer():
+    """A new file cannot escape the check: each is in a layer above, or is the cli / package root."""
+    layered = {p for files, _, _ in LAYERS.values() for p in files}
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "__pycache__" or path.name == "__init__.py" and path.parent != ROOT:
+            continue
+        assert path in layered or path.name in ("cli.py", "__init__.py"), f"{path.relative_to(ROOT)} is in no layer"
+
+
+def test_a_wrong_way_import_fails(tmp_path):
+    """The check itself: a runtime file importing the models layer is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from xform.models.transformer import Seq2SeqTransformer\n")
+    assert any(not n.startswith(LAYERS["runtime"][1]) for n in imports(bad) if n.startswith("xform"))
 
 
 def test_import_xform_and_ort_generation_load_no_torch(tiny_bundle):

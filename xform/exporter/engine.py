@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
-from xform.runtime.bundle import Bundle, atomic_write, remove_stale_temporaries, write_manifest
+from xform.files import atomic_write, remove_stale_temporaries
+from xform.runtime.bundle import Bundle, write_manifest
 from xform.runtime.gpu import gpu_info, import_tensorrt
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """`xform export`: MODEL -> bundle. Load, validate, export, verify, save; atomic, never overwriting.
 
-The driver chains small steps: resolve the model (models.importers), trace both graphs
+The driver chains small steps: resolve the model (models.importers), trace the graphs
 (graphs.py), check them with onnx, verify them on ONNX Runtime against eager (verify.py), copy
 the reference checkpoint and tokenizer, and write the manifest with every file's hash.
 """
@@ -27,7 +27,8 @@ from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
 from xform.models.vocab import VocabFiles, vocab_tokenizer
-from xform.runtime.bundle import FORMAT, VERSION, Bundle, atomic_directory, refuse_existing, write_manifest
+from xform.files import atomic_directory, refuse_existing
+from xform.runtime.bundle import FORMAT, VERSION, Bundle, write_manifest
 from xform.runtime.compare import tolerance_for
 
 log = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
     teacher-forced check of `xform run --check`, which must pass."""
     import onnxruntime
 
-    from xform.api import check
+    from xform.exporter.check import check
     from xform.runtime.ort_backend import OrtBackend
     from xform.runtime.session import Session
 

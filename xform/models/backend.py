@@ -31,6 +31,14 @@ class TorchBackend:
         self.n_steps = 0
         self.attention_layer, self.has_attention, self.last_attention = attention_layer, attention_layer is not None, None
 
+    @classmethod
+    def for_bundle(cls, bundle, device: str = "cpu", threads: int | None = None) -> "TorchBackend":
+        """The reference of a bundle (its `reference` checkpoint), with its attention layer; the
+        bundle is the runtime's Bundle, read here by its manifest and files only."""
+        from xform.models.checkpoint import load_checkpoint
+        return cls(load_checkpoint(bundle.file(bundle.manifest["reference"]["dir"])), device, threads,
+                   bundle.manifest.get("attention_layer"))
+
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
         """The reference encodes every row's source, as transformers does for beams: no sharing."""

@@ -32,7 +32,7 @@ from xform.models import marian
 from xform.models.checkpoint import load_state_into
 from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
-from xform.runtime.bundle import sha256_file
+from xform.files import sha256_file
 
 FAMILIES = ("m2m_100", "mbart", "bart")
 # what each family is, in TransformerConfig terms

@@ -30,7 +30,7 @@ import torch
 
 from xform.errors import CheckpointError, ConfigError
 from xform.models.checkpoint import load_state_into
-from xform.runtime.bundle import sha256_file
+from xform.files import sha256_file
 from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 

@@ -1,6 +1,7 @@
 """The one small interface every backend speaks, in numpy.
 
-A backend runs the two graphs of the contract for one batch at a time and keeps the state
+A backend runs the graphs of the contract (encoder, decoder, and the small reorder and candidates
+graphs) for one batch at a time and keeps the state
 between steps (the encoder's cross K/V and source mask, one copy a source, and the
 self-attention cache, one row a decoded row: runtime/cache.py) itself:
 

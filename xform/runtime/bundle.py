@@ -1,27 +1,22 @@
 """The bundle: a deployment directory and its versioned manifest (DESIGN section 2).
 
-Reads and validates manifests, verifies file hashes, and writes directories atomically. The
-exporter and the engine builder write through `write_manifest` / `atomic_directory`; the runtime
-reads through `Bundle.open`. Pure Python + json: no torch, no onnx.
+Reads and validates manifests, verifies file hashes, and writes manifests (through xform.files,
+the crash-safe writes every layer uses). The exporter and the engine builder write through
+`write_manifest`; the runtime reads through `Bundle.open`. Pure Python + json: no torch, no onnx.
 """
 from __future__ import annotations
 
-import contextlib
-import glob
-import hashlib
 import json
 import os
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from xform.contract import GRAPHS, RESTRICTED, GraphSpec, signature_for
 from xform.errors import BundleError
+from xform.files import TEMP, atomic_write, drop_cached, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "xform-bundle"
@@ -33,14 +28,6 @@ OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform update
                 2: "read the encoder's output once per decoded row; this xform reads it once per source, "
                    "however many beams or samples decode it"}
 SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -224,18 +211,6 @@ LIMITS = {"src_vocab_size": 1 << 22, "tgt_vocab_size": 1 << 22, "d_model": 1 << 
           "d_ff": 1 << 18, "n_encoder_layers": 1 << 10, "n_decoder_layers": 1 << 10, "max_len": 1 << 20}
 
 
-def drop_cached(path: Path, offset: int, nbytes: int) -> None:
-    """Evict a file range from the page cache (clean pages nobody maps); where the OS has no
-    posix_fadvise, nothing."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def config_problems(config: Any) -> list[str]:
     if not isinstance(config, dict):
         return [f"config is {type(config).__name__}, not an object"]
@@ -262,124 +237,3 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
                    and not (p.suffix == ".engine" and p.relative_to(directory).as_posix() not in engines))
     manifest["files"] = {p.relative_to(directory).as_posix(): sha256_file(p) for p in files}
     atomic_write(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-
-# Every write goes through a temporary named `.<target>.xform-<pid>-<random>` beside its target and
-# one rename(2). A process killed at any point leaves the target as it was (or absent) plus, at
-# worst, its temporary; the next write to that target removes temporaries whose process is gone.
-TEMP = re.compile(r"\.(?P<target>.+)\.xform-(?P<pid>\d+)-[^/]*")
-
-
-def temp_prefix(target: Path) -> str:
-    return f".{target.name}.xform-{os.getpid()}-"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temporaries(target: Path, any_target: bool = False) -> None:
-    """Temporaries of earlier writes to `target` (to anything in the directory `target` when
-    `any_target`) whose process no longer runs: they were killed mid-write."""
-    directory, pattern = (target, ".*.xform-*") if any_target else (target.parent, f".{glob.escape(target.name)}.xform-*")
-    if not directory.is_dir():
-        return
-    for p in directory.glob(pattern):
-        m = TEMP.fullmatch(p.name)
-        if not m or (not any_target and m["target"] != target.name):
-            continue
-        if int(m["pid"]) != os.getpid() and not pid_alive(int(m["pid"])):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-
-
-def current_umask() -> int:
-    """The process's umask (from /proc where it is readable, so no thread sees it changed)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def publish_modes(root: Path) -> None:
-    """Files 0666 and directories 0777 less the umask, as open() and mkdir() would make them:
-    temporaries (mkstemp, mkdtemp) and some writers (onnx's external data, safetensors) make
-    theirs private, which would keep a bundle from another user or a non-root Triton container."""
-    mask = current_umask()
-    os.chmod(root, 0o777 & ~mask)
-    for path in Path(root).rglob("*"):
-        if not path.is_symlink():
-            executable = path.is_dir() or path.stat().st_mode & 0o111
-            os.chmod(path, (0o777 if executable else 0o666) & ~mask)
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write through a temporary file beside `path`, then rename: readers see old or new, never half.
-    The file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's 0600."""
-    remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def refuse_existing(path: Path, force: bool, what: str = "bundle") -> None:
-    if path.exists() and not force:
-        raise BundleError(f"{path}: already exists; pass --force to overwrite the {what}")
-
-
-@contextlib.contextmanager
-def atomic_directory(target: Path, force: bool) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside `target`; on success it becomes `target`.
-
-    On any error the temporary directory is removed and `target` is left as it was. Without
-    `force`, the final rename(2) of a directory onto an existing one fails, so of two writers
-    racing to a new target one wins and the other is refused; with `force`, the old target is
-    moved aside, the new one renamed in, and the old one removed (a kill in between leaves the
-    target absent, and the old one as a temporary the next write removes).
-    """
-    target = Path(target)
-    refuse_existing(target, force)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(target)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp"))
-    try:
-        yield tmp
-        publish_modes(tmp)  # mkdtemp makes it 0700; a bundle is shared like any directory
-        if force and target.exists():
-            old = target.with_name(f"{temp_prefix(target)}old")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                os.rename(tmp, target)
-            except OSError as e:
-                if not target.exists():
-                    raise
-                raise BundleError(f"{target}: already exists (written by another process while this one ran); "
-                                  "pass --force to overwrite it") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

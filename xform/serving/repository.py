@@ -25,7 +25,8 @@ from importlib import resources
 from pathlib import Path
 
 from xform.errors import BundleError, XformError
-from xform.runtime.bundle import Bundle, atomic_directory, refuse_existing
+from xform.files import atomic_directory, refuse_existing
+from xform.runtime.bundle import Bundle
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory

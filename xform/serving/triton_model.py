@@ -15,7 +15,8 @@ from xform.serving.handler import INPUTS, execute
 
 class TritonPythonModel:
     def initialize(self, args):
-        import xform
+        from xform.errors import XformError
+        from xform.runtime.open import open_session
 
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
@@ -24,15 +25,15 @@ class TritonPythonModel:
             bundle = Path(args["model_repository"]) / args["model_version"] / bundle
         threads = int(params["threads"]) if params.get("threads") else None
         try:
-            self.session = xform.load(bundle, backend=params["backend"], device=params["device"], threads=threads)
-        except xform.XformError as e:  # the reason, without a traceback, in Triton's log and load status
+            self.session = open_session(bundle, params["backend"], params["device"], threads)
+        except XformError as e:  # the reason, without a traceback, in Triton's log and load status
             raise pb_utils.TritonModelException(f"xform: cannot load bundle {bundle}: {e}") from None
         self.vocab_map = None
         if params.get("vocab_map"):  # checked when the model was written; a failure here is the reason in the log
             try:
                 self.vocab_map = self.session.vocab_map(Path(args["model_repository"]) / args["model_version"]
                                                         / params["vocab_map"])
-            except xform.XformError as e:
+            except XformError as e:
                 raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
         pb_utils.Logger.log_info(f"xform: serving {bundle} on {params['backend']} ({params['device']})")
 

@@ -1,0 +1,56 @@
+"""A Session over a bundle on a backend: what `xform.load` and a Triton model call.
+
+The runtime's own backends (`ort`: ONNX Runtime, `trt`: TensorRT) are imported when asked for; the
+eager `torch` backend lives in xform.models (the runtime never imports torch), so a caller above
+both (xform.api, the exporter's check) passes its factory in.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from xform.errors import XformError
+from xform.runtime.bundle import Bundle
+from xform.runtime.session import Session
+from xform.runtime.tokenizer import load_tokenizer
+
+BACKENDS = ("torch", "ort", "trt")
+DEVICES = ("cpu", "cuda")
+
+
+def default_device(backend: str) -> str:
+    return "cuda" if backend == "trt" else "cpu"
+
+
+def open_backend(bundle: Bundle, backend: str, device: str | None = None, threads: int | None = None,
+                 torch_factory: Callable | None = None):
+    """The backend object; `torch_factory(bundle, device, threads)` makes the eager one."""
+    device = device or default_device(backend)
+    if device not in DEVICES:
+        raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
+    if backend == "ort":
+        from xform.runtime.ort_backend import OrtBackend
+        return OrtBackend(bundle, device, threads)
+    if backend == "trt":
+        from xform.runtime.trt_backend import TrtBackend
+        return TrtBackend(bundle, device)
+    if backend == "torch" and torch_factory is not None:
+        return torch_factory(bundle, device, threads)
+    if backend == "torch":
+        raise XformError("the torch backend is xform.load's (it imports torch); here: ort or trt")
+    raise XformError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+
+
+def session_over(bundle: Bundle, backend) -> Session:
+    """A Session over an opened (already verified) bundle and a backend object."""
+    tok = bundle.tokenizer_file
+    tokenizer = load_tokenizer(tok, bundle.config) if tok else None
+    return Session(backend, bundle.config, tokenizer, bundle)
+
+
+def open_session(bundle: str | Path | Bundle, backend: str = "ort", device: str | None = None,
+                 threads: int | None = None, torch_factory: Callable | None = None) -> Session:
+    """Open (and verify) a bundle directory, or take an opened Bundle, and make its Session."""
+    if not isinstance(bundle, Bundle):
+        bundle = Bundle.open(bundle)
+    return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory))
