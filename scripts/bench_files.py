@@ -114,14 +114,8 @@ def worker(name, paths, lines, beams, args, conn) -> None:
     t0 = time.perf_counter()
     out = translate(name, paths, lines, beams, args)
     wall = time.perf_counter() - t0
+    from xform.runtime.bench import peak_rss_mib
     conn.send((wall, out, peak_rss_mib()))
-
-
-def peak_rss_mib() -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def run_engine(name, paths, lines, beams, args) -> tuple[float, list[str], float]:

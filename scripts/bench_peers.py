@@ -31,7 +31,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -233,16 +232,8 @@ def worker(name: str, paths: dict[str, Path], beams: int, conn, model: str = "ma
         t0 = time.perf_counter()
         out = run(src, lens)
         conn.send((time.perf_counter() - t0, out))
+    from xform.runtime.bench import peak_rss_mib
     conn.send(peak_rss_mib())
-
-
-def peak_rss_mib() -> float:
-    """VmHWM: this address space's own high-water mark (ru_maxrss survives fork + exec on Linux, so a
-    worker spawned by a large driver would report the driver's peak)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iters: int,

@@ -40,8 +40,7 @@ def main() -> None:
 
     ob.session = session
     import xform
-    from xform.runtime.bench import peak_rss_mib, random_sources
-    from xform.runtime.soak import rss_mib
+    from xform.runtime.bench import peak_rss_mib, random_sources, rss_mib
 
     s = xform.load(args.bundle, backend="ort", threads=args.threads)
     print(f"loaded            {rss_mib():7.0f} MiB")

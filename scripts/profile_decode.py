@@ -52,10 +52,11 @@ def main() -> None:
     src[src == session.pad_id] = 2
     src[:, -1] = session.eos_id
     t: dict[str, float] = defaultdict(float)
-    start = b.start
     if args.expanded:
         def start(src_ids, src_lengths, group=1, _start=b.start):
             return _start(np.repeat(src_ids, group, 0), np.repeat(src_lengths, group, 0), 1)
+    else:
+        start = b.start
     b.encoder.run_with_iobinding = timed(t, "encoder graph", b.encoder.run_with_iobinding)
     b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
     b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)

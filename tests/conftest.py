@@ -13,13 +13,29 @@ from xform.models.transformer import Seq2SeqTransformer
 
 
 def has_cuda_gpu() -> tuple[bool, str]:
-    """The one hardware gate: (available, reason when not)."""
-    if shutil.which("nvidia-smi") is None:
-        return False, "needs an NVIDIA GPU (nvidia-smi not found)"
+    """The one hardware gate, asked of the runtime's one GPU probe (xform.runtime.gpu: cuda-bindings,
+    else nvidia-smi): (available, reason when not)."""
+    from xform.runtime.gpu import gpu_info
+    if gpu_info() is None:
+        return False, "needs an NVIDIA GPU (none found by cuda-bindings or nvidia-smi)"
     return True, ""
 
 
 requires_gpu = pytest.mark.skipif(not has_cuda_gpu()[0], reason=has_cuda_gpu()[1] or "gpu")
+
+
+def require_gpu_stack() -> None:
+    """On a machine with a GPU, the TensorRT backend's dependencies must be there: their absence
+    fails the test with the install line instead of skipping it (a GPU machine that silently
+    skips the GPU tests proves nothing)."""
+    import importlib.util
+
+    from xform.runtime.gpu import TRT_INSTALL_HINT, importable_flavors
+    missing = [name for name in ("cuda.bindings",) if importlib.util.find_spec("cuda") is None
+               or importlib.util.find_spec(name) is None]
+    if missing or not importable_flavors():
+        pytest.fail(f"this machine has a GPU but not the TensorRT backend's dependencies "
+                    f"({', '.join(missing) or 'tensorrt'} missing): {TRT_INSTALL_HINT}")
 
 
 def has_triton() -> tuple[bool, str]:

@@ -1,6 +1,7 @@
 """The README's first command works: its xform invocations run here through the CLI."""
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +37,15 @@ def test_main_command_xform_steps_run(tmp_path, monkeypatch):
 
 
 def test_test_command_is_what_ci_runs():
+    """.ci/run's own extraction of the README block yields exactly the README's test command."""
     cmd = block("test-command")
     assert "pytest" in cmd and "torch==2.13.0" in cmd
     ci = (README.parent / ".ci" / "run").read_text()
-    assert "test-command" in ci
+    extract = next(line for line in ci.splitlines() if line.startswith("cmd=$("))
+    r = subprocess.run(["bash", "-c", f'{extract}\nprintf "%s" "$cmd"'], cwd=README.parent, capture_output=True,
+                       text=True, check=True)
+    assert r.stdout.strip() == cmd.strip()
+    assert 'bash -euo pipefail -c "$cmd"' in ci
 
 
 def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import xform
-from tests.conftest import make_model, padded_batch, requires_gpu
+from tests.conftest import make_model, padded_batch, require_gpu_stack, requires_gpu
 from xform.errors import InputError
 from xform.exporter.engine import build_engines
 from xform.exporter.export import export_bundle
@@ -17,7 +17,7 @@ pytestmark = requires_gpu
 
 @pytest.fixture(scope="module")
 def gpu_bundles(tmp_path_factory, checkpoint_dir):
-    pytest.importorskip("cuda.bindings", reason="the trt backend needs cuda-bindings")
+    require_gpu_stack()
     root = tmp_path_factory.mktemp("gpu")
     out = {}
     for name, src, precision in (("tiny32", checkpoint_dir, "fp32"), ("tiny16", checkpoint_dir, "fp16"),

@@ -15,6 +15,7 @@ from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, Gr
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode, recording
+from xform.runtime.bench import padded_sources
 from xform.runtime.compare import Tolerance, excess
 
 VERIFY_BATCH = 3
@@ -24,14 +25,8 @@ VERIFY_SPARE = 3  # cache positions past the valid ones, filled with noise the d
 
 
 def sample_sources(cfg, batch: int, src_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Random non-pad ids, right-padded rows of lengths src_len, 1, and in between."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, cfg.src_vocab_size - 1, (batch, src_len)).astype(np.int64)
-    ids[ids >= cfg.pad_id] += 1  # never the pad id inside a sequence
-    lengths = np.linspace(src_len, 1, batch).round().astype(np.int64)
-    for r, n in enumerate(lengths):
-        ids[r, n:] = cfg.pad_id
-    return ids, lengths
+    """Random sources, right-padded rows of lengths src_len, 1, and in between."""
+    return padded_sources(cfg.to_dict(), np.linspace(src_len, 1, batch).round().astype(np.int64), seed)
 
 
 def compare_outputs(graph: str, names: list[str], got: list[np.ndarray], ref: list[torch.Tensor],
@@ -110,19 +105,18 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             figures[f"restricted_{name}_max_abs_err"] = compare_outputs(
                 RESTRICTED, specs[RESTRICTED].output_names, got, [logits[:, subset], *ref[2:2 + len(got) - 1]], tol,
                 f"{where}, {len(subset)} of {cfg.tgt_vocab_size} ids")
-    if REORDER in sessions:  # beam search's cache reorder: rows permuted, one continued twice, one dropped
-        n = cache[0].shape[0]
-        beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
-        beam_idx[-1] = beam_idx[0]
-        feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
-            x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in cache]))}  # the last past_len's cache
-        got = sessions[REORDER].run(None, feeds)
-        want = [x[beam_idx] for x in list(feeds.values())[1:]]
-        if not all(np.array_equal(g, w) for g, w in zip(got, want)):
-            raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
-        figures["reorder_exact"] = True
-    if CANDIDATES in sessions:
-        figures["candidates_max_abs_err"] = verify_candidates(model, sessions[CANDIDATES], specs[CANDIDATES], tol)
+    # beam search's cache reorder: rows permuted, one continued twice, one dropped
+    n = cache[0].shape[0]
+    beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
+    beam_idx[-1] = beam_idx[0]
+    feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
+        x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in cache]))}  # the last past_len's cache
+    got = sessions[REORDER].run(None, feeds)
+    want = [x[beam_idx] for x in list(feeds.values())[1:]]
+    if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+        raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
+    figures["reorder_exact"] = True
+    figures["candidates_max_abs_err"] = verify_candidates(model, sessions[CANDIDATES], specs[CANDIDATES], tol)
     return figures
 
 

@@ -5,12 +5,12 @@ nothing else; tied weights are stored once (under the first name `named_paramete
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from xform.errors import CheckpointError, ConfigError
+from xform.files import read_json_object
 from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 
@@ -43,12 +43,7 @@ def read_config(directory: str | Path) -> TransformerConfig:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; an xform checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    data = read_json_object(path, CheckpointError)
     try:
         return TransformerConfig.from_dict(data, source=str(path))
     except ConfigError as e:

@@ -17,7 +17,7 @@ from typing import Any
 from xform.errors import CheckpointError
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
-from xform.runtime.bundle import sha256_file
+from xform.files import read_json_object, sha256_file
 from xform.models.transformer import Seq2SeqTransformer
 
 BUNDLED = ("demo",)
@@ -88,10 +88,7 @@ def load_xform_dir(path: Path, kind: str) -> LoadedModel:
     tok = path / TOKENIZER_FILE
     tokenizer = None
     if tok.is_file():
-        try:
-            tokenizer = json.loads(tok.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{tok}: not valid JSON ({e})") from None
+        tokenizer = read_json_object(tok, CheckpointError)
     return LoadedModel(model, {"path": str(path.resolve()), "kind": kind,
                                "sha256": sha256_file(path / WEIGHTS_FILE)}, tokenizer)
 

@@ -15,7 +15,7 @@ import torch
 
 from xform.errors import CheckpointError, ConfigError
 from xform.models.checkpoint import load_state_into
-from xform.runtime.bundle import sha256_file
+from xform.files import read_json_object, sha256_file
 from xform.models.config import TransformerConfig
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer
@@ -37,13 +37,7 @@ def is_marian_dir(path: Path) -> bool:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(path, CheckpointError)
 
 
 def one_width_problems(hf: dict[str, Any]) -> list[str]:

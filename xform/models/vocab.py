@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from xform.errors import CheckpointError
+from xform.files import load_spm
 
 TOKENIZE = {"whitespace": "word", "characters": "char", "sentencepiece": "spm"}
 SIDE_FILES = {"source": "source.model", "target": "target.model"}
@@ -90,18 +91,7 @@ def role_notes(tokens: list[str | None], config: dict[str, Any], flag: str, path
 
 
 def spm_size(path: Path, flag: str) -> int:
-    try:
-        import sentencepiece
-    except ImportError:
-        raise CheckpointError(f"{flag} {path}: a sentencepiece model needs sentencepiece: pip install sentencepiece") from None
-    proc = sentencepiece.SentencePieceProcessor()
-    try:
-        ok = proc.Load(str(path))
-    except (OSError, RuntimeError) as e:
-        raise CheckpointError(f"{flag} {path}: not a sentencepiece model ({e})") from None
-    if not ok:
-        raise CheckpointError(f"{flag} {path}: not a sentencepiece model")
-    return proc.GetPieceSize()
+    return load_spm(path, CheckpointError, flag).GetPieceSize()
 
 
 def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]

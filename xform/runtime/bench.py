@@ -41,16 +41,54 @@ class BenchResult:
         return asdict(self)
 
 
+def proc_status_mib(field: str) -> float | None:
+    """A memory field of /proc/self/status (VmRSS, VmHWM) in MiB; None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_mib() -> float:
+    """This process's resident set size now, MiB (Linux)."""
+    rss = proc_status_mib("VmRSS")
+    if rss is None:
+        raise RuntimeError("no VmRSS in /proc/self/status")
+    return rss
+
+
 def peak_rss_mib() -> float:
+    """This address space's resident high-water mark, MiB: VmHWM (ru_maxrss survives fork + exec
+    on Linux, so a worker spawned by a large driver would report the driver's peak); elsewhere
+    ru_maxrss."""
+    hwm = proc_status_mib("VmHWM")
+    if hwm is not None:
+        return hwm
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
 def random_sources(config: dict, batch: int, src_len: int, seed: int = 0) -> np.ndarray:
+    """(batch, src_len) random source ids, none of them pad, start or end-of-sentence."""
     rng = np.random.default_rng(seed)
     special = {config["pad_id"], config["bos_id"], config["eos_id"]}
     allowed = np.array([i for i in range(config["src_vocab_size"]) if i not in special], np.int64)
     return allowed[rng.integers(0, len(allowed), (batch, src_len))]
+
+
+def padded_sources(config: dict, lengths, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random sources of the given lengths, each ending with end-of-sentence, right-padded: what
+    --check and export's verification decode."""
+    lengths = np.asarray(lengths, np.int64)
+    ids = random_sources(config, len(lengths), int(lengths.max()), seed)
+    for r, n in enumerate(lengths):
+        ids[r, n - 1] = config["eos_id"]
+        ids[r, n:] = config["pad_id"]
+    return ids, lengths
 
 
 def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: int = 64, warmup: int = 2,

@@ -13,17 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from xform.runtime.bench import random_sources
+from xform.runtime.bench import random_sources, rss_mib
 from xform.runtime.session import Session
-
-
-def rss_mib() -> float:
-    """Current resident set size of this process (Linux /proc), MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 @dataclass

@@ -7,12 +7,13 @@ end-of-sentence appended). sentencepiece is imported only for the latter. No tor
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from xform import files
 from xform.errors import BundleError, InputError
+from xform.files import read_json_object
 
 
 def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int, str] | None = None) -> list:
@@ -37,14 +38,8 @@ def join_spm_pieces(pieces: list[str]) -> str:
 
 
 def load_spm(path: Path, source: str):
-    try:
-        import sentencepiece
-    except ImportError:
-        raise BundleError(f"{source}: this bundle's tokenizer needs sentencepiece: pip install sentencepiece") from None
-    proc = sentencepiece.SentencePieceProcessor()
-    if not path.is_file() or not proc.Load(str(path)):
-        raise BundleError(f"{path}: missing or not a sentencepiece model")
-    return proc
+    """A bundle's sentencepiece model (xform.files.load_spm, naming the tokenizer file that uses it)."""
+    return files.load_spm(path, BundleError, f"{source}:")
 
 
 class VocabSide:
@@ -215,13 +210,7 @@ class SpmTokenizer:
             return load_spm(d / name, source)
 
         def vocab(name):
-            try:
-                data = json.loads((d / name).read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise BundleError(f"{d / name}: unreadable vocabulary ({e})") from None
-            if not isinstance(data, dict):
-                raise BundleError(f"{d / name}: expected a JSON object token -> id, found {type(data).__name__}")
-            return data
+            return read_json_object(d / name, BundleError, "a vocabulary token -> id")
 
         self.spm_source = spm("source.spm")
         self.spm_target = spm("target.spm") if (d / "target.spm").is_file() else self.spm_source
@@ -322,10 +311,7 @@ class FairseqSpmTokenizer:
             raise BundleError(f"{source}: no id for the unknown token {data.get('unk_token')!r}")
         self.vocab = None
         if data.get("vocab"):
-            try:
-                self.vocab = json.loads((d / data["vocab"]).read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise BundleError(f"{d / data['vocab']}: unreadable vocabulary ({e})") from None
+            self.vocab = read_json_object(d / data["vocab"], BundleError, "a vocabulary token -> id")
             self.pieces = {i: t for t, i in self.vocab.items()}
         self.offset = int(data.get("offset", 1))
         self.template = data.get("source", ["lang", "text", "eos"])
@@ -485,12 +471,7 @@ class ByteBpeTokenizer:
 def load_tokenizer(path: Path, config: dict[str, Any]):
     """The bundle's tokenizer, by the kind its tokenizer.json names."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{path}: unreadable tokenizer ({e})") from None
-    if not isinstance(data, dict):
-        raise BundleError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    data = read_json_object(path, BundleError, "a tokenizer")
     kind = data.get("kind")
     if kind == "xform-vocab":
         return VocabTokenizer(data, config, path.parent, str(path))
