@@ -771,15 +771,21 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 
 
 @main.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.option("--prepare", is_flag=True,
+              help="Only prepare what serving needs (the nvidia-pytriton stub's numpy<2 environment, once, in "
+                   "~/.cache/xform) and exit: run it when building an image, so the first serve needs no network.")
+@click.option("--wheel-dir", type=click.Path(path_type=Path), default=None,
+              help="Take the stub environment's numpy<2 from this directory of wheels, not the package index.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the endpoints listen on.")
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
 @triton_model_options
 @handle_errors
-def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, **options) -> None:
-    """Serve BUNDLE on Triton Inference Server until Ctrl-C.
+def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
+          metrics_port: int, **options) -> None:
+    """Serve BUNDLE on Triton Inference Server until Ctrl-C (with --prepare: prepare, then exit).
 
     tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel.
     """
@@ -787,7 +793,19 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
     import tempfile
 
     from xform.serving.repository import write_model
-    from xform.serving.server import TritonServer
+    from xform.serving.server import TritonServer, find_triton
+
+    if wheel_dir is not None and not wheel_dir.is_dir():
+        raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
+    if prepare:
+        if bundle is not None:
+            raise click.UsageError("--prepare prepares the server, not a bundle: give no BUNDLE")
+        install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+        where = f" (stub environment {install.backend_dir.parent})" if install.backend_dir is not None else ""
+        out.print(f"ready to serve: {install.source} tritonserver {install.binary}{where}")
+        return
+    if bundle is None:
+        raise click.UsageError("missing BUNDLE (or --prepare)")
 
     with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
         model = write_model(bundle, Path(tmp) / "models", model_options(**options), reference=True)
@@ -798,7 +816,8 @@ def serve(bundle: Path, host: str, http_port: int, grpc_port: int, metrics_port:
             raise KeyboardInterrupt
 
         with err.status(f"starting tritonserver for {model.name}"):
-            server.start(prepare=lambda msg: err.print(msg))
+            server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+            server.start()
         # SIGINT too: a shell starting `xform serve ... &` leaves SIGINT ignored, and Python then
         # never raises KeyboardInterrupt for it
         previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -284,3 +284,31 @@ def test_the_readme_serving_lines(demo_bundle, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+@requires_triton
+def test_serve_prepare_then_offline(tmp_path, monkeypatch):
+    """`xform serve --prepare` makes the stub environment once (an image's build step) and exits;
+    without an index, --wheel-dir must hold numpy<2 or the error says what to run; with a wheel
+    directory that holds it, the environment is made offline."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    monkeypatch.setenv("XFORM_CACHE", str(tmp_path / "cache"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = CliRunner().invoke(main, ["serve", "--prepare", "--wheel-dir", str(empty)])
+    assert r.exit_code == 1 and "--wheel-dir" in r.output and "xform serve --prepare" in r.output, r.output
+    assert not list((tmp_path / "cache").glob("triton-stub-*/ready"))
+    wheels = tmp_path / "wheels"
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                          "numpy>=1.26,<2", "-d", str(wheels)], capture_output=True, text=True)
+    if got.returncode:
+        pytest.skip(f"no package index to fetch a numpy<2 wheel from: {got.stderr[-300:]}")
+    r = CliRunner().invoke(main, ["serve", "--prepare", "--wheel-dir", str(wheels)])
+    assert r.exit_code == 0 and "ready to serve" in r.output and "preparing" in r.output, r.output
+    assert len(list((tmp_path / "cache").glob("triton-stub-*/ready"))) == 1
+    r = CliRunner().invoke(main, ["serve", "--prepare"])  # made once: nothing to install the second time
+    assert r.exit_code == 0 and "preparing" not in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--prepare", "somewhere"])
+    assert r.exit_code == 2 and "give no BUNDLE" in r.output

@@ -67,8 +67,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XFORM_CACHE") or Path.home() / ".cache" / "xform")
 
 
-def find_triton(prepare=print) -> TritonInstall:
-    """tritonserver from PATH, else from the nvidia-pytriton wheel (preparing its stub environment)."""
+def find_triton(prepare=print, wheel_dir: Path | None = None) -> TritonInstall:
+    """tritonserver from PATH, else from the nvidia-pytriton wheel (preparing its stub environment,
+    numpy<2 from the package index or, offline, from `wheel_dir`)."""
     on_path = shutil.which("tritonserver")
     if on_path:
         return TritonInstall(Path(on_path), None, dict(os.environ), "PATH")
@@ -84,7 +85,7 @@ def find_triton(prepare=print) -> TritonInstall:
     if not binary.is_file() or not stub.is_file():
         raise ServerError(f"{dist}: nvidia-pytriton has no tritonserver binary or no Python {version} backend stub; "
                           f"reinstall with: {INSTALL}")
-    work = stub_environment(dist, stub, prepare)
+    work = stub_environment(dist, stub, prepare, wheel_dir)
     env = dict(os.environ)
     libs = root.parent / "nvidia_pytriton.libs"
     env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
@@ -92,9 +93,11 @@ def find_triton(prepare=print) -> TritonInstall:
     return TritonInstall(binary, work / "backends", env, "nvidia-pytriton")
 
 
-def stub_environment(dist: Path, stub: Path, prepare) -> Path:
+def stub_environment(dist: Path, stub: Path, prepare, wheel_dir: Path | None = None) -> Path:
     """The backend directory (python backend with the stub for this Python) and the layered
-    environment the stub runs in; made once per wheel and Python, atomically."""
+    environment the stub runs in; made once per wheel and Python, atomically (`xform serve
+    --prepare` makes it ahead, at an image's build time). Its numpy<2 comes from the package index,
+    or with `wheel_dir` from that directory only (no network)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     digest = hashlib.sha256(f"{sys.prefix}|{stub}|{stub.stat().st_size}|{STUB_NUMPY}".encode()).hexdigest()[:16]
     work = cache_dir() / f"triton-stub-py{version}-{digest}"
@@ -114,11 +117,16 @@ def stub_environment(dist: Path, stub: Path, prepare) -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "env")], check=True,
                        capture_output=True)
         site_dir = next((tmp / "env" / "lib").glob("python*/site-packages"))
+        offline = ["--no-index", "--find-links", str(wheel_dir)] if wheel_dir is not None else []
         pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              "--no-deps", "--target", str(site_dir), STUB_NUMPY], capture_output=True, text=True)
+                              "--no-deps", *offline, "--target", str(site_dir), STUB_NUMPY],
+                             capture_output=True, text=True)
         if pip.returncode:
-            raise ServerError(f"could not install {STUB_NUMPY} for Triton's Python-backend stub into {site_dir}:\n"
-                              f"{pip.stderr.strip()[-2000:]}")
+            where = f"--wheel-dir {wheel_dir}" if wheel_dir is not None else "the package index"
+            raise ServerError(f"could not install {STUB_NUMPY} for Triton's Python-backend stub from {where} into "
+                              f"{site_dir}. Without a package index: run `xform serve --prepare` where one is "
+                              f"reachable (an image's build step), or give --wheel-dir with a {STUB_NUMPY} wheel "
+                              f"(pip download '{STUB_NUMPY}' -d DIR). pip said:\n{pip.stderr.strip()[-2000:]}")
         # after its own site-packages, this environment's (with their .pth files: editable installs)
         hosts = [p for p in site.getsitepackages() if Path(p).is_dir()]
         (site_dir / "zz_xform_host.pth").write_text(
