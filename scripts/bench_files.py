@@ -51,6 +51,7 @@ def prepare(work: Path, lines: int) -> dict[str, Path]:
         raise SystemExit(f"{hf}: no trained model; run scripts/train_marian_synthetic.py --out {hf} first")
     paths = {"hf": hf, "file": write_corpus(work / f"corpus-{lines}.txt", lines)}
     import ctranslate2
+
     from xform.errors import BundleError
     from xform.exporter.export import export_bundle
     from xform.runtime.bundle import Bundle

@@ -26,8 +26,6 @@ from pathlib import Path
 import numpy as np
 
 
-
-
 def percentiles(xs):
     q = np.percentile(np.array(xs) * 1000, [50, 90, 99])
     return {"p50_ms": float(q[0]), "p90_ms": float(q[1]), "p99_ms": float(q[2])}

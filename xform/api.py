@@ -18,7 +18,8 @@ def torch_backend(bundle, device: str, threads: int | None):
     return TorchBackend.for_bundle(bundle, device, threads)
 
 
-def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, threads: int | None = None) -> Session:
+def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None,
+         threads: int | None = None) -> Session:
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
     return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend)
 

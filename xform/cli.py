@@ -19,9 +19,9 @@ from rich.table import Table
 
 from xform import __version__
 from xform.errors import XformError
-from xform.runtime.bundle import VERSION as BUNDLE_VERSION
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
+from xform.runtime.bundle import VERSION as BUNDLE_VERSION
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -66,7 +66,8 @@ def main() -> None:
 @click.option("--bos-id", type=int, help="State dict: start-of-sentence id, the decoder's first input.")
 @click.option("--eos-id", type=int, help="State dict: end-of-sentence id.")
 @click.option("--pad-id", type=int, help="State dict: pad id (default: the tutorial's, 0 or 1).")
-@click.option("--max-len", type=int, help="State dict: positions to keep (default: the saved table, or the tutorial's).")
+@click.option("--max-len", type=int,
+              help="State dict: positions to keep (default: the saved table, or the tutorial's).")
 @click.option("--n-layers", type=int, help="State dict: encoder and decoder layers, checked against the weights.")
 @click.option("--n-encoder-layers", type=int, help="State dict: checked against the weights.")
 @click.option("--n-decoder-layers", type=int, help="State dict: checked against the weights.")
@@ -148,7 +149,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     v = result.manifest["verification"]
     c = v["check"]
     source = result.manifest["model"]["source"]
-    out.print(f"model: {source['kind']}" + (" state dict, recognised from its keys" if source.get("recognised") else ""))
+    recognised = " state dict, recognised from its keys" if source.get("recognised") else ""
+    out.print(f"model: {source['kind']}{recognised}")
     if source.get("options"):
         out.print("assumed (not recorded in the weights): "
                   + ", ".join(f"{k}={v}" for k, v in source["options"].items())
@@ -186,8 +188,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
               help="Timing cache file to read and update (tensorrt only; TensorRT-RTX has none).")
 @click.option("--force", is_flag=True, help="Rebuild existing engines.")
 @handle_errors
-def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32, workspace_mib,
-                 builder_opt_level, timing_cache, force) -> None:
+def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32,
+                 workspace_mib, builder_opt_level, timing_cache, force) -> None:
     """Build TensorRT engines for BUNDLE's encoder and decoder and record them in its manifest."""
     from rich.progress import Progress
 
@@ -205,8 +207,8 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
             progress.update(tasks[key], completed=done)
 
         engines = build_engines(bundle, flavor, options=options, force=force, progress=on_progress,
-                                max_batch=max_batch, max_beams=max_beams, max_src_len=max_src_len, max_new_tokens=max_new_tokens,
-                                opt_batch=opt_batch, opt_src_len=opt_src_len)
+                                max_batch=max_batch, max_beams=max_beams, max_src_len=max_src_len,
+                                max_new_tokens=max_new_tokens, opt_batch=opt_batch, opt_src_len=opt_src_len)
     for key, e in engines.items():
         p = e["profile"]
         out.print(f"built {bundle / e['file']} ({e['flavor']} {e['tensorrt_version']}, {e['precision']}, "
@@ -556,7 +558,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
         max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
-        prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path, force,
+        prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path,
+        force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 

@@ -61,7 +61,10 @@ def pid_alive(pid: int) -> bool:
 def remove_stale_temporaries(target: Path, any_target: bool = False) -> None:
     """Temporaries of earlier writes to `target` (to anything in the directory `target` when
     `any_target`) whose process no longer runs: they were killed mid-write."""
-    directory, pattern = (target, ".*.xform-*") if any_target else (target.parent, f".{glob.escape(target.name)}.xform-*")
+    if any_target:
+        directory, pattern = target, ".*.xform-*"
+    else:
+        directory, pattern = target.parent, f".{glob.escape(target.name)}.xform-*"
     if not directory.is_dir():
         return
     for p in directory.glob(pattern):

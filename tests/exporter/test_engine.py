@@ -239,6 +239,7 @@ def test_the_tensorrt_install_hint_agrees_with_the_readme():
     """Each install line the hint gives is the README's, CUDA versions included, and the extras
     the README names hold what the hint says."""
     import tomllib
+
     from xform.runtime.gpu import TRT_INSTALL_HINT
     root = Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()

@@ -8,13 +8,13 @@ from torch import nn
 
 from tests import seed_modules as sm
 from tests import torch_nn_modules as tn
+from tests.conftest import make_model
 from xform.cli import main
 from xform.errors import CheckpointError, ConfigError
 from xform.models.backend import TorchBackend
 from xform.models.checkpoint import canonical_state
 from xform.models.importers import detect_arch, resolve_model
 from xform.runtime.session import Session
-from tests.conftest import make_model
 
 NN = dict(n_heads=3, bos_id=2, eos_id=3)
 MODULES = {

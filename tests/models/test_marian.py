@@ -59,6 +59,7 @@ def test_generation_config_defaults_are_recorded_and_used(marians, tmp_path):
     """A model that ships num_beams 4, a length penalty, max_length and forced_eos_token_id decodes
     by default exactly as transformers' generate() does from the same directory."""
     import shutil
+
     from transformers import MarianMTModel
     d, _, _ = marians["swish-scaled"]
     target = tmp_path / "m"

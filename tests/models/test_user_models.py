@@ -11,13 +11,13 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 import xform
-from click.testing import CliRunner
-from xform.cli import main
 from tests import seed_modules as sm
 from tests import torch_nn_modules as tn
 from tests.training import train
+from xform.cli import main
 from xform.exporter.export import export_bundle
 from xform.models.backend import TorchBackend
 from xform.models.importers import resolve_model

@@ -66,8 +66,8 @@ def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bu
 
 
 def test_beams_through_growth_equal_transformers(marians, capacity):
-    from tests.runtime.test_beam_search import MAX_NEW, hf_beams
     from tests.marian_fixtures import sources
+    from tests.runtime.test_beam_search import MAX_NEW, hf_beams
 
     capacity(2)  # reordered in place after every step, grown at steps 2, 4, 8
     for name, (_, model, bundle) in sorted(marians.items()):

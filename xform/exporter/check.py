@@ -17,8 +17,14 @@ from xform.errors import XformError
 from xform.models.backend import TorchBackend
 from xform.runtime.bench import padded_sources
 from xform.runtime.bundle import Bundle
-from xform.runtime.compare import (DECODE_SOURCES, CheckReport, compare_beams, compare_decodes, compare_steps,
-                                   tolerance_for)
+from xform.runtime.compare import (
+    DECODE_SOURCES,
+    CheckReport,
+    compare_beams,
+    compare_decodes,
+    compare_steps,
+    tolerance_for,
+)
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.open import open_backend, open_session, session_over
 from xform.runtime.session import Session

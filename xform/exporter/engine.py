@@ -10,7 +10,6 @@ It does not run engines (xform/runtime/trt_backend.py does).
 from __future__ import annotations
 
 import hashlib
-
 import logging
 import shutil
 from dataclasses import asdict, dataclass, replace

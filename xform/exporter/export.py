@@ -23,11 +23,11 @@ from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, WE
 from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
+from xform.files import atomic_directory, refuse_existing
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
 from xform.models.vocab import VocabFiles, vocab_tokenizer
-from xform.files import atomic_directory, refuse_existing
 from xform.runtime.bundle import FORMAT, VERSION, Bundle, write_manifest
 from xform.runtime.compare import tolerance_for
 
@@ -183,7 +183,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         generation["max_new_tokens"] = max_new_tokens
     if vocab is not None:
         if loaded.tokenizer is not None:
-            raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models without one")
+            raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models "
+                             "without one")
         tokenizer, files, notes = vocab_tokenizer(vocab, cfg.to_dict())
         loaded = dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files)
     else:

@@ -29,7 +29,8 @@ class TorchBackend:
         self.enc: EncoderOutput | None = None
         self.past = None
         self.n_steps = 0
-        self.attention_layer, self.has_attention, self.last_attention = attention_layer, attention_layer is not None, None
+        self.attention_layer, self.last_attention = attention_layer, None
+        self.has_attention = attention_layer is not None
 
     @classmethod
     def for_bundle(cls, bundle, device: str = "cpu", threads: int | None = None) -> "TorchBackend":

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from xform.errors import CheckpointError, ConfigError
+from xform.files import sha256_file
 from xform.models import marian
 from xform.models.checkpoint import load_state_into
 from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
-from xform.files import sha256_file
 
 FAMILIES = ("m2m_100", "mbart", "bart")
 # what each family is, in TransformerConfig terms

@@ -42,7 +42,8 @@ def save_checkpoint(model: Seq2SeqTransformer, directory: str | Path) -> Path:
 def read_config(directory: str | Path) -> TransformerConfig:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise CheckpointError(f"{path}: missing; an xform checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise CheckpointError(f"{path}: missing; an xform checkpoint is a directory with {CONFIG_FILE} and "
+                              f"{WEIGHTS_FILE}")
     data = read_json_object(path, CheckpointError)
     try:
         return TransformerConfig.from_dict(data, source=str(path))

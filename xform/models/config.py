@@ -123,7 +123,8 @@ class TransformerConfig:
                 and self.pad_id >= self.src_vocab_size:
             p.append(f"pad_id ({self.pad_id}) must be below src_vocab_size ({self.src_vocab_size})")
         if not isinstance(self.banned_ids, tuple) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.tgt_vocab_size for i in self.banned_ids):
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.tgt_vocab_size
+                for i in self.banned_ids):
             p.append(f"banned_ids must be a tuple of ids below tgt_vocab_size, got {self.banned_ids!r}")
         elif self.eos_id in self.banned_ids:
             p.append(f"banned_ids must not contain eos_id ({self.eos_id})")

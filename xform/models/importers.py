@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from xform.errors import CheckpointError
+from xform.files import read_json_object, sha256_file
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
-from xform.files import read_json_object, sha256_file
 from xform.models.transformer import Seq2SeqTransformer
 
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian, M2M100 / NLLB, mBART or BART directory, or a state dict file (.pt / .pth / .bin / .safetensors) of a "
-         "torch.nn.Transformer or seed tutorial model")
+         "a Hugging Face Marian, M2M100 / NLLB, mBART or BART directory, or a state dict file "
+         "(.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
 TORCH_NN = "torch-nn-transformer"
 # keys xform itself names its parameters with, to recognise a bare xform state dict
 XFORM_KEYS = ("src_embed.weight", "encoder_layers.0.self_attn.q_proj.weight")
@@ -148,7 +148,8 @@ def detect_arch(state: dict[str, Any], source: str) -> str:
                               "pass --arch with the one it is")
     if all(k in state for k in XFORM_KEYS):
         raise CheckpointError(f"{source}: xform's own parameter names, without a config; export the checkpoint "
-                              f"directory (save_checkpoint writes {CONFIG_FILE} + {WEIGHTS_FILE}) instead of a bare state dict")
+                              f"directory (save_checkpoint writes {CONFIG_FILE} + {WEIGHTS_FILE}) instead of a bare "
+                              "state dict")
     best = min(left, key=lambda a: len(left[a]))
     keys = left[best]
     raise CheckpointError(f"{source}: not a layout xform knows ({', '.join(a for a in ARCHS if a != 'auto')}). "

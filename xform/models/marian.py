@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from xform.errors import CheckpointError, ConfigError
-from xform.models.checkpoint import load_state_into
 from xform.files import read_json_object, sha256_file
+from xform.models.checkpoint import load_state_into
 from xform.models.config import TransformerConfig
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer

@@ -29,8 +29,8 @@ from typing import Any, Callable
 import torch
 
 from xform.errors import CheckpointError, ConfigError
-from xform.models.checkpoint import load_state_into
 from xform.files import sha256_file
+from xform.models.checkpoint import load_state_into
 from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 
@@ -85,7 +85,8 @@ def layer_rules(their_enc: str, their_dec: str, attn: dict[str, tuple[str, dict[
                 continue
             their_attn = their_attn[side] if isinstance(their_attn, dict) else their_attn
             for their_p, our_p in projs.items():
-                rules.append((rf"{theirs}(\d+)\.{their_attn}\.{their_p}\.(weight|bias)", rf"{ours}.\1.{our_attn}.{our_p}.\2"))
+                rules.append((rf"{theirs}(\d+)\.{their_attn}\.{their_p}\.(weight|bias)",
+                              rf"{ours}.\1.{our_attn}.{our_p}.\2"))
         prefix, fc1, fc2 = ffn
         rules.append((rf"{theirs}(\d+)\.{prefix}{fc1}\.(weight|bias)", rf"{ours}.\1.ffn.fc1.\2"))
         rules.append((rf"{theirs}(\d+)\.{prefix}{fc2}\.(weight|bias)", rf"{ours}.\1.ffn.fc2.\2"))
@@ -103,14 +104,17 @@ ARCH_SPECS: dict[str, SeedArch] = {
     "seed-000": SeedArch(
         config=dict(norm_position="post", activation="relu", tie_output=False, scale_embedding=False,
                     layer_norm_eps=1e-5, positions="learned"),
-        rules=(("encoder\\.embedding\\.weight", "src_embed.weight"), ("decoder\\.embedding\\.weight", "tgt_embed.weight"),
+        rules=(("encoder\\.embedding\\.weight", "src_embed.weight"),
+               ("decoder\\.embedding\\.weight", "tgt_embed.weight"),
                ("linear\\.weight", "lm_head.weight"), ("linear\\.bias", "output_bias"),
                *layer_rules("encoder\\.encode_layers\\.", "decoder\\.decoder_layes\\.",
                             {"self_attn": ("(?:self_multi_head_att|masked_att)",
-                                           {"q_linear": "q_proj", "k_linear": "k_proj", "v_linear": "v_proj", "linear": "out_proj"}),
+                                           {"q_linear": "q_proj", "k_linear": "k_proj", "v_linear": "v_proj",
+                                            "linear": "out_proj"}),
                              "cross_attn": ("att", {"q_linear": "q_proj", "k_linear": "k_proj", "v_linear": "v_proj",
                                                     "linear": "out_proj"})},
-                            ("ffn\\.ffn\\.", "0", "2"), ("norms\\.0", "norms\\.1"), ("norms\\.0", "norms\\.1", "norms\\.2"), LN)),
+                            ("ffn\\.ffn\\.", "0", "2"), ("norms\\.0", "norms\\.1"),
+                            ("norms\\.0", "norms\\.1", "norms\\.2"), LN)),
         positions=seed000_positions, default_pad=0, defaults={"max_len": 512}),
     "seed-001": SeedArch(
         config=dict(norm_position="pre", final_norm=False, activation="gelu", layer_norm_eps=1e-10,
@@ -119,11 +123,13 @@ ARCH_SPECS: dict[str, SeedArch] = {
                ("decoder\\.embedding(?:\\.embedding)?\\.weight", "tgt_embed.weight"),
                ("output_projection\\.weight", "lm_head.weight"), ("output_projection\\.bias", "output_bias"),
                *layer_rules("encoder\\.layers\\.", "decoder\\.layers\\.",
-                            {"self_attn": ("self_attention", {"query": "q_proj", "key": "k_proj", "value": "v_proj", "proj": "out_proj"}),
+                            {"self_attn": ("self_attention", {"query": "q_proj", "key": "k_proj", "value": "v_proj",
+                                                              "proj": "out_proj"}),
                              "cross_attn": ("cross_attention", {"query": "q_proj", "key": "k_proj", "value": "v_proj",
                                                                 "proj": "out_proj"})},
                             ("feed_forward\\.", "fc1", "fc2"), ("residual1\\.norm", "residual2\\.norm"),
-                            ("residual1\\.norm", "residual2\\.norm", "residual3\\.norm"), {"gamma": "weight", "beta": "bias"})),
+                            ("residual1\\.norm", "residual2\\.norm", "residual3\\.norm"),
+                            {"gamma": "weight", "beta": "bias"})),
         ignored=(("(?:encoder|decoder)\\.norm\\.(?:gamma|beta)",
                   "Encoder.norm / Decoder.norm are defined but never applied in forward"),),
         position_keys=("encoder.positional_encoding.pe", "decoder.positional_encoding.pe"), default_pad=1),
@@ -139,7 +145,8 @@ ARCH_SPECS: dict[str, SeedArch] = {
     "seed-003": SeedArch(
         config=dict(norm_position="post", activation="relu", tie_output=False, scale_embedding=True,
                     layer_norm_eps=1e-5, positions="learned"),
-        rules=(("encoder\\.embedding\\.weight", "src_embed.weight"), ("decoder\\.embedding\\.weight", "tgt_embed.weight"),
+        rules=(("encoder\\.embedding\\.weight", "src_embed.weight"),
+               ("decoder\\.embedding\\.weight", "tgt_embed.weight"),
                ("decoder\\.dense\\.weight", "lm_head.weight"), ("decoder\\.dense\\.bias", "output_bias"),
                *layer_rules("encoder\\.blks\\.block", "decoder\\.blks\\.block",
                             {"self_attn": ({"enc": "attention", "dec": "attention1"}, W_QKVO),
@@ -148,14 +155,16 @@ ARCH_SPECS: dict[str, SeedArch] = {
                             ("addnorm1\\.ln", "addnorm2\\.ln", "addnorm3\\.ln"), LN)),
         positions=seed003_positions, default_pad=0, defaults={"max_len": 1000}),
     "seed-004": SeedArch(
-        config=dict(encoder_norm_positions=("pre_normed_residual", "pre"), decoder_norm_positions=("pre_normed_residual",) * 3,
+        config=dict(encoder_norm_positions=("pre_normed_residual", "pre"),
+                    decoder_norm_positions=("pre_normed_residual",) * 3,
                     final_norm=True, activation="relu", share_embeddings=True, tie_output=False, scale_embedding=False,
                     layer_norm_eps=1e-5, positions="learned"),
         rules=(("transformer\\.wte\\.weight", "src_embed.weight"), ("lm_head\\.weight", "lm_head.weight"),
                ("transformer\\.encoder\\.norm\\.(weight|bias)", "encoder_norm.\\1"),
                ("transformer\\.decoder\\.norm\\.(weight|bias)", "decoder_norm.\\1"),
                *layer_rules("transformer\\.encoder\\.layers\\.", "transformer\\.decoder\\.layers\\.",
-                            {"self_attn": ({"enc": "attn", "dec": "m_attn"}, QKVO_004), "cross_attn": ("attn", QKVO_004)},
+                            {"self_attn": ({"enc": "attn", "dec": "m_attn"}, QKVO_004),
+                             "cross_attn": ("attn", QKVO_004)},
                             ("mlp\\.", "c_fc", "c_proj"), ("ln_1", "ln_2"), ("ln_1", "ln_2", "ln_3"), LN)),
         ignored=(("transformer\\.(?:en|de)coder\\.layers\\.\\d+\\.(?:m_)?attn\\.bias",
                   "the causal mask buffer of its non-flash attention path (PyTorch < 2.0)"),),
@@ -168,7 +177,8 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from .pt / .pth / .bin (weights_only) or .safetensors; training wrappers and a
     DataParallel `module.` prefix are unwrapped."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such file; --arch expects a state dict file (torch.save(model.state_dict()))")
+        raise CheckpointError(f"{path}: no such file; --arch expects a state dict file "
+                              "(torch.save(model.state_dict()))")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -224,7 +234,8 @@ def read_sizes(ours: dict[str, torch.Tensor], hparams: dict[str, Any], source: s
     try:
         q = ours["encoder_layers.0.self_attn.q_proj.weight"]
         found = {"src_vocab_size": ours["src_embed.weight"].shape[0], "d_model": ours["src_embed.weight"].shape[1],
-                 "tgt_vocab_size": ours["lm_head.weight"].shape[0], "d_ff": ours["encoder_layers.0.ffn.fc1.weight"].shape[0],
+                 "tgt_vocab_size": ours["lm_head.weight"].shape[0],
+                 "d_ff": ours["encoder_layers.0.ffn.fc1.weight"].shape[0],
                  "n_encoder_layers": count_layers(ours, "encoder_layers"),
                  "n_decoder_layers": count_layers(ours, "decoder_layers")}
     except KeyError as e:
@@ -284,7 +295,8 @@ def position_table(t: torch.Tensor, name: str, d_model: int, source: str) -> tor
     """A saved position table as (max_len, d_model), whatever its layout: (L, d), (L, 1, d), (1, L, d)."""
     if t.dim() < 2 or t.shape[-1] != d_model or t.numel() != t.shape[-1] * max(t.shape[:-1]):
         raise CheckpointError(f"{source}: position table {name} has shape {tuple(t.shape)}; expected (max_len, "
-                              f"{d_model}) with any singleton axes, e.g. (max_len, 1, {d_model}) or (1, max_len, {d_model})")
+                              f"{d_model}) with any singleton axes, e.g. (max_len, 1, {d_model}) or "
+                              f"(1, max_len, {d_model})")
     return t.reshape(-1, d_model).float()
 
 

@@ -51,7 +51,8 @@ def stacks(state: dict[str, torch.Tensor], source: str) -> dict[str, str]:
     found: dict[str, set[str]] = {}
     for k in state:
         m = LAYER.fullmatch(k)
-        if m and m["rest"].split(".")[0] in ("self_attn", "multihead_attn", "linear1", "linear2", "norm1", "norm2", "norm3"):
+        if m and m["rest"].split(".")[0] in ("self_attn", "multihead_attn", "linear1", "linear2", "norm1", "norm2",
+                                             "norm3"):
             found.setdefault(m["stack"], set()).add(m["rest"].split(".")[0])
     enc = [p for p, subs in found.items() if "multihead_attn" not in subs]
     dec = [p for p, subs in found.items() if "multihead_attn" in subs]
@@ -134,7 +135,8 @@ def find_roles(state: dict[str, torch.Tensor], rest: list[str], d: int, opts: di
     if "pos" not in roles and pos_ref != "sinusoidal":
         cands = [k for k in rest if k not in taken and is_pos(k)]
         if not cands:
-            raise CheckpointError(f"{source}: no position table found (a buffer or parameter with 'pos' in its name, or "
+            raise CheckpointError(f"{source}: no position table found (a buffer or parameter with 'pos' in its name, "
+                                  "or "
                                   f"of shape (max_len, 1, {d}) / (1, max_len, {d})); name it with --positions KEY, or "
                                   "pass --positions sinusoidal if your code computes the paper's sinusoids unsaved")
         if len(cands) > 2:
@@ -199,9 +201,11 @@ def load_torch_nn(path: Path, hparams: dict[str, Any],
                 and not (k.endswith("bias") and k[: -len("bias")] + "weight" == roles["gen"])]
     problems: list[str] = []
     if leftover:
-        problems.append(f"keys that are not part of an nn.Transformer model: {leftover[:8]}{' ...' if len(leftover) > 8 else ''}")
+        more = " ..." if len(leftover) > 8 else ""
+        problems.append(f"keys that are not part of an nn.Transformer model: {leftover[:8]}{more}")
     if len(finals) == 1:
-        problems.append(f"only the {finals[0]} stack has a final LayerNorm; xform applies one to both stacks or neither")
+        problems.append(f"only the {finals[0]} stack has a final LayerNorm; xform applies one to both stacks or "
+                        "neither")
     if opts["activation"] not in ("relu", "gelu"):
         problems.append(f"--activation {opts['activation']!r}: nn.Transformer takes relu or gelu")
     ours["src_embed.weight"] = theirs[roles["src"]]

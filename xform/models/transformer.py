@@ -11,7 +11,6 @@ oracle everything else is compared with.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 
 import torch

@@ -131,8 +131,9 @@ def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
                              + ("a word is looked up whole, and most will be unknown" if unit == "word" else
                                 "its multi-character tokens can never be produced from text"))
         if "<unk>" not in tokens:
-            notes.append(f"{flag} {path.name}: no '<unk>' token: a line with a {'character' if unit == 'char' else 'word'} "
-                         "outside the vocabulary fails alone")
+            kind = "character" if unit == "char" else "word"
+            notes.append(f"{flag} {path.name}: no '<unk>' token: a line with a {kind} outside the vocabulary fails "
+                         "alone")
         notes += ["warning: " + n for n in role_notes(tokens, config, flag, path)]
         spec[side] = {"unit": unit, "tokens": tokens, "unk": "<unk>"}
     (_, src_path, _, src_rows), (_, tgt_path, _, tgt_rows) = sides
@@ -142,7 +143,8 @@ def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
                               "look swapped")
     for side, path, flag, rows in sides:
         if sizes[side] > rows:
-            raise CheckpointError(f"{flag} {path}: {sizes[side]} tokens, but the model's {side} embedding has {rows} rows")
+            raise CheckpointError(f"{flag} {path}: {sizes[side]} tokens, but the model's {side} embedding has "
+                                  f"{rows} rows")
         if sizes[side] < rows:
             notes.append(f"warning: {flag} {path.name}: {sizes[side]} tokens for the {side} embedding's {rows} rows: "
                          f"ids {sizes[side]}..{rows - 1} have no text")

@@ -122,7 +122,8 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
     med = float(np.median(iter_times))
     return BenchResult(
         backend=session.backend_name, precision=session.bundle.precision if session.bundle else "fp32",
-        strategy=f"beam {gen.num_beams}" if gen.strategy == "beam" else gen.strategy, batch=batch, src_len=src_len, new_tokens=new_tokens, warmup=warmup, iters=iters,
+        strategy=f"beam {gen.num_beams}" if gen.strategy == "beam" else gen.strategy, batch=batch, src_len=src_len,
+        new_tokens=new_tokens, warmup=warmup, iters=iters,
         tokens_per_s=batch * new_tokens / med, latency_ms_p50=float(np.percentile(lat, 50)),
         latency_ms_p90=float(np.percentile(lat, 90)), latency_ms_p99=float(np.percentile(lat, 99)),
         iteration_s_median=med, peak_rss_mib=peak_rss_mib(),

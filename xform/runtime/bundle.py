@@ -82,7 +82,8 @@ class Bundle:
         if problems:
             raise BundleError(f"{mpath}: implausible model config: " + "; ".join(problems))
         decoder_inputs = m["graphs"].get("decoder", {}).get("signature", {}).get("inputs", [])
-        kv_dtype = next((t.get("dtype") for t in decoder_inputs if isinstance(t, dict) and t.get("name") == "cache_key_0"),
+        kv_dtype = next((t.get("dtype") for t in decoder_inputs
+                         if isinstance(t, dict) and t.get("name") == "cache_key_0"),
                         "float32")
         layer = m.get("attention_layer")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)

@@ -115,7 +115,8 @@ def compare_beams(report: CheckReport, got: tuple[np.ndarray, np.ndarray], ref: 
     report.beam_hypotheses_identical = float(same.mean()) if len(same) else 1.0
     report.beam_score_max_abs_err = float(diff.max(initial=0.0))
     report.beam_score_tolerance = f"atol {score_atol:g} + rtol {score_rtol:g} x |score|"
-    report.beam_scores_within = bool(np.isfinite(g_scores).all() and (diff <= score_atol + score_rtol * np.abs(r)).all())
+    within = (diff <= score_atol + score_rtol * np.abs(r)).all()
+    report.beam_scores_within = bool(np.isfinite(g_scores).all() and within)
 
 
 def edit_distance(a: list[int], b: list[int]) -> int:

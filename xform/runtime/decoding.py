@@ -145,7 +145,8 @@ class GenerationConfig:
             problems.append(f"{named('early_stopping')} must be true, false or never, got {self.early_stopping!r}")
         if not isinstance(self.length_penalty, (int, float)) or not np.isfinite(self.length_penalty):
             problems.append(f"{named('length_penalty')} must be a finite number, got {self.length_penalty!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0 or not np.isfinite(self.temperature):
+        if (not isinstance(self.temperature, (int, float)) or not self.temperature > 0
+                or not np.isfinite(self.temperature)):
             problems.append(f"{named('temperature')} must be > 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             problems.append(f"{named('top_p')} must be in (0, 1], got {self.top_p!r}")

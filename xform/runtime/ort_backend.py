@@ -9,7 +9,8 @@ docs/benchmarks.md, "Where Marian-base fp32 memory goes"):
   (contract.py). Its capacity starts at INITIAL_CAPACITY positions and doubles when full, so a
   short decode attends over a short cache; on the CPU, positions not yet written are zero pages
   that cost no memory. Beam search reorders it in place (CPU) or through the reorder graph (CUDA).
-- A weight several graphs hold (a shared embedding table, the restricted decoder's layers) is mapped once from the bundle and given
+- A weight several graphs hold (a shared embedding table, the restricted decoder's layers) is
+  mapped once from the bundle and given
   to both sessions (`SessionOptions.add_initializer`), instead of each session paging in its own
   copy (the manifest's `shared_weights`, found at export).
 - The previous decode's buffers are released before the next encoder runs.
@@ -27,8 +28,8 @@ import numpy as np
 
 from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
-from xform.runtime.backend import INITIAL_CAPACITY
 from xform.files import drop_cached
+from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
 from xform.runtime.cuda import CudaOps, import_cudart

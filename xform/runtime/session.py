@@ -15,8 +15,7 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.decoding import (GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy,
-                                    named)
+from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.vocab_map import VocabMap
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
@@ -87,7 +86,8 @@ class Session:
         gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in GENERATION_FIELDS})
         gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
         if gen.max_new_tokens > self.config["max_len"]:
-            raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {self.config['max_len']}")
+            raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len "
+                             f"{self.config['max_len']}")
         vocab = self.config["tgt_vocab_size"]
         if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= vocab:
             raise InputError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
@@ -156,7 +156,8 @@ class Session:
         if target_prefix is None:
             return None
         if isinstance(target_prefix, (str, bytes)) or not hasattr(target_prefix, "__len__"):
-            raise InputError(f"target_prefix must be a list of id lists, one a source, got {type(target_prefix).__name__}")
+            raise InputError("target_prefix must be a list of id lists, one a source, got "
+                             f"{type(target_prefix).__name__}")
         if len(target_prefix) != batch:
             raise InputError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
                              "source (an empty list for none)")
@@ -384,9 +385,10 @@ class Session:
         is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
         piece it attends to most (a bundle exported --with-attention; CTranslate2's
         replace_unknowns). With a `vocab_map` (a VocabMap or its file; a bundle exported
-        --with-vocab-map), each batch decodes over the target ids its sources allow. A line of more source tokens than max_len fails alone, or with `truncate` is cut
-        to max_len (its first max_len - 1 tokens and end-of-sentence, as CTranslate2's
-        max_input_length does) and reported through `on_warning`. Bad settings raise InputError at once."""
+        --with-vocab-map), each batch decodes over the target ids its sources allow. A line of
+        more source tokens than max_len fails alone, or with `truncate` is cut to max_len (its
+        first max_len - 1 tokens and end-of-sentence, as CTranslate2's max_input_length does) and
+        reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()

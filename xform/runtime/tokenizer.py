@@ -1,9 +1,11 @@
 """Text in and out: the bundle's tokenizer file turned into ids and back, offline.
 
 Kind `xform-vocab`: for source and target each, a token list split into characters or
-whitespace-separated words, or a sentencepiece model whose ids are the model's. Kind `marian-spm`: Marian's sentencepiece models and vocabularies,
-tokenized as transformers' MarianTokenizer does (language-code prefix, pieces, <unk> fallback,
-end-of-sentence appended). sentencepiece is imported only for the latter. No torch.
+whitespace-separated words, or a sentencepiece model whose ids are the model's. Kind
+`marian-spm`: Marian's sentencepiece models and vocabularies, tokenized as transformers'
+MarianTokenizer does (language-code prefix, pieces, <unk> fallback, end-of-sentence appended).
+Kinds `fairseq-spm` (NLLB, mBART-50, M2M100) and `byte-bpe` (BART): below. sentencepiece and
+tokenizers are imported only for the kinds that use them. No torch.
 """
 from __future__ import annotations
 
@@ -139,7 +141,8 @@ class VocabTokenizer:
         self.tgt = VocabSide(data.get("target"), root, source, "target", config["tgt_vocab_size"])
         self.prefix = data.get("source_prefix", [])
         if not isinstance(self.prefix, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config["src_vocab_size"] for i in self.prefix):
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config["src_vocab_size"]
+                for i in self.prefix):
             raise BundleError(f"{source}: source_prefix {self.prefix!r} must be ids below src_vocab_size "
                               f"{config['src_vocab_size']}")
         self.cfg = config
@@ -220,7 +223,8 @@ class SpmTokenizer:
         for name, vocab_map, rows in (("vocab.json", self.encoder, config["src_vocab_size"]),
                                       ("target_vocab.json" if data.get("separate_vocabs") else "vocab.json", target,
                                        config["tgt_vocab_size"])):
-            bad = [t for t, i in vocab_map.items() if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows]
+            bad = [t for t, i in vocab_map.items()
+                   if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows]
             if bad:
                 raise BundleError(f"{d / name}: ids outside the model's vocabulary of {rows} (for {bad[:3]})")
         self.decoder = {i: t for t, i in target.items()}
@@ -281,7 +285,8 @@ class SpmTokenizer:
                 f"{self.cfg['eos_id']})",
                 f"text out: {'target_vocab.json' if self.separate else 'vocab.json'}, pieces joined by "
                 f"{'target.spm' if self.spm_target is not self.spm_source else 'source.spm'}",
-                f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} (ids {' '.join(map(str, ids))})"]
+                f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} "
+                f"(ids {' '.join(map(str, ids))})"]
 
 
 class FairseqSpmTokenizer:
@@ -321,7 +326,8 @@ class FairseqSpmTokenizer:
         rows = config["src_vocab_size"]
         bad = sorted(t for t, i in self.special.items() if not 0 <= i < rows)
         if bad or self.spm.GetPieceSize() + self.offset > rows and self.vocab is None:
-            raise BundleError(f"{source}: token ids outside the model's vocabulary of {rows} (for {bad[:3] or 'pieces'})")
+            raise BundleError(f"{source}: token ids outside the model's vocabulary of {rows} "
+                              f"(for {bad[:3] or 'pieces'})")
         self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
 
     def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
@@ -349,7 +355,8 @@ class FairseqSpmTokenizer:
         lang = src_lang or self.src_lang
         if lang is None:
             raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.languages)}")
-        parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text), "eos": [self.cfg["eos_id"]]}
+        parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text),
+                 "eos": [self.cfg["eos_id"]]}
         return [i for part in self.template for i in parts[part]]
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
@@ -388,10 +395,10 @@ class FairseqSpmTokenizer:
         lang = self.src_lang or self.languages[0]
         ids = self.encode(sample, lang)
         names = {i: t for t, i in self.special.items()}
-        pieces = [names.get(i) or (self.pieces.get(i) if self.vocab is not None else self.spm.IdToPiece(i - self.offset))
-                  for i in ids]
-        return [f"text in: {self.spm.GetPieceSize()} sentencepiece pieces ({'vocab.json' if self.vocab else 'ids + 1'}), "
-                f"framed as {' '.join('<src_lang>' if p == 'lang' else '...' if p == 'text' else '</s>' for p in self.template)}; "
+        pieces = [names.get(i) or self.source_piece(i) for i in ids]
+        frame = " ".join("<src_lang>" if p == "lang" else "..." if p == "text" else "</s>" for p in self.template)
+        return [f"text in: {self.spm.GetPieceSize()} sentencepiece pieces "
+                f"({'vocab.json' if self.vocab else 'ids + 1'}), framed as {frame}; "
                 f"{len(self.languages)} languages: --src-lang / --tgt-lang (default source {self.src_lang}, target "
                 f"{self.tgt_lang})",
                 f"sample: {sample!r} ({lang}) -> {' '.join(pieces)} (ids {' '.join(map(str, ids))})"]

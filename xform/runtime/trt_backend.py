@@ -188,7 +188,8 @@ class TrtBackend:
 
     def execute(self, ctx, what: str) -> None:
         # tensorrt has both properties, tensorrt_rtx only the first
-        if not getattr(ctx, "all_binding_shapes_specified", True) or not getattr(ctx, "all_shape_inputs_specified", True):
+        if (not getattr(ctx, "all_binding_shapes_specified", True)
+                or not getattr(ctx, "all_shape_inputs_specified", True)):
             raise XformError(f"TensorRT {what}: not every input shape is set")
         if not ctx.execute_async_v3(int(self.stream)):
             raise XformError(f"TensorRT {what}: execute_async_v3 failed: see the TensorRT log above")
@@ -202,7 +203,8 @@ class TrtBackend:
                              f"({self.max_sources} sources, {self.max_batch} rows); rebuild with a larger --max-batch "
                              "or --max-beams")
         if S > self.max_src:
-            raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a larger one")
+            raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a "
+                             "larger one")
         H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
         self.group, self.steps = group, 0
         self.cross.reset((Bs, H, S, D), zero=False)  # the encoder writes it whole

@@ -36,7 +36,8 @@ class VocabMap:
             if not line.strip():
                 continue
             if "\t" not in line:
-                raise InputError(f"--vocab-map {path}:{n}: expected '<source n-gram> TAB <target tokens>', found no tab")
+                raise InputError(f"--vocab-map {path}:{n}: expected '<source n-gram> TAB <target tokens>', "
+                                 "found no tab")
             key, _, targets = line.partition("\t")
             ids = []
             for token in targets.split(" "):

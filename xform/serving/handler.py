@@ -40,9 +40,12 @@ class Job:
 
     def key(self) -> tuple:
         """Requests with equal keys decode as one batch."""
-        return (self.scores, self.replace, self.texts is not None) + tuple(sorted((k, v if not isinstance(v, list) else tuple(map(tuple, v))
-                                              if v and isinstance(v[0], list) else tuple(v))
-                                             for k, v in self.settings.items()))
+        def frozen(v):
+            if not isinstance(v, list):
+                return v
+            return tuple(map(tuple, v)) if v and isinstance(v[0], list) else tuple(v)
+        settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()))
+        return (self.scores, self.replace, self.texts is not None) + settings
 
 
 def one_value(name: str, value: np.ndarray | None) -> int | None:
@@ -237,7 +240,8 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
                                    return_attention=replace, vocabulary=vocabulary, **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
-                results[job.index] = f"input '{setting_input(str(e)) if 'prefix' not in str(e) else 'target_prefix'}': {e}"
+                name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
+                results[job.index] = f"input '{name}': {e}"
             continue
         except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
             for job in jobs:

@@ -106,7 +106,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     if options.dynamic_batching:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
     lines += ["input [", ",\n".join(inputs), "]", "output [", ",\n".join(outputs), "]",
-              f"instance_group [ {{ count: {options.instances} kind: {'KIND_GPU' if device == 'cuda' else 'KIND_CPU'} }} ]"]
+              f"instance_group [ {{ count: {options.instances} "
+              f"kind: {'KIND_GPU' if device == 'cuda' else 'KIND_CPU'} }} ]"]
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
     return "\n".join(lines) + "\n"
 
