@@ -4,12 +4,14 @@ finished rows leaving the batch.
 DeviceCache runs here on `HeapOps`, a DeviceOps over one numpy byte array with addresses as
 offsets, doing exactly what the CUDA calls do (cudaMemsetAsync, cudaMemcpy2DAsync, the reorder
 graph's gather): so its address arithmetic, pitches, growth and buffer-set swaps are tested on
-the CPU, op for op against HostCache. On a GPU the same object runs on CudaOps (tests marked gpu).
+the CPU, op for op against HostCache. On a GPU the same tests run on CudaOps over real device
+memory (skipped without one, failing on a GPU machine without cuda-bindings).
 """
 import numpy as np
 import pytest
 
 import xform
+from tests.conftest import requires_gpu
 from tests.marian_fixtures import sources
 from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
 
@@ -46,16 +48,69 @@ class HeapOps:
         for s, d in zip(src, dst):
             self.view(d, (len(rows), *shape[1:]))[:] = self.view(s, shape)[rows]
 
+    def put(self, ptr: int, array: np.ndarray) -> None:
+        self.view(ptr, array.shape)[:] = array
 
-def device_arrays(ops: HeapOps, cache) -> list[np.ndarray]:
-    return [ops.view(p, cache.shape).copy() for p in cache.addresses()]
+    def get(self, ptr: int, shape) -> np.ndarray:
+        return self.view(ptr, shape).copy()
 
 
-def test_device_cache_equals_host_cache_op_for_op():
+def cuda_ops():
+    """xform.runtime.cuda.CudaOps on device 0's default stream, with the test's own host copies in
+    and out (put / get) and a gather through the host (the reorder graph's semantics; the graph
+    itself is tested on ORT-CUDA decoding). On a GPU without cuda-bindings the test fails with the
+    install line: a GPU machine that skips it proves nothing."""
+    from xform.runtime.cuda import CudaOps, cuda_check
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        pytest.fail("this machine has a GPU but no cuda-bindings: pip install 'cuda-bindings>=12.6'")
+
+    class TestCudaOps(CudaOps):
+        live: set = set()
+
+        def alloc(self, nbytes):
+            ptr = super().alloc(nbytes)
+            cuda_check(cudart, cudart.cudaMemset(ptr, 0xFF, nbytes), "cudaMemset")  # never-written: NaN
+            self.live.add(ptr)
+            return ptr
+
+        def free(self, ptr):
+            self.live.discard(ptr)
+            super().free(ptr)
+
+        def put(self, ptr, array):
+            a = np.ascontiguousarray(array, np.float32)
+            self.sync()
+            cuda_check(cudart, cudart.cudaMemcpy(ptr, a.ctypes.data, a.nbytes,
+                                                 cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "put")
+
+        def get(self, ptr, shape):
+            out = np.empty(shape, np.float32)
+            self.sync()
+            cuda_check(cudart, cudart.cudaMemcpy(out.ctypes.data, ptr, out.nbytes,
+                                                 cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "get")
+            return out
+
+    def gather(rows, src, dst, shape):
+        for s_ptr, d_ptr in zip(src, dst):
+            ops.put(d_ptr, ops.get(s_ptr, shape)[rows])
+
+    ops = TestCudaOps(cudart, 0, gather)
+    return ops
+
+
+def device_arrays(ops, cache) -> list[np.ndarray]:
+    return [ops.get(p, cache.shape) for p in cache.addresses()]
+
+
+@pytest.mark.parametrize("memory", ["heap", pytest.param("cuda", marks=requires_gpu)])
+def test_device_cache_equals_host_cache_op_for_op(memory):
     """A decode's life, written, grown, reordered and compacted, on both implementations: every
-    buffer equal after every operation, unwritten positions zero (never the heap's NaN)."""
+    buffer equal after every operation, unwritten positions zero (never the heap's NaN). On the
+    CPU over HeapOps; on a GPU over real CUDA memory and copies (CudaOps)."""
     rng = np.random.default_rng(0)
-    ops = HeapOps()
+    ops = HeapOps() if memory == "heap" else cuda_ops()
     n, (R, H, C, D) = 4, (6, 3, 2, 5)
     host = HostCache(n, (R, H, C, D), np.float32)
     dev = DeviceCache(ops, n, 4)
@@ -67,7 +122,7 @@ def test_device_cache_equals_host_cache_op_for_op():
         rows = host.shape[0]
         for a, ptr in zip(host.new, dev.new_addresses()):
             a[...] = rng.normal(size=a.shape)
-            ops.view(ptr, (rows, H, 1, D))[:] = a
+            ops.put(ptr, a[:rows])
         if p == host.capacity:
             host.grow(2 * p, p)
             dev.grow(2 * p, p)
@@ -86,16 +141,19 @@ def test_device_cache_equals_host_cache_op_for_op():
             np.testing.assert_array_equal(d, h)
             assert not h[:, :, p:].any()  # positions never written are zeros on both
     assert host.shape == (1, H, 8, D) and p == 7  # grown 2 -> 4 -> 8, compacted 6 -> 3 -> 1 rows
+    dev.release()
+    assert not ops.live
 
 
-def test_rows_gather_and_buffers_only_grow():
-    ops = HeapOps()
+@pytest.mark.parametrize("memory", ["heap", pytest.param("cuda", marks=requires_gpu)])
+def test_rows_gather_and_buffers_only_grow(memory):
+    ops = HeapOps() if memory == "heap" else cuda_ops()
     rows = DeviceRows(ops, 2, 4)
     rows.reset((4, 2, 3, 2), zero=False)
     host = HostRows(2, (4, 2, 3, 2), np.float32)
     for a, ptr in zip(host.arrays, rows.addresses()):
         a[...] = np.arange(a.size).reshape(a.shape)
-        ops.view(ptr, a.shape)[:] = a
+        ops.put(ptr, a)
     host.gather(np.array([3, 1]))
     rows.gather(np.array([3, 1]))
     for h, d in zip(host.arrays, device_arrays(ops, rows)):
