@@ -151,3 +151,27 @@ def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):
     with pytest.raises(xform.XformError, match="export it with --with-vocab-map"):
         write_model(demo_bundle, root / "r2", ModelOptions(vocab_map=vmap_file))
     assert not (root / "r2").exists() or not any((root / "r2").iterdir())
+
+
+def test_n_best_and_alternatives_per_request(demo):
+    """num_return_sequences with beams, and return_alternatives after a prefix: each row's best in
+    the usual outputs, all k in hypothesis_ids / hypotheses / hypothesis_scores, as generate gives."""
+    k = np.array([[3]], np.int32)
+    out = execute(demo, [
+        {"text": text("40512", "7"), "num_beams": i32(4), "num_return_sequences": k,
+         "return_scores": np.array([[True]], bool)},
+        {"text": text("40512"), "target_prefix": text("forty"), "return_alternatives": np.array([[True]], bool),
+         "num_return_sequences": k},
+        {"text": text("40512"), "num_return_sequences": k},  # greedy has one answer: refused alone
+    ])
+    src = demo.encode_texts(["40512", "7"])
+    ids, scores = demo.generate(src, num_beams=4, num_return_sequences=3, return_scores=True)
+    assert out[0]["hypothesis_ids"].shape[:2] == (2, 3)
+    np.testing.assert_array_equal(out[0]["hypothesis_ids"].reshape(6, -1)[:, :ids.shape[1]], ids)
+    assert [t.decode() for t in out[0]["hypotheses"].reshape(-1)] == [demo.tokenizer.decode(r) for r in ids]
+    np.testing.assert_allclose(out[0]["hypothesis_scores"].reshape(-1), scores, rtol=1e-6)
+    np.testing.assert_array_equal(out[0]["output_ids"], ids[::3][:, :out[0]["output_ids"].shape[1]])
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == demo.translate(["40512", "7"], num_beams=4)
+    alts = demo.translate(["40512"], target_prefix=["forty"], return_alternatives=True, num_return_sequences=3)
+    assert [t.decode() for t in out[1]["hypotheses"].reshape(-1)] == alts and len(set(alts)) == 3
+    assert isinstance(out[2], str) and "input 'num_return_sequences'" in out[2]

@@ -114,6 +114,25 @@ def test_decoding_controls_over_http_and_grpc(served, session):
         assert r.as_numpy("translation")[0, 0].decode().startswith("forty one")
 
 
+def test_n_best_over_http_and_grpc(served, session):
+    """num_return_sequences through the real server: each row's best and all k hypotheses."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    server, name = served
+    ids, _ = session.generate(session.encode_texts(["40512"]), num_beams=4, num_return_sequences=2,
+                              return_scores=True)
+    for client, mod in ((http(server), th), (grpc(server), tg)):
+        inputs = request(mod, texts=["40512"], beams=4)
+        t = mod.InferInput("num_return_sequences", [1, 1], "INT32")
+        t.set_data_from_numpy(np.array([[2]], np.int32))
+        inputs.append(t)
+        r = client.infer(name, inputs)
+        assert [h.decode() for h in r.as_numpy("hypotheses").reshape(-1)] == [session.tokenizer.decode(x)
+                                                                                 for x in ids]
+        np.testing.assert_array_equal(r.as_numpy("hypothesis_ids")[0, :, :ids.shape[1]], ids)
+        assert r.as_numpy("translation")[0, 0].decode() == session.tokenizer.decode(ids[0])
+
+
 def test_8_clients_x_50_requests_with_bad_ones_mixed(served, session):
     """HTTP and gRPC clients at once; every 7th request is malformed. All good requests answered
     right and in each client's order, every bad one answered with its error, none lost; Triton

@@ -13,6 +13,10 @@ same settings as one padded batch through the Session's one decoding loop, each 
 carrying only its own rows. Rows decode independently of their batch, so a response equals what
 `Session.generate` / `translate` gives for that request alone. With return_scores, a response
 also carries `scores` (fp32 [b, 1]) and `token_scores` (fp32 [b, n], 0 in a prefix and after the end).
+With `num_return_sequences` k > 1 (int32: beams' best k, or with `return_alternatives` (bool)
+the k best continuations of the prefix), `output_ids` / `translation` / `scores` are each row's
+best and `hypothesis_ids` (int64 [b, k, n]), `hypotheses` (strings [b, k]) and, with scores,
+`hypothesis_scores` (fp32 [b, k]) carry all k, best first.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from xform.errors import InputError, XformError
 
 INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
           "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
-          "replace_unknowns")
+          "replace_unknowns", "num_return_sequences", "return_alternatives")
 
 
 @dataclass
@@ -166,7 +170,11 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
     settings: dict[str, Any] = {"max_new_tokens": one_value("max_new_tokens", inputs.get("max_new_tokens")),
                                 "num_beams": one_value("num_beams", inputs.get("num_beams")),
                                 "forced_bos_token_id": forced,
-                                "repetition_penalty": one_float("repetition_penalty", inputs.get("repetition_penalty"))}
+                                "repetition_penalty": one_float("repetition_penalty", inputs.get("repetition_penalty")),
+                                "num_return_sequences": one_value("num_return_sequences",
+                                                                  inputs.get("num_return_sequences"))}
+    if one_flag("return_alternatives", inputs.get("return_alternatives")):
+        settings["return_alternatives"] = True
     ngram = inputs.get("no_repeat_ngram_size")
     if ngram is not None:
         settings["no_repeat_ngram_size"] = int(np.asarray(ngram).reshape(-1)[0])
@@ -197,7 +205,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
 
 def setting_input(message: str) -> str:
     """The input a generation-settings error is about."""
-    for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "num_beams"):
+    for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens",
+                 "return_alternatives", "num_return_sequences", "num_beams"):
         if name in message:
             return "bad_words" if name == "bad_words_ids" else name
     return "max_new_tokens"
@@ -251,19 +260,26 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         out = out[:-1] if replace else out
         out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         out, scores, tokens = out if jobs[0].scores else (out, None, None)
+        n = len(out) // len(rows)  # hypotheses a row: num_return_sequences
         start = 0
         for job in jobs:
-            ids = trim(out[start:start + len(job.rows)], session.pad_id)
-            outputs = {"output_ids": np.ascontiguousarray(ids, np.int64)}
+            span = slice(start * n, (start + len(job.rows)) * n)
+            ids = trim(out[span], session.pad_id)
+            outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
             if session.tokenizer is not None:
                 texts = [session.tokenizer.decode(r, session.unknown_replacements(
-                    r, attention[start + k], job.rows[k], job.texts[k]) if replace else None)
+                    r, attention[span][k], job.rows[k // n], job.texts[k // n]) if replace else None)
                     for k, r in enumerate(ids)]
-                outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts], dtype=object)
+                outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
+                if n > 1:
+                    outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
+            if n > 1:
+                outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
             if job.scores:
-                outputs["scores"] = scores[start:start + len(job.rows), None].astype(np.float32)
-                outputs["token_scores"] = np.ascontiguousarray(tokens[start:start + len(job.rows), :ids.shape[1]],
-                                                               np.float32)
+                outputs["scores"] = scores[span][::n, None].astype(np.float32)
+                outputs["token_scores"] = np.ascontiguousarray(tokens[span][::n, :ids.shape[1]], np.float32)
+                if n > 1:
+                    outputs["hypothesis_scores"] = scores[span].reshape(-1, n).astype(np.float32)
             start += len(job.rows)
             results[job.index] = outputs
     return results

@@ -10,11 +10,14 @@ REPO/<name>/1/bundle/      a copy of the bundle (self-contained: the repository 
 Inputs (one of text / src_ids per request): text TYPE_STRING [1], src_ids TYPE_INT64 [-1]
 (ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1],
 repetition_penalty TYPE_FP32 [1], no_repeat_ngram_size TYPE_INT32 [1], suppress_tokens TYPE_INT32
-[-1], return_scores and truncate TYPE_BOOL [1], and with a tokenizer src_lang / tgt_lang
+[-1], return_scores and truncate TYPE_BOOL [1], num_return_sequences TYPE_INT32 [1] and
+return_alternatives TYPE_BOOL [1], and with a tokenizer src_lang / tgt_lang
 TYPE_STRING [1] (a multilingual model's language codes), target_prefix TYPE_STRING [1],
 bad_words TYPE_STRING [-1] and replace_unknowns TYPE_BOOL [1] (serving/handler.py says what each does).
 Outputs: output_ids TYPE_INT64 [-1]; scores TYPE_FP32 [1] and token_scores TYPE_FP32 [-1] when
-return_scores is set; translation TYPE_STRING [1] when the bundle has a tokenizer.
+return_scores is set; translation TYPE_STRING [1] when the bundle has a tokenizer; with
+num_return_sequences k > 1 also hypothesis_ids TYPE_INT64 [-1, -1], hypotheses TYPE_STRING [-1]
+and hypothesis_scores TYPE_FP32 [-1] (k a row, best first).
 """
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
         '  { name: "no_repeat_ngram_size" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
         '  { name: "suppress_tokens" data_type: TYPE_INT32 dims: [ -1 ] optional: true }',
         '  { name: "return_scores" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
+        '  { name: "num_return_sequences" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
+        '  { name: "return_alternatives" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
         '  { name: "truncate" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
     ]
     if has_tokenizer:  # a multilingual model's languages (NLLB, mBART-50, M2M100); refused by others
@@ -96,9 +101,12 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
                    '  { name: "replace_unknowns" data_type: TYPE_BOOL dims: [ 1 ] optional: true }']
     outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
                '  { name: "scores" data_type: TYPE_FP32 dims: [ 1 ] }',
-               '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }']
+               '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }',
+               '  { name: "hypothesis_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] }',
+               '  { name: "hypothesis_scores" data_type: TYPE_FP32 dims: [ -1 ] }']
     if has_tokenizer:
         outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
+        outputs.append('  { name: "hypotheses" data_type: TYPE_STRING dims: [ -1 ] }')
     params = {"bundle": bundle_param, "backend": options.backend, "device": device,
               "threads": "" if options.threads is None else str(options.threads),
               "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}
