@@ -122,9 +122,15 @@ def test_replace_unknowns_is_an_input(demo, tmp_path_factory):
     assert [t.decode() for t in out[0]["translation"].reshape(-1)] == aligned.translate(["40512", "7"],
                                                                                         replace_unknowns=True)
     assert out[1]["translation"][0, 0].decode() == aligned.translate(["40512"])[0]
-    out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")}])
+    out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")},
+                         {"text": text("40512"), "return_attention": flag}])
     assert isinstance(out[0], str) and "input 'replace_unknowns'" in out[0] and "--with-attention" in out[0]
     assert not isinstance(out[1], str)
+    assert isinstance(out[2], str) and "input 'return_attention'" in out[2]
+    out = execute(aligned, [{"text": text("40512", "7"), "return_attention": flag, "num_beams": i32(2)}])
+    ids, att = aligned.generate(aligned.encode_texts(["40512", "7"]), num_beams=2, return_attention=True)
+    np.testing.assert_allclose(out[0]["attention"], att[:, :out[0]["attention"].shape[1]], rtol=0, atol=1e-7)
+    assert out[0]["attention"].shape[0] == 2 and "attention" not in execute(aligned, [{"text": text("7")}])[0]
 
 
 def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):

@@ -331,3 +331,25 @@ def test_serve_prepare_then_offline(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "preparing" not in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--prepare", "somewhere"])
     assert r.exit_code == 2 and "give no BUNDLE" in r.output
+
+
+@requires_triton
+def test_attention_output_of_an_aligned_bundle(tmp_path):
+    """A bundle exported --with-attention: the model declares return_attention and the attention
+    output, and the real server returns what generate(return_attention=True) gives."""
+    import tritonclient.http as th
+
+    from xform.exporter.export import export_bundle
+    bundle = export_bundle("demo", tmp_path / "aligned", attention_layer=-1).path
+    server, name = start(bundle, tmp_path)
+    try:
+        inputs = request(th, texts=["40512"])
+        t = th.InferInput("return_attention", [1, 1], "BOOL")
+        t.set_data_from_numpy(np.array([[True]], bool))
+        inputs.append(t)
+        r = http(server).infer(name, inputs)
+        session = xform.load(bundle)
+        ids, att = session.generate(session.encode_texts(["40512"]), return_attention=True)
+        np.testing.assert_allclose(r.as_numpy("attention"), att[:, :r.as_numpy("attention").shape[1]], atol=1e-7)
+    finally:
+        server.stop()

@@ -7,7 +7,8 @@ hold one value per request of: `max_new_tokens`, `num_beams`, `no_repeat_ngram_s
 generated) and `suppress_tokens` (int32, [b, n]: ids never generated), the same in every row; and
 `target_prefix` (strings, [b, 1]: the start of each row's translation); `replace_unknowns`
 (bool: unknown target tokens become the source pieces they attend to, a bundle exported
---with-attention). A request that breaks
+--with-attention); `return_attention` (bool: the `attention` output, fp32 [b, n, src_len], each
+generated token's cross-attention of the bundle's attention layer). A request that breaks
 the contract gets an error naming the tensor; the others are decoded together: requests with the
 same settings as one padded batch through the Session's one decoding loop, each response
 carrying only its own rows. Rows decode independently of their batch, so a response equals what
@@ -29,7 +30,7 @@ from xform.errors import InputError, XformError
 
 INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
           "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
-          "replace_unknowns", "num_return_sequences", "return_alternatives")
+          "replace_unknowns", "num_return_sequences", "return_alternatives", "return_attention")
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Job:
     scores: bool = False
     texts: list[str] | None = None  # the source texts (None for src_ids)
     replace: bool = False  # replace_unknowns
+    attention: bool = False  # return_attention
 
     def key(self) -> tuple:
         """Requests with equal keys decode as one batch."""
@@ -49,7 +51,7 @@ class Job:
                 return v
             return tuple(map(tuple, v)) if v and isinstance(v[0], list) else tuple(v)
         settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()))
-        return (self.scores, self.replace, self.texts is not None) + settings
+        return (self.scores, self.replace, self.attention, self.texts is not None) + settings
 
 
 def one_value(name: str, value: np.ndarray | None) -> int | None:
@@ -143,6 +145,10 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
             session.check_replace_unknowns()
         except InputError as e:
             raise InputError(f"input 'replace_unknowns': {e}") from None
+    attention = one_flag("return_attention", inputs.get("return_attention"))
+    if attention and not getattr(session.backend, "has_attention", False):
+        raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
+                         "--with-attention")
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
@@ -200,7 +206,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
     return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
-               strings("text", text) if text is not None else None, replace)
+               strings("text", text) if text is not None else None, replace, attention)
 
 
 def setting_input(message: str) -> str:
@@ -241,12 +247,12 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
         settings = jobs[0].settings
         try:
-            replace = jobs[0].replace
+            replace, want_attention = jobs[0].replace, jobs[0].replace or jobs[0].attention
             vocabulary = None
             if vocab_map is not None and jobs[0].texts is not None:
                 vocabulary = vocab_map.ids_for([session.tokenizer.source_pieces(t) for job in jobs for t in job.texts])
             out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
-                                   return_attention=replace, vocabulary=vocabulary, **settings)
+                                   return_attention=want_attention, vocabulary=vocabulary, **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
@@ -256,8 +262,8 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             for job in jobs:
                 results[job.index] = f"decoding failed: {type(e).__name__}: {e}"
             continue
-        attention = out[-1] if replace else None
-        out = out[:-1] if replace else out
+        attention = out[-1] if want_attention else None
+        out = out[:-1] if want_attention else out
         out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         out, scores, tokens = out if jobs[0].scores else (out, None, None)
         n = len(out) // len(rows)  # hypotheses a row: num_return_sequences
@@ -275,6 +281,8 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
                     outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
             if n > 1:
                 outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
+            if job.attention:  # each row's best: (rows, its tokens, src_len)
+                outputs["attention"] = np.ascontiguousarray(attention[span][::n, :ids.shape[1]], np.float32)
             if job.scores:
                 outputs["scores"] = scores[span][::n, None].astype(np.float32)
                 outputs["token_scores"] = np.ascontiguousarray(tokens[span][::n, :ids.shape[1]], np.float32)

@@ -17,7 +17,8 @@ bad_words TYPE_STRING [-1] and replace_unknowns TYPE_BOOL [1] (serving/handler.p
 Outputs: output_ids TYPE_INT64 [-1]; scores TYPE_FP32 [1] and token_scores TYPE_FP32 [-1] when
 return_scores is set; translation TYPE_STRING [1] when the bundle has a tokenizer; with
 num_return_sequences k > 1 also hypothesis_ids TYPE_INT64 [-1, -1], hypotheses TYPE_STRING [-1]
-and hypothesis_scores TYPE_FP32 [-1] (k a row, best first).
+and hypothesis_scores TYPE_FP32 [-1] (k a row, best first). A bundle exported --with-attention adds
+the input return_attention TYPE_BOOL [1] and the output attention TYPE_FP32 [-1, -1].
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def model_name(bundle: Path, options: ModelOptions) -> str:
     return name
 
 
-def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokenizer: bool) -> str:
+def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokenizer: bool,
+                 has_attention: bool = False) -> str:
     device = options.device or ("cuda" if options.backend == "trt" else "cpu")
     inputs = [
         '  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
@@ -99,11 +101,15 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
                    '  { name: "target_prefix" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
                    '  { name: "bad_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }',
                    '  { name: "replace_unknowns" data_type: TYPE_BOOL dims: [ 1 ] optional: true }']
+    if has_attention:  # a bundle exported --with-attention
+        inputs.append('  { name: "return_attention" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
     outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
                '  { name: "scores" data_type: TYPE_FP32 dims: [ 1 ] }',
                '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }',
                '  { name: "hypothesis_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] }',
                '  { name: "hypothesis_scores" data_type: TYPE_FP32 dims: [ -1 ] }']
+    if has_attention:
+        outputs.append('  { name: "attention" data_type: TYPE_FP32 dims: [ -1, -1 ] }')
     if has_tokenizer:
         outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
         outputs.append('  { name: "hypotheses" data_type: TYPE_STRING dims: [ -1 ] }')
@@ -151,5 +157,6 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
             bundle_param = "bundle"
         if options.vocab_map is not None:
             shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
-        (tmp / "config.pbtxt").write_text(config_pbtxt(name, bundle_param, options, bundle.tokenizer_file is not None))
+        (tmp / "config.pbtxt").write_text(config_pbtxt(name, bundle_param, options, bundle.tokenizer_file is not None,
+                                                       bundle.manifest.get("attention_layer") is not None))
     return target
