@@ -14,6 +14,11 @@ self-attention cache, one row a decoded row: runtime/cache.py) itself:
         # R' < R drops rows, whole sources at a time (their `group` rows leave together), and with
         # them the sources' cross K/V and mask. Gathered where the cache lives.
     backend.max_rows   # optional: the most rows one batch may have (a TensorRT profile's batch)
+    backend.has_attention, backend.attention()   # optional: a bundle exported --with-attention;
+        # the last step's attention output (rows, src_len)
+    backend.has_restriction, backend.restrict(ids)   # optional (ONNX Runtime, --with-vocab-map):
+        # decode the next batches over target ids `ids` only; None: the whole vocabulary again
+    backend.has_candidates, step(..., candidates=K)  # optional: beam candidates ranked by the backend
 
 The decoding loop over it is written once, in session.py, for every strategy (decoding.py).
 """
