@@ -273,13 +273,19 @@ class Processors:
 
     def forced_token(self, t: np.ndarray, prefix: np.ndarray) -> np.ndarray:
         """(rows,) the token each row must take this step (its prefix's, the forced first token, or
-        the forced end-of-sentence), -1 where the scores decide: what graph-chosen rows obey."""
-        out = np.where(t < 0, prefix, -1)
+        the forced end-of-sentence), -1 where the scores decide: what graph-chosen rows obey.
+        `prefix`: each row's prefix token at this step, -1 past its prefix (prefix_at)."""
+        out = prefix
         if self.gen.forced_bos_token_id is not None:
             out = np.where(t == 0, self.gen.forced_bos_token_id, out)
         if self.gen.forced_eos:
             out = np.where(t == self.gen.max_new_tokens - 1, self.special.eos, out)
         return out
+
+
+def prefix_at(table: np.ndarray, rows: np.ndarray, step: int) -> np.ndarray:
+    """Each of `rows`' prefix token at `step`, -1 where its prefix has ended (prefix_table's padding)."""
+    return table[rows, step] if step < table.shape[1] else np.full(len(rows), -1, np.int64)
 
 
 def prefix_table(prefix, batch: int, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -344,19 +350,15 @@ class Greedy:
         return np.concatenate([np.full((len(rows), 1), self.start_id, np.int64), self.out[rows, :step]], 1)
 
     def processed(self, step: int, rows: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        t = step - self.offset[rows]
-        prefix = self.prefix[rows, step] if step < self.prefix.shape[1] else np.full(len(rows), -1, np.int64)
-        return self.procs(logits.astype(np.float32, copy=True), t, self.history(rows, step),
-                          np.where(t < 0, prefix, -1))
+        return self.procs(logits.astype(np.float32, copy=True), step - self.offset[rows], self.history(rows, step),
+                          prefix_at(self.prefix, rows, step))
 
     def choose(self, step: int, next_ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
         """This step's tokens of the active rows: the host's argmax of processed scores when a
         processor needs the host, else the graph's choice obeying the forced tokens."""
         if self.host:
             return scores.argmax(1)
-        t = step - self.offset[self.active]
-        prefix = self.prefix[self.active, step] if step < self.prefix.shape[1] else np.full(len(t), -1, np.int64)
-        forced = self.procs.forced_token(t, prefix)
+        forced = self.procs.forced_token(step - self.offset[self.active], prefix_at(self.prefix, self.active, step))
         return np.where(forced >= 0, forced, next_ids)
 
     def advance(self, step: int, next_ids: np.ndarray, logits: np.ndarray | None,
@@ -516,15 +518,14 @@ class BeamSearch:
         the (rows, V) logits, processed and ranked here, or the backend's candidates graph's
         (log-probs, ids), which applied every processor but the forced tokens."""
         t = np.repeat(step - self.offset[self.sources], self.k)
-        prefix = self.prefix[self.sources, step] if step < self.prefix.shape[1] else np.full(len(self.sources), -1)
-        prefix = np.repeat(prefix, self.k)
+        prefix = np.repeat(prefix_at(self.prefix, self.sources, step), self.k)
         if isinstance(logits, tuple):
             lp, ids = logits
             forced = self.procs.forced_token(t, prefix)
             rows = np.flatnonzero(forced >= 0)
             if len(rows):  # that token, nothing else
                 lp, ids = lp.copy(), ids.copy()
-                lp[rows], ids[rows] = -np.inf, ids[rows]
+                lp[rows] = -np.inf
                 lp[rows, 0], ids[rows, 0] = 0.0, forced[rows]
             return lp, ids
         V = logits.shape[1]
@@ -532,7 +533,7 @@ class BeamSearch:
         if self.procs.history_wanted:
             history = np.concatenate([np.full((self.rows_now, 1), self.start_id, np.int64),
                                       self.running[:, :, :step].reshape(self.rows_now, step)], 1)
-        lp = self.procs(log_softmax(logits), t, history, np.where(t < 0, prefix, -1))
+        lp = self.procs(log_softmax(logits), t, history, prefix)
         K = min(self.K, V)
         ids = np.argpartition(-lp, K - 1, axis=1)[:, :K] if K < V else np.tile(np.arange(V), (len(lp), 1))
         return np.take_along_axis(lp, ids, axis=1).astype(np.float32), ids

@@ -33,6 +33,7 @@ from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
 from xform.runtime.cuda import CudaOps, import_cudart
+from xform.runtime.decoding import log_softmax
 
 
 def import_onnxruntime():
@@ -271,8 +272,7 @@ class OrtBackend:
         sub = self.sub_logits
         blocked = self.blocked | ((self.subset == self.bundle.config["eos_id"]) & (p < min_new_tokens))
         if candidates:
-            x = sub - sub.max(1, keepdims=True)
-            lp = x - np.log(np.exp(x).sum(1, keepdims=True, dtype=np.float32))
+            lp = log_softmax(sub)
             lp[:, blocked] = -np.inf
             k = min(candidates, lp.shape[1])
             top = np.argpartition(-lp, k - 1, axis=1)[:, :k]

@@ -525,7 +525,7 @@ class Session:
         sources' n-grams allow."""
         vocabulary = None
         if vocab_map is not None:
-            vocabulary = vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
+            vocabulary = self.allowed_ids(vocab_map, texts)
         result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
                              return_token_scores=return_scores == "tokens", return_attention=replace_unknowns,
                              vocabulary=vocabulary)
@@ -533,12 +533,7 @@ class Session:
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
         n = gen.num_return_sequences
-        if replace_unknowns:
-            attention = result[-1]
-            out = [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n], texts[k // n]))
-                   for k, r in enumerate(rows)]
-        else:
-            out = [self.tokenizer.decode(r) for r in rows]
+        out = self.decode_rows(rows, n, sources, texts, result[-1] if replace_unknowns else None)
         if return_scores == "tokens":
             scores, tokens = result[1], result[2]
             out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
@@ -546,6 +541,20 @@ class Session:
         elif return_scores:
             out = [(t, float(sc)) for t, sc in zip(out, result[1])]
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
+
+    def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
+        """The target ids a vocabulary map allows a batch of source texts."""
+        return vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
+
+    def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
+                    texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
+        """Text of generated rows, n a source; with `attention`, each unknown target token written
+        as the source piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
+        if attention is None:
+            return [self.tokenizer.decode(r) for r in rows]
+        return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
+                                                                   texts[k // n] if texts else None))
+                for k, r in enumerate(rows)]
 
     def unknown_replacements(self, ids: np.ndarray, attention: np.ndarray, source: list[int],
                              text: str | None = None) -> dict[int, str]:
@@ -590,14 +599,11 @@ class Session:
         src = self.encode_texts(list(texts), src_lang)
         vocab_map = self.vocab_map(vocab_map)
         if vocab_map is not None:
-            settings["vocabulary"] = vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
+            settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
         if replace_unknowns:
             self.check_replace_unknowns()
             out, attention = self.generate(src, max_new_tokens=max_new_tokens, return_attention=True, **settings)
-            n = len(out) // len(src)
             sources = [[int(i) for i in row if i != self.pad_id] for row in src]
-            return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
-                                                                       texts[k // n]))
-                    for k, r in enumerate(out)]
+            return self.decode_rows(out, len(out) // len(src), sources, list(texts), attention)
         out = self.generate(src, max_new_tokens=max_new_tokens, **settings)
         return [self.tokenizer.decode(row) for row in out]

@@ -54,33 +54,30 @@ class Job:
         return (self.scores, self.replace, self.attention, self.texts is not None) + settings
 
 
-def one_value(name: str, value: np.ndarray | None) -> int | None:
+def one(name: str, value: np.ndarray | None, dtype=None):
+    """A numeric input that holds one value per request (every row the same): that value, or None."""
     if value is None:
         return None
-    flat = np.asarray(value).reshape(-1)
+    flat = np.asarray(value, dtype).reshape(-1)
     if flat.size == 0 or (flat != flat[0]).any():
         raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
-    if int(flat[0]) < 1:
-        raise InputError(f"input '{name}': must be at least 1, found {int(flat[0])}")
-    return int(flat[0])
+    return flat[0]
+
+
+def one_value(name: str, value: np.ndarray | None) -> int | None:
+    v = one(name, value)
+    if v is not None and int(v) < 1:
+        raise InputError(f"input '{name}': must be at least 1, found {int(v)}")
+    return None if v is None else int(v)
 
 
 def one_float(name: str, value: np.ndarray | None) -> float | None:
-    if value is None:
-        return None
-    flat = np.asarray(value, np.float64).reshape(-1)
-    if flat.size == 0 or (flat != flat[0]).any():
-        raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
-    return float(flat[0])
+    v = one(name, value, np.float64)
+    return None if v is None else float(v)
 
 
 def one_flag(name: str, value: np.ndarray | None) -> bool:
-    if value is None:
-        return False
-    flat = np.asarray(value).reshape(-1)
-    if flat.size == 0 or (flat != flat[0]).any():
-        raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
-    return bool(flat[0])
+    return bool(one(name, value))
 
 
 def one_row(name: str, value: np.ndarray | None) -> list | None:
@@ -181,10 +178,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
                                                                   inputs.get("num_return_sequences"))}
     if one_flag("return_alternatives", inputs.get("return_alternatives")):
         settings["return_alternatives"] = True
-    ngram = inputs.get("no_repeat_ngram_size")
+    ngram = one("no_repeat_ngram_size", inputs.get("no_repeat_ngram_size"))
     if ngram is not None:
-        settings["no_repeat_ngram_size"] = int(np.asarray(ngram).reshape(-1)[0])
-        one_float("no_repeat_ngram_size", ngram)  # one value per request
+        settings["no_repeat_ngram_size"] = int(ngram)
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
         settings["bad_words_ids"] = [session.target_ids(w) for w in words]
@@ -250,7 +246,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             replace, want_attention = jobs[0].replace, jobs[0].replace or jobs[0].attention
             vocabulary = None
             if vocab_map is not None and jobs[0].texts is not None:
-                vocabulary = vocab_map.ids_for([session.tokenizer.source_pieces(t) for job in jobs for t in job.texts])
+                vocabulary = session.allowed_ids(vocab_map, [t for job in jobs for t in job.texts])
             out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
                                    return_attention=want_attention, vocabulary=vocabulary, **settings)
         except XformError as e:  # a setting out of range for this bundle: every request that asked
@@ -273,9 +269,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             ids = trim(out[span], session.pad_id)
             outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
             if session.tokenizer is not None:
-                texts = [session.tokenizer.decode(r, session.unknown_replacements(
-                    r, attention[span][k], job.rows[k // n], job.texts[k // n]) if replace else None)
-                    for k, r in enumerate(ids)]
+                texts = session.decode_rows(ids, n, job.rows, job.texts, attention[span] if replace else None)
                 outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
                 if n > 1:
                     outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
