@@ -113,3 +113,14 @@ def write_tokenizer(directory: Path) -> int:
         {"source_lang": "en", "target_lang": "EN", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
          "separate_vocabs": False, "model_max_length": 64}))
     return len(vocab)
+
+
+def build_text_marian(directory: Path, seed: int, steps: int, **config):
+    """A Marian with the sentencepiece tokenizer files of write_tokenizer, trained `steps` steps
+    from torch seed `seed` and saved in `directory`: a model text goes through."""
+    from transformers import MarianMTModel
+    vocab = write_tokenizer(directory)
+    torch.manual_seed(seed)
+    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, **config)), steps)
+    model.save_pretrained(directory)
+    return model

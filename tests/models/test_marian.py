@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import xform
-from tests.marian_fixtures import CONFIGS, marian_config, sources, train_marian, write_tokenizer
+from tests.marian_fixtures import CONFIGS, build_text_marian, marian_config, sources
 from xform.errors import CheckpointError, ConfigError
 from xform.exporter.export import export_bundle
 
@@ -114,13 +114,10 @@ def test_missing_and_untied_weights_are_named(marians, tmp_path):
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import MarianTokenizer
     d = tmp_path_factory.mktemp("marian-text")
-    vocab = write_tokenizer(d)
-    torch.manual_seed(1)
-    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=2, decoder_layers=2,
-                                                     activation_function="swish", scale_embedding=True)), 120)
-    model.save_pretrained(d)
+    model = build_text_marian(d, 1, 120, encoder_layers=2, decoder_layers=2, activation_function="swish",
+                              scale_embedding=True)
     tok = MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"))
     return d, model, tok, export_bundle(d, tmp_path_factory.mktemp("bundle") / "text").path
 

@@ -129,13 +129,7 @@ def test_replace_unknowns_copies_the_attended_source_piece(text_model_aligned):
 
 @pytest.fixture(scope="module")
 def text_model_aligned(tmp_path_factory):
-    from transformers import MarianMTModel
-
-    from tests.marian_fixtures import marian_config, train_marian, write_tokenizer
+    from tests.marian_fixtures import build_text_marian
     d = tmp_path_factory.mktemp("marian-text-aligned")
-    vocab = write_tokenizer(d)
-    torch.manual_seed(1)
-    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=2,
-                                                     activation_function="relu", scale_embedding=True)), 60)
-    model.save_pretrained(d)
+    build_text_marian(d, 1, 60, encoder_layers=1, decoder_layers=2, activation_function="relu", scale_embedding=True)
     return xform.load(export_bundle(d, tmp_path_factory.mktemp("bundle") / "t", attention_layer=-1).path)

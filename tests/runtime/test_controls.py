@@ -45,6 +45,14 @@ CONTROLS = {  # each alone, and combined
 }
 
 
+def control_settings(session, src, control: str) -> dict:
+    """generate()'s keywords for a control of CONTROLS, or "bad-words" (taken from the model's output)."""
+    kw = dict(CONTROLS.get(control, {}))
+    if control == "bad-words":
+        kw["bad_words_ids"] = bad_words(session, src)
+    return kw
+
+
 def bad_words(session, src):
     """Multi-token bad words taken from the model's own unrestricted output, so they bite."""
     free = session.generate(src.numpy(), max_new_tokens=MAX_NEW)
@@ -59,9 +67,7 @@ def test_controls_equal_transformers(marians, name, control, beams):
     _, model, bundle = marians[name]
     session = xform.load(bundle, backend="ort")
     src, mask = sources(model.config, LENGTHS, seed=11)
-    kw = dict(CONTROLS.get(control, {}))
-    if control == "bad-words":
-        kw["bad_words_ids"] = bad_words(session, src)
+    kw = control_settings(session, src, control)
     out = hf_generate(model, src, mask, num_beams=beams, do_sample=False, **kw)
     got, scores = session.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=beams, return_scores=True, **kw)
     np.testing.assert_array_equal(got, out.sequences[:, 1:].numpy())
@@ -77,9 +83,7 @@ def test_each_control_changes_the_output(marians, control):
         _, model, bundle = marians[name]
         session = xform.load(bundle, backend="ort")
         src, _ = sources(model.config, LENGTHS, seed=11)
-        kw = dict(CONTROLS.get(control, {}))
-        if control == "bad-words":
-            kw["bad_words_ids"] = bad_words(session, src)
+        kw = control_settings(session, src, control)
         for beams in (1, 4):
             plain = session.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=beams)
             ruled = session.generate(src.numpy(), max_new_tokens=MAX_NEW, num_beams=beams, **kw)

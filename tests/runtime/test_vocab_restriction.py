@@ -147,15 +147,8 @@ def test_run_with_a_vocab_map_equals_the_masked_model(text_restrictable, tmp_pat
 
 @pytest.fixture(scope="module")
 def text_restrictable(tmp_path_factory):
-    import torch
-    from transformers import MarianMTModel
-
-    from tests.marian_fixtures import marian_config, train_marian, write_tokenizer
+    from tests.marian_fixtures import build_text_marian
     d = tmp_path_factory.mktemp("marian-text-vmap")
-    vocab = write_tokenizer(d)
-    torch.manual_seed(2)
-    model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=1,
-                                                     activation_function="gelu", scale_embedding=True)), 40)
-    model.save_pretrained(d)
+    build_text_marian(d, 2, 40, encoder_layers=1, decoder_layers=1, activation_function="gelu", scale_embedding=True)
     bundle = export_bundle(d, tmp_path_factory.mktemp("bundle") / "t", vocab_map=True).path
     return xform.load(bundle), bundle
