@@ -600,7 +600,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
             if settings.get("forced_bos_token_id") is None and session.tokenizer is not None:
                 settings["forced_bos_token_id"] = session.target_language(tgt_lang)
             if src_lang is not None:
-                session.encode_text("", src_lang)
+                session.check_src_lang(src_lang)
         except InputError as e:
             raise click.UsageError(str(e)) from None
     if replace_unknowns:
@@ -705,7 +705,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     try:
         session.encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
         if src_lang is not None:
-            session.encode_text("", src_lang)
+            session.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(str(e)) from None
     for start in range(0, len(sources), batch_size):

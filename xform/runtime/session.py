@@ -320,6 +320,11 @@ class Session:
             raise InputError(f"--src-lang {src_lang}: this model's tokenizer has no languages")
         return self.tokenizer.encode(text, src_lang)
 
+    def check_src_lang(self, src_lang: str) -> None:
+        """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
+        any text is read."""
+        self.encode_text("", src_lang)
+
     def target_ids(self, text: str) -> list[int]:
         """A text's target ids, nothing added (a prefix, a bad word)."""
         if self.tokenizer is None:
@@ -393,7 +398,7 @@ class Session:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
         if src_lang is not None:
-            self.encode_text("", src_lang)  # an unknown language is refused at the call
+            self.check_src_lang(src_lang)  # an unknown language is refused at the call
         if replace_unknowns:
             self.check_replace_unknowns()
         vocab_map = self.vocab_map(vocab_map)

@@ -116,7 +116,7 @@ def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     try:
         if src_lang is not None:
-            session.encode_text("", src_lang)
+            session.check_src_lang(src_lang)
     except InputError as e:
         raise InputError(f"input 'src_lang': {e}") from None
     try:
