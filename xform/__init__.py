@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # The minor number is the bundle format (runtime/bundle.py VERSION) while the major is 0: a
 # release that changes what a bundle holds moves it, and `xform --version` names both.
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from xform.errors import XformError  # noqa: E402
 

@@ -5,11 +5,14 @@ tensors from it, the manifest records it, the engine builder derives optimizatio
 it and the runtime binds by it. Pure Python: no torch, no onnx.
 
 The decoder's self-attention cache is one buffer per layer, key and value, of a fixed capacity
-(`cache_len`) that the runtime owns and updates in place: a step reads the first `past_len`
-positions of `cache_*` (the rest is masked, whatever it holds), attends over them and its own new
-token, and returns only that token's keys and values (`new_*`, one position), which the runtime
-writes at position `past_len`. No step allocates or copies the cache (docs/design.md, "The K/V
-cache").
+(`cache_len`) that the runtime owns and updates in place. Every row has its own position
+(`positions`, (batch,): the number of its tokens already in the cache, so rows that joined a
+running batch at different steps decode side by side, DESIGN section 1): a step reads the first
+`positions[r]` positions of row r of `cache_*` (the rest is masked, whatever it holds), attends
+over them and its own new token at position `positions[r]`, and returns only that token's keys
+and values (`new_*`, one position), which the runtime writes at `positions[r]`. No step allocates
+or copies the cache (docs/design.md, "The K/V cache"). `min_new_tokens` is per row too:
+end-of-sentence is suppressed in row r while positions[r] < min_new_tokens[r].
 
 A third, small graph serves beam search: `reorder` gathers every layer's cache along the batch
 axis with `beam_idx` (row b of the result continues row beam_idx[b]), on the device, between two
@@ -53,6 +56,10 @@ RESTRICTED = "decoder_restricted"
 GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)  # every bundle's
 OPTIONAL_GRAPHS = (RESTRICTED,)  # a bundle exported --with-vocab-map
 WEIGHTLESS = (REORDER, CANDIDATES)  # nothing to quantize
+# the additive mask of a position attention must not see (src_mask's padding): finite, so that
+# 0 x MASK_VALUE stays 0 and a fully masked row gives a uniform softmax, not NaN; exp(MASK_VALUE -
+# max) is exactly 0 in fp32, so the result equals masking with -inf
+MASK_VALUE = -1e9
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,8 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
     )
     decoder = GraphSpec(
         inputs=(TensorSpec("input_ids", "int64", ("batch", 1)),
-                TensorSpec("min_new_tokens", "int64", (1,)),
-                TensorSpec("past_len", "int64", (1,)),
+                TensorSpec("min_new_tokens", "int64", ("batch",)),
+                TensorSpec("positions", "int64", ("batch",)),
                 *(kv(n, "cache_len") for n in kv_names("cache", n_decoder_layers)),
                 *(kv(n, "src_len", "src_batch") for n in kv_names("cross", n_decoder_layers)),
                 TensorSpec("src_mask", "float32", ("src_batch", "src_len"))),
@@ -139,8 +146,8 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
     candidates = GraphSpec(
         inputs=(TensorSpec("logits", "float32", ("batch", tgt_vocab_size)),
                 TensorSpec("num_candidates", "int64", (1,)),
-                TensorSpec("min_new_tokens", "int64", (1,)),
-                TensorSpec("past_len", "int64", (1,))),
+                TensorSpec("min_new_tokens", "int64", ("batch",)),
+                TensorSpec("positions", "int64", ("batch",))),
         outputs=(TensorSpec("cand_logprobs", "float32", ("batch", "candidates")),
                  TensorSpec("cand_ids", "int64", ("batch", "candidates"))),
     )

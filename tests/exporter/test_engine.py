@@ -97,7 +97,8 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     assert dec["cache_key_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, 20, D]]  # capacity, not the valid length
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
     assert dec["src_mask"] == [[1, 1], [2, 9], [6, cfg["max_len"]]]
-    assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]] and "min_new_tokens" not in dec and "past_len" not in dec
+    assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]]
+    assert dec["positions"] == dec["min_new_tokens"] == [[1], [2], [6]]  # one a row: rows at their own positions
     assert sum(1 for k in dec if k.startswith("cache_")) == 2 * cfg["n_decoder_layers"]
     reorder = bundle.manifest["engines"]["reorder.tensorrt_rtx"]["tensor_profiles"]
     assert reorder["beam_idx"] == [[1], [2], [6]]

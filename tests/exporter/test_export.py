@@ -44,7 +44,7 @@ def test_every_variant_exports_and_decodes_with_parity(variant_bundles, variant)
 
 def test_manifest_records_the_contract(tiny_bundle):
     manifest = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert manifest["version"] == 3 and manifest["precision"] == "fp32" and manifest["opset"] == 17
+    assert manifest["version"] == 4 and manifest["precision"] == "fp32" and manifest["opset"] == 17
     assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "encoder.onnx.data", "decoder.onnx.data", "reorder.onnx", "candidates.onnx",
                                       "reference/config.json", "reference/model.safetensors"}
     assert manifest["model"]["source"]["kind"] == "xform-checkpoint"
@@ -147,7 +147,7 @@ def test_a_graph_traced_with_external_data_is_gathered_into_the_bundle_layout(ti
                 shape = [d if isinstance(d, int) else 2 for d in i.shape]
                 feeds[i.name] = (np.zeros(shape, np.int64) + 1 if "int64" in i.type else
                                  rng.normal(0, 1, shape).astype(np.float32))
-            feeds["past_len"] = np.array([1], np.int64)
+            feeds["positions"] = np.ones(2, np.int64)
         runs.append(sess.run(None, feeds))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)

@@ -5,7 +5,7 @@ import torch
 
 from tests.conftest import make_model, padded_batch
 from tests.variants import VARIANTS
-from xform.models.transformer import cached_greedy_decode, greedy_decode
+from xform.models.transformer import EncoderOutput, cached_greedy_decode, greedy_decode
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -52,7 +52,7 @@ def test_decode_step_over_a_noisy_cache_equals_decode(variant):
     with torch.no_grad():
         for t in range(7):
             ref, past = model.decode(tgt[:, t:t + 1], enc, past)
-            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.tensor([t]))
+            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.full((3,), t))
             torch.testing.assert_close(got, ref[:, -1], atol=2e-5, rtol=0)
             for (k, v), (pk, pv), layer in zip(new, past, cache):
                 torch.testing.assert_close(k, pk[:, :, -1:], atol=1e-5, rtol=0)
@@ -80,11 +80,43 @@ def test_decode_step_with_rows_sharing_their_source_equals_repeated_encoding(var
     with torch.no_grad():
         for t in range(4):
             ref, past = model.decode(tgt[:, t:t + 1], rep, past)
-            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.tensor([t]))
+            got, new = model.decode_step(tgt[:, t:t + 1], enc, cache, torch.full((3 * g,), t))
             torch.testing.assert_close(got, ref[:, -1], atol=2e-5, rtol=0)
             for (k, v), layer in zip(new, cache):
                 layer[0][:, :, t] = k[:, :, 0]
                 layer[1][:, :, t] = v[:, :, 0]
+
+
+@pytest.mark.parametrize("variant", ["seed-001", "marian", "learned-pre"])
+def test_decode_step_with_rows_at_their_own_positions_equals_each_row_alone(variant):
+    """In-flight batching's decoder step: rows at different positions in one call (a request that
+    joined at position 0 beside one at position 5) give each row's logits and new K/V of decoding
+    that row alone; a position taken from another row (the position table or the cache mask) fails."""
+    model = make_model(variant)
+    cfg = model.cfg
+    src, lengths = map(torch.from_numpy, padded_batch(cfg, [8, 3, 5, 6]))
+    enc = model.encode(src, lengths)
+    gen = torch.Generator().manual_seed(4)
+    steps = [6, 1, 4, 0]  # each row's past length
+    tgt = torch.randint(4, cfg.tgt_vocab_size, (4, 7), generator=gen)
+    capacity = 8
+    cache = [tuple(50 * torch.randn(4, cfg.n_heads, capacity, cfg.head_dim, generator=gen) for _ in range(2))
+             for _ in range(cfg.n_decoder_layers)]
+    refs = []
+    with torch.no_grad():
+        for r, p in enumerate(steps):
+            one = EncoderOutput([(k[r:r + 1], v[r:r + 1]) for k, v in enc.cross_kv], enc.src_mask[r:r + 1])
+            logits, present = model.decode(tgt[r:r + 1, :p + 1], one)
+            refs.append((logits[0, -1], [(k[0, :, -1:], v[0, :, -1:]) for k, v in present]))
+            for (ck, cv), (k, v) in zip(cache, present):
+                ck[r, :, :p], cv[r, :, :p] = k[0, :, :p], v[0, :, :p]
+        tokens = torch.stack([tgt[r, p] for r, p in enumerate(steps)]).unsqueeze(1)
+        got, new = model.decode_step(tokens, enc, cache, torch.tensor(steps))
+    for r, (logits, kv) in enumerate(refs):
+        torch.testing.assert_close(got[r], logits, atol=2e-5, rtol=0)
+        for (k, v), (rk, rv) in zip(new, kv):
+            torch.testing.assert_close(k[r], rk, atol=1e-5, rtol=0)
+            torch.testing.assert_close(v[r], rv, atol=1e-5, rtol=0)
 
 
 def test_padding_does_not_change_a_row():

@@ -40,6 +40,14 @@ def test_unknown_manifest_version(copy):
         xform.load(copy)
 
 
+@pytest.mark.parametrize("old", [1, 2, 3])
+def test_bundles_of_an_older_contract_are_refused_with_the_re_export_line(copy, old):
+    """Version 3 decoded every row at one position: its decoder has no per-row `positions`."""
+    edit_manifest(copy, version=old)
+    with pytest.raises(BundleError, match=rf"manifest version {old}, exported by an earlier xform .* re-export it"):
+        xform.load(copy)
+
+
 def test_not_an_xform_manifest(copy):
     edit_manifest(copy, format="something-else")
     with pytest.raises(BundleError, match="not an xform manifest"):

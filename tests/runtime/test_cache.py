@@ -146,6 +146,48 @@ def test_device_cache_equals_host_cache_op_for_op(memory):
 
 
 @pytest.mark.parametrize("memory", ["heap", pytest.param("cuda", marks=requires_gpu)])
+def test_device_join_and_per_row_writes_equal_the_host(memory):
+    """In-flight batching on a device: rows added to a running cache (zeros), cross K/V widened to
+    a longer source (the old rows' positions kept, the rest zero), and each row's new keys written
+    at its own position, equal to the host implementation op for op."""
+    rng = np.random.default_rng(1)
+    ops = HeapOps() if memory == "heap" else cuda_ops()
+    n, (R, H, C, D) = 2, (3, 2, 4, 3)
+    host, dev = HostCache(n, (R, H, C, D), np.float32), DeviceCache(ops, n, 4)
+    dev.reset((R, H, C, D))
+
+    def write(p):
+        for a, ptr in zip(host.new, dev.new_addresses()):
+            a[...] = rng.normal(size=a.shape)
+            ops.put(ptr, a)
+        host.write(p)
+        dev.write(p)
+        for h, d in zip(host.arrays, device_arrays(ops, dev)):
+            np.testing.assert_array_equal(d, h)
+    write(0)
+    write(np.array([1, 1, 1]))
+    host.gather(np.array([2, 0]), 2)
+    dev.gather(np.array([2, 0]), 2)
+    assert host.add(3) == dev.add(3) == slice(2, 5)
+    assert dev.shape == host.shape == (5, H, C, D)
+    write(np.array([2, 2, 0, 0, 0]))
+    write(np.array([3, 3, 1, 1, 1]))
+    write(np.array([0, 3, 2, 1, 2]))  # no run of equal positions: row by row
+    cross, hc = DeviceRows(ops, 2, 4), HostRows(2, (2, H, 3, D), np.float32)
+    cross.reset((2, H, 3, D), zero=False)
+    for a, ptr in zip(hc.arrays, cross.addresses()):
+        a[...] = rng.normal(size=a.shape)
+        ops.put(ptr, a)
+    assert hc.add(2, 5) == cross.add(2, 5) == slice(2, 4)
+    for h, d in zip(hc.arrays, device_arrays(ops, cross)):
+        np.testing.assert_array_equal(d, h)
+        assert not h[:2, :, 3:].any() and not h[2:].any()
+    dev.release()
+    cross.release()
+    assert not ops.live
+
+
+@pytest.mark.parametrize("memory", ["heap", pytest.param("cuda", marks=requires_gpu)])
 def test_rows_gather_and_buffers_only_grow(memory):
     ops = HeapOps() if memory == "heap" else cuda_ops()
     rows = DeviceRows(ops, 2, 4)

@@ -39,14 +39,14 @@ class DecoderGraph(nn.Module):
         self.n = model.cfg.n_decoder_layers
         self.attention_layer = attention_layer  # also return this layer's cross-attention
 
-    def forward(self, input_ids: Tensor, min_new_tokens: Tensor, past_len: Tensor, *flat: Tensor):
+    def forward(self, input_ids: Tensor, min_new_tokens: Tensor, positions: Tensor, *flat: Tensor):
         n = self.n
         cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
         cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask = flat[4 * n]
         with recording(self.model, self.attention_layer) as attention:
-            logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, past_len)
-        next_ids = self.model.suppress(logits, past_len[0], min_new_tokens[0]).argmax(-1)  # (B,)
+            logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, positions)
+        next_ids = self.model.suppress(logits, positions, min_new_tokens).argmax(-1)  # (B,)
         return (logits, next_ids, *[t for kv in new for t in kv], *attention)
 
 
@@ -70,12 +70,12 @@ class RestrictedGraph(nn.Module):
         self.model = model
         self.n = model.cfg.n_decoder_layers
 
-    def forward(self, input_ids: Tensor, past_len: Tensor, *flat: Tensor):
+    def forward(self, input_ids: Tensor, positions: Tensor, *flat: Tensor):
         n = self.n
         cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
         cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask, out_weight, out_bias = flat[4 * n], flat[4 * n + 1], flat[4 * n + 2]
-        logits, new = self.model.decode_step_restricted(input_ids, EncoderOutput(cross, src_mask), cache, past_len,
+        logits, new = self.model.decode_step_restricted(input_ids, EncoderOutput(cross, src_mask), cache, positions,
                                                         out_weight, out_bias)
         return (logits, *[t for kv in new for t in kv])
 
@@ -88,12 +88,17 @@ class CandidatesGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor, past_len: Tensor):
+    def forward(self, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor, positions: Tensor):
         # suppression as a (V,) additive bias, so the one (R, V) pass after the log-softmax is an Add
-        # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base)
-        blocked = self.model.blocked_ids(past_len[0], min_new_tokens[0], logits.device)  # (V,)
+        # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base); the
+        # per-row end-of-sentence limit touches the (R,) end-of-sentence column only
+        cfg = self.model.cfg
+        blocked = self.model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
         bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
         scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
+        early = positions < min_new_tokens  # (R,)
+        eos = scores[:, cfg.eos_id].masked_fill(early, float("-inf"))
+        scores = scores.index_put((torch.arange(scores.shape[0]), torch.tensor(cfg.eos_id)), eos)
         return torch.topk(scores, num_candidates[0], dim=-1)  # (R, K) each; K stays a graph input
 
 
@@ -103,8 +108,9 @@ MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, 
 
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
                    past_len: int = 3, cache_len: int = 6, group: int = 2) -> tuple[Tensor, ...]:
-    """Trace-time inputs (a cache longer than its valid part, `group` decoder rows per source, so
-    that no shape is taken for another); verification uses other shapes."""
+    """Trace-time inputs (a cache longer than its valid part, `group` decoder rows per source,
+    rows at different positions up to past_len, so that no shape or value is taken for another);
+    verification uses other shapes."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     src = torch.randint(0, cfg.src_vocab_size, (batch, src_len), generator=g)
@@ -112,8 +118,9 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
     if graph == ENCODER:
         return src, lengths
     if graph == CANDIDATES:
-        logits = torch.randn(batch * group, cfg.tgt_vocab_size, generator=g)
-        return logits, torch.tensor([3]), torch.tensor([1]), torch.tensor([past_len])
+        rows = batch * group
+        logits = torch.randn(rows, cfg.tgt_vocab_size, generator=g)
+        return logits, torch.tensor([3]), torch.full((rows,), 2), torch.arange(rows) % (past_len + 1)
     with torch.no_grad():
         enc = model.encode(src, lengths)
     dtype = model.compute_dtype
@@ -124,12 +131,13 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
         beam_idx = torch.arange(batch - 1, -1, -1)  # a real permutation
         return (beam_idx, *cache)
     ids = torch.full((rows, 1), cfg.start_id, dtype=torch.long)
+    positions = torch.arange(rows) % (past_len + 1)
     if graph == RESTRICTED:  # a subset of the table's rows, not a prefix of it
         weight, bias = model.output_table()
         subset = torch.arange(1, cfg.tgt_vocab_size, 2)[:7]
-        return (ids, torch.tensor([past_len]), *cache, *[t for kv in enc.cross_kv for t in kv], enc.src_mask,
+        return (ids, positions, *cache, *[t for kv in enc.cross_kv for t in kv], enc.src_mask,
                 weight[subset], bias[subset])
-    return (ids, torch.zeros(1, dtype=torch.long), torch.tensor([past_len]), *cache,
+    return (ids, torch.zeros(rows, dtype=torch.long), positions, *cache,
             *[t for kv in enc.cross_kv for t in kv], enc.src_mask)
 
 

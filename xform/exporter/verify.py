@@ -14,7 +14,7 @@ import torch
 from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
-from xform.models.transformer import Seq2SeqTransformer, greedy_decode, recording
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, greedy_decode, recording
 from xform.runtime.bench import padded_sources
 from xform.runtime.compare import Tolerance, excess
 
@@ -77,19 +77,19 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             past = model.decode(prefix, enc)[1] if past_len else [
                 (torch.zeros(rows, cfg.n_heads, 0, cfg.head_dim),) * 2 for _ in range(cfg.n_decoder_layers)]
             ids = torch.randint(3, cfg.tgt_vocab_size, (rows, 1), generator=g)
-            min_new = torch.tensor([past_len + 1])  # exercises the end-of-sentence suppression
+            min_new = torch.full((rows,), past_len + 1)  # exercises the end-of-sentence suppression
             # the reference is the general decode (past as a list, joined with the new token)
             with recording(model, attention_layer) as attention:
                 logits, present = model.decode(ids, enc, past if past_len else None)
             logits = logits[:, -1]
-            ref = [logits, model.suppress(logits, past_len, min_new[0]).argmax(-1),
+            ref = [logits, model.suppress(logits, past_len, past_len + 1).argmax(-1),
                    *[t[:, :, -1:] for kv in present for t in kv], *[a[:, -1] for a in attention]]
         # the graph's cache: the past, then VERIFY_SPARE positions of noise it must ignore
         cache = [torch.cat([t, 3 * torch.randn(*t.shape[:2], VERIFY_SPARE, t.shape[3], generator=g).to(t.dtype)], 2)
                  for kv in past for t in kv]
         # the eager reference is fp32: cast to the dtypes the contract records (fp16 K/V for fp16)
         feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
-                 zip(specs[DECODER].inputs, (ids, min_new, torch.tensor([past_len]), *cache, *cross, enc_ref[-1]))}
+                 zip(specs[DECODER].inputs, (ids, min_new, torch.full((rows,), past_len), *cache, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
         name = f"past{past_len}{'_group' + str(group) if group > 1 else ''}"
         where = (f"{rows} rows over {VERIFY_BATCH} sources, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
@@ -105,6 +105,8 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
             figures[f"restricted_{name}_max_abs_err"] = compare_outputs(
                 RESTRICTED, specs[RESTRICTED].output_names, got, [logits[:, subset], *ref[2:2 + len(got) - 1]], tol,
                 f"{where}, {len(subset)} of {cfg.tgt_vocab_size} ids")
+    figures["decoder_mixed_positions_max_abs_err"] = verify_mixed_positions(
+        model, sessions[DECODER], specs[DECODER], tol, enc_in, cross, enc_ref[-1], attention_layer)
     # beam search's cache reorder: rows permuted, one continued twice, one dropped
     n = cache[0].shape[0]
     beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
@@ -120,6 +122,43 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
     return figures
 
 
+def verify_mixed_positions(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: Tolerance, enc_in, cross,
+                           src_mask, attention_layer: int | None) -> float:
+    """Rows at different positions in one step (a request joining a running batch): each row
+    against eager decoding of that row alone with its own past; end-of-sentence suppressed in the
+    rows still short of their min_new_tokens only."""
+    cfg = model.cfg
+    B = VERIFY_BATCH
+    positions = torch.tensor([(3 * r + 2) % 7 for r in range(B)])  # 2, 5, 1, ... and a 0 from B = 3 on
+    capacity = int(positions.max()) + VERIFY_SPARE
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(3, cfg.tgt_vocab_size, (B, 1), generator=g)
+    min_new = positions + torch.arange(B) % 2  # odd rows may not end yet
+    refs, cache = [], [3 * torch.randn(B, cfg.n_heads, capacity, cfg.head_dim, generator=g)
+                       for _ in range(2 * cfg.n_decoder_layers)]
+    with torch.no_grad():
+        enc = model.encode(*enc_in)
+        for r in range(B):
+            p = int(positions[r])
+            one = EncoderOutput([(k[r:r + 1], v[r:r + 1]) for k, v in enc.cross_kv], enc.src_mask[r:r + 1])
+            prefix = torch.randint(3, cfg.tgt_vocab_size, (1, p), generator=g)
+            past = model.decode(prefix, one)[1] if p else None
+            with recording(model, attention_layer) as attention:
+                logits, present = model.decode(ids[r:r + 1], one, past)
+            logits = logits[:, -1]
+            refs.append([logits, model.suppress(logits, p, int(min_new[r])).argmax(-1),
+                         *[t[:, :, -1:] for kv in present for t in kv], *[a[:, -1] for a in attention]])
+            for i, t in enumerate(t for kv in present for t in kv):
+                cache[i][r, :, :p] = t[0, :, :p]
+    ref = [torch.cat(parts, 0) for parts in zip(*refs)]
+    feeds = {t.name: v.numpy().astype(t.dtype) for t, v in
+             zip(spec.inputs, (ids, min_new, positions, *cache, *cross, src_mask))}
+    got = session.run(None, feeds)
+    return compare_outputs(DECODER, spec.output_names, got, ref, tol,
+                           f"{B} rows at positions {positions.tolist()}, cache_len {capacity}, "
+                           f"min_new_tokens {min_new.tolist()}")
+
+
 def verify_candidates(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: Tolerance) -> float:
     """The candidates graph against eager log-softmax, suppression and topk: ids exactly (distinct
     random logits have no ties), log-probs within the tolerance; before and after min_new_tokens."""
@@ -130,12 +169,22 @@ def verify_candidates(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: 
     for k, past_len, min_new in ((min(4, cfg.tgt_vocab_size), 0, 2), (min(7, cfg.tgt_vocab_size), 3, 2)):
         with torch.no_grad():
             ref = torch.topk(model.suppress(torch.log_softmax(logits, -1), past_len, min_new), k, dim=-1)
-        feeds = {"logits": logits.numpy(), "num_candidates": np.array([k]), "min_new_tokens": np.array([min_new]),
-                 "past_len": np.array([past_len])}
+        rows = logits.shape[0]
+        feeds = {"logits": logits.numpy(), "num_candidates": np.array([k]),
+                 "min_new_tokens": np.full(rows, min_new), "positions": np.full(rows, past_len)}
         got = session.run(None, feeds)
         worst = max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
-                                           f"{logits.shape[0]} rows, {k} candidates, past_len {past_len}"))
-    return worst
+                                           f"{logits.shape[0]} rows, {k} candidates, position {past_len}"))
+    # rows at different positions: end-of-sentence suppressed only where a row is short of its limit
+    positions, min_new = np.arange(logits.shape[0]) % 3, np.full(logits.shape[0], 1)
+    k = min(5, cfg.tgt_vocab_size)
+    with torch.no_grad():
+        lp = torch.log_softmax(logits, -1)
+        ref = torch.topk(torch.stack([model.suppress(lp[r], int(positions[r]), 1) for r in range(len(lp))]), k, dim=-1)
+    got = session.run(None, {"logits": logits.numpy(), "num_candidates": np.array([k]), "min_new_tokens": min_new,
+                             "positions": positions})
+    return max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
+                                      f"{logits.shape[0]} rows at positions {positions.tolist()}, {k} candidates"))
 
 
 def verify_greedy(model: Seq2SeqTransformer, session, max_new_tokens: int = 12) -> dict:

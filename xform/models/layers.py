@@ -12,11 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xform.contract import MASK_VALUE  # noqa: F401 - the graphs' and the runtime's one value
 from xform.models.config import TransformerConfig
-
-# Finite so that 0 * MASK_VALUE stays 0 and fully masked rows give a uniform softmax, not NaN;
-# exp(MASK_VALUE - max) is exactly 0 in fp32, so the result equals masking with -inf.
-MASK_VALUE = -1e9
 
 # One layer's self-attention cache: keys and values, each [B, H, P, Dh].
 LayerKV = tuple[Tensor, Tensor]

@@ -110,33 +110,33 @@ class Seq2SeqTransformer(nn.Module):
             present.append(kv)
         return self.project(x), present
 
-    def decode_step(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor
+    def decode_step(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], positions: Tensor
                     ) -> tuple[Tensor, list[LayerKV]]:
         """One token a row against a fixed-capacity cache: the decoder graph.
 
-        tokens (R, 1) at position past_len; cache per layer: keys and values (R, H, C, Dh) whose
-        first past_len positions hold the past (the rest is masked, whatever it holds); past_len
-        (1,) int64; `enc` holds one row per source (Bs of them, R = Bs x g: the rows of source i
-        are rows i*g .. i*g+g-1, its beams or samples). Returns logits (R, V) in fp32 and per
-        layer the new token's keys and values (R, H, 1, Dh), which the caller stores at position
-        past_len. The same numbers as `decode` with the past as a list and the encoding repeated
-        g times (tests/models/test_transformer.py).
+        tokens (R, 1), row r at position positions[r]; positions (R,) int64; cache per layer: keys
+        and values (R, H, C, Dh) whose first positions[r] positions of row r hold its past (the
+        rest is masked, whatever it holds); `enc` holds one row per source (Bs of them, R = Bs x g:
+        the rows of source i are rows i*g .. i*g+g-1, its beams or samples). Returns logits (R, V)
+        in fp32 and per layer the new token's keys and values (R, H, 1, Dh), which the caller
+        stores at each row's position. The same numbers as `decode` with the past as a list and
+        the encoding repeated g times, row by row (tests/models/test_transformer.py).
         """
-        x, new = self.step_hidden(tokens, enc, cache, past_len)
+        x, new = self.step_hidden(tokens, enc, cache, positions)
         return self.project(x)[:, 0], new
 
-    def step_hidden(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor
+    def step_hidden(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], positions: Tensor
                     ) -> tuple[Tensor, list[LayerKV]]:
         """decode_step's decoder layers: the last layer's output (R, 1, D), before the final norm
         and the output projection, and the new keys / values."""
         dt = self.compute_dtype
-        pos = self.tgt_pos.weight.index_select(0, past_len.reshape(1))  # (1, D): a Gather, not a Slice
+        pos = self.tgt_pos.weight.index_select(0, positions).unsqueeze(1)  # (R, 1, D): a Gather
         x = self.tgt_embed(tokens).to(dt) * self.embed_scale + pos.to(dt)
         if self.tgt_embed_norm is not None:
             x = self.tgt_embed_norm(x)
         C = cache[0][0].shape[2]
-        valid = torch.arange(C, device=tokens.device) < past_len.reshape(1)
-        cache_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32).view(1, 1, 1, C)
+        valid = torch.arange(C, device=tokens.device).unsqueeze(0) < positions.unsqueeze(1)  # (R, C)
+        cache_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32)[:, None, None, :]  # (R, 1, 1, C)
         cross_mask = enc.src_mask[:, None, None, :]
         new: list[LayerKV] = []
         for i, layer in enumerate(self.decoder_layers):
@@ -144,12 +144,12 @@ class Seq2SeqTransformer(nn.Module):
             new.append(kv)
         return x, new
 
-    def decode_step_restricted(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], past_len: Tensor,
+    def decode_step_restricted(self, tokens: Tensor, enc: EncoderOutput, cache: list[LayerKV], positions: Tensor,
                                out_weight: Tensor, out_bias: Tensor) -> tuple[Tensor, list[LayerKV]]:
         """`decode_step` with the output projection over given rows of the table only: logits
         (R, V') = final norm (hidden) @ out_weight (V', D)^T + out_bias (V',), in fp32 (the
         restricted decoder graph, vocabulary restriction)."""
-        x, new = self.step_hidden(tokens, enc, cache, past_len)
+        x, new = self.step_hidden(tokens, enc, cache, positions)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return nn.functional.linear(x[:, 0].float(), out_weight, out_bias), new
@@ -185,13 +185,14 @@ class Seq2SeqTransformer(nn.Module):
         return logits.masked_fill(self.blocked_ids(n_generated, min_new_tokens, logits.device), float("-inf"))
 
     def blocked_ids(self, n_generated: Tensor | int, min_new_tokens: Tensor | int, device=None) -> Tensor:
-        """(V,) bool: the ids `suppress` removes at this step."""
+        """(V,) bool: the ids `suppress` removes at this step; (R, V) when n_generated and
+        min_new_tokens are per row (R,) (the graphs, whose rows have their own positions)."""
         ids = torch.arange(self.cfg.tgt_vocab_size, device=device)
         blocked = ids == self.cfg.pad_id
         for banned in self.cfg.banned_ids:
             blocked = blocked | (ids == banned)
         early = torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)
-        return blocked | ((ids == self.cfg.eos_id) & early)
+        return blocked | ((ids == self.cfg.eos_id) & early[..., None])
 
 
 def reorder_cache(past: list[LayerKV], beam_idx: Tensor) -> list[LayerKV]:

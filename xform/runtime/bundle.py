@@ -22,11 +22,15 @@ MANIFEST = "manifest.json"
 FORMAT = "xform-bundle"
 # 2: the decoder's K/V cache is a fixed-capacity buffer updated in place (contract.py)
 # 3: the decoder reads its cross K/V once per source (`src_batch`), a source's beams as extra queries
-VERSION = 3
-KNOWN_VERSIONS = (3,)
+# 4: every decoder row has its own position and end-of-sentence limit (`positions`, `min_new_tokens`
+#    per row), so requests join a running batch (in-flight batching)
+VERSION = 4
+KNOWN_VERSIONS = (4,)
 OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform updates the cache in place",
                 2: "read the encoder's output once per decoded row; this xform reads it once per source, "
-                   "however many beams or samples decode it"}
+                   "however many beams or samples decode it",
+                3: "decoded every row at one position; this xform gives each row its own, so that requests join a "
+                   "running batch"}
 SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
 
 

@@ -6,10 +6,13 @@ keys and values are (sources, H, S, Dh), one copy per source however many rows d
 and samples of a source are its rows: the decoder graph treats them as extra queries). Both are a
 `RowBuffers`: tensors whose first axis is gathered together.
 
-    cache.write(p)              # the step's new keys / values (cache.new) into position p
+    cache.write(p)              # the step's new keys / values (cache.new) into position p, or
+                                # row r's into p[r] (rows at their own positions)
     cache.grow(capacity, p)     # a longer buffer holding the first p positions
     cache.gather(rows, p)       # row i continues row rows[i]: beam search's reorder, and, when
                                 # rows is shorter, finished rows leaving the batch (compaction)
+    cache.add(n)                # n empty rows at the end: a request joining a running batch
+    rows.add(n, length)         # (cross K/V) n rows at the end, the length axis grown to `length`
     cache.addresses(), cache.shape   # what a backend binds
 
 `HostCache` keeps numpy arrays and does all of it in place (a compacted cache is a view of its
@@ -54,6 +57,26 @@ class HostRows:
         if n < self.rows:
             self.arrays = [a[:n] for a in self.arrays]  # a C-contiguous view of the first rows
 
+    def add(self, n: int, length: int | None = None) -> slice:
+        """n zero rows at the end (the length axis, 2, grown to `length` when longer, zeros after
+        each row's old end); returns the new rows' slice. A compacted buffer's spare rows are
+        reused; a new one has room for as many rows again, so that joins rarely copy."""
+        R, H, L, D = self.shape
+        length = max(L, length or 0)
+        base = self.arrays[0].base if self.arrays[0].base is not None else self.arrays[0]
+        if length == L and base.shape[0] >= R + n:
+            self.arrays = [(a.base if a.base is not None else a)[:R + n] for a in self.arrays]
+            for a in self.arrays:
+                a[R:] = 0
+        else:
+            grown = []
+            for a in self.arrays:
+                g = np.zeros((2 * (R + n), H, length, D), a.dtype)  # untouched rows are zero pages
+                g[:R, :, :L] = a
+                grown.append(g[:R + n])
+            self.arrays = grown
+        return slice(R, R + n)
+
 
 class HostCache(HostRows):
     """The self-attention cache on the host: numpy arrays, written, grown and gathered in place."""
@@ -69,14 +92,23 @@ class HostCache(HostRows):
     def new_addresses(self) -> list[int]:
         return [a.ctypes.data for a in self.new]
 
-    def write(self, p: int) -> None:
+    def write(self, p) -> None:
+        """The new keys and values into position p (an int), or row r's into p[r] (an array)."""
+        if isinstance(p, np.ndarray):
+            if len(p) and (p == p[0]).all():
+                p = int(p[0])
+            else:
+                rows = np.arange(len(p))
+                for a, n in zip(self.arrays, self.new):
+                    a[rows, :, p] = n[:, :, 0]
+                return
         for a, n in zip(self.arrays, self.new):
             a[:, :, p] = n[:, :, 0]
 
     def grow(self, capacity: int, p: int) -> None:
         grown = []
         for a in self.arrays:
-            g = np.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype)
+            g = np.zeros((2 * a.shape[0], a.shape[1], capacity, a.shape[3]), a.dtype)[:a.shape[0]]  # room to join
             g[:, :, :p] = a[:, :, :p]
             grown.append(g)
         self.arrays = grown
@@ -84,6 +116,11 @@ class HostCache(HostRows):
     def gather(self, rows: np.ndarray, p: int | None = None) -> None:
         super().gather(rows, p)
         self.new = [a[:len(rows)] for a in self.new]
+
+    def add(self, n: int, length: int | None = None) -> slice:
+        added = super().add(n)
+        self.new = [np.empty((self.rows, *a.shape[1:]), a.dtype) for a in self.new]
+        return added
 
 
 class DeviceOps(Protocol):
@@ -145,6 +182,20 @@ class DeviceRows:
         self.ops.gather(np.ascontiguousarray(rows, dtype=np.int64), self.addresses(), dst, self.shape)
         self.current, self.shape = 1 - self.current, shape
 
+    def add(self, n: int, length: int | None = None) -> slice:
+        """n zero rows at the end (the length axis grown to `length` when longer, zeros after each
+        row's old end), copied into the other buffer set; returns the new rows' slice."""
+        R, H, L, D = self.shape
+        length = max(L, length or 0)
+        shape, w = (R + n, H, length, D), D * self.item
+        dst = self.reserve(1 - self.current, shape)
+        for d, s in zip(dst, self.addresses()):
+            self.ops.zero(d, self.nbytes(shape))
+            if R:
+                self.ops.copy_rows(d, length * w, s, L * w, L * w, R * H)
+        self.current, self.shape = 1 - self.current, shape
+        return slice(R, R + n)
+
     def release(self) -> None:
         for s in self.sets:
             for ptr in s:
@@ -167,11 +218,20 @@ class DeviceCache(DeviceRows):
 
     def reset(self, shape: tuple[int, int, int, int], zero: bool = True) -> None:
         super().reset(shape, zero)
-        need = self.nbytes((shape[0], shape[1], 1, shape[3]))
+        self.reserve_new(shape[0])
+
+    def reserve_new(self, rows: int) -> None:
+        """The `new` buffers, room for `rows` rows."""
+        need = self.nbytes((rows, self.shape[1], 1, self.shape[3]))
         if self.new_size < need:
             for ptr in self.new:
                 self.ops.free(ptr)
             self.new, self.new_size = [self.ops.alloc(need) for _ in range(self.n)], need
+
+    def add(self, n: int, length: int | None = None) -> slice:
+        added = super().add(n)
+        self.reserve_new(self.rows)
+        return added
 
     def new_addresses(self) -> list[int]:
         return self.new
@@ -179,11 +239,18 @@ class DeviceCache(DeviceRows):
     def position(self) -> int:
         return self.shape[3] * self.item  # bytes of one position of one row
 
-    def write(self, p: int) -> None:
+    def write(self, p) -> None:
+        """The new keys and values into position p (an int), or row r's into p[r] (an array): one
+        strided copy per run of consecutive rows at one position."""
         R, H, C, _ = self.shape
         w = self.position()
-        for c, n in zip(self.addresses(), self.new):
-            self.ops.copy_rows(c + p * w, C * w, n, w, w, R * H)
+        if not isinstance(p, np.ndarray):
+            p = np.full(R, p)
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        for first, end in zip(starts, np.r_[starts[1:], R]):
+            at = int(p[first])
+            for c, n in zip(self.addresses(), self.new):
+                self.ops.copy_rows(c + (first * H * C + at) * w, C * w, n + first * H * w, w, w, (end - first) * H)
 
     def grow(self, capacity: int, p: int) -> None:
         R, H, C, D = self.shape

@@ -26,7 +26,7 @@ import mmap
 
 import numpy as np
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, kv_names
+from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
 from xform.files import drop_cached
 from xform.runtime.backend import INITIAL_CAPACITY
@@ -169,24 +169,85 @@ class OrtBackend:
             self.cross.reset(cross_shape, zero=False)
             self.cache.reset(cache_shape)
         self.mask = np.empty((Bs, S), np.float32)  # on the host on every device: a few bytes a row
+        self.encode(src_ids, src_lengths, self.cross.addresses(), self.mask)
+        self.group = group
+        self.buffers(Bs * group, S)
+        self.positions = self.positions_buf[:Bs * group]
+        self.positions[:] = 0
+        self.binding = (self.restricted if self.subset is not None else self.decoder).io_binding()
+        self.bind_rows()
+
+    def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray, addresses: list[int], mask: np.ndarray) -> None:
+        """The encoder's cross K/V into `addresses`, its source mask into `mask`."""
         enc = self.encoder.io_binding()
         enc.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids))
         enc.bind_cpu_input("src_lengths", np.ascontiguousarray(src_lengths))
-        self.bind_tensors(enc, "output", self.cross_names, self.cross.addresses(), cross_shape)
-        bind_host(enc, "output", "src_mask", self.mask)
+        self.bind_tensors(enc, "output", self.cross_names, addresses, (*src_ids.shape[:1], self.kv_heads,
+                                                                        src_ids.shape[1], self.head_dim))
+        bind_host(enc, "output", "src_mask", mask)
         self.encoder.run_with_iobinding(enc)
         enc.synchronize_outputs()
-        self.group, self.steps = group, 0
-        R = Bs * group
+
+    def buffers(self, R: int, S: int) -> None:
+        """The per-row host buffers, room for R rows over sources of S tokens (kept when they have it)."""
+        have = getattr(self, "ids_buf", None)
+        if have is not None and len(have) >= R and self.binding is not None and self.buffers_src >= S \
+                and (self.subset is None) == (self.sub_logits_buf is None):
+            return
+        old = getattr(self, "positions_buf", None)
+        self.buffers_src = S
         self.ids_buf, self.next_buf = np.empty((R, 1), np.int64), np.empty(R, np.int64)
+        self.positions_buf, self.min_new_buf = np.zeros(R, np.int64), np.zeros(R, np.int64)
+        if old is not None and self.binding is not None:  # a join: the running rows keep their positions
+            self.positions_buf[:len(self.positions)] = self.positions
         self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None or self.subset is not None else None
+        self.sub_logits_buf = None
         if self.subset is not None:  # ids outside the subset: -inf, written once a decode
             self.logits_buf.fill(-np.inf)
             self.sub_logits_buf = np.empty((R, len(self.subset)), np.float32)
         self.attention_buf = np.empty((R, S), np.float32) if self.has_attention else None
-        self.min_new, self.past_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        self.binding = (self.restricted if self.subset is not None else self.decoder).io_binding()
+
+    has_join = True  # join(): rows of new sources enter the running batch at position 0
+
+    def join(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> slice:
+        """Encode new sources and add their Bs x group rows at the end of the running batch, at
+        position 0, while the other rows go on at theirs (in-flight batching); a longer source
+        widens every source's cross K/V and mask (padding, masked). Returns the new rows."""
+        if self.binding is None or self.rows == 0:
+            self.start(src_ids, src_lengths, group)
+            return slice(0, self.rows)
+        if group != self.group:
+            raise InputError(f"a request of {group} rows a source cannot join a batch of {self.group} rows a source")
+        Bs, S = src_ids.shape
+        H, D = self.kv_heads, self.head_dim
+        old_src = self.cross.shape[2]
+        if self.ops is None:
+            new = HostRows(len(self.cross_names), (Bs, H, S, D), self.kv_dtype)
+        else:
+            new = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
+            new.reset((Bs, H, S, D), zero=False)
+        mask = np.empty((Bs, S), np.float32)
+        self.encode(src_ids, src_lengths, new.addresses(), mask)
+        sources = self.cross.add(Bs, S)
+        width = self.cross.shape[2]
+        if self.ops is None:
+            for a, b in zip(self.cross.arrays, new.arrays):
+                a[sources, :, :S] = b
+        else:
+            w = D * self.kv_dtype.itemsize
+            for dst, src in zip(self.cross.addresses(), new.addresses()):
+                self.ops.copy_rows(dst + sources.start * H * width * w, width * w, src, S * w, S * w, Bs * H)
+            new.release()
+        grown = np.full((self.mask.shape[0] + Bs, width), MASK_VALUE, np.float32)
+        grown[:self.mask.shape[0], :old_src] = self.mask
+        grown[self.mask.shape[0]:, :S] = mask
+        self.mask = grown
+        rows = self.cache.add(Bs * group)
+        self.buffers(self.rows, width)
+        self.positions = self.positions_buf[:self.rows]
+        self.positions[rows] = 0
         self.bind_rows()
+        return rows
 
     @property
     def rows(self) -> int:
@@ -196,7 +257,8 @@ class OrtBackend:
         """Bind everything whose address or shape follows the rows (after start, a gather, a growth)."""
         dec, R = self.binding, self.rows
         self.ids, self.next_ids = self.ids_buf[:R], self.next_buf[:R]
-        for name, a in (("input_ids", self.ids), ("past_len", self.past_len), ("src_mask", self.mask)):
+        self.positions, self.min_new = self.positions_buf[:R], self.min_new_buf[:R]
+        for name, a in (("input_ids", self.ids), ("positions", self.positions), ("src_mask", self.mask)):
             bind_host(dec, "input", name, a)
         if self.subset is not None:  # the restricted decoder: the subset's rows of the table in, its logits out
             bind_host(dec, "input", "out_weight", self.sub_weight)
@@ -233,17 +295,17 @@ class OrtBackend:
     has_candidates = True  # step(..., candidates=K) runs the candidates graph where the logits are
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
-        """With candidates K: the second value is each row's K best (log-probs (R, K), ids (R, K))
-        instead of the logits."""
-        p = self.steps
+        """Each row at its own position (0 after start or join, one more each step). min_new_tokens:
+        an int for every row or one per row. With candidates K: the second value is each row's K
+        best (log-probs (R, K), ids (R, K)) instead of the logits."""
         if beam_idx is not None:
-            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64), p)
-        if p == self.cache.capacity:
-            self.cache.grow(min(2 * p, max(self.max_len, p + 1)), p)
+            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
+        top = int(self.positions.max())
+        if top == self.cache.capacity:
+            self.cache.grow(min(2 * top, max(self.max_len, top + 1)), top)
             self.bind_rows()
         self.ids[:, 0] = input_ids
-        self.min_new[0] = min_new_tokens
-        self.past_len[0] = p
+        self.min_new[:] = min_new_tokens
         dec = self.binding
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
@@ -251,29 +313,33 @@ class OrtBackend:
         if self.subset is not None:
             self.restricted.run_with_iobinding(dec)
             dec.synchronize_outputs()
-            self.cache.write(p)
-            self.steps += 1
-            return self.restricted_outputs(p, min_new_tokens, want_logits, candidates)
+            self.cache.write(self.positions)
+            out = self.restricted_outputs(want_logits, candidates)
+            self.positions += 1
+            return out
         self.decoder.run_with_iobinding(dec)
         dec.synchronize_outputs()
-        self.cache.write(p)
-        self.steps += 1
+        self.cache.write(self.positions)
         if candidates:
-            return self.next_ids.copy(), self.run_candidates(candidates, p)
-        if not want_logits:
-            return self.next_ids.copy(), None
-        return self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+            out = self.next_ids.copy(), self.run_candidates(candidates)
+        elif not want_logits:
+            out = self.next_ids.copy(), None
+        else:
+            out = self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+        self.positions += 1
+        return out
 
-    def restricted_outputs(self, p: int, min_new_tokens: int, want_logits: bool, candidates: int):
+    def restricted_outputs(self, want_logits: bool, candidates: int):
         """What the decoder and candidates graphs give, from the subset's logits on the host: the
         next ids (pad and banned ids never, end-of-sentence not before min_new_tokens), each row's
         best candidates (log-softmax over the subset, the same suppressions), or the logits over
         the whole vocabulary (-inf outside the subset)."""
         sub = self.sub_logits
-        blocked = self.blocked | ((self.subset == self.bundle.config["eos_id"]) & (p < min_new_tokens))
+        early = (self.positions < self.min_new)[:, None]
+        blocked = self.blocked[None, :] | ((self.subset == self.bundle.config["eos_id"])[None, :] & early)
         if candidates:
             lp = log_softmax(sub)
-            lp[:, blocked] = -np.inf
+            lp[blocked] = -np.inf
             k = min(candidates, lp.shape[1])
             top = np.argpartition(-lp, k - 1, axis=1)[:, :k]
             vals = np.take_along_axis(lp, top, 1)
@@ -291,7 +357,7 @@ class OrtBackend:
         averaged over heads. Only for a bundle exported --with-attention."""
         return self.attention_rows.copy()
 
-    def run_candidates(self, k: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    def run_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The candidates graph over the logits where they are; only (R, k) values come back."""
         cb = self.candidates.io_binding()
         if self.ops is None:
@@ -299,8 +365,8 @@ class OrtBackend:
         else:
             cb.bind_ortvalue_input("logits", self.logits)
         cb.bind_cpu_input("num_candidates", np.array([k], np.int64))
-        cb.bind_cpu_input("min_new_tokens", self.min_new)
-        cb.bind_cpu_input("past_len", np.array([p], np.int64))
+        bind_host(cb, "input", "min_new_tokens", self.min_new)
+        bind_host(cb, "input", "positions", self.positions)
         lp, ids = np.empty((self.rows, k), np.float32), np.empty((self.rows, k), np.int64)
         bind_host(cb, "output", "cand_logprobs", lp)
         bind_host(cb, "output", "cand_ids", ids)
@@ -308,11 +374,12 @@ class OrtBackend:
         cb.synchronize_outputs()
         return lp, ids
 
-    def gather(self, rows: np.ndarray, p: int) -> None:
-        """Row i continues row rows[i]; fewer rows than before drop the others, and with them
-        every source none of the remaining rows reads (its cross K/V and mask)."""
+    def gather(self, rows: np.ndarray) -> None:
+        """Row i continues row rows[i] (and its position); fewer rows than before drop the others,
+        and with them every source none of the remaining rows reads (its cross K/V and mask)."""
         before, g = self.rows, self.group
-        self.cache.gather(rows, p)
+        self.positions[:len(rows)] = self.positions[rows]
+        self.cache.gather(rows, int(self.positions[:len(rows)].max()) if len(rows) else 0)
         if len(rows) < before:
             sources = rows[::g] // g
             if len(sources) < self.cross.rows:

@@ -140,7 +140,7 @@ class TrtBackend:
         self.enc_bufs = {t.name: self.alloc(t, batch=Bs, src_len=S) for t in self.enc_spec.inputs}
         self.enc_bufs["src_mask"] = self.alloc(self.enc_spec.output("src_mask"), batch=Bs, src_len=S)
         dec = {t.name: t for t in (*self.dec_spec.inputs, *self.dec_spec.outputs)}
-        self.dec_bufs = {n: self.alloc(dec[n], batch=R) for n in ("input_ids", "min_new_tokens", "past_len", "logits",
+        self.dec_bufs = {n: self.alloc(dec[n], batch=R) for n in ("input_ids", "min_new_tokens", "positions", "logits",
                                                                   "next_ids")}
         self.has_attention = "attention" in dec  # a bundle exported --with-attention
         if self.has_attention:
@@ -263,11 +263,12 @@ class TrtBackend:
             self.cache.grow(min(2 * p, self.max_steps), p)
         R = self.rows
         self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(R, 1))
-        self.h2d(self.dec_bufs["min_new_tokens"], np.array([min_new_tokens], np.int64))
-        self.h2d(self.dec_bufs["past_len"], np.array([p], np.int64))
+        # every row at step p: a TensorRT decode starts all its rows together (no join)
+        self.h2d(self.dec_bufs["min_new_tokens"], np.broadcast_to(np.asarray(min_new_tokens, np.int64), (R,)).copy())
+        self.h2d(self.dec_bufs["positions"], np.full(R, p, np.int64))
         self.bind(self.dec_ctx, "input_ids", self.dec_bufs["input_ids"].ptr, (R, 1))
-        self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"].ptr, (1,))
-        self.bind(self.dec_ctx, "past_len", self.dec_bufs["past_len"].ptr, (1,))
+        self.bind(self.dec_ctx, "min_new_tokens", self.dec_bufs["min_new_tokens"].ptr, (R,))
+        self.bind(self.dec_ctx, "positions", self.dec_bufs["positions"].ptr, (R,))
         for name, ptr in zip(self.cache_names, self.cache.addresses()):
             self.bind(self.dec_ctx, name, ptr, self.cache.shape)
         for name, ptr in zip(self.cross_names, self.cross.addresses()):
