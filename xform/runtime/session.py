@@ -16,9 +16,12 @@ from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
+from xform.runtime.scheduler import Batch, Decode
 from xform.runtime.vocab_map import VocabMap
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
+# generate()'s arguments that are not generation settings (Session.plan)
+DECODE_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "on_step")
 
 
 class Session:
@@ -177,12 +180,25 @@ class Session:
                              f"{self.config['max_len']} positions")
         return out
 
-    def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
-               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
-               return_attention: bool = False, vocabulary=None):
-        """The one decoding loop, for every strategy and backend. The strategy's row index
-        (`beam_idx`) reorders the backend's rows for beam search and drops finished ones, so the
-        rows run per step fall as sources end."""
+    def plan(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, **settings: Any) -> Decode:
+        """A checked request for a Batch or the Scheduler: the arguments of `generate` but
+        `vocabulary` (a restriction holds for a whole batch, so it decodes alone: `generate`)."""
+        options = {k: settings.pop(k) for k in DECODE_OPTIONS if k in settings}
+        unknown = sorted(set(settings) - GENERATION_FIELDS)
+        if unknown:
+            known = sorted(GENERATION_FIELDS | set(DECODE_OPTIONS))
+            raise InputError(f"unknown decoding settings {unknown}; known: {known}")
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        if max_new_tokens is None:
+            max_new_tokens = self.default_max_new_tokens()
+        gen = self.generation_config(max_new_tokens, **settings)
+        return self.decode_item(src_ids, src_lengths, gen, **options)
+
+    def decode_item(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
+                    on_step: Callable[[int], None] | None = None, *, target_prefix=None,
+                    return_token_scores: bool = False, return_attention: bool = False) -> Decode:
+        """The request `decode` runs: sources checked, the prefix (after a forced first token),
+        max_new_tokens cut to the position table, the strategy made."""
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
         if gen.forced_bos_token_id is not None and (prefix is not None or gen.return_alternatives):
@@ -198,14 +214,35 @@ class Session:
                              "export it with --with-attention")
         strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id,
                                  src_ids.shape[1] if return_attention else 0)
+        limit = getattr(self.backend, "max_rows", None)
+        if limit is not None and strategy.rows > limit:
+            raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
+                             f"{strategy.rows // src_ids.shape[0]} (--num-beams / --num-return-sequences) = "
+                             f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
+                             "with a larger --max-batch or --max-beams")
+        return Decode(strategy, src_ids, src_lengths, return_scores, return_token_scores, return_attention, on_step)
+
+    def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
+               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
+               return_attention: bool = False, vocabulary=None):
+        """The one decoding loop, for every strategy and backend: one request through a Batch
+        (scheduler.py) from its first step to its last. The strategy's row index (`beam_idx`)
+        reorders the backend's rows for beam search and drops finished ones, so the rows run per
+        step fall as sources end."""
+        item = self.decode_item(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
+                                return_token_scores=return_token_scores, return_attention=return_attention)
         if vocabulary is not None:
             if return_attention:
                 raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
                                  "decoder returns no attention")
-            self.restrict(vocabulary, gen, prefix)  # the backend chooses over the subset as its graphs do
+            prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
+            self.restrict(vocabulary, gen, [[int(i) for i in row if i >= 0] for row in prefix])
         try:
-            return self.run_strategy(strategy, src_ids, src_lengths, gen, return_scores, return_token_scores,
-                                     return_attention, on_step)
+            batch = Batch(self.backend, self.start_id)
+            batch.admit(item)
+            while not item.done:
+                batch.step()
+            return item.output
         finally:
             if vocabulary is not None:
                 self.backend.restrict(None)
@@ -229,42 +266,6 @@ class Session:
         if unk is not None:
             needed.add(unk)
         self.backend.restrict(np.union1d(ids, np.array(sorted(needed), np.int64)))
-
-    def run_strategy(self, strategy, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool,
-                     return_token_scores: bool, return_attention: bool, on_step):
-        limit = getattr(self.backend, "max_rows", None)
-        if limit is not None and strategy.rows > limit:
-            raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
-                             f"{strategy.rows // src_ids.shape[0]} (--num-beams / --num-return-sequences) = "
-                             f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
-                             "with a larger --max-batch or --max-beams")
-        self.backend.start(src_ids, src_lengths, strategy.group)  # each source encoded once
-        tokens = np.full(strategy.rows, self.start_id, np.int64)
-        beam_idx = None
-        min_new = strategy.graph_min_new_tokens or 0  # None: the host applies it from the logits
-        for step in range(strategy.steps_needed):
-            # beam candidates ranked where the logits are, when the backend can (ONNX Runtime's graph)
-            ranked = {"candidates": strategy.candidates_wanted} if (
-                strategy.candidates_wanted and getattr(self.backend, "has_candidates", False)) else {}
-            nxt, logits = self.backend.step(tokens, min_new, strategy.needs_logits, beam_idx, **ranked)
-            if return_attention:
-                tokens, beam_idx = strategy.advance(step, nxt, logits, self.backend.attention())
-            else:
-                tokens, beam_idx = strategy.advance(step, nxt, logits)
-            if on_step is not None:
-                on_step(step)
-            if tokens is None:
-                break
-        ids, scores = strategy.result()
-        ids = ids.astype(np.int64, copy=False)
-        out: tuple = (ids,)
-        if return_scores or return_token_scores:
-            out += (scores,)
-        if return_token_scores:
-            out += (strategy.per_token(),)
-        if return_attention:
-            out += (strategy.attentions(),)
-        return out if len(out) > 1 else ids
 
     def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
                        ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,394 @@
+"""Rows that live their own lives: one running batch that requests join and leave (DESIGN section 1).
+
+A `Batch` runs the decoder over every row of its requests at once, each row at its own position
+(the decoder graph's per-row `positions`, contract.py). A request's rows join at a step boundary
+at position 0 while the others go on at theirs; a request's rows leave when its strategy is done
+with them, and its result is ready that very step. Each request keeps its own strategy
+(decoding.py), so what it decodes is what it decodes alone: greedy, beams (a request's beams stay
+together, the rows of one source next to each other) and sampling.
+
+    batch = Batch(backend, start_id)
+    item = batch.admit(Decode(strategy, src_ids, src_lengths, ...))   # start, or join the running rows
+    finished = batch.step()          # one decoder step over every row; the requests done at it
+
+`Session.decode` runs one request through a Batch to its end: the one decoding loop. The
+`Scheduler` above it owns a running batch for a server or a file: requests are queued from any
+thread (`submit` -> a Future; `stream` for tokens as they come), encoded and joined at the next
+step boundary while rows and cache memory allow, and their results delivered as soon as they end.
+Joining needs a backend that can add rows to a running batch (`has_join`: ONNX Runtime);
+the others decode one request at a time through the same loop.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from xform.contract import DECODER
+from xform.errors import InputError, XformError
+
+
+class OverloadedError(XformError):
+    """The scheduler's queue is full: the request is refused rather than held without bound."""
+
+
+class Cancelled(XformError):
+    """The request was cancelled (its client went away) before it finished."""
+
+
+@dataclass(eq=False)
+class Decode:
+    """One request in a batch: its sources, its strategy, what it returns and whom it tells."""
+
+    strategy: Any  # decoding.Greedy / Sample / Alternatives / BeamSearch
+    src_ids: np.ndarray
+    src_lengths: np.ndarray
+    return_scores: bool = False
+    return_token_scores: bool = False
+    return_attention: bool = False
+    on_step: Callable[[int], None] | None = None  # progress: called with each finished step
+    on_tokens: Callable[[np.ndarray], None] | None = None  # streaming: each step's ids, one per output row
+    step: int = 0
+    tokens: np.ndarray | None = None  # the ids the rows feed at the next step
+    output: Any = None
+    done: bool = False
+    cancelled: bool = False
+    sent: int = 0  # streaming: steps already reported
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.tokens is None else len(self.tokens)
+
+    @property
+    def min_new(self) -> int:
+        return self.strategy.graph_min_new_tokens or 0  # None: the strategy applies it on the host
+
+    def result(self):
+        """What Session.generate returns: ids, then scores, token scores and attention as asked."""
+        s = self.strategy
+        ids, scores = s.result()
+        out: tuple = (ids.astype(np.int64, copy=False),)
+        if self.return_scores or self.return_token_scores:
+            out += (scores,)
+        if self.return_token_scores:
+            out += (s.per_token(),)
+        if self.return_attention:
+            out += (s.attentions(),)
+        return out if len(out) > 1 else out[0]
+
+
+class Batch:
+    """The running rows of the requests admitted over one backend, stepped together."""
+
+    def __init__(self, backend, start_id: int):
+        self.backend, self.start_id = backend, start_id
+        self.items: list[Decode] = []
+        self.pending: np.ndarray | None = None  # the backend's rows to continue, applied at the next step
+
+    @property
+    def rows(self) -> int:
+        return sum(d.rows for d in self.items)
+
+    @property
+    def group(self) -> int | None:
+        """Rows a source of the running requests (one batch reads its sources in equal groups)."""
+        return self.items[0].strategy.group if self.items else None
+
+    @property
+    def key(self) -> tuple | None:
+        return self.key_of(self.items[0]) if self.items else None
+
+    @staticmethod
+    def key_of(item: Decode) -> tuple:
+        """Requests that may share a batch: the same rows a source, the same ranked candidates."""
+        return item.strategy.group, item.strategy.candidates_wanted
+
+    def can_join(self, item: Decode) -> bool:
+        return not self.items or (getattr(self.backend, "has_join", False) and self.key_of(item) == self.key)
+
+    def admit(self, item: Decode) -> Decode:
+        """The request's sources encoded and its rows added at position 0: a new batch, or at the
+        end of the running one (the pending reorder applied first, so row numbers are current)."""
+        s = item.strategy
+        if not self.items:
+            self.pending = None
+            self.backend.start(item.src_ids, item.src_lengths, s.group)
+        else:
+            if not self.can_join(item):
+                raise InputError(f"this request ({s.group} rows a source) cannot join the running batch "
+                                 f"({self.group} rows a source)")
+            if self.pending is not None:
+                self.backend.gather(self.pending)
+                self.pending = None
+            self.backend.join(item.src_ids, item.src_lengths, s.group)
+        item.tokens = np.full(s.rows, self.start_id, np.int64)
+        self.items.append(item)
+        return item
+
+    def step(self) -> list[Decode]:
+        """One decoder step over every running row; returns the requests that ended at it (their
+        rows leave the backend with the next step's gather, or before the next join)."""
+        items = self.items
+        tokens = np.concatenate([d.tokens for d in items])
+        min_new = items[0].min_new if len(items) == 1 else np.repeat([d.min_new for d in items],
+                                                                      [d.rows for d in items])
+        ranked = {}
+        wanted = items[0].strategy.candidates_wanted  # one value in a batch (Batch.key_of)
+        if wanted and getattr(self.backend, "has_candidates", False):
+            ranked = {"candidates": wanted}
+        needs_logits = any(d.strategy.needs_logits for d in items)
+        nxt, out = self.backend.step(tokens, min_new, needs_logits, self.pending, **ranked)
+        attention = self.backend.attention() if any(d.return_attention for d in items) else None
+        finished, keep_rows, offset = [], [], 0
+        for d in items:
+            rows = slice(offset, offset + d.rows)
+            offset += d.rows
+            part = None if out is None else (tuple(o[rows] for o in out) if isinstance(out, tuple) else out[rows])
+            args = (attention[rows],) if d.return_attention else ()
+            tokens, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
+            if d.on_step is not None:
+                d.on_step(d.step)
+            d.step += 1
+            if tokens is None or d.step >= d.strategy.steps_needed or d.cancelled:
+                d.done, d.tokens = True, None
+                if not d.cancelled:
+                    d.output = d.result()
+                finished.append(d)
+                continue
+            keep_rows.append(rows.start + (np.arange(rows.stop - rows.start) if keep is None else keep))
+            d.tokens = np.asarray(tokens, np.int64)
+        self.items = [d for d in items if not d.done]
+        idx = np.concatenate(keep_rows).astype(np.int64) if keep_rows else np.zeros(0, np.int64)
+        self.pending = None if len(idx) == offset and (idx == np.arange(offset)).all() else idx
+        return finished
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A queued request: the decode to run, its Future, its time of arrival."""
+
+    decode: Decode
+    future: Future = field(default_factory=Future)
+    arrived: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+    def tell(self, result=None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+class Scheduler:
+    """In-flight batching over a Session: one running Batch, fed from a bounded queue.
+
+    `submit` checks a request at once (a malformed one fails alone, there and then), queues it
+    and returns a Future of what `Session.generate` would return for it; `stream` yields its
+    tokens step by step, then the result. A thread (`start`, or `run_until_idle` in the caller's
+    thread) admits queued requests at each step boundary, in order of arrival, while the running
+    rows stay within `max_rows` (which bounds the self-attention cache at max_rows x max_len
+    positions: `cache_bytes`), steps the batch, and delivers each request the step it ends. A
+    request whose rows a source differ from the running batch's (beams beside greedy rows) waits
+    for the batch to drain. More than `max_queue` waiting requests: OverloadedError.
+    """
+
+    def __init__(self, session, max_rows: int = 64, max_queue: int = 256, max_cache_mib: float | None = None):
+        self.session = session
+        backend = session.backend
+        per_row = self.row_bytes()
+        if max_cache_mib is not None:
+            fits = int(max_cache_mib * 2**20 // per_row)
+            if fits < 1:
+                raise InputError(f"max_cache_mib {max_cache_mib}: one row's cache needs {per_row / 2**20:.2f} MiB")
+            max_rows = min(max_rows, fits)
+        limit = getattr(backend, "max_rows", None)
+        self.max_rows = min(max_rows, limit) if limit else max_rows
+        if self.max_rows < 1 or max_queue < 1:
+            raise InputError(f"max_rows {max_rows} and max_queue {max_queue} must be at least 1")
+        self.max_queue = max_queue
+        self.batch = Batch(backend, session.start_id)
+        self.queue: deque[Ticket] = deque()
+        self.running: dict[int, Ticket] = {}
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.closed = False
+        self.steps = 0
+
+    def row_bytes(self) -> int:
+        """Bytes of one row's self-attention cache at the model's max_len positions."""
+        c, bundle = self.session.config, self.session.bundle
+        head_dim = c.get("attention_head_dim") or c["d_model"] // c["n_heads"]
+        item = 4 if bundle is None else np.dtype(bundle.graph_spec(DECODER).input("cache_key_0").dtype).itemsize
+        return 2 * c["n_decoder_layers"] * c["n_heads"] * head_dim * c["max_len"] * item
+
+    @property
+    def cache_bytes(self) -> int:
+        """The most the running rows' cache can hold: max_rows rows of max_len positions."""
+        return self.max_rows * self.row_bytes()
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, src_ids, src_lengths=None, *, on_tokens: Callable[[np.ndarray], None] | None = None,
+               **settings: Any) -> Future:
+        """Queue one request (any number of sources; the settings of Session.generate); returns a
+        Future of its result. Raises InputError for a bad request, OverloadedError when full."""
+        decode = self.session.plan(src_ids, src_lengths, **settings)
+        decode.on_tokens = on_tokens
+        if decode.strategy.rows > self.max_rows:
+            raise InputError(f"{decode.strategy.rows} rows (sources x beams or samples) exceed the scheduler's "
+                             f"max_rows {self.max_rows}")
+        ticket = Ticket(decode)
+        with self.cond:
+            if self.closed:
+                raise XformError("the scheduler is closed")
+            if len(self.queue) >= self.max_queue:
+                raise OverloadedError(f"overloaded: {len(self.queue)} requests already wait (max_queue "
+                                      f"{self.max_queue}); retry later")
+            self.queue.append(ticket)
+            self.cond.notify_all()
+        ticket.future.ticket = ticket  # type: ignore[attr-defined] - cancel() finds it here
+        return ticket.future
+
+    def cancel(self, future: Future) -> None:
+        """Stop a request: a queued one never starts, a running one's rows leave at the next step.
+        Its Future raises Cancelled."""
+        ticket: Ticket = future.ticket  # type: ignore[attr-defined]
+        with self.cond:
+            ticket.decode.cancelled = True
+            if ticket in self.queue:
+                self.queue.remove(ticket)
+        ticket.tell(error=Cancelled("the request was cancelled"))
+
+    def stream(self, src_ids, src_lengths=None, **settings: Any):
+        """Yield each step's ids (one per output row: greedy and sampling; beam search's rows
+        change until the end, so beams yield nothing before it), then the result (what the
+        Future holds), for one request. Needs the scheduler running (`start`)."""
+        import queue as q
+        got: q.Queue = q.Queue()
+        future = self.submit(src_ids, src_lengths, on_tokens=got.put, **settings)
+        future.add_done_callback(lambda f: got.put(future))
+        try:
+            while True:
+                item = got.get()
+                if item is future:
+                    yield future.result()
+                    return
+                yield item
+        finally:
+            if not future.done():
+                self.cancel(future)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def admit(self) -> None:
+        """Join queued requests at this step boundary, first come first served, while rows allow."""
+        batch = self.batch
+        while True:
+            with self.cond:
+                if not self.queue:
+                    return
+                ticket = self.queue[0]
+                if ticket.decode.cancelled:
+                    self.queue.popleft()
+                    continue
+                fits = batch.rows + ticket.decode.strategy.rows <= self.max_rows
+                if batch.items and not (fits and batch.can_join(ticket.decode)):
+                    return  # waits for rows to free (or, another kind of request, for the batch to drain)
+                self.queue.popleft()
+            joining = bool(batch.items)
+            try:
+                batch.admit(ticket.decode)
+            except Exception as e:  # noqa: BLE001 - the request fails; a failed join fails the batch too
+                ticket.tell(error=e)
+                if joining:  # the backend's rows are no longer the batch's: its requests fail, the next starts anew
+                    self.fail_running(XformError(f"the running batch failed when a request joined it: {e}"))
+                continue
+            self.running[id(ticket.decode)] = ticket
+
+    def run_once(self) -> bool:
+        """Admit, step once, deliver; False when there is nothing to do."""
+        self.admit()
+        batch = self.batch
+        if not batch.items:
+            return False
+        try:
+            finished = batch.step()
+        except Exception as e:  # noqa: BLE001 - a backend failure fails the running requests, not the thread
+            self.fail_running(e)
+            return True
+        self.steps += 1
+        for d in batch.items:
+            self.report(d)
+        for d in finished:
+            self.report(d)
+            ticket = self.running.pop(id(d))
+            ticket.tell(d.output) if not d.cancelled else ticket.tell(error=Cancelled("the request was cancelled"))
+        return True
+
+    def fail_running(self, error: BaseException) -> None:
+        """Every running request fails with `error`; the batch is empty (the next admit starts one)."""
+        for d in self.batch.items:
+            ticket = self.running.pop(id(d), None)
+            if ticket is not None:
+                ticket.tell(error=error)
+        self.batch.items = []
+
+    def report(self, d: Decode) -> None:
+        """Streaming: the ids each of the request's output rows took at the steps not yet sent."""
+        if d.on_tokens is None or d.cancelled or not hasattr(d.strategy, "out"):
+            return
+        ticket = self.running.get(id(d))
+        if ticket is not None and ticket.first_token is None:
+            ticket.first_token = time.perf_counter()
+        while d.sent < d.step:
+            try:
+                d.on_tokens(d.strategy.out[:, d.sent].copy())
+            except Exception as e:  # noqa: BLE001 - a listener that fails (a client gone) ends its request only
+                d.cancelled = True
+                if ticket is not None:
+                    ticket.tell(error=Cancelled(f"the request's token listener failed: {e}"))
+                return
+            d.sent += 1
+
+    def run_until_idle(self) -> None:
+        """Run in this thread until the queue and the batch are empty."""
+        while self.run_once():
+            pass
+
+    def start(self) -> "Scheduler":
+        """Run the loop in a daemon thread until close()."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.loop, name="xform-scheduler", daemon=True)
+            self.thread.start()
+        return self
+
+    def loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and not self.queue and not self.batch.items:
+                    self.cond.wait()
+                if self.closed:
+                    break
+            self.run_once()
+        error = Cancelled("the scheduler was closed")
+        for ticket in [*self.queue, *self.running.values()]:
+            ticket.tell(error=error)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+    def __enter__(self) -> "Scheduler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
