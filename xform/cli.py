@@ -735,6 +735,15 @@ def triton_model_options(fn):
                      help="Triton's max_batch_size: sources decoded together."),
         click.option("--max-queue-delay-us", type=click.IntRange(min=0), default=1000, show_default=True,
                      help="How long Triton's dynamic batcher waits to fill a batch."),
+        click.option("--scheduling", type=click.Choice(["inflight", "dynamic"]), default=None,
+                     help="inflight (the default on ort): requests join one running batch step by step, leave "
+                          "when they end, and may stream (models NAME and NAME-stream); dynamic (the default with "
+                          "--backend trt or --vocab-map): Triton's dynamic batcher forms batches decoded to their "
+                          "longest request."),
+        click.option("--max-rows", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="inflight: the most rows (sources x beams) the running batch holds; it bounds the cache."),
+        click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="inflight: requests that may wait for rows; more are refused as overloaded."),
         click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),
         click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Model instances (processes) decoding in parallel."),
@@ -752,6 +761,13 @@ def model_options(**kw):
     return ModelOptions(**kw)
 
 
+def bls_threads(options) -> int | None:
+    """Triton's Python-backend threads for in-flight serving: each plain request relayed to the
+    engine model holds one until its result comes (Triton's default, 32, would cap the requests
+    in flight at 32)."""
+    return options.max_queue + options.max_rows if options.mode == "inflight" else None
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "repo", required=True, type=click.Path(path_type=Path),
@@ -762,10 +778,12 @@ def model_options(**kw):
 @handle_errors
 def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) -> None:
     """Write BUNDLE as a Triton Inference Server model (Python backend) into a model repository."""
-    from xform.serving.repository import write_model
+    from xform.serving.repository import model_names, write_model
 
-    path = write_model(bundle, repo, model_options(**options), reference=reference, force=force)
-    out.print(f"wrote {path} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
+    opts = model_options(**options)
+    path = write_model(bundle, repo, opts, reference=reference, force=force)
+    for name in model_names(path.name, opts):
+        out.print(f"wrote {path.parent / name} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
     out.print(f"serve it here: xform serve {bundle} (with the same model flags; it starts the tritonserver of the "
               "nvidia-pytriton wheel, see README \"Serving\")")
     out.print(f"or in NVIDIA's container, with xform installed in its Python: docker run --gpus all -p 8000:8000 "
@@ -795,7 +813,7 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
     import signal
     import tempfile
 
-    from xform.serving.repository import write_model
+    from xform.serving.repository import model_names, write_model
     from xform.serving.server import TritonServer, find_triton
 
     if wheel_dir is not None and not wheel_dir.is_dir():
@@ -811,9 +829,11 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
         raise click.UsageError("missing BUNDLE (or --prepare)")
 
     with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
-        model = write_model(bundle, Path(tmp) / "models", model_options(**options), reference=True)
-        server = TritonServer(Path(tmp) / "models", [model.name], host, http_port, grpc_port, metrics_port,
-                              log_path=Path(tmp) / "tritonserver.log")
+        opts = model_options(**options)
+        model = write_model(bundle, Path(tmp) / "models", opts, reference=True)
+        names = model_names(model.name, opts)
+        server = TritonServer(Path(tmp) / "models", names, host, http_port, grpc_port, metrics_port,
+                              log_path=Path(tmp) / "tritonserver.log", bls_threads=bls_threads(opts))
 
         def ask_stop(signum, frame):  # SIGTERM stops the server as Ctrl-C does
             raise KeyboardInterrupt
@@ -829,6 +849,9 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
                       f"pid {server.process.pid}); Ctrl-C stops it")
             out.print(f"  HTTP    {server.http_url}/v2/models/{model.name}/infer")
             out.print(f"  gRPC    {host}:{grpc_port}")
+            if len(names) > 1:
+                out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
+                          f"to {names[1]})")
             out.print(f"  metrics http://{host}:{metrics_port}/metrics")
             while server.process.poll() is None:
                 time.sleep(0.5)

@@ -10,7 +10,8 @@ from xform.serving.repository import ModelOptions, write_model
 
 
 def test_repository_layout_and_config(demo_bundle, tmp_path):
-    path = write_model(demo_bundle, tmp_path / "repo", ModelOptions(max_batch=4, max_queue_delay_us=500, instances=2))
+    path = write_model(demo_bundle, tmp_path / "repo", ModelOptions(max_batch=4, max_queue_delay_us=500, instances=2,
+                                                                    scheduling="dynamic"))
     assert path == tmp_path / "repo" / "demo"
     cfg = (path / "config.pbtxt").read_text()
     for line in ('name: "demo"', 'backend: "python"', "max_batch_size: 4",
@@ -38,8 +39,36 @@ def test_reference_no_batching_and_a_second_model_beside(demo_bundle, tiny_bundl
     demo = (tmp_path / "repo" / "demo" / "config.pbtxt").read_text()
     assert f'string_value: "{demo_bundle.resolve()}"' in demo and "dynamic_batching" not in demo
     assert not (tmp_path / "repo" / "demo" / "1" / "bundle").exists()
-    tiny = (tmp_path / "repo" / "tiny-ids" / "config.pbtxt").read_text()
+    tiny = (tmp_path / "repo" / "tiny-ids-stream" / "config.pbtxt").read_text()  # the in-flight engine
     assert "translation" not in tiny and 'key: "threads" value: { string_value: "1" }' in tiny
+
+
+def test_inflight_writes_a_front_and_a_decoupled_engine(demo_bundle, tmp_path):
+    """The default on ort: NAME relays plain requests to NAME-stream, which is decoupled, holds
+    the bundle (the front holds none) and the running batch's limits, and takes `stream`."""
+    path = write_model(demo_bundle, tmp_path / "repo", ModelOptions(max_rows=12, max_queue=5, instances=2))
+    front, engine = (tmp_path / "repo" / n / "config.pbtxt" for n in ("demo", "demo-stream"))
+    front, engine = front.read_text(), engine.read_text()
+    for line in ('parameters { key: "role" value: { string_value: "front" } }',
+                 'parameters { key: "engine" value: { string_value: "demo-stream" } }',
+                 "instance_group [ { count: 1 kind: KIND_CPU } ]", '{ name: "translation" data_type: TYPE_STRING'):
+        assert line in front, line
+    assert "model_transaction_policy" not in front and 'name: "stream"' not in front
+    assert not (path / "1" / "bundle").exists()
+    for line in ('name: "demo-stream"', "model_transaction_policy { decoupled: true }",
+                 '{ name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
+                 'parameters { key: "role" value: { string_value: "engine" } }',
+                 'parameters { key: "max_rows" value: { string_value: "12" } }',
+                 'parameters { key: "max_queue" value: { string_value: "5" } }',
+                 "instance_group [ { count: 2 kind: KIND_CPU } ]"):
+        assert line in engine, line
+    assert (tmp_path / "repo" / "demo-stream" / "1" / "bundle" / "manifest.json").is_file()
+    # where in-flight cannot run, the default is dynamic; asking for it there is refused by name
+    assert ModelOptions(backend="trt").mode == ModelOptions(vocab_map=tmp_path).mode == "dynamic"
+    with pytest.raises(XformError, match="--scheduling inflight runs on --backend ort"):
+        write_model(demo_bundle, tmp_path / "r2", ModelOptions(backend="trt", scheduling="inflight"))
+    with pytest.raises(XformError, match="--max-rows must be >= 1"):
+        write_model(demo_bundle, tmp_path / "r2", ModelOptions(max_rows=0))
 
 
 def test_refusals(demo_bundle, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 import xform
 from tests.conftest import requires_triton
-from xform.serving.repository import ModelOptions, write_model
+from xform.serving.repository import ModelOptions, model_names, write_model
 from xform.serving.server import ServerError, TritonServer, free_ports
 
 pytestmark = [pytest.mark.serve, requires_triton]
@@ -22,9 +22,12 @@ pytestmark = [pytest.mark.serve, requires_triton]
 
 
 def start(bundle, root, options=ModelOptions(max_batch=8, max_queue_delay_us=2000)):
+    """The bundle served as `xform serve` serves it (in-flight unless options say dynamic)."""
     repo = root / "repo"
     model = write_model(bundle, repo, options, reference=True)
-    return TritonServer(repo, [model.name], "127.0.0.1", *free_ports(3)).start(prepare=lambda m: None), model.name
+    bls = options.max_queue + options.max_rows if options.mode == "inflight" else None
+    return TritonServer(repo, model_names(model.name, options), "127.0.0.1", *free_ports(3),
+                        bls_threads=bls).start(prepare=lambda m: None), model.name
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +217,7 @@ def test_a_bundle_failing_its_hashes_is_refused_at_load(demo_bundle, tmp_path):
     """Corrupted after `xform triton` copied it: the model refuses to load, the reason is in
     Triton's log, and the server does not start (it exits on a model that fails to load)."""
     from xform.errors import BundleError
-    model = write_model(demo_bundle, tmp_path / "repo")
+    model = write_model(demo_bundle, tmp_path / "repo", ModelOptions(scheduling="dynamic"))
     with open(model / "1" / "bundle" / "decoder.onnx", "r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01\x02")

@@ -222,6 +222,40 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
     return out[:, :keep]
 
 
+def job_outputs(session, job: Job, out) -> dict[str, np.ndarray]:
+    """A request's outputs from what Session.generate returned for its rows alone (ids, then
+    scores and token scores when job.scores, then attention when job.replace or job.attention)."""
+    want_attention = job.replace or job.attention
+    attention = out[-1] if want_attention else None
+    out = out[:-1] if want_attention else out
+    out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+    out, scores, tokens = out if job.scores else (out, None, None)
+    n = len(out) // len(job.rows)  # hypotheses a row: num_return_sequences
+    ids = trim(out, session.pad_id)
+    outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
+    if session.tokenizer is not None:
+        texts = session.decode_rows(ids, n, job.rows, job.texts, attention if job.replace else None)
+        outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
+        if n > 1:
+            outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
+    if n > 1:
+        outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
+    if job.attention:  # each row's best: (rows, its tokens, src_len)
+        outputs["attention"] = np.ascontiguousarray(attention[::n, :ids.shape[1]], np.float32)
+    if job.scores:
+        outputs["scores"] = scores[::n, None].astype(np.float32)
+        outputs["token_scores"] = np.ascontiguousarray(tokens[::n, :ids.shape[1]], np.float32)
+        if n > 1:
+            outputs["hypothesis_scores"] = scores.reshape(-1, n).astype(np.float32)
+    return outputs
+
+
+def decode_settings(job: Job) -> dict[str, Any]:
+    """Session.generate's keywords for a request (its rows padded by the caller)."""
+    return dict(target_prefix=job.prefixes, return_token_scores=job.scores,
+                return_attention=job.replace or job.attention, **job.settings)
+
+
 def execute(session, requests: list[dict[str, np.ndarray | None]],
             vocab_map=None) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
@@ -241,14 +275,12 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         prefixes = None
         if any(job.prefixes for job in jobs):
             prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
-        settings = jobs[0].settings
         try:
-            replace, want_attention = jobs[0].replace, jobs[0].replace or jobs[0].attention
             vocabulary = None
             if vocab_map is not None and jobs[0].texts is not None:
                 vocabulary = session.allowed_ids(vocab_map, [t for job in jobs for t in job.texts])
-            out = session.generate(*session.pad(rows), target_prefix=prefixes, return_token_scores=jobs[0].scores,
-                                   return_attention=want_attention, vocabulary=vocabulary, **settings)
+            out = session.generate(*session.pad(rows), vocabulary=vocabulary,
+                                   **{**decode_settings(jobs[0]), "target_prefix": prefixes})
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
@@ -258,30 +290,11 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             for job in jobs:
                 results[job.index] = f"decoding failed: {type(e).__name__}: {e}"
             continue
-        attention = out[-1] if want_attention else None
-        out = out[:-1] if want_attention else out
-        out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
-        out, scores, tokens = out if jobs[0].scores else (out, None, None)
-        n = len(out) // len(rows)  # hypotheses a row: num_return_sequences
+        n = (len(out[0]) if isinstance(out, tuple) else len(out)) // len(rows)  # hypotheses a row
         start = 0
         for job in jobs:
             span = slice(start * n, (start + len(job.rows)) * n)
-            ids = trim(out[span], session.pad_id)
-            outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
-            if session.tokenizer is not None:
-                texts = session.decode_rows(ids, n, job.rows, job.texts, attention[span] if replace else None)
-                outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
-                if n > 1:
-                    outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
-            if n > 1:
-                outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
-            if job.attention:  # each row's best: (rows, its tokens, src_len)
-                outputs["attention"] = np.ascontiguousarray(attention[span][::n, :ids.shape[1]], np.float32)
-            if job.scores:
-                outputs["scores"] = scores[span][::n, None].astype(np.float32)
-                outputs["token_scores"] = np.ascontiguousarray(tokens[span][::n, :ids.shape[1]], np.float32)
-                if n > 1:
-                    outputs["hypothesis_scores"] = scores[span].reshape(-1, n).astype(np.float32)
+            part = tuple(o[span] for o in out) if isinstance(out, tuple) else out[span]
+            results[job.index] = job_outputs(session, job, part)
             start += len(job.rows)
-            results[job.index] = outputs
     return results

@@ -31,6 +31,7 @@ from pathlib import Path
 from xform.errors import BundleError, XformError
 from xform.files import atomic_directory, refuse_existing
 from xform.runtime.bundle import Bundle
+from xform.serving.inflight import stream_model
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory
@@ -47,6 +48,19 @@ class ModelOptions:
     dynamic_batching: bool = True
     instances: int = 1
     vocab_map: Path | None = None  # copied into the model; text requests decode over what it allows
+    # inflight: NAME and NAME-stream share one running batch; dynamic: Triton's batches. None:
+    # inflight, or dynamic where inflight cannot run (--backend trt, --vocab-map, no dynamic batching)
+    scheduling: str | None = None
+    max_rows: int = 64  # inflight: the most rows (sources x beams) the running batch holds
+    max_queue: int = 256  # inflight: requests waiting beyond the running rows; more are refused (overloaded)
+
+    @property
+    def mode(self) -> str:
+        """The scheduling these options run: `scheduling`, or the default for the others."""
+        if self.scheduling is not None:
+            return self.scheduling
+        dynamic = self.backend != "ort" or self.vocab_map is not None or not self.dynamic_batching
+        return "dynamic" if dynamic else "inflight"
 
     def problems(self) -> list[str]:
         p = []
@@ -64,6 +78,19 @@ class ModelOptions:
             p.append(f"--threads must be >= 1, got {self.threads}")
         if self.vocab_map is not None and not Path(self.vocab_map).is_file():
             p.append(f"--vocab-map {self.vocab_map}: no such file")
+        if self.scheduling not in (None, "inflight", "dynamic"):
+            p.append(f"--scheduling {self.scheduling!r}: inflight or dynamic")
+        if self.mode == "inflight":
+            if self.backend != "ort":
+                p.append("--scheduling inflight runs on --backend ort (requests join a running batch, which the "
+                         "TensorRT backend cannot yet); use --scheduling dynamic with --backend trt")
+            if self.vocab_map is not None:
+                p.append("--vocab-map restricts a whole batch to its sources' words: use --scheduling dynamic")
+            if not self.dynamic_batching:
+                p.append("--no-dynamic-batching goes with --scheduling dynamic")
+        for flag, v in (("--max-rows", self.max_rows), ("--max-queue", self.max_queue)):
+            if v < 1:
+                p.append(f"{flag} must be >= 1, got {v}")
         if self.vocab_map is not None and self.backend != "ort":
             p.append("--vocab-map runs on --backend ort (the TensorRT engines have no restricted decoder)")
         if self.name is not None and not NAME.fullmatch(self.name):
@@ -80,7 +107,10 @@ def model_name(bundle: Path, options: ModelOptions) -> str:
 
 
 def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokenizer: bool,
-                 has_attention: bool = False) -> str:
+                 has_attention: bool = False, role: str = "batch") -> str:
+    """One model's config: role `batch` (dynamic scheduling), `engine` (NAME-stream: decoupled,
+    the running batch, a `stream` input) or `front` (NAME under inflight scheduling: relays to
+    the engine model, loads no bundle)."""
     device = options.device or ("cuda" if options.backend == "trt" else "cpu")
     inputs = [
         '  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
@@ -103,6 +133,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
                    '  { name: "replace_unknowns" data_type: TYPE_BOOL dims: [ 1 ] optional: true }']
     if has_attention:  # a bundle exported --with-attention
         inputs.append('  { name: "return_attention" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
+    if role == "engine":
+        inputs.append('  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
     outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
                '  { name: "scores" data_type: TYPE_FP32 dims: [ 1 ] }',
                '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }',
@@ -113,14 +145,22 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     if has_tokenizer:
         outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
         outputs.append('  { name: "hypotheses" data_type: TYPE_STRING dims: [ -1 ] }')
-    params = {"bundle": bundle_param, "backend": options.backend, "device": device,
+    params = {"role": role, "bundle": bundle_param, "backend": options.backend, "device": device,
               "threads": "" if options.threads is None else str(options.threads),
               "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}
+    if role == "engine":
+        params.update(max_rows=str(options.max_rows), max_queue=str(options.max_queue))
+    if role == "front":
+        params = {"role": role, "engine": stream_model(name), "relays": str(options.max_queue + options.max_rows)}
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {options.max_batch}"]
+    if role == "engine":
+        lines.append("model_transaction_policy { decoupled: true }")
     if options.dynamic_batching:
-        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
+        # inflight: execute only hands requests over, so the batcher need not wait to fill a batch
+        delay = options.max_queue_delay_us if role == "batch" else 0
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {delay} }}")
     lines += ["input [", ",\n".join(inputs), "]", "output [", ",\n".join(outputs), "]",
-              f"instance_group [ {{ count: {options.instances} "
+              f"instance_group [ {{ count: {options.instances if role != 'front' else 1} "
               f"kind: {'KIND_GPU' if device == 'cuda' else 'KIND_CPU'} }} ]"]
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
     return "\n".join(lines) + "\n"
@@ -144,19 +184,28 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         from xform.runtime.tokenizer import load_tokenizer
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
-    target = Path(repo) / name
-    refuse_existing(target, force, "Triton model")
-    with atomic_directory(target, force) as tmp:
-        version = tmp / "1"
-        version.mkdir()
-        shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_model.py")), version / "model.py")
-        if reference:
-            bundle_param = str(bundle.path.resolve())
-        else:
-            shutil.copytree(bundle.path, version / "bundle", symlinks=False)
-            bundle_param = "bundle"
-        if options.vocab_map is not None:
-            shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
-        (tmp / "config.pbtxt").write_text(config_pbtxt(name, bundle_param, options, bundle.tokenizer_file is not None,
-                                                       bundle.manifest.get("attention_layer") is not None))
-    return target
+    roles = {name: "batch"} if options.mode == "dynamic" else {name: "front", stream_model(name): "engine"}
+    for model in roles:
+        refuse_existing(Path(repo) / model, force, "Triton model")
+    has = (bundle.tokenizer_file is not None, bundle.manifest.get("attention_layer") is not None)
+    for model, role in roles.items():
+        with atomic_directory(Path(repo) / model, force) as tmp:
+            version = tmp / "1"
+            version.mkdir()
+            shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_model.py")), version / "model.py")
+            bundle_param = ""
+            if role != "front":
+                if reference:
+                    bundle_param = str(bundle.path.resolve())
+                else:
+                    shutil.copytree(bundle.path, version / "bundle", symlinks=False)
+                    bundle_param = "bundle"
+            if options.vocab_map is not None:
+                shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
+            (tmp / "config.pbtxt").write_text(config_pbtxt(model, bundle_param, options, *has, role=role))
+    return Path(repo) / name
+
+
+def model_names(name: str, options: ModelOptions) -> list[str]:
+    """The models `write_model` writes for NAME (what a server waits for)."""
+    return [name] if options.mode == "dynamic" else [name, stream_model(name)]

@@ -152,6 +152,7 @@ class TritonServer:
     metrics_port: int = 8002
     log_path: Path | None = None
     install: TritonInstall | None = None
+    bls_threads: int | None = None  # the Python backend's thread pool (in-flight relays hold one each)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -166,6 +167,8 @@ class TritonServer:
                "--exit-on-error=true", "--log-verbose=0"]
         if self.install.backend_dir is not None:
             cmd.append(f"--backend-directory={self.install.backend_dir}")
+        if self.bls_threads is not None:
+            cmd.append(f"--backend-config=python,thread-pool-size={self.bls_threads}")
         return cmd
 
     def start(self, timeout: float = 180.0, prepare=print) -> "TritonServer":

@@ -1,25 +1,62 @@
 """Triton Python-backend model for an xform bundle (copied as `<model>/1/model.py` by `xform triton`).
 
 The bundle and how to run it come from config.pbtxt's parameters: `bundle` (a path, relative to
-this version directory or absolute), `backend` (ort | trt), `device` (cpu | cuda), `threads`.
+this version directory or absolute), `backend` (ort | trt), `device` (cpu | cuda), `threads`, and
+`role`, which of the three models of serving/repository.py this one is:
+
+- `batch` (--scheduling dynamic): Triton's dynamic batcher forms batches of requests and each
+  execute call decodes them together (serving/handler.py);
+- `engine` (NAME-stream, decoupled): the Scheduler's running batch, which requests join and leave
+  step by step, with streaming and cancellation (serving/inflight.py);
+- `front` (NAME under --scheduling inflight): plain requests relayed to the engine model through
+  BLS from a thread pool and answered through their response sender, so execute never waits.
+
 Loading verifies the bundle (hashes, manifest version); a bundle that fails is refused and the
-reason goes to Triton's log. Requests are handled by xform.serving.handler.
+reason goes to Triton's log.
 """
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from xform.serving.handler import INPUTS, execute
 
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def response(outputs):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+
+
+def error(message, unavailable=False):
+    if unavailable and hasattr(pb_utils.TritonError, "UNAVAILABLE"):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def tensors_of(request):
+    tensors = {}
+    for name in (*INPUTS, "stream"):
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        tensors[name] = None if t is None else t.as_numpy().copy()
+    return tensors
+
 
 class TritonPythonModel:
     def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.role = params.get("role", "batch")
+        if self.role == "front":
+            self.engine = params["engine"]
+            self.outputs = [o["name"] for o in config["output"]]
+            self.pool = ThreadPoolExecutor(int(params.get("relays", "256")), thread_name_prefix="xform-relay")
+            pb_utils.Logger.log_info(f"xform: {config['name']} relays requests to {self.engine}")
+            return
         from xform.errors import XformError
         from xform.runtime.open import open_session
 
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         bundle = Path(params["bundle"])
         if not bundle.is_absolute():
             bundle = Path(args["model_repository"]) / args["model_version"] / bundle
@@ -35,20 +72,82 @@ class TritonPythonModel:
                                                         / params["vocab_map"])
             except XformError as e:
                 raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
-        pb_utils.Logger.log_info(f"xform: serving {bundle} on {params['backend']} ({params['device']})")
+        if self.role == "engine":
+            from xform.runtime.scheduler import Scheduler
+            self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
+                                       max_queue=int(params["max_queue"])).start()
+        pb_utils.Logger.log_info(f"xform: serving {bundle} on {params['backend']} ({params['device']}), {self.role}")
 
     def execute(self, requests):
-        inputs = []
-        for request in requests:
-            tensors = {}
-            for name in INPUTS:
-                t = pb_utils.get_input_tensor_by_name(request, name)
-                tensors[name] = None if t is None else t.as_numpy()
-            inputs.append(tensors)
+        if self.role == "front":
+            for request in requests:
+                self.pool.submit(self.relay, request.inputs(), request.get_response_sender())
+            return None
+        if self.role == "engine":
+            for request in requests:
+                self.start(request)
+            return None
+        inputs = [tensors_of(request) for request in requests]
         responses = []
         for result in execute(self.session, inputs, self.vocab_map):
-            if isinstance(result, str):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(result)))
-            else:
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()]))
+            responses.append(error(result) if isinstance(result, str) else response(result))
         return responses
+
+    # -- front: a plain request through the engine model ----------------------------------------
+    def relay(self, inputs, sender):
+        final = None
+        try:
+            call = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=self.outputs,
+                                             inputs=inputs)
+            for r in call.exec(decoupled=True):
+                if r.has_error():
+                    final = pb_utils.InferenceResponse(error=r.error())
+                elif r.output_tensors():
+                    final = pb_utils.InferenceResponse(r.output_tensors())
+        except Exception as e:  # noqa: BLE001 - the engine model is gone: this request fails, not the relay
+            final = error(f"xform: {self.engine}: {e}")
+        sender.send(final if final is not None else error(f"xform: {self.engine} sent no result"), flags=FINAL)
+
+    # -- engine: a request joins the running batch ----------------------------------------------
+    def start(self, request):
+        from xform.errors import XformError
+        from xform.runtime.scheduler import OverloadedError
+        from xform.serving.handler import one_flag, parse
+        from xform.serving.inflight import TextStream, submit
+
+        sender = request.get_response_sender()
+        try:
+            tensors = tensors_of(request)
+            streaming = one_flag("stream", tensors.pop("stream"))
+            job = parse(self.session, 0, tensors)
+            stream = TextStream(self.session, job, lambda o: sender.send(response(o))) if streaming else None
+            future = submit(self.scheduler, self.session, job, stream, request.is_cancelled)
+        except OverloadedError as e:
+            sender.send(error(str(e), unavailable=True), flags=FINAL)
+            return
+        except XformError as e:
+            sender.send(error(str(e)), flags=FINAL)
+            return
+        future.add_done_callback(lambda f: self.finish(f, job, sender))
+
+    def finish(self, future, job, sender):
+        from xform.errors import XformError
+        from xform.runtime.scheduler import Cancelled
+        from xform.serving.handler import job_outputs
+
+        try:
+            result = response(job_outputs(self.session, job, future.result()))
+        except Cancelled:
+            sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
+            return
+        except XformError as e:
+            result = error(str(e))
+        except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
+            result = error(f"decoding failed: {type(e).__name__}: {e}")
+        sender.send(result, flags=FINAL)
+
+    def finalize(self):
+        if self.role == "engine":
+            self.scheduler.close()
+        if self.role == "front":
+            self.pool.shutdown(wait=False)
