@@ -96,10 +96,14 @@ class CandidatesGraph(nn.Module):
         blocked = self.model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
         bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
         scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
-        early = positions < min_new_tokens  # (R,)
-        eos = scores[:, cfg.eos_id].masked_fill(early, float("-inf"))
-        scores = scores.index_put((torch.arange(scores.shape[0]), torch.tensor(cfg.eos_id)), eos)
-        return torch.topk(scores, num_candidates[0], dim=-1)  # (R, K) each; K stays a graph input
+        # one more candidate than asked, then end-of-sentence struck from the rows still short of
+        # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
+        k = num_candidates[0]
+        vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)
+        early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
+        vals = vals.masked_fill((ids == cfg.eos_id) & early, float("-inf"))
+        top, order = torch.topk(vals, k, dim=-1)  # (R, K) each; K stays a graph input
+        return top, ids.gather(1, order)
 
 
 MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph,
