@@ -85,8 +85,8 @@ class Decode:
 class Batch:
     """The running rows of the requests admitted over one backend, stepped together."""
 
-    def __init__(self, backend, start_id: int):
-        self.backend, self.start_id = backend, start_id
+    def __init__(self, backend, start_id: int, pad_id: int = 0):
+        self.backend, self.start_id, self.pad_id = backend, start_id, pad_id
         self.items: list[Decode] = []
         self.pending: np.ndarray | None = None  # the backend's rows to continue, applied at the next step
 
@@ -108,27 +108,40 @@ class Batch:
         """Requests that may share a batch: the same rows a source, the same ranked candidates."""
         return item.strategy.group, item.strategy.candidates_wanted
 
-    def can_join(self, item: Decode) -> bool:
-        return not self.items or (getattr(self.backend, "has_join", False) and self.key_of(item) == self.key)
+    def can_join(self, item: Decode, first: Decode | None = None) -> bool:
+        """Whether `item` may join the running batch (or, empty, a new one that `first` opens)."""
+        if not self.items and first is None:
+            return True
+        key = self.key if self.items else self.key_of(first)
+        return getattr(self.backend, "has_join", False) and self.key_of(item) == key
 
-    def admit(self, item: Decode) -> Decode:
-        """The request's sources encoded and its rows added at position 0: a new batch, or at the
-        end of the running one (the pending reorder applied first, so row numbers are current)."""
-        s = item.strategy
+    def admit(self, *items: Decode) -> None:
+        """The requests' sources encoded together (one encoder run, padded to the longest) and
+        their rows added at position 0, in order: a new batch, or at the end of the running one
+        (the pending reorder applied first, so row numbers are current). They share one key."""
+        group = items[0].strategy.group
+        for item in items:
+            if (self.items or item is not items[0]) and not self.can_join(item, items[0]):
+                raise InputError(f"this request ({item.strategy.group} rows a source) cannot join the running "
+                                 f"batch ({self.group or group} rows a source)")
+        if len(items) == 1:
+            src, lengths = items[0].src_ids, items[0].src_lengths
+        else:
+            width = max(i.src_ids.shape[1] for i in items)
+            src = np.concatenate([np.pad(i.src_ids, ((0, 0), (0, width - i.src_ids.shape[1])),
+                                         constant_values=self.pad_id) for i in items])
+            lengths = np.concatenate([i.src_lengths for i in items])
         if not self.items:
             self.pending = None
-            self.backend.start(item.src_ids, item.src_lengths, s.group)
+            self.backend.start(src, lengths, group)
         else:
-            if not self.can_join(item):
-                raise InputError(f"this request ({s.group} rows a source) cannot join the running batch "
-                                 f"({self.group} rows a source)")
             if self.pending is not None:
                 self.backend.gather(self.pending)
                 self.pending = None
-            self.backend.join(item.src_ids, item.src_lengths, s.group)
-        item.tokens = np.full(s.rows, self.start_id, np.int64)
-        self.items.append(item)
-        return item
+            self.backend.join(src, lengths, group)
+        for item in items:
+            item.tokens = np.full(item.strategy.rows, self.start_id, np.int64)
+            self.items.append(item)
 
     def step(self) -> list[Decode]:
         """One decoder step over every running row; returns the requests that ended at it (their
@@ -213,7 +226,7 @@ class Scheduler:
         if self.max_rows < 1 or max_queue < 1:
             raise InputError(f"max_rows {max_rows} and max_queue {max_queue} must be at least 1")
         self.max_queue = max_queue
-        self.batch = Batch(backend, session.start_id)
+        self.batch = Batch(backend, session.start_id, session.pad_id)
         self.queue: deque[Ticket] = deque()
         self.running: dict[int, Ticket] = {}
         self.cond = threading.Condition()
@@ -286,29 +299,39 @@ class Scheduler:
 
     # -- the loop ------------------------------------------------------------------------------
     def admit(self) -> None:
-        """Join queued requests at this step boundary, first come first served, while rows allow."""
+        """Join queued requests at this step boundary, first come first served, while rows allow:
+        all of them through one encoder run."""
         batch = self.batch
-        while True:
-            with self.cond:
-                if not self.queue:
-                    return
+        taken: list[Ticket] = []
+        rows = batch.rows
+        with self.cond:
+            while self.queue:
                 ticket = self.queue[0]
                 if ticket.decode.cancelled:
                     self.queue.popleft()
                     continue
-                fits = batch.rows + ticket.decode.strategy.rows <= self.max_rows
-                if batch.items and not (fits and batch.can_join(ticket.decode)):
-                    return  # waits for rows to free (or, another kind of request, for the batch to drain)
+                first = taken[0].decode if taken else None
+                fits = rows + ticket.decode.strategy.rows <= self.max_rows
+                if (batch.items or taken) and not (fits and batch.can_join(ticket.decode, first)):
+                    break  # waits for rows to free (or, another kind of request, for the batch to drain)
                 self.queue.popleft()
-            joining = bool(batch.items)
-            try:
-                batch.admit(ticket.decode)
-            except Exception as e:  # noqa: BLE001 - the request fails; a failed join fails the batch too
-                ticket.tell(error=e)
-                if joining:  # the backend's rows are no longer the batch's: its requests fail, the next starts anew
-                    self.fail_running(XformError(f"the running batch failed when a request joined it: {e}"))
-                continue
-            self.running[id(ticket.decode)] = ticket
+                taken.append(ticket)
+                rows += ticket.decode.strategy.rows
+        if not taken:
+            return
+        joining = bool(batch.items)
+        try:
+            batch.admit(*(t.decode for t in taken))
+        except Exception as e:  # noqa: BLE001 - these requests fail; a failed join fails the batch too
+            for t in taken:
+                t.tell(error=e)
+            if joining:  # the backend's rows are no longer the batch's: its requests fail, the next starts anew
+                self.fail_running(XformError(f"the running batch failed when requests joined it: {e}"))
+            else:
+                self.batch.items = []
+            return
+        for t in taken:
+            self.running[id(t.decode)] = t
 
     def run_once(self) -> bool:
         """Admit, step once, deliver; False when there is nothing to do."""
