@@ -39,22 +39,38 @@ def test_a_stream_spells_the_translation_and_the_result_is_the_handlers(session)
     np.testing.assert_array_equal(steps[:, :outputs["output_ids"].shape[1]], outputs["output_ids"])
 
 
-def test_a_cancelled_request_leaves_at_a_check(session):
-    """`cancelled` true from step 2 on: the request's rows leave at the next check (every
-    CHECK_EVERY steps), its Future raises Cancelled, the other request is whole."""
-    from xform.serving.inflight import CHECK_EVERY
+def test_the_watcher_cancels_a_request_whose_client_went_away(session):
+    """The Watcher asks each running request whether it was cancelled (Triton's is_cancelled),
+    off the scheduler's thread: once one says yes, its rows leave at the next step, its Future
+    raises Cancelled and the other request is whole; a failing question counts as gone."""
+    import time
+
+    from xform.serving.inflight import Watcher
+    long_text = "999999 999999 999999"
     scheduler = Scheduler(session)
-    stay = parse(session, 0, text_request(["999999 999999 999999"]))
-    go = parse(session, 1, text_request(["999999 999999 999999"]))
-    steps = []
-    f_stay = submit(scheduler, session, stay)
-    f_go = submit(scheduler, session, go, cancelled=lambda: len(steps) >= 2)
+    watcher = Watcher(scheduler, every=0.01)
+    stay = submit(scheduler, session, parse(session, 0, text_request([long_text])))
+    go = submit(scheduler, session, parse(session, 1, text_request([long_text])))
+    broken = submit(scheduler, session, parse(session, 2, text_request([long_text])))
+    gone = []
+    watcher.add(stay, lambda: False)
+    watcher.add(go, lambda: bool(gone))
+    watcher.add(broken, lambda: (1 / 0) if gone else False)
+    rows = []
+    for _ in range(3):
+        scheduler.run_once()
+        rows.append(scheduler.batch.rows)
+    gone.append(True)
+    time.sleep(0.1)  # the watcher's turn
     while scheduler.run_once():
-        steps.append(scheduler.batch.rows)
-    assert steps[CHECK_EVERY] == 1 and steps[CHECK_EVERY - 1] == 2, steps  # left at the first check after step 2
-    with pytest.raises(Cancelled):
-        f_go.result()
-    np.testing.assert_array_equal(f_stay.result(), session.generate(session.encode_texts(["999999 999999 999999"])))
+        rows.append(scheduler.batch.rows)
+    watcher.close()
+    assert rows[:3] == [3, 3, 3] and rows[3] == 1, rows
+    for f in (go, broken):
+        with pytest.raises(Cancelled):
+            f.result()
+    np.testing.assert_array_equal(stay.result(), session.generate(session.encode_texts([long_text])))
+    assert not watcher.live  # finished requests are forgotten
 
 
 def test_streaming_refuses_several_sequences_a_row(session):

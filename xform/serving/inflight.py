@@ -8,7 +8,9 @@
   boundary and its response is sent, with Triton's final flag, the step it ends. With the input
   `stream` true, every step first sends the ids it made and the text they add (`output_ids`
   [b, 1], `translation` [b, 1]): gRPC streaming and HTTP `/v2/models/NAME-stream/generate_stream`.
-  A client that goes away (Triton's request cancellation) has its rows leave at the next step.
+  A client that goes away (Triton's request cancellation, asked every 50 ms by a Watcher) has its
+  rows leave at the next step. Responses are sent by a thread of their own, so that the engine's
+  steps never wait on Triton.
 - `NAME`, the model of plain requests (HTTP `/infer` and gRPC refuse decoupled models): each
   request forwarded to `NAME-stream` through Triton's BLS from a thread and answered through its
   response sender when its result comes, so that `execute` never waits for a decode and every
@@ -20,6 +22,7 @@ the Triton side.
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from typing import Callable
 
@@ -29,7 +32,6 @@ from xform.errors import InputError
 from xform.serving.handler import Job, decode_settings
 
 STREAM_SUFFIX = "-stream"
-CHECK_EVERY = 4  # steps between two questions to Triton whether a request was cancelled
 
 
 def stream_model(name: str) -> str:
@@ -67,24 +69,52 @@ class TextStream:
         self.send(outputs)
 
 
-def submit(scheduler, session, job: Job, stream: TextStream | None = None,
-           cancelled: Callable[[], bool] | None = None) -> Future:
-    """The request in the scheduler: a Future of Session.generate's result for its rows alone.
-    `cancelled` is asked at every step (Triton's request cancellation): true, its rows leave."""
+def submit(scheduler, session, job: Job, stream: TextStream | None = None) -> Future:
+    """The request in the scheduler: a Future of Session.generate's result for its rows alone."""
     if stream is not None and job.settings.get("num_return_sequences", 1) > 1:
         raise InputError("input 'stream': one sequence a row (num_return_sequences 1)")
-    holder: list[Future] = []
+    src, lengths = session.pad(job.rows)
+    return scheduler.submit(src, lengths, on_tokens=None if stream is None else stream.feed, **decode_settings(job))
 
-    def on_step(step: int) -> None:  # asking Triton costs a round trip: every CHECK_EVERY steps
-        if step % CHECK_EVERY == 0 and holder:
+
+class Watcher:
+    """Cancels the requests whose client went away: every `every` seconds, a thread of its own
+    asks each running request's `cancelled()` (Triton's request.is_cancelled, a round trip to
+    the server) and cancels those that say so; their rows leave the batch at its next step. Off
+    the scheduler's thread, so the asking never delays a step."""
+
+    def __init__(self, scheduler, every: float = 0.05):
+        self.scheduler, self.every = scheduler, every
+        self.live: dict[Future, Callable[[], bool]] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="xform-cancel-watch", daemon=True)
+        self.thread.start()
+
+    def add(self, future: Future, cancelled: Callable[[], bool]) -> None:
+        with self.lock:
+            self.live[future] = cancelled
+        future.add_done_callback(self.forget)
+
+    def forget(self, future: Future) -> None:
+        with self.lock:
+            self.live.pop(future, None)
+
+    def check(self) -> None:
+        with self.lock:
+            live = list(self.live.items())
+        for future, cancelled in live:
             try:
                 gone = cancelled()
             except Exception:  # noqa: BLE001 - Triton cannot say: the request is as good as gone
                 gone = True
-            if gone:
-                scheduler.cancel(holder[0])
-    src, lengths = session.pad(job.rows)
-    future = scheduler.submit(src, lengths, on_tokens=None if stream is None else stream.feed,
-                              on_step=on_step if cancelled is not None else None, **decode_settings(job))
-    holder.append(future)
-    return future
+            if gone and not future.done():
+                self.scheduler.cancel(future)
+
+    def loop(self) -> None:
+        while not self.stop.wait(self.every):
+            self.check()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()

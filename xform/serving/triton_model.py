@@ -73,9 +73,7 @@ class TritonPythonModel:
             except XformError as e:
                 raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
         if self.role == "engine":
-            from xform.runtime.scheduler import Scheduler
-            self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
-                                       max_queue=int(params["max_queue"])).start()
+            self.start_engine(params)
         pb_utils.Logger.log_info(f"xform: serving {bundle} on {params['backend']} ({params['device']}), {self.role}")
 
     def execute(self, requests):
@@ -109,6 +107,34 @@ class TritonPythonModel:
         sender.send(final if final is not None else error(f"xform: {self.engine} sent no result"), flags=FINAL)
 
     # -- engine: a request joins the running batch ----------------------------------------------
+    def start_engine(self, params):
+        import queue
+        import threading
+
+        from xform.runtime.scheduler import Scheduler
+        from xform.serving.inflight import Watcher
+        self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
+                                   max_queue=int(params["max_queue"])).start()
+        self.watcher = Watcher(self.scheduler)
+        # responses go out from this thread: a send waits on Triton, the engine's steps must not
+        self.outbox = queue.Queue()
+        self.responder = threading.Thread(target=self.respond, name="xform-responder", daemon=True)
+        self.responder.start()
+
+    def respond(self):
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                return
+            try:
+                if callable(item):
+                    item()
+                else:
+                    sender, outputs = item
+                    sender.send(response(outputs))
+            except Exception as e:  # noqa: BLE001 - a client gone mid-stream: its request ends, the others go on
+                pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
+
     def start(self, request):
         from xform.errors import XformError
         from xform.runtime.scheduler import OverloadedError
@@ -120,15 +146,16 @@ class TritonPythonModel:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
             job = parse(self.session, 0, tensors)
-            stream = TextStream(self.session, job, lambda o: sender.send(response(o))) if streaming else None
-            future = submit(self.scheduler, self.session, job, stream, request.is_cancelled)
+            stream = TextStream(self.session, job, lambda o: self.outbox.put((sender, o))) if streaming else None
+            future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
             sender.send(error(str(e), unavailable=True), flags=FINAL)
             return
         except XformError as e:
             sender.send(error(str(e)), flags=FINAL)
             return
-        future.add_done_callback(lambda f: self.finish(f, job, sender))
+        self.watcher.add(future, request.is_cancelled)
+        future.add_done_callback(lambda f: self.outbox.put(lambda: self.finish(f, job, sender)))
 
     def finish(self, future, job, sender):
         from xform.errors import XformError
@@ -138,6 +165,7 @@ class TritonPythonModel:
         try:
             result = response(job_outputs(self.session, job, future.result()))
         except Cancelled:
+            pb_utils.Logger.log_info("xform: a request was cancelled; its rows left the running batch")
             sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
             return
         except XformError as e:
@@ -148,6 +176,8 @@ class TritonPythonModel:
 
     def finalize(self):
         if self.role == "engine":
+            self.watcher.close()
             self.scheduler.close()
+            self.outbox.put(None)
         if self.role == "front":
             self.pool.shutdown(wait=False)
