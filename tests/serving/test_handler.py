@@ -181,3 +181,32 @@ def test_n_best_and_alternatives_per_request(demo):
     alts = demo.translate(["40512"], target_prefix=["forty"], return_alternatives=True, num_return_sequences=3)
     assert [t.decode() for t in out[1]["hypotheses"].reshape(-1)] == alts and len(set(alts)) == 3
     assert isinstance(out[2], str) and "input 'num_return_sequences'" in out[2]
+
+
+def test_greedy_requests_of_different_lengths_decode_together_cut_to_their_own(demo):
+    """Greedy requests that differ only in max_new_tokens are one batch (decoded to the largest,
+    each cut to its own): each answer, scores included, is what decoding it alone gives; beam
+    requests keep their own batches."""
+    calls = []
+    generate = demo.generate
+
+    def counting(*a, **kw):
+        calls.append(kw.get("max_new_tokens"))
+        return generate(*a, **kw)
+    demo.generate = counting
+    try:
+        reqs = [{"text": text("123456"), "max_new_tokens": i32(n), "return_scores": np.array([[True]])}
+                for n in (3, 12, 6)]
+        reqs.append({"text": text("999999"), "max_new_tokens": i32(4), "num_beams": i32(2)})
+        out = execute(demo, reqs)
+    finally:
+        demo.generate = generate
+    assert sorted(calls) == [4, 12], calls  # the three greedy requests in one decode
+    for r, n in zip(out, (3, 12, 6)):
+        ids, score, tokens = demo.generate(demo.encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
+        np.testing.assert_array_equal(r["output_ids"], ids)
+        np.testing.assert_allclose(r["scores"][:, 0], score, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r["token_scores"], tokens[:, :ids.shape[1]], rtol=0, atol=1e-6)
+        assert r["translation"][0, 0].decode() == demo.translate(["123456"], max_new_tokens=n)[0]
+    np.testing.assert_array_equal(out[3]["output_ids"],
+                                  demo.generate(demo.encode_texts(["999999"]), max_new_tokens=4, num_beams=2))

@@ -44,14 +44,19 @@ class Job:
     replace: bool = False  # replace_unknowns
     attention: bool = False  # return_attention
 
-    def key(self) -> tuple:
-        """Requests with equal keys decode as one batch."""
+    cap: int | None = None  # a greedy request's own max_new_tokens when its batch decodes further
+
+    def key(self, greedy: bool = False) -> tuple:
+        """Requests with equal keys decode as one batch. `greedy` (a greedy decode without prefix):
+        max_new_tokens is left out, since such a request's tokens are a prefix of a longer decode's
+        (it runs to the batch's largest and is cut to its own)."""
         def frozen(v):
             if not isinstance(v, list):
                 return v
             return tuple(map(tuple, v)) if v and isinstance(v[0], list) else tuple(v)
-        settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()))
-        return (self.scores, self.replace, self.attention, self.texts is not None) + settings
+        settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()
+                                if not (greedy and k == "max_new_tokens")))
+        return (self.scores, self.replace, self.attention, self.texts is not None, greedy) + settings
 
 
 def one(name: str, value: np.ndarray | None, dtype=None):
@@ -222,6 +227,21 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
     return out[:, :keep]
 
 
+def cut(out, job: Job):
+    """A greedy request's part of a longer decode, cut to its own max_new_tokens: the ids, token
+    scores and attention to that many steps, the score their sum (what decoding it alone gives)."""
+    n = job.cap
+    if not isinstance(out, tuple):
+        return out[:, :n]
+    ids, rest = out[0][:, :n], list(out[1:])
+    if job.scores:  # (scores, token_scores) follow the ids
+        rest[1] = rest[1][:, :n]
+        rest[0] = rest[1].sum(1, dtype=np.float32)
+    if job.replace or job.attention:
+        rest[-1] = rest[-1][:, :n]
+    return (ids, *rest)
+
+
 def job_outputs(session, job: Job, out) -> dict[str, np.ndarray]:
     """A request's outputs from what Session.generate returned for its rows alone (ids, then
     scores and token scores when job.scores, then attention when job.replace or job.attention)."""
@@ -269,8 +289,16 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         except XformError as e:
             results[i] = str(e)
             continue
-        groups.setdefault(job.key(), []).append(job)
-    for jobs in groups.values():
+        greedy = job.prefixes is None and session.generation_config(
+            session.default_max_new_tokens(),
+            **{k: v for k, v in job.settings.items() if k != "max_new_tokens"}).strategy == "greedy"
+        groups.setdefault(job.key(greedy), []).append(job)
+    for key, jobs in groups.items():
+        if key[4]:  # greedy: the batch decodes to its largest max_new_tokens, each request cut to its own
+            caps = [job.settings.get("max_new_tokens") or session.default_max_new_tokens() for job in jobs]
+            for job, cap in zip(jobs, caps):
+                job.cap = cap if cap < max(caps) else None
+            jobs[0].settings = {**jobs[0].settings, "max_new_tokens": max(caps)}
         rows = [r for job in jobs for r in job.rows]
         prefixes = None
         if any(job.prefixes for job in jobs):
@@ -295,6 +323,6 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         for job in jobs:
             span = slice(start * n, (start + len(job.rows)) * n)
             part = tuple(o[span] for o in out) if isinstance(out, tuple) else out[span]
-            results[job.index] = job_outputs(session, job, part)
+            results[job.index] = job_outputs(session, job, cut(part, job) if job.cap is not None else part)
             start += len(job.rows)
     return results
