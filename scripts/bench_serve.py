@@ -1,21 +1,34 @@
-"""Load benchmark of a bundle served on Triton: N concurrent clients, dynamic batching on and off,
-against the same requests through Session.translate in one process (the ceiling).
+"""Serving under load: in-flight batching against Triton's request-level dynamic batching and the
+in-process engine with no server, on a mixed-length workload.
 
-    python scripts/bench_serve.py [BUNDLE] [--clients 8] [--requests 50] [--protocol http|grpc]
-                                  [--max-batch 8] [--delay-us 2000] [--threads N] [--json FILE]
+    python scripts/bench_serve.py [BUNDLE] [--clients 8 32 64] [--requests 128] [--max-new R]
+                                  [--modes engine inflight dynamic stream] [--json FILE]
 
-BUNDLE defaults to the demo model exported to a temporary directory. Each client sends its
-requests one after another (one text each, greedy); every mode sends the same texts. Reported per
-mode: requests/s, generated tokens/s (end-of-sentence included, as Session counts), latency
-p50 / p90 / p99 per request as the client sees it. The ceiling runs the same texts in batches of
---max-batch in this process with no server (and at batch 1, one after another). Clients, server
-and model share this machine's cores: on a 2-core machine the client threads take CPU from the
-model; the fraction of the ceiling includes that.
+BUNDLE defaults to the demo model (trained: numbers to words) exported to a temporary directory.
+The workload: each request is one source; for the demo, numbers of 1 to 4 groups (outputs of 2 to
+32 tokens, ending where the model ends them); with `--max-new LO:HI` each request also draws its
+max_new_tokens uniformly from LO..HI (for a model whose outputs do not end by themselves, such as
+bench_peers.py's untrained Marian-base: outputs of exactly 1 to 60 tokens with 1:60). Every mode
+gets the same requests in the same order, split among the clients; each client sends its
+requests one after another over gRPC (a client thread each, started together).
+
+Modes, each its own run (servers are started and stopped per mode):
+- engine: xform.runtime.Scheduler in this process, no server: the clients' threads submit to it
+  (the ceiling in-flight serving can reach here);
+- inflight: `xform serve`'s default, plain gRPC requests to NAME (relayed to NAME-stream);
+- dynamic: --scheduling dynamic (Triton's dynamic batcher, max batch --max-batch, delay --delay-us);
+- stream: in-flight, gRPC streaming to NAME-stream: time to first token as well;
+- direct: in-flight, plain requests sent straight to NAME-stream over a gRPC stream (no relay
+  through NAME): what the relay costs.
+Reported: requests/s, generated tokens/s (end-of-sentence included), latency p50 / p90 / p99 per
+request as the client sees it, time to first token p50 / p90 (stream), and ratios. Clients,
+server and model share this machine's cores.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
 import tempfile
 import threading
@@ -26,116 +39,170 @@ from pathlib import Path
 import numpy as np
 
 
-def percentiles(xs):
-    q = np.percentile(np.array(xs) * 1000, [50, 90, 99])
-    return {"p50_ms": float(q[0]), "p90_ms": float(q[1]), "p99_ms": float(q[2])}
+def pct(xs, qs=(50, 90, 99)):
+    return [float(v) for v in np.percentile(np.array(xs) * 1000, qs)] if xs else [float("nan")] * len(qs)
 
 
-def tokens_of(ids, pad):
-    return int((ids != pad).sum())
+def workload(n: int, max_new: tuple[int, int] | None, seed: int = 0) -> list[tuple[str, int | None]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        groups = int(rng.integers(1, 5))
+        text = " ".join(str(int(rng.integers(0, 10 ** int(rng.integers(1, 7))))) for _ in range(groups))
+        out.append((text, None if max_new is None else int(rng.integers(max_new[0], max_new[1] + 1))))
+    return out
 
 
-def run_server(bundle, texts_per_client, args, dynamic: bool, pad: int) -> dict:
-    from xform.serving.repository import ModelOptions, write_model
-    from xform.serving.server import TritonServer, free_ports
+def run_clients(clients: int, requests, one) -> tuple[float, list]:
+    per = [requests[c::clients] for c in range(clients)]
+    start = threading.Barrier(clients)
 
-    if args.protocol == "http":
-        import tritonclient.http as mod
-    else:
-        import tritonclient.grpc as mod
-    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        options = ModelOptions(max_batch=args.max_batch, max_queue_delay_us=args.delay_us, dynamic_batching=dynamic,
-                               threads=args.threads)
-        model = write_model(bundle, Path(tmp) / "repo", options, reference=True)
-        with TritonServer(Path(tmp) / "repo", [model.name], "127.0.0.1", *free_ports(3)).start() as server:
-            port = server.http_port if args.protocol == "http" else server.grpc_port
-
-            def one(client, text):
-                t = mod.InferInput("text", [1, 1], "BYTES")
-                t.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
-                t0 = time.perf_counter()
-                r = client.infer(model.name, [t])
-                return time.perf_counter() - t0, tokens_of(r.as_numpy("output_ids"), pad)
-
-            warm = mod.InferenceServerClient(f"127.0.0.1:{port}")
-            for text in texts_per_client[0][:5]:
-                one(warm, text)
-            start = threading.Barrier(len(texts_per_client))
-
-            def client(texts):
-                c = mod.InferenceServerClient(f"127.0.0.1:{port}")
-                start.wait()
-                return [one(c, text) for text in texts]
-
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(len(texts_per_client)) as pool:
-                results = [r for rs in pool.map(client, texts_per_client) for r in rs]
-            wall = time.perf_counter() - t0
-            stats = warm.get_inference_statistics(model.name, **({"as_json": True} if args.protocol == "grpc" else {}))
-            s = stats["model_stats"][0] if isinstance(stats, dict) else None
-            # over the whole run, warm-up included
-            batches = (int(s["inference_count"]) / max(1, int(s["execution_count"]))) if s else None
-    n = len(results)
-    return {"mode": f"Triton, dynamic batching {'on' if dynamic else 'off'}", "requests": n,
-            "requests_per_s": n / wall, "tokens_per_s": sum(t for _, t in results) / wall,
-            "mean_batch": batches, **percentiles([lat for lat, _ in results])}
+    def client(c):
+        state = {}
+        start.wait()
+        return [one(state, *r) for r in per[c]]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [x for rs in pool.map(client, range(clients)) for x in rs]
+    return time.perf_counter() - t0, results
 
 
-def run_ceiling(bundle, texts, args, batch: int, pad: int) -> dict:
+def engine_mode(bundle, requests, clients, args):
     import xform
+    from xform.runtime.scheduler import Scheduler
 
     session = xform.load(bundle, threads=args.threads)
-    session.translate(texts[:5])
-    lat, tokens = [], 0
-    t0 = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        t = time.perf_counter()
-        out = session.generate(session.encode_texts(texts[i:i + batch]))
-        [session.tokenizer.decode(r) for r in out]  # the same work as translate: encode, generate, decode
-        lat += [time.perf_counter() - t] * len(out)
-        tokens += tokens_of(out, pad)
-    wall = time.perf_counter() - t0
-    return {"mode": f"Session.translate in-process, batch {batch}", "requests": len(texts),
-            "requests_per_s": len(texts) / wall, "tokens_per_s": tokens / wall, "mean_batch": batch,
-            **percentiles(lat)}
+    pad = session.pad_id
+    with Scheduler(session, max_rows=args.max_rows) as scheduler:
+        def one(state, text, n):
+            t0 = time.perf_counter()
+            ids = scheduler.submit(session.encode_texts([text]), max_new_tokens=n).result()
+            session.tokenizer.decode(ids[0])
+            return time.perf_counter() - t0, int((ids != pad).sum()), None
+        for r in requests[:4]:
+            one({}, *r)
+        return run_clients(clients, requests, one)
+
+
+def server_mode(bundle, requests, clients, args, mode: str):
+    import tritonclient.grpc as tg
+
+    from xform.serving.repository import ModelOptions, model_names, write_model
+    from xform.serving.server import TritonServer, free_ports
+
+    scheduling = "dynamic" if mode == "dynamic" else "inflight"
+    options = ModelOptions(max_batch=args.max_batch, max_queue_delay_us=args.delay_us, threads=args.threads,
+                           scheduling=scheduling, max_rows=args.max_rows, max_queue=max(256, 2 * clients))
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        model = write_model(bundle, Path(tmp) / "repo", options, reference=True)
+        names = model_names(model.name, options)
+        bls = options.max_queue + options.max_rows if scheduling == "inflight" else None
+        with TritonServer(Path(tmp) / "repo", names, "127.0.0.1", *free_ports(3), bls_threads=bls).start() as server:
+            url = f"127.0.0.1:{server.grpc_port}"
+
+            def inputs(text, n, stream):
+                t = tg.InferInput("text", [1, 1], "BYTES")
+                t.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+                out = [t]
+                if n is not None:
+                    m = tg.InferInput("max_new_tokens", [1, 1], "INT32")
+                    m.set_data_from_numpy(np.array([[n]], np.int32))
+                    out.append(m)
+                if stream:
+                    s = tg.InferInput("stream", [1, 1], "BOOL")
+                    s.set_data_from_numpy(np.array([[True]]))
+                    out.append(s)
+                return out
+
+            def plain(state, text, n):
+                client = state.setdefault("client", tg.InferenceServerClient(url))
+                t0 = time.perf_counter()
+                r = client.infer(model.name, inputs(text, n, False))
+                ids = r.as_numpy("output_ids")
+                return time.perf_counter() - t0, int((ids != pad).sum()), None
+
+            def streamed(state, text, n):
+                if "client" not in state:
+                    state["client"], state["got"] = tg.InferenceServerClient(url), queue.Queue()
+                    state["client"].start_stream(callback=lambda result, error: state["got"].put((result, error)))
+                    state["n"] = 0
+                state["n"] += 1
+                t0 = time.perf_counter()
+                state["client"].async_stream_infer(names[-1], inputs(text, n, mode == "stream"),
+                                                   request_id=str(state["n"]))
+                first, tokens = None, 0
+                while True:
+                    result, error = state["got"].get(timeout=300)
+                    if error is not None:
+                        raise RuntimeError(error)
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    if result.get_response().parameters["triton_final_response"].bool_param:
+                        tokens = int((result.as_numpy("output_ids") != pad).sum())
+                        return time.perf_counter() - t0, tokens, first
+
+            one = streamed if mode in ("stream", "direct") else plain
+            for r in requests[:4]:
+                one({}, *r)
+            wall, results = run_clients(clients, requests, one)
+            return wall, results
+
+
+def summarize(mode, clients, wall, results) -> dict:
+    lat = [r[0] for r in results]
+    ttft = [r[2] for r in results if r[2] is not None]
+    p50, p90, p99 = pct(lat)
+    row = {"mode": mode, "clients": clients, "requests": len(results), "requests_per_s": len(results) / wall,
+           "tokens_per_s": sum(r[1] for r in results) / wall, "p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
+    if ttft:
+        row["ttft_p50_ms"], row["ttft_p90_ms"] = pct(ttft, (50, 90))
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle", nargs="?", type=Path)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--requests", type=int, default=50, help="per client")
-    ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--delay-us", type=int, default=2000)
+    ap.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--requests", type=int, default=128, help="per client count, in all")
+    ap.add_argument("--max-new", default=None, help="LO:HI: each request's max_new_tokens drawn from LO..HI")
+    ap.add_argument("--modes", nargs="+", default=["engine", "inflight", "dynamic", "stream"])
+    ap.add_argument("--max-batch", type=int, default=8, help="dynamic: Triton's max batch")
+    ap.add_argument("--delay-us", type=int, default=2000, help="dynamic: queue delay")
+    ap.add_argument("--max-rows", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import xform
 
+    global pad
     tmp = tempfile.TemporaryDirectory(prefix="bench-serve-bundle-")
-    bundle = args.bundle
-    if bundle is None:
-        bundle = xform.export("demo", Path(tmp.name) / "demo").path
+    bundle = args.bundle or xform.export("demo", Path(tmp.name) / "demo").path
     pad = xform.load(bundle).config["pad_id"]
-    rng = np.random.default_rng(0)
-    texts = [str(n) for n in rng.integers(0, 1_000_000, args.clients * args.requests)]
-    per_client = [texts[c * args.requests:(c + 1) * args.requests] for c in range(args.clients)]
-    rows = [run_ceiling(bundle, texts, args, args.max_batch, pad), run_ceiling(bundle, texts, args, 1, pad),
-            run_server(bundle, per_client, args, True, pad), run_server(bundle, per_client, args, False, pad)]
-    ceiling = rows[0]["tokens_per_s"]
-    print(f"{args.clients} clients x {args.requests} requests ({args.protocol}), max batch {args.max_batch}, "
-          f"queue delay {args.delay_us} us, python {sys.version.split()[0]}")
-    print("| mode | req/s | tokens/s | of ceiling | mean batch | p50 ms | p90 ms | p99 ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    max_new = tuple(map(int, args.max_new.split(":"))) if args.max_new else None
+    requests = workload(args.requests, max_new)
+    rows = []
+    for clients in args.clients:
+        for mode in args.modes:
+            run = engine_mode(bundle, requests, clients, args) if mode == "engine" else \
+                server_mode(bundle, requests, clients, args, mode)
+            rows.append(summarize(mode, clients, *run))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(f"{args.requests} requests of {Path(bundle).name}{' max_new ' + args.max_new if args.max_new else ''} "
+          f"over gRPC; max rows {args.max_rows}; dynamic: max batch {args.max_batch}, delay {args.delay_us} us; "
+          f"python {sys.version.split()[0]}")
+    print("| clients | mode | req/s | tokens/s | vs dynamic | vs engine | p50 ms | p90 ms | p99 ms | TTFT p50 / p90 ms |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        r["fraction_of_ceiling"] = r["tokens_per_s"] / ceiling
-        mb = "" if r["mean_batch"] is None else f"{r['mean_batch']:.1f}"
-        print(f"| {r['mode']} | {r['requests_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['fraction_of_ceiling']:.0%} "
-              f"| {mb} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
+        same = {x["mode"]: x for x in rows if x["clients"] == r["clients"]}
+        vs = lambda m: f"{r['tokens_per_s'] / same[m]['tokens_per_s']:.2f}x" if m in same else ""  # noqa: E731
+        ttft = f"{r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f}" if "ttft_p50_ms" in r else ""
+        print(f"| {r['clients']} | {r['mode']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} | {vs('dynamic')} "
+              f"| {vs('engine')} | {r['p50_ms']:.0f} | {r['p90_ms']:.0f} | {r['p99_ms']:.0f} | {ttft} |")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 
+
+pad = 0
 
 if __name__ == "__main__":
     main()
