@@ -144,8 +144,11 @@ def server_mode(bundle, requests, clients, args, mode: str):
             one = streamed if mode in ("stream", "direct") else plain
             for r in requests[:4]:
                 one({}, *r)
-            wall, results = run_clients(clients, requests, one)
-            return wall, results
+            try:
+                return run_clients(clients, requests, one)
+            except Exception:
+                print(f"tritonserver's log ({mode}, {clients} clients):\n{server.log_tail(60)}", file=sys.stderr)
+                raise
 
 
 def summarize(mode, clients, wall, results) -> dict:

@@ -94,22 +94,28 @@ class Watcher:
     def add(self, future: Future, cancelled: Callable[[], bool]) -> None:
         with self.lock:
             self.live[future] = cancelled
-        future.add_done_callback(self.forget)
 
     def forget(self, future: Future) -> None:
+        """Never ask about `future`'s request again (call before its final response)."""
         with self.lock:
             self.live.pop(future, None)
 
     def check(self) -> None:
+        """Ask every live request, holding the lock: `forget` (which a request's final response
+        waits for) then never returns while its request is being asked, so a request is never
+        asked after it was answered (Triton frees it then: asking would read freed memory)."""
         with self.lock:
-            live = list(self.live.items())
-        for future, cancelled in live:
-            try:
-                gone = cancelled()
-            except Exception:  # noqa: BLE001 - Triton cannot say: the request is as good as gone
-                gone = True
-            if gone and not future.done():
-                self.scheduler.cancel(future)
+            gone = []
+            for future, cancelled in self.live.items():
+                if future.done():
+                    continue
+                try:
+                    if cancelled():
+                        gone.append(future)
+                except Exception:  # noqa: BLE001 - Triton cannot say: the request is as good as gone
+                    gone.append(future)
+        for future in gone:
+            self.scheduler.cancel(future)
 
     def loop(self) -> None:
         while not self.stop.wait(self.every):

@@ -35,6 +35,13 @@ def error(message, unavailable=False):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
+class Reply:
+    """A request's response sender, closed once its final response is on its way."""
+
+    def __init__(self, sender):
+        self.sender, self.closed = sender, False
+
+
 def tensors_of(request):
     tensors = {}
     for name in (*INPUTS, "stream"):
@@ -122,16 +129,21 @@ class TritonPythonModel:
         self.responder.start()
 
     def respond(self):
+        """Send what the outbox holds, in order: a request's parts, then its final response; never
+        anything after the final one (Triton frees the request then)."""
         while True:
             item = self.outbox.get()
             if item is None:
                 return
+            reply, what = item
+            if reply.closed:
+                continue
             try:
-                if callable(item):
-                    item()
+                if callable(what):
+                    reply.closed = True
+                    what()
                 else:
-                    sender, outputs = item
-                    sender.send(response(outputs))
+                    reply.sender.send(response(what))
             except Exception as e:  # noqa: BLE001 - a client gone mid-stream: its request ends, the others go on
                 pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
 
@@ -142,11 +154,12 @@ class TritonPythonModel:
         from xform.serving.inflight import TextStream, submit
 
         sender = request.get_response_sender()
+        reply = Reply(sender)
         try:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
             job = parse(self.session, 0, tensors)
-            stream = TextStream(self.session, job, lambda o: self.outbox.put((sender, o))) if streaming else None
+            stream = TextStream(self.session, job, lambda o: self.outbox.put((reply, o))) if streaming else None
             future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
             sender.send(error(str(e), unavailable=True), flags=FINAL)
@@ -155,12 +168,14 @@ class TritonPythonModel:
             sender.send(error(str(e)), flags=FINAL)
             return
         self.watcher.add(future, request.is_cancelled)
-        future.add_done_callback(lambda f: self.outbox.put(lambda: self.finish(f, job, sender)))
+        future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, sender))))
 
     def finish(self, future, job, sender):
         from xform.errors import XformError
         from xform.runtime.scheduler import Cancelled
         from xform.serving.handler import job_outputs
+
+        self.watcher.forget(future)  # waits for a question under way: none is asked after the answer
 
         try:
             result = response(job_outputs(self.session, job, future.result()))
