@@ -62,5 +62,9 @@ def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):
     assert scope["per_token"].shape == scope["best"].shape
     np.testing.assert_allclose(scope["best_scores"] * (scope["best"] != 0).sum(1), scope["per_token"].sum(1),
                                rtol=1e-5)  # length penalty 1: the sequence score is the tokens' mean
+    assert scope["done"] == ["forty thousand five hundred twelve", "seven"]
+    final = scope["parts"][-1]
+    np.testing.assert_array_equal(np.stack(scope["parts"][:-1], 1), final)
+    assert scope["session"].tokenizer.decode(final[0]) == "one hundred twenty three thousand four hundred fifty six"
     assert capsys.readouterr().out.splitlines() == ["40512 ['forty thousand five hundred twelve'] None",
                                                     "7 ['seven'] None"]
