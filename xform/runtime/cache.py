@@ -108,7 +108,7 @@ class HostCache(HostRows):
     def grow(self, capacity: int, p: int) -> None:
         grown = []
         for a in self.arrays:
-            g = np.zeros((2 * a.shape[0], a.shape[1], capacity, a.shape[3]), a.dtype)[:a.shape[0]]  # room to join
+            g = np.zeros((a.shape[0], a.shape[1], capacity, a.shape[3]), a.dtype)
             g[:, :, :p] = a[:, :, :p]
             grown.append(g)
         self.arrays = grown
