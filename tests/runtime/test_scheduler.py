@@ -206,3 +206,21 @@ def test_host_rows_add_keeps_rows_and_widens(demo):
     cache.new[0][...] = 7.0
     cache.write(np.array([0, 5, 2]))
     assert cache.arrays[0][1, :, 5].tolist() == [[7.0] * 3] * 2 and cache.arrays[0][2, :, 2].sum() == 42
+
+
+def test_attention_of_requests_with_sources_of_other_widths(tmp_path):
+    """return_attention in flight: a short source decoding beside a longer one that joined (the
+    batch's cross width grows) gets each step's attention over its own source, equal to decoding
+    it alone; greedy and beams."""
+    from xform.exporter.export import export_bundle
+    s = xform.load(export_bundle("demo", tmp_path / "aligned", attention_layer=-1).path, backend="ort")
+    short, long_ = s.encode_texts(["7 12"]), s.encode_texts(["123456 7890 12 5555"])
+    for settings in ({}, {"num_beams": 2}):
+        scheduler = Scheduler(s)
+        f_short, f_long = drive(scheduler, {0: [(short, dict(max_new_tokens=12, return_attention=True, **settings))],
+                                            2: [(long_, dict(max_new_tokens=12, return_attention=True, **settings))]})
+        for src, f in ((short, f_short), (long_, f_long)):
+            ids, attention = f.result()
+            want_ids, want = s.generate(src, max_new_tokens=12, return_attention=True, **settings)
+            np.testing.assert_array_equal(ids, want_ids)
+            np.testing.assert_allclose(attention, want, rtol=0, atol=1e-5)

@@ -210,3 +210,18 @@ def test_greedy_requests_of_different_lengths_decode_together_cut_to_their_own(d
         assert r["translation"][0, 0].decode() == demo.translate(["123456"], max_new_tokens=n)[0]
     np.testing.assert_array_equal(out[3]["output_ids"],
                                   demo.generate(demo.encode_texts(["999999"]), max_new_tokens=4, num_beams=2))
+
+
+def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
+    """With end-of-sentence forced at the last step (Marian's forced_eos), a shorter request is
+    not a prefix of a longer decode: such requests keep their own batches and end in </s>."""
+    forced = dict(demo.generation_defaults, forced_eos=True)
+    saved, demo.generation_defaults = demo.generation_defaults, forced
+    try:
+        out = execute(demo, [{"text": text("123456"), "max_new_tokens": i32(n)} for n in (3, 12)])
+        for r, n in zip(out, (3, 12)):
+            np.testing.assert_array_equal(r["output_ids"], demo.generate(demo.encode_texts(["123456"]),
+                                                                         max_new_tokens=n))
+        assert out[0]["output_ids"][0, -1] == demo.eos_id
+    finally:
+        demo.generation_defaults = saved

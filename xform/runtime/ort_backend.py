@@ -227,7 +227,13 @@ class OrtBackend:
             new = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
             new.reset((Bs, H, S, D), zero=False)
         mask = np.empty((Bs, S), np.float32)
-        self.encode(src_ids, src_lengths, new.addresses(), mask)
+        try:
+            self.encode(src_ids, src_lengths, new.addresses(), mask)
+        except Exception as e:
+            if self.ops is not None:
+                new.release()
+            e.batch_changed = False  # nothing of the running batch was touched: only the joiners fail
+            raise
         sources = self.cross.add(Bs, S)
         width = self.cross.shape[2]
         if self.ops is None:
@@ -378,6 +384,8 @@ class OrtBackend:
         """Row i continues row rows[i] (and its position); fewer rows than before drop the others,
         and with them every source none of the remaining rows reads (its cross K/V and mask)."""
         before, g = self.rows, self.group
+        if self.ops is not None:
+            self.ops.sync()  # the last step's cache writes (default stream) land before the reorder reads
         self.positions[:len(rows)] = self.positions[rows]
         self.cache.gather(rows, int(self.positions[:len(rows)].max()) if len(rows) else 0)
         if len(rows) < before:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -162,7 +162,8 @@ class Batch:
             rows = slice(offset, offset + d.rows)
             offset += d.rows
             part = None if out is None else (tuple(o[rows] for o in out) if isinstance(out, tuple) else out[rows])
-            args = (attention[rows],) if d.return_attention else ()
+            # each source's columns start at 0; the batch's may be wider (a longer source joined)
+            args = (attention[rows, :d.src_ids.shape[1]],) if d.return_attention else ()
             tokens, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
             if d.on_step is not None:
                 d.on_step(d.step)
@@ -191,12 +192,14 @@ class Ticket:
     first_token: float | None = None
 
     def tell(self, result=None, error: BaseException | None = None) -> None:
-        if self.future.done():
-            return
-        if error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(result)
+        """Settle the Future once; a second settling (a cancel racing the result) is ignored."""
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+        except InvalidStateError:
+            pass
 
 
 class Scheduler:
@@ -250,7 +253,8 @@ class Scheduler:
     def submit(self, src_ids, src_lengths=None, *, on_tokens: Callable[[np.ndarray], None] | None = None,
                **settings: Any) -> Future:
         """Queue one request (any number of sources; the settings of Session.generate); returns a
-        Future of its result. Raises InputError for a bad request, OverloadedError when full."""
+        Future of its result. Raises InputError for a bad request, OverloadedError when full.
+        Stop it with `cancel(future)` (Future.cancel() stops nothing once it is queued)."""
         decode = self.session.plan(src_ids, src_lengths, **settings)
         decode.on_tokens = on_tokens
         if decode.strategy.rows > self.max_rows:
@@ -322,12 +326,12 @@ class Scheduler:
         joining = bool(batch.items)
         try:
             batch.admit(*(t.decode for t in taken))
-        except Exception as e:  # noqa: BLE001 - these requests fail; a failed join fails the batch too
+        except Exception as e:  # noqa: BLE001 - these requests fail; the batch too if the join changed it
             for t in taken:
                 t.tell(error=e)
-            if joining:  # the backend's rows are no longer the batch's: its requests fail, the next starts anew
+            if joining and getattr(e, "batch_changed", True):
                 self.fail_running(XformError(f"the running batch failed when requests joined it: {e}"))
-            else:
+            elif not joining:
                 self.batch.items = []
             return
         for t in taken:
@@ -397,7 +401,10 @@ class Scheduler:
                     self.cond.wait()
                 if self.closed:
                     break
-            self.run_once()
+            try:
+                self.run_once()
+            except Exception as e:  # noqa: BLE001 - the thread must live: what was running fails, the rest goes on
+                self.fail_running(XformError(f"the scheduler failed: {type(e).__name__}: {e}"))
         error = Cancelled("the scheduler was closed")
         for ticket in [*self.queue, *self.running.values()]:
             ticket.tell(error=error)

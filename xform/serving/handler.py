@@ -289,9 +289,10 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         except XformError as e:
             results[i] = str(e)
             continue
-        greedy = job.prefixes is None and session.generation_config(
-            session.default_max_new_tokens(),
-            **{k: v for k, v in job.settings.items() if k != "max_new_tokens"}).strategy == "greedy"
+        gen = session.generation_config(session.default_max_new_tokens(),
+                                        **{k: v for k, v in job.settings.items() if k != "max_new_tokens"})
+        # a prefix of a longer greedy decode, unless end-of-sentence is forced at the last step
+        greedy = job.prefixes is None and gen.strategy == "greedy" and not gen.forced_eos
         groups.setdefault(job.key(greedy), []).append(job)
     for key, jobs in groups.items():
         if key[4]:  # greedy: the batch decodes to its largest max_new_tokens, each request cut to its own

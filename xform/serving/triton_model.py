@@ -111,7 +111,10 @@ class TritonPythonModel:
                     final = pb_utils.InferenceResponse(r.output_tensors())
         except Exception as e:  # noqa: BLE001 - the engine model is gone: this request fails, not the relay
             final = error(f"xform: {self.engine}: {e}")
-        sender.send(final if final is not None else error(f"xform: {self.engine} sent no result"), flags=FINAL)
+        try:
+            sender.send(final if final is not None else error(f"xform: {self.engine} sent no result"), flags=FINAL)
+        except Exception as e:  # noqa: BLE001 - the client is gone
+            pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
 
     # -- engine: a request joins the running batch ----------------------------------------------
     def start_engine(self, params):
@@ -167,6 +170,9 @@ class TritonPythonModel:
         except XformError as e:
             sender.send(error(str(e)), flags=FINAL)
             return
+        except Exception as e:  # noqa: BLE001 - this request fails; the others of the call still start
+            sender.send(error(f"xform: {type(e).__name__}: {e}"), flags=FINAL)
+            return
         self.watcher.add(future, request.is_cancelled)
         future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, sender))))
 
@@ -192,7 +198,8 @@ class TritonPythonModel:
     def finalize(self):
         if self.role == "engine":
             self.watcher.close()
-            self.scheduler.close()
+            self.scheduler.close()  # what was queued or running is told Cancelled: its FINAL is in the outbox
             self.outbox.put(None)
+            self.responder.join(30)
         if self.role == "front":
             self.pool.shutdown(wait=False)
