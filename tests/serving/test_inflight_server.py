@@ -172,14 +172,14 @@ def test_32_streaming_clients_lose_nothing(served, session):
 
 
 def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
-    """One row and one waiting request at most: a burst of 12 gets 'overloaded' (UNAVAILABLE)
+    """One row and one waiting request at most: a burst of 20 gets 'overloaded' (UNAVAILABLE)
     for what does not fit, right answers for the rest; a malformed request among them fails
     alone with its reason."""
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
     server, name = start(demo_bundle, tmp_path, ModelOptions(max_rows=1, max_queue=1))
     try:
-        texts = [str(n) for n in range(100000, 100012)]
+        texts = [f"{n} {n} {n}" for n in range(100000, 100020)]  # long decodes: the burst outlasts one row
         want = dict(zip(texts, session.translate(texts)))
         answers = {}
 
@@ -191,7 +191,7 @@ def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
                     answers[text] = ("ok", infer(http(server), th, name, texts=[text])[1][0])
             except InferenceServerException as e:
                 answers[text] = ("error", str(e))
-        threads = [threading.Thread(target=call, args=(t,)) for t in [*texts[:6], "bad", *texts[6:]]]
+        threads = [threading.Thread(target=call, args=(t,)) for t in [*texts[:10], "bad", *texts[10:]]]
         for t in threads:
             t.start()
         for t in threads:
