@@ -172,37 +172,36 @@ def test_32_streaming_clients_lose_nothing(served, session):
 
 
 def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
-    """One row and one waiting request at most: a burst of 20 gets 'overloaded' (UNAVAILABLE)
-    for what does not fit, right answers for the rest; a malformed request among them fails
-    alone with its reason."""
+    """One row and one waiting request at most: a burst of 24 requests written at once on one
+    gRPC stream gets 'overloaded' (UNAVAILABLE) for what does not fit and the right answer for
+    the rest, each exactly once; a malformed request sent meanwhile through the plain model fails
+    alone with its reason; then the server serves again."""
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
     server, name = start(demo_bundle, tmp_path, ModelOptions(max_rows=1, max_queue=1))
+    s = Stream(server)
     try:
-        texts = [f"{n} {n} {n}" for n in range(100000, 100020)]  # long decodes: the burst outlasts one row
+        texts = [str(987000 + 7 * i) for i in range(24)]  # eleven words each
         want = dict(zip(texts, session.translate(texts)))
-        answers = {}
-
-        def call(text):
-            try:
-                if text == "bad":  # an id outside the source vocabulary
-                    answers[text] = ("ok", infer(http(server), th, name, ids=np.array([[5, 999, 2]], np.int64)))
-                else:
-                    answers[text] = ("ok", infer(http(server), th, name, texts=[text])[1][0])
-            except InferenceServerException as e:
-                answers[text] = ("error", str(e))
-        threads = [threading.Thread(target=call, args=(t,)) for t in [*texts[:10], "bad", *texts[10:]]]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert answers["bad"][0] == "error" and "outside the source vocabulary" in answers["bad"][1], answers["bad"]
-        overloaded = [t for t in texts if answers[t][0] == "error"]
-        assert overloaded and all("overloaded" in answers[t][1] for t in overloaded), answers
-        assert all(answers[t] == ("ok", want[t]) for t in texts if t not in overloaded)
-        assert len(overloaded) < len(texts)
+        for i, t in enumerate(texts):  # written without waiting: the engine's execute gets them together
+            s.client.async_stream_infer(name + "-stream", stream_inputs([t], stream=False), request_id=t,
+                                        enable_empty_final_response=True)
+        with pytest.raises(InferenceServerException, match="outside the source vocabulary"):
+            infer(http(server), th, name, ids=np.array([[5, 999, 2]], np.int64))
+        answers, errors = {}, []
+        while len(answers) + len(errors) < len(texts):
+            result, error = s.got.get(timeout=60)
+            if error is not None:
+                errors.append(str(error))
+                continue
+            r = result.get_response()
+            assert r.id not in answers  # answered once
+            answers[r.id] = result.as_numpy("translation")[0, 0].decode()
+        assert errors and all("overloaded" in e for e in errors), errors
+        assert answers and all(answers[t] == want[t] for t in answers)
         assert infer(http(server), th, name, texts=["12"])[1] == ["twelve"]  # and then it serves again
     finally:
+        s.close()
         server.stop()
 
 
