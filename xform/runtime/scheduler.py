@@ -21,7 +21,6 @@ the others decode one request at a time through the same loop.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -184,12 +183,10 @@ class Batch:
 
 @dataclass(eq=False)
 class Ticket:
-    """A queued request: the decode to run, its Future, its time of arrival."""
+    """A queued request: the decode to run and its Future."""
 
     decode: Decode
     future: Future = field(default_factory=Future)
-    arrived: float = field(default_factory=time.perf_counter)
-    first_token: float | None = None
 
     def tell(self, result=None, error: BaseException | None = None) -> None:
         """Settle the Future once; a second settling (a cancel racing the result) is ignored."""
@@ -235,7 +232,6 @@ class Scheduler:
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.closed = False
-        self.steps = 0
 
     def row_bytes(self) -> int:
         """Bytes of one row's self-attention cache at the model's max_len positions."""
@@ -331,8 +327,6 @@ class Scheduler:
                 t.tell(error=e)
             if joining and getattr(e, "batch_changed", True):
                 self.fail_running(XformError(f"the running batch failed when requests joined it: {e}"))
-            elif not joining:
-                self.batch.items = []
             return
         for t in taken:
             self.running[id(t.decode)] = t
@@ -348,7 +342,6 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - a backend failure fails the running requests, not the thread
             self.fail_running(e)
             return True
-        self.steps += 1
         for d in batch.items:
             self.report(d)
         for d in finished:
@@ -370,8 +363,6 @@ class Scheduler:
         if d.on_tokens is None or d.cancelled or not hasattr(d.strategy, "out"):
             return
         ticket = self.running.get(id(d))
-        if ticket is not None and ticket.first_token is None:
-            ticket.first_token = time.perf_counter()
         while d.sent < d.step:
             try:
                 d.on_tokens(d.strategy.out[:, d.sent].copy())
