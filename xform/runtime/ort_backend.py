@@ -172,8 +172,6 @@ class OrtBackend:
         self.encode(src_ids, src_lengths, self.cross.addresses(), self.mask)
         self.group = group
         self.buffers(Bs * group, S)
-        self.positions = self.positions_buf[:Bs * group]
-        self.positions[:] = 0
         self.binding = (self.restricted if self.subset is not None else self.decoder).io_binding()
         self.bind_rows()
 
@@ -188,20 +186,14 @@ class OrtBackend:
         self.encoder.run_with_iobinding(enc)
         enc.synchronize_outputs()
 
-    def buffers(self, R: int, S: int) -> None:
-        """The per-row host buffers, room for R rows over sources of S tokens (kept when they have it)."""
-        have = getattr(self, "ids_buf", None)
-        if have is not None and len(have) >= R and self.binding is not None and self.buffers_src >= S \
-                and (self.subset is None) == (self.sub_logits_buf is None):
-            return
-        old = getattr(self, "positions_buf", None)
-        self.buffers_src = S
+    def buffers(self, R: int, S: int, positions: np.ndarray | None = None) -> None:
+        """The per-row host buffers for R rows over sources of S tokens, every row at position 0
+        but the first len(positions) (a join: the running rows keep theirs)."""
         self.ids_buf, self.next_buf = np.empty((R, 1), np.int64), np.empty(R, np.int64)
         self.positions_buf, self.min_new_buf = np.zeros(R, np.int64), np.zeros(R, np.int64)
-        if old is not None and self.binding is not None:  # a join: the running rows keep their positions
-            self.positions_buf[:len(self.positions)] = self.positions
+        if positions is not None:
+            self.positions_buf[:len(positions)] = positions
         self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None or self.subset is not None else None
-        self.sub_logits_buf = None
         if self.subset is not None:  # ids outside the subset: -inf, written once a decode
             self.logits_buf.fill(-np.inf)
             self.sub_logits_buf = np.empty((R, len(self.subset)), np.float32)
@@ -249,9 +241,9 @@ class OrtBackend:
         grown[self.mask.shape[0]:, :S] = mask
         self.mask = grown
         rows = self.cache.add(Bs * group)
-        self.buffers(self.rows, width)
-        self.positions = self.positions_buf[:self.rows]
-        self.positions[rows] = 0
+        if len(self.ids_buf) < self.rows or (self.has_attention and self.attention_buf.shape[1] != width):
+            self.buffers(self.rows, width, self.positions)
+        self.positions_buf[rows] = 0  # spare rows of the buffers may hold a row that left
         self.bind_rows()
         return rows
 
