@@ -44,19 +44,20 @@ class Job:
     replace: bool = False  # replace_unknowns
     attention: bool = False  # return_attention
 
-    cap: int | None = None  # a greedy request's own max_new_tokens when its batch decodes further
+    # a greedy decode without prefix or forced end-of-sentence: its tokens are a prefix of a
+    # longer decode's, so it may run to its batch's largest max_new_tokens, cut to its own (`cap`)
+    greedy: bool = False
+    cap: int | None = None
 
-    def key(self, greedy: bool = False) -> tuple:
-        """Requests with equal keys decode as one batch. `greedy` (a greedy decode without prefix):
-        max_new_tokens is left out, since such a request's tokens are a prefix of a longer decode's
-        (it runs to the batch's largest and is cut to its own)."""
+    def key(self) -> tuple:
+        """Requests with equal keys decode as one batch (a greedy one's max_new_tokens aside)."""
         def frozen(v):
             if not isinstance(v, list):
                 return v
             return tuple(map(tuple, v)) if v and isinstance(v[0], list) else tuple(v)
         settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()
-                                if not (greedy and k == "max_new_tokens")))
-        return (self.scores, self.replace, self.attention, self.texts is not None, greedy) + settings
+                                if not (self.greedy and k == "max_new_tokens")))
+        return (self.scores, self.replace, self.attention, self.texts is not None, self.greedy) + settings
 
 
 def one(name: str, value: np.ndarray | None, dtype=None):
@@ -197,7 +198,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
     settings = {k: v for k, v in settings.items() if v is not None}
     try:  # the settings' own checks, named by their input
         checked = {k: v for k, v in settings.items() if k not in ("forced_bos_token_id", "max_new_tokens")}
-        session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), **checked)
+        gen = session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), **checked)
     except InputError as e:
         raise InputError(f"input '{setting_input(str(e))}': {e}") from None
     prefixes = None
@@ -207,7 +208,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
     return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
-               strings("text", text) if text is not None else None, replace, attention)
+               strings("text", text) if text is not None else None, replace, attention,
+               greedy=prefixes is None and gen.strategy == "greedy" and not gen.forced_eos)
 
 
 def setting_input(message: str) -> str:
@@ -289,17 +291,14 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         except XformError as e:
             results[i] = str(e)
             continue
-        gen = session.generation_config(session.default_max_new_tokens(),
-                                        **{k: v for k, v in job.settings.items() if k != "max_new_tokens"})
-        # a prefix of a longer greedy decode, unless end-of-sentence is forced at the last step
-        greedy = job.prefixes is None and gen.strategy == "greedy" and not gen.forced_eos
-        groups.setdefault(job.key(greedy), []).append(job)
-    for key, jobs in groups.items():
-        if key[4]:  # greedy: the batch decodes to its largest max_new_tokens, each request cut to its own
+        groups.setdefault(job.key(), []).append(job)
+    for jobs in groups.values():
+        longest = {}
+        if jobs[0].greedy:  # the batch decodes to its largest max_new_tokens, each request cut to its own
             caps = [job.settings.get("max_new_tokens") or session.default_max_new_tokens() for job in jobs]
             for job, cap in zip(jobs, caps):
                 job.cap = cap if cap < max(caps) else None
-            jobs[0].settings = {**jobs[0].settings, "max_new_tokens": max(caps)}
+            longest = {"max_new_tokens": max(caps)}
         rows = [r for job in jobs for r in job.rows]
         prefixes = None
         if any(job.prefixes for job in jobs):
@@ -309,7 +308,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
             if vocab_map is not None and jobs[0].texts is not None:
                 vocabulary = session.allowed_ids(vocab_map, [t for job in jobs for t in job.texts])
             out = session.generate(*session.pad(rows), vocabulary=vocabulary,
-                                   **{**decode_settings(jobs[0]), "target_prefix": prefixes})
+                                   **{**decode_settings(jobs[0]), "target_prefix": prefixes, **longest})
         except XformError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
