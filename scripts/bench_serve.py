@@ -96,8 +96,8 @@ def server_mode(bundle, requests, clients, args, mode: str):
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model = write_model(bundle, Path(tmp) / "repo", options, reference=True)
         names = model_names(model.name, options)
-        bls = options.max_queue + options.max_rows if scheduling == "inflight" else None
-        with TritonServer(Path(tmp) / "repo", names, "127.0.0.1", *free_ports(3), bls_threads=bls).start() as server:
+        with TritonServer(Path(tmp) / "repo", names, "127.0.0.1", *free_ports(3),
+                          bls_threads=options.bls_threads).start() as server:
             url = f"127.0.0.1:{server.grpc_port}"
 
             def inputs(text, n, stream):

@@ -761,13 +761,6 @@ def model_options(**kw):
     return ModelOptions(**kw)
 
 
-def bls_threads(options) -> int | None:
-    """Triton's Python-backend threads for in-flight serving: each plain request relayed to the
-    engine model holds one until its result comes (Triton's default, 32, would cap the requests
-    in flight at 32)."""
-    return options.max_queue + options.max_rows if options.mode == "inflight" else None
-
-
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "repo", required=True, type=click.Path(path_type=Path),
@@ -833,7 +826,7 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
         model = write_model(bundle, Path(tmp) / "models", opts, reference=True)
         names = model_names(model.name, opts)
         server = TritonServer(Path(tmp) / "models", names, host, http_port, grpc_port, metrics_port,
-                              log_path=Path(tmp) / "tritonserver.log", bls_threads=bls_threads(opts))
+                              log_path=Path(tmp) / "tritonserver.log", bls_threads=opts.bls_threads)
 
         def ask_stop(signum, frame):  # SIGTERM stops the server as Ctrl-C does
             raise KeyboardInterrupt

@@ -25,9 +25,8 @@ def start(bundle, root, options=ModelOptions(max_batch=8, max_queue_delay_us=200
     """The bundle served as `xform serve` serves it (in-flight unless options say dynamic)."""
     repo = root / "repo"
     model = write_model(bundle, repo, options, reference=True)
-    bls = options.max_queue + options.max_rows if options.mode == "inflight" else None
     return TritonServer(repo, model_names(model.name, options), "127.0.0.1", *free_ports(3),
-                        bls_threads=bls).start(prepare=lambda m: None), model.name
+                        bls_threads=options.bls_threads).start(prepare=lambda m: None), model.name
 
 
 @pytest.fixture(scope="module")

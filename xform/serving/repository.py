@@ -55,6 +55,13 @@ class ModelOptions:
     max_queue: int = 256  # inflight: requests waiting beyond the running rows; more are refused (overloaded)
 
     @property
+    def bls_threads(self) -> int | None:
+        """Triton's Python-backend threads in flight: each plain request relayed to the engine
+        model holds one (and one relay thread of NAME) until its result comes; Triton's default,
+        32, would cap the requests in flight at 32. None: dynamic scheduling needs no relays."""
+        return self.max_queue + self.max_rows if self.mode == "inflight" else None
+
+    @property
     def mode(self) -> str:
         """The scheduling these options run: `scheduling`, or the default for the others."""
         if self.scheduling is not None:
@@ -151,7 +158,7 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     if role == "engine":
         params.update(max_rows=str(options.max_rows), max_queue=str(options.max_queue))
     if role == "front":
-        params = {"role": role, "engine": stream_model(name), "relays": str(options.max_queue + options.max_rows)}
+        params = {"role": role, "engine": stream_model(name), "relays": str(options.bls_threads)}
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {options.max_batch}"]
     if role == "engine":
         lines.append("model_transaction_policy { decoupled: true }")
@@ -184,7 +191,7 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         from xform.runtime.tokenizer import load_tokenizer
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
-    roles = {name: "batch"} if options.mode == "dynamic" else {name: "front", stream_model(name): "engine"}
+    roles = model_roles(name, options)
     for model in roles:
         refuse_existing(Path(repo) / model, force, "Triton model")
     has = (bundle.tokenizer_file is not None, bundle.manifest.get("attention_layer") is not None)
@@ -206,6 +213,11 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
     return Path(repo) / name
 
 
+def model_roles(name: str, options: ModelOptions) -> dict[str, str]:
+    """The models `write_model` writes for NAME, with their roles (triton_model.py)."""
+    return {name: "batch"} if options.mode == "dynamic" else {name: "front", stream_model(name): "engine"}
+
+
 def model_names(name: str, options: ModelOptions) -> list[str]:
     """The models `write_model` writes for NAME (what a server waits for)."""
-    return [name] if options.mode == "dynamic" else [name, stream_model(name)]
+    return list(model_roles(name, options))

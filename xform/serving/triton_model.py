@@ -58,7 +58,7 @@ class TritonPythonModel:
         if self.role == "front":
             self.engine = params["engine"]
             self.outputs = [o["name"] for o in config["output"]]
-            self.pool = ThreadPoolExecutor(int(params.get("relays", "256")), thread_name_prefix="xform-relay")
+            self.pool = ThreadPoolExecutor(int(params["relays"]), thread_name_prefix="xform-relay")
             pb_utils.Logger.log_info(f"xform: {config['name']} relays requests to {self.engine}")
             return
         from xform.errors import XformError
