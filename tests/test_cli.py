@@ -180,7 +180,7 @@ def test_version_moves_with_the_bundle_format(runner):
     import importlib.metadata
 
     from xform import __version__
-    from xform.runtime.bundle import VERSION
+    from xform.manifest import VERSION
     r = runner.invoke(main, ["--version"])
     assert r.exit_code == 0 and r.output.strip() == f"xform {__version__} (bundle format {VERSION})"
     assert int(__version__.split(".")[1]) == VERSION  # the minor number is the bundle format
@@ -261,7 +261,7 @@ def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_pat
     r = runner.invoke(main, ["export", "demo", "-o", str(out), "--with-attention", "--attention-layer", "0"])
     assert r.exit_code == 0, r.output
     session = xform.load(out)
-    assert session.bundle.manifest["attention_layer"] == 0
+    assert session.bundle.manifest.attention_layer == 0
     assert "attention" in session.bundle.graph_spec("decoder").output_names
     r = runner.invoke(main, ["run", str(out), "--text", "40512", "--replace-unknowns"])
     assert r.exit_code == 0, r.output

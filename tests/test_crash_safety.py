@@ -71,11 +71,11 @@ def test_build_engine_killed_at_random_points(tmp_path, checkpoint_dir):
     for trial in range(8):
         killed_after(build, rng.uniform(0.2, full * 1.1))
         b = Bundle.open(bundle)  # the manifest always names engines that are there and match it
-        for e in b.manifest["engines"].values():
-            assert (bundle / e["file"]).is_file()
+        for e in b.manifest.engines.values():
+            assert (bundle / e.file).is_file()
     subprocess.run([XFORM, *build], check=True, capture_output=True)
     b = Bundle.open(bundle)
-    named = {Path(e["file"]).name for e in b.manifest["engines"].values()}
+    named = {Path(e.file).name for e in b.manifest.engines.values()}
     assert sorted(p.name for p in (bundle / "engines").iterdir()) == sorted(named)
     assert [p.name for p in bundle.rglob(".*")] == []
 

@@ -19,9 +19,10 @@ from rich.table import Table
 
 from xform import __version__
 from xform.errors import XformError
+from xform.manifest import VERSION as BUNDLE_VERSION
+from xform.manifest import Manifest
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
-from xform.runtime.bundle import VERSION as BUNDLE_VERSION
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -146,9 +147,9 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map,
                                progress=lambda msg: status.update(msg))
-    v = result.manifest["verification"]
+    v = result.manifest.verification or {}
     c = v["check"]
-    source = result.manifest["model"]["source"]
+    source = result.manifest.source
     recognised = " state dict, recognised from its keys" if source.get("recognised") else ""
     out.print(f"model: {source['kind']}{recognised}")
     if source.get("options"):
@@ -210,10 +211,10 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
                                 max_batch=max_batch, max_beams=max_beams, max_src_len=max_src_len,
                                 max_new_tokens=max_new_tokens, opt_batch=opt_batch, opt_src_len=opt_src_len)
     for key, e in engines.items():
-        p = e["profile"]
-        out.print(f"built {bundle / e['file']} ({e['flavor']} {e['tensorrt_version']}, {e['precision']}, "
-                  f"{e['bytes'] / 2**20:.1f} MiB): batch {p['batch']}, src_len {p['src_len']}, "
-                  f"cache_len {p['cache_len']} (min/opt/max); tf32 {'on' if e['tf32'] else 'off'}")
+        p = e.profile
+        out.print(f"built {bundle / e.file} ({e.flavor} {e.tensorrt_version}, {e.precision}, "
+                  f"{e.details['bytes'] / 2**20:.1f} MiB): batch {p['batch']}, src_len {p['src_len']}, "
+                  f"cache_len {p['cache_len']} (min/opt/max); tf32 {'on' if e.details['tf32'] else 'off'}")
 
 
 def write_json(path: Path, data: dict, force: bool) -> None:
@@ -447,30 +448,30 @@ def generation_settings(greedy: bool, num_beams, early_stopping, bad_words=(), b
     return settings
 
 
-def print_text_report(bundle: Path, manifest: dict) -> None:
+def print_text_report(bundle: Path, manifest: Manifest) -> None:
     """How the bundle turns text into ids and back, with a sample split, and the tokenizer's notes
     (inferences on stdout, warnings on stderr)."""
     from xform.runtime.tokenizer import load_tokenizer
 
-    if not manifest.get("tokenizer"):
-        notes = [n for n in manifest["model"]["source"].get("notes", []) if "tokenizer" in n]
+    if manifest.tokenizer is None:
+        notes = [n for n in manifest.source.get("notes", []) if "tokenizer" in n]
         out.print("text: none (" + ("; ".join(escape(n) for n in notes) if notes else
                                     "this model came without vocabularies: export again with --src-vocab / "
                                     "--tgt-vocab to translate text") + "): decode token ids with Session.generate")
         return
-    tok = load_tokenizer(bundle / manifest["tokenizer"]["file"], manifest["model"]["config"])
+    tok = load_tokenizer(bundle / manifest.tokenizer.file, manifest.config_dict)
     for line in tok.describe():
         out.print(escape(line))
-    for note in manifest["tokenizer"].get("notes", []):
+    for note in manifest.tokenizer.notes:
         if note.startswith("warning: "):
             err.print(f"[bold yellow]warning:[/] {escape(note.removeprefix('warning: '))}")
         else:
             out.print(escape(note))
 
 
-def decode_cap_of(manifest: dict) -> tuple[int, str]:
+def decode_cap_of(manifest: Manifest) -> tuple[int, str]:
     from xform.runtime.decoding import decode_cap
-    return decode_cap(manifest.get("generation") or {}, manifest["model"]["config"]["max_len"])
+    return decode_cap(manifest.generation, manifest.config.max_len)
 
 
 def checked_generation(session, max_new_tokens, settings: dict):

@@ -109,6 +109,12 @@ class GraphSpec:
         return {t.name: t.dynamic_axes() for t in (*self.inputs, *self.outputs) if t.dynamic_axes()}
 
 
+def cache_dtype(decoder: GraphSpec) -> str:
+    """The dtype of a decoder's K/V cache (its first layer's cache key), which the bundle's
+    precision sets: float16 in fp16 bundles, float32 otherwise."""
+    return decoder.input(kv_names("cache", 1)[0]).dtype
+
+
 def kv_names(prefix: str, n_layers: int) -> list[str]:
     """`{prefix}_key_{i}`, `{prefix}_value_{i}` for every layer, in layer order."""
     return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]

@@ -3,6 +3,7 @@
 Proves the graphs parse and build under a real TensorRT builder with our profiles, that the
 engines serialize, and what they record. Running them needs a GPU (tests/runtime/test_trt_backend.py).
 """
+import dataclasses
 import json
 import re
 import shutil
@@ -78,21 +79,21 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     kv_dtype = "float16" if name.endswith("fp16") else "float32"
     spec = signature_for(cfg, kv_dtype)
     for graph in ("encoder", "decoder", "reorder"):
-        e = bundle.manifest["engines"][f"{graph}.tensorrt_rtx"]
+        e = bundle.manifest.engines[f"{graph}.tensorrt_rtx"]
         assert e == engines[f"{graph}.tensorrt_rtx"]
-        assert (path / e["file"]).stat().st_size == e["bytes"] > 10_000
-        assert e["onnx_sha256"] == bundle.manifest["files"][f"{graph}.onnx"]
-        assert e["precision"] == bundle.precision and e["strongly_typed"] and e["tf32"] is False
-        assert e["flavor"] == "tensorrt_rtx" and e["tensorrt_version"] == trt.__version__
-        io = {t["name"]: t for t in (*e["io"]["inputs"], *e["io"]["outputs"])}
+        assert (path / e.file).stat().st_size == e.details["bytes"] > 10_000
+        assert e.onnx_sha256 == bundle.manifest.files[f"{graph}.onnx"]
+        assert e.precision == bundle.precision and e.details["strongly_typed"] and e.details["tf32"] is False
+        assert e.flavor == "tensorrt_rtx" and e.tensorrt_version == trt.__version__
+        io = {t["name"]: t for t in (*e.details["io"]["inputs"], *e.details["io"]["outputs"])}
         for t in (*spec[graph].inputs, *spec[graph].outputs):
             assert io[t.name]["dtype"] == t.dtype, t.name
             assert io[t.name]["shape"] == [-1 if isinstance(a, str) else a for a in t.shape]
         # the reorder engine gathers cross K/V (src_len positions) through its cache axis too
         cache_max = max(20, cfg["max_len"]) if graph == "reorder" else 20
-        assert e["profile"] == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]],
+        assert e.profile == {"batch": [1, 2, 6], "src_len": [1, 9, cfg["max_len"]],
                                 "cache_len": [1, 10, cache_max], "src_batch": [1, 2, 6]}
-    dec = bundle.manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
+    dec = bundle.manifest.engines["decoder.tensorrt_rtx"].details["tensor_profiles"]
     H, D = cfg["n_heads"], cfg.get("attention_head_dim") or cfg["d_model"] // cfg["n_heads"]
     assert dec["cache_key_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, 20, D]]  # capacity, not the valid length
     assert dec["cross_value_1"] == [[1, H, 1, D], [2, H, 9, D], [6, H, cfg["max_len"], D]]
@@ -100,7 +101,7 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     assert dec["input_ids"] == [[1, 1], [2, 1], [6, 1]]
     assert dec["positions"] == dec["min_new_tokens"] == [[1], [2], [6]]  # one a row: rows at their own positions
     assert sum(1 for k in dec if k.startswith("cache_")) == 2 * cfg["n_decoder_layers"]
-    reorder = bundle.manifest["engines"]["reorder.tensorrt_rtx"]["tensor_profiles"]
+    reorder = bundle.manifest.engines["reorder.tensorrt_rtx"].details["tensor_profiles"]
     assert reorder["beam_idx"] == [[1], [2], [6]]
     assert reorder["cache_value_0"] == [[1, H, 1, D], [2, H, 10, D], [6, H, max(20, cfg["max_len"]), D]]
     assert events and all(len(e) == 4 for e in events)  # progress was reported
@@ -110,16 +111,13 @@ def test_tf32_and_options_are_applied(bundles, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundles["tiny-fp32"], path)
     shutil.rmtree(path / "engines")
-    m = json.loads((path / "manifest.json").read_text())
-    m["engines"] = {}
-    from xform.runtime.bundle import write_manifest
-    write_manifest(path, m)
+    Bundle.open(path, verify=False).manifest.replace(engines={}).write(path)
     engines = build_engines(path, "tensorrt_rtx", options=BuildOptions(tf32=True, workspace_mib=64,
                                                                       builder_optimization_level=1),
                             max_batch=2, max_new_tokens=4)
     e = engines["decoder.tensorrt_rtx"]
-    assert e["tf32"] is True and e["workspace_mib"] == 64 and e["builder_optimization_level"] == 1
-    assert e["profile"]["cache_len"] == [1, 2, 4]
+    assert e.details["tf32"] is True and e.details["workspace_mib"] == 64
+    assert e.details["builder_optimization_level"] == 1 and e.profile["cache_len"] == [1, 2, 4]
 
 
 def test_existing_engines_need_force(built):
@@ -177,10 +175,9 @@ def test_trt_backend_refusals_without_a_gpu(built, tmp_path):
     # an engine recorded as built from another ONNX is refused before anything runs
     copy = tmp_path / "b"
     shutil.copytree(path, copy)
-    m = json.loads((copy / "manifest.json").read_text())
-    m["engines"]["decoder.tensorrt_rtx"]["onnx_sha256"] = "0" * 64
-    from xform.runtime.bundle import write_manifest
-    write_manifest(copy, m)
+    m = Bundle.open(copy, verify=False).manifest
+    m.engines["decoder.tensorrt_rtx"] = dataclasses.replace(m.engines["decoder.tensorrt_rtx"], onnx_sha256="0" * 64)
+    m.write(copy)
     with pytest.raises(BundleError, match="built from another decoder.onnx"):
         xform.load(copy, backend="trt")
 
@@ -209,9 +206,9 @@ def test_cli_build_engine(tmp_path, checkpoint_dir):
     # the rebuilt engines have new names; the replaced ones are gone and the bundle passes its hashes
     after = sorted(p.name for p in (path / "engines").iterdir())
     assert len(after) == 3 and not set(after) & set(first)
-    e = Bundle.open(path).manifest["engines"]["reorder.tensorrt_rtx"]
-    assert e["max_beams"] == 4 and e["max_sources"] == 3 and e["tensor_profiles"]["beam_idx"][2] == [12]
-    dec = Bundle.open(path).manifest["engines"]["decoder.tensorrt_rtx"]["tensor_profiles"]
+    e = Bundle.open(path).manifest.engines["reorder.tensorrt_rtx"]
+    assert e.max_beams == 4 and e.max_sources == 3 and e.details["tensor_profiles"]["beam_idx"][2] == [12]
+    dec = Bundle.open(path).manifest.engines["decoder.tensorrt_rtx"].details["tensor_profiles"]
     assert dec["input_ids"][2] == [12, 1] and dec["cross_key_0"][2][0] == 3  # rows: sources x beams; cross: sources
     r = CliRunner().invoke(main, ["build-engine", str(path), "--max-beams", "0", "--force"])
     assert r.exit_code == 1 and "--max-beams must be at least 1" in r.output
@@ -262,5 +259,5 @@ def test_explicit_ranges_are_recorded_as_built(bundles, tmp_path):
     export_bundle(bundles["tiny-fp32"] / "reference", path)
     ranges = ProfileRanges(batch=(1, 4, 8), src_len=(1, 6, 12), cache_len=(1, 8, 16), src_batch=(1, 1, 2))
     build_engines(path, "tensorrt_rtx", ranges=ranges, options=BuildOptions(builder_optimization_level=0))
-    e = Bundle.open(path).manifest["engines"]["decoder.tensorrt_rtx"]
-    assert (e["max_sources"], e["max_beams"]) == (2, 4)
+    e = Bundle.open(path).manifest.engines["decoder.tensorrt_rtx"]
+    assert (e.max_sources, e.max_beams) == (2, 4)

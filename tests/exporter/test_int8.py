@@ -79,7 +79,7 @@ def test_logits_off_by_a_third_with_unchanged_translations_export(tmp_path, monk
     it exports, and its logit error is reported."""
     monkeypatch.setattr(export, "quantize_graph", damage_weight_scales(1.35, output_only=True))
     result = export_bundle("demo", tmp_path / "sharper", precision="int8")
-    check = result.manifest["verification"]["check"]
+    check = result.manifest.verification["check"]
     assert check["max_rel_err"] > 0.15 and check["decode_agreement"] >= 0.95
 
 
@@ -103,9 +103,9 @@ def test_trained_marians_export_int8_and_translate_like_transformers(marians, tm
     directory, model, _ = marians[name]
     pytest.importorskip("transformers")
     result = export_bundle(directory, tmp_path / name, precision="int8")
-    check = result.manifest["verification"]["check"]
+    check = result.manifest.verification["check"]
     assert check["judged_by"] == "decodes" and check["decode_agreement"] >= 0.90
-    assert result.manifest["tolerance"]["judged_by"] == "decodes"
+    assert result.manifest.tolerance["judged_by"] == "decodes"
     src, mask = sources(model.config, [9, 4, 7, 3, 8, 5], seed=3)
     with torch.no_grad():
         want = model.generate(src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=12)[:, 1:]

@@ -230,7 +230,7 @@ def test_fp16_and_int8_exports_verify(family, name, tmp_path):
     _, path, _ = family[name]
     for precision in ("fp16", "int8"):
         result = export_bundle(path, tmp_path / precision, precision=precision)
-        assert result.manifest["verification"]["check"]["passed"], precision
+        assert result.manifest.verification["check"]["passed"], precision
 
 
 def test_cli_export_recognises_the_family_and_records_forced_bos(family, tmp_path):

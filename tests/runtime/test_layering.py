@@ -1,7 +1,8 @@
 """Layers point one way: every import between xform's layers, checked from the sources (imports
 inside functions too), and `import xform` / ONNX Runtime generation load no torch.
 
-    base      xform.errors, xform.contract, xform.files   (nothing of xform above them)
+    base      xform.errors, .contract, .files, .config,   (nothing of xform above them)
+              .manifest
     models    PyTorch only                                (base)
     runtime   numpy + onnxruntime / tensorrt              (base; never torch, models, exporter)
     exporter  models -> graphs, checks, engines           (base, models, runtime)
@@ -19,9 +20,9 @@ import pytest
 import xform
 
 ROOT = pathlib.Path(xform.__file__).parent
-BASE = ("xform.errors", "xform.contract", "xform.files")
+BASE = ("xform.errors", "xform.contract", "xform.files", "xform.config", "xform.manifest")
 LAYERS = {  # a layer's files -> the xform modules (by prefix) they may import, and whether torch
-    "base": ([ROOT / "errors.py", ROOT / "contract.py", ROOT / "files.py"], ("xform.errors",), False),
+    "base": ([ROOT / f"{m.removeprefix('xform.')}.py" for m in BASE], BASE, False),
     "models": (sorted((ROOT / "models").glob("*.py")), BASE + ("xform.models",), True),
     "runtime": (sorted((ROOT / "runtime").glob("*.py")), BASE + ("xform.runtime",), False),
     "exporter": (sorted((ROOT / "exporter").glob("*.py")),

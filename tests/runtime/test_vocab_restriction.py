@@ -70,11 +70,11 @@ def test_restricted_tokens_are_the_masked_full_models(restrictable, settings):
 def test_the_restricted_decoder_is_verified_and_shares_the_decoders_weights(restrictable):
     _, session = restrictable
     m = session.bundle.manifest
-    assert "decoder_restricted" in m["graphs"] and m["output_table"]["file"] == "output.safetensors"
-    figures = m["verification"]
+    assert "decoder_restricted" in m.graphs and m.output_table == "output.safetensors"
+    figures = m.verification
     assert any(k.startswith("restricted_") for k in figures) and all(
         v <= 1e-4 for k, v in figures.items() if k.startswith("restricted_"))
-    shared = [w["graphs"] for w in m["shared_weights"]]
+    shared = [w.graphs for w in m.shared_weights]
     assert all("decoder" in g for g in shared)
 
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.files import atomic_write, remove_stale_temporaries
-from xform.runtime.bundle import Bundle, write_manifest
+from xform.manifest import EngineEntry, Manifest
+from xform.runtime.bundle import Bundle
 from xform.runtime.gpu import gpu_info, import_tensorrt
 
 log = logging.getLogger(__name__)
@@ -230,11 +231,11 @@ def engine_key(graph: str, flavor: str) -> str:
     return f"{graph}.{flavor}"
 
 
-def remove_unreferenced_engines(engine_dir: Path, manifest: dict) -> None:
+def remove_unreferenced_engines(engine_dir: Path, manifest: Manifest) -> None:
     """Engine files the manifest no longer names (replaced by a rebuild, or written by a build
     killed before its manifest), and temporaries of killed builds."""
     remove_stale_temporaries(engine_dir, any_target=True)
-    used = {Path(e["file"]).name for e in manifest["engines"].values()}
+    used = {Path(e.file).name for e in manifest.engines.values()}
     for p in engine_dir.glob("*.engine"):
         if p.name not in used:
             p.unlink(missing_ok=True)
@@ -242,7 +243,8 @@ def remove_unreferenced_engines(engine_dir: Path, manifest: dict) -> None:
 
 def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
                   options: BuildOptions | None = None, force: bool = False,
-                  progress: Callable[[str, str, int, int], None] | None = None, **range_flags) -> dict:
+                  progress: Callable[[str, str, int, int], None] | None = None,
+                  **range_flags) -> dict[str, EngineEntry]:
     """Build the encoder and decoder engines of a bundle and record them in its manifest."""
     bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
     if bundle.precision == "int8":
@@ -265,9 +267,9 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
     engine_dir = bundle.path / ENGINE_DIR
     # the candidates graph runs on ONNX Runtime only: its TopK width is a runtime input, which
     # TensorRT takes as a shape tensor; the TensorRT backend ranks beam candidates on the host
-    graphs = [g for g in GRAPHS if g in bundle.manifest["graphs"] and g != CANDIDATES]
-    existing = [bundle.path / bundle.manifest["engines"][engine_key(g, flavor)]["file"] for g in graphs
-                if engine_key(g, flavor) in bundle.manifest["engines"]]
+    graphs = [g for g in GRAPHS if bundle.has_graph(g) and g != CANDIDATES]
+    existing = [bundle.path / bundle.manifest.engines[engine_key(g, flavor)].file for g in graphs
+                if engine_key(g, flavor) in bundle.manifest.engines]
     if existing and not force:
         raise BundleError(f"{', '.join(map(str, existing))}: already built; pass --force to rebuild")
     built: dict[str, tuple[bytes, dict]] = {}
@@ -291,19 +293,18 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         for graph, (data, record) in built.items():
             atomic_write(targets[graph], data)
             written.append(targets[graph])
-            onnx_name = manifest["graphs"][graph]["file"]
-            data_name = f"{onnx_name}.data"
-            manifest["engines"][engine_key(graph, flavor)] = {
-                "file": f"{ENGINE_DIR}/{targets[graph].name}", "graph": graph, "flavor": flavor,
-                "tensorrt_version": trt.__version__, "target": target, "profile": ranges.for_graph(graph).to_dict(),
-                "onnx": onnx_name, "onnx_sha256": manifest["files"][onnx_name],
+            onnx_name = manifest.graphs[graph].file
+            manifest.engines[engine_key(graph, flavor)] = EngineEntry(
+                file=f"{ENGINE_DIR}/{targets[graph].name}", graph=graph, flavor=flavor,
+                tensorrt_version=trt.__version__, target=target, profile=ranges.for_graph(graph).to_dict(),
+                onnx=onnx_name, onnx_sha256=manifest.files[onnx_name],
+                onnx_data_sha256=manifest.files.get(f"{onnx_name}.data"), precision=bundle.precision,
                 # from the ranges built, whether given as ranges= or as flags
-                "max_sources": ranges.src_batch[2], "max_beams": max(1, ranges.batch[2] // ranges.src_batch[2]),
-                "onnx_data_sha256": manifest["files"].get(data_name), "precision": bundle.precision,
-                "strongly_typed": True,
-                "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt" else None,
-                "bytes": len(data), **record}
-        write_manifest(bundle.path, manifest)
+                max_sources=ranges.src_batch[2], max_beams=max(1, ranges.batch[2] // ranges.src_batch[2]),
+                details={"strongly_typed": True, "bytes": len(data),
+                         "timing_cache": str(options.timing_cache) if options.timing_cache and flavor == "tensorrt"
+                         else None, **record})
+        manifest.write(bundle.path)
     except BaseException:
         for p in written:
             p.unlink(missing_ok=True)
@@ -311,4 +312,4 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
             shutil.rmtree(engine_dir)
         raise
     remove_unreferenced_engines(engine_dir, manifest)
-    return {engine_key(g, flavor): manifest["engines"][engine_key(g, flavor)] for g in graphs}
+    return {engine_key(g, flavor): manifest.engines[engine_key(g, flavor)] for g in graphs}

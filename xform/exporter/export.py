@@ -24,11 +24,12 @@ from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, refuse_existing
+from xform.manifest import GraphEntry, Manifest, SharedWeight, TokenizerEntry
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
 from xform.models.vocab import VocabFiles, vocab_tokenizer
-from xform.runtime.bundle import FORMAT, VERSION, Bundle, write_manifest
+from xform.runtime.bundle import Bundle
 from xform.runtime.compare import tolerance_for
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ OUTPUT_TABLE = "output.safetensors"  # --with-vocab-map: the output projection's
 @dataclass
 class ExportResult:
     path: Path
-    manifest: dict
+    manifest: Manifest
 
 
 def quantize_graph(fp32: Path, out: Path) -> None:
@@ -108,7 +109,7 @@ def unshare_quantized_weights(path: Path) -> None:
         save_with_external_data(model, path)
 
 
-def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
+def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[SharedWeight]:
     """Initializers the decoder and another graph hold with identical bytes (the encoder: a shared
     embedding table; the restricted decoder: every decoder layer): where the decoder's copy lies,
     for the runtime to map once and give every session that holds it (manifest `shared_weights`;
@@ -137,7 +138,7 @@ def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
         return digests[location, offset]
 
     others = {g: external(g) for g in (ENCODER, RESTRICTED) if (directory / f"{g}.onnx").is_file()}
-    out = []
+    out: list[SharedWeight] = []
     for name, (location, offset, length, dtype, dims) in external(DECODER).items():
         graphs = {DECODER: name}
         for graph, tensors in others.items():
@@ -147,7 +148,7 @@ def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[dict]:
                     graphs[graph] = other_name
                     break
         if len(graphs) > 1:
-            out.append({"file": location, "offset": offset, "dtype": dtype, "shape": dims, "graphs": graphs})
+            out.append(SharedWeight(location, offset, dtype, tuple(dims), graphs))
     return out
 
 
@@ -220,33 +221,27 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                 (tmp / "tokenizer").mkdir()
                 for f, name in loaded.tokenizer_files:
                     shutil.copyfile(f, tmp / "tokenizer" / name)
-        manifest = {
-            "format": FORMAT, "version": VERSION, "precision": precision, "opset": opset,
-            "precision_plan": PRECISION_PLANS[precision],
-            "model": {"config": cfg.to_dict(), "source": loaded.source},
-            "graphs": {g: {"file": f"{g}.onnx", "signature": specs[g].to_dict()} for g in graphs},
-            "output_table": {"file": OUTPUT_TABLE} if vocab_map else None,
-            "shared_weights": shared_weights(tmp),
+        manifest = Manifest(
+            precision=precision, opset=opset, precision_plan=PRECISION_PLANS[precision], config=cfg,
+            source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
+            output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
             # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
-            "attention_layer": attention_layer,
-            "reference": {"dir": REFERENCE_DIR},
+            attention_layer=attention_layer, reference_dir=REFERENCE_DIR,
             # decoding defaults of run / translate / generate; greedy unless the model ships others
-            "generation": generation,
-            "tokenizer": {"file": "tokenizer.json", "notes": notes} if loaded.tokenizer is not None else None,
-            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
-                          "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
-                          "judged_by": "decodes" if tol.by_decodes else "logits",
-                          **({"min_decode_agreement": tol.min_decode_agreement,
-                              "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
-                          "reason": tol.reason},
-            "versions": {"xform": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
-                         "python": platform.python_version()},
-            "engines": {},
-        }
-        write_manifest(tmp, manifest)
+            generation=generation,
+            tokenizer=TokenizerEntry("tokenizer.json", tuple(notes)) if loaded.tokenizer is not None else None,
+            tolerance={"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
+                       "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
+                       "judged_by": "decodes" if tol.by_decodes else "logits",
+                       **({"min_decode_agreement": tol.min_decode_agreement,
+                           "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
+                       "reason": tol.reason},
+            versions={"xform": __version__, "torch": str(torch.__version__), "onnx": onnx.__version__,
+                      "python": platform.python_version()})
+        manifest.write(tmp)
         progress("verifying against eager PyTorch on onnxruntime")
-        manifest["verification"] = verify_bundle(model, Bundle.open(tmp), tol)
-        write_manifest(tmp, manifest)
+        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol)
+        manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)
 
@@ -266,7 +261,7 @@ def verify_bundle(model, bundle: Bundle, tol) -> dict:
     if bundle.has_graph(RESTRICTED):
         sessions[RESTRICTED] = backend.restricted_session()
     figures = verify_graphs(model, sessions, {g: bundle.graph_spec(g) for g in sessions}, tol,
-                            bundle.manifest.get("attention_layer"))
+                            bundle.manifest.attention_layer)
     if tol.min_token_agreement == 1.0:
         figures.update(verify_greedy(model, Session(backend, bundle.config)))
     report = check(bundle.path, session=Session(backend, bundle.config, bundle=bundle), batch=8, src_len=12,

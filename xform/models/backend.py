@@ -37,8 +37,8 @@ class TorchBackend:
         """The reference of a bundle (its `reference` checkpoint), with its attention layer; the
         bundle is the runtime's Bundle, read here by its manifest and files only."""
         from xform.models.checkpoint import load_checkpoint
-        return cls(load_checkpoint(bundle.file(bundle.manifest["reference"]["dir"])), device, threads,
-                   bundle.manifest.get("attention_layer"))
+        return cls(load_checkpoint(bundle.file(bundle.manifest.reference_dir)), device, threads,
+                   bundle.manifest.attention_layer)
 
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:

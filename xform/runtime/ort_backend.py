@@ -29,6 +29,7 @@ import numpy as np
 from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
 from xform.files import drop_cached
+from xform.manifest import SharedWeight as SharedEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
@@ -77,7 +78,7 @@ class OrtBackend:
         providers = providers_for(device)
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
-        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights()]
+        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights]
         self.bundle, self.threads, self.providers = bundle, threads, providers
         sessions = {}
         for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
@@ -147,7 +148,9 @@ class OrtBackend:
                              "--with-vocab-map")
         if self.table is None:
             from safetensors.numpy import load_file
-            self.table = load_file(str(self.bundle.file(self.bundle.manifest["output_table"]["file"])))
+            table = self.bundle.manifest.output_table
+            assert table is not None  # Manifest.from_json: the restricted decoder comes with its table
+            self.table = load_file(str(self.bundle.file(table)))
             self.restricted_session()
         self.subset = np.ascontiguousarray(ids, np.int64)
         self.sub_weight = np.ascontiguousarray(self.table["weight"][self.subset])
@@ -405,19 +408,19 @@ def bind_host(binding, kind: str, name: str, array: np.ndarray) -> None:
 
 
 class SharedWeight:
-    """One manifest `shared_weights` entry (validated by Bundle.validate), mapped read-only from
+    """One manifest `shared_weights` entry (validated by Manifest.from_json and Bundle.validate), mapped read-only from
     the bundle's file once for every session that holds it."""
 
-    def __init__(self, ort, bundle: Bundle, entry: dict):
-        self.path = bundle.file(entry["file"])
-        self.offset, self.nbytes = entry["offset"], entry["nbytes"]
+    def __init__(self, ort, bundle: Bundle, entry: SharedEntry):
+        self.path = bundle.file(entry.file)
+        self.offset, self.nbytes = entry.offset, entry.nbytes
         start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
         with open(self.path, "rb") as f:
             self.map = mmap.mmap(f.fileno(), self.offset + self.nbytes - start, access=mmap.ACCESS_READ, offset=start)
-        self.array = np.frombuffer(self.map, entry["dtype"], offset=self.offset - start,
-                                   count=int(np.prod(entry["shape"]))).reshape(entry["shape"])
+        self.array = np.frombuffer(self.map, entry.dtype, offset=self.offset - start,
+                                   count=int(np.prod(entry.shape))).reshape(entry.shape)
         self.value = ort.OrtValue.ortvalue_from_numpy(self.array)  # the sessions read this memory
-        self.graphs = entry["graphs"]
+        self.graphs = entry.graphs
 
     def page_out(self) -> None:
         """Drop the pages that loading made resident (ONNX Runtime reads a table whole to prepack

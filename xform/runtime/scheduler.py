@@ -28,7 +28,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xform.contract import DECODER
 from xform.errors import InputError, XformError
 
 
@@ -237,7 +236,7 @@ class Scheduler:
         """Bytes of one row's self-attention cache at the model's max_len positions."""
         c, bundle = self.session.config, self.session.bundle
         head_dim = c.get("attention_head_dim") or c["d_model"] // c["n_heads"]
-        item = 4 if bundle is None else np.dtype(bundle.graph_spec(DECODER).input("cache_key_0").dtype).itemsize
+        item = 4 if bundle is None else np.dtype(bundle.manifest.kv_dtype).itemsize
         return 2 * c["n_decoder_layers"] * c["n_heads"] * head_dim * c["max_len"] * item
 
     @property

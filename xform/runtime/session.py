@@ -35,7 +35,7 @@ class Session:
         self.start_id = config["bos_id"] if start is None else start
         self.special = Special.from_config(config)
         # decoding defaults the bundle records (a Marian model's generation_config); greedy if none
-        self.generation_defaults = dict((bundle.manifest.get("generation") or {}) if bundle is not None else {})
+        self.generation_defaults = dict(bundle.manifest.generation if bundle is not None else {})
 
     @property
     def backend_name(self) -> str:

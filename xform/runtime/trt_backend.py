@@ -19,6 +19,7 @@ import numpy as np
 
 from xform.contract import DECODER, ENCODER, REORDER, GraphSpec, TensorSpec, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
+from xform.manifest import EngineEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import DeviceCache, DeviceRows
@@ -30,10 +31,10 @@ log = logging.getLogger(__name__)
 
 
 def pick_engines(bundle: Bundle, flavor: str, installed: list[str] | tuple[str, ...] = FLAVORS
-                 ) -> tuple[str, dict, dict, dict]:
+                 ) -> tuple[str, EngineEntry, EngineEntry, EngineEntry]:
     """The (flavor, encoder, decoder, reorder entries) to run, of a flavour that is installed; the
     engines must come from this ONNX."""
-    engines = bundle.manifest.get("engines", {})
+    engines = bundle.manifest.engines
     built = [f for f in FLAVORS if f"{ENCODER}.{f}" in engines and f"{DECODER}.{f}" in engines]
     if flavor != "auto":
         built = [f for f in built if f == flavor]
@@ -47,16 +48,15 @@ def pick_engines(bundle: Bundle, flavor: str, installed: list[str] | tuple[str, 
                                       f"{installed[0]} with: xform build-engine {bundle.path} --flavor {installed[0]}")
     chosen = flavors[0]
     enc, dec = engines[f"{ENCODER}.{chosen}"], engines[f"{DECODER}.{chosen}"]
-    files = bundle.manifest["files"]
+    files = bundle.manifest.files
     if f"{REORDER}.{chosen}" not in engines:
         raise BundleError(f"{bundle.path}: no {chosen} engine for the reorder graph; rebuild with: "
                           f"xform build-engine {bundle.path} --force")
     for entry in (enc, dec, engines[f"{REORDER}.{chosen}"]):
-        for name, recorded in ((entry["onnx"], entry["onnx_sha256"]),
-                               (f"{entry['onnx']}.data", entry.get("onnx_data_sha256"))):
+        for name, recorded in ((entry.onnx, entry.onnx_sha256), (f"{entry.onnx}.data", entry.onnx_data_sha256)):
             if recorded != files.get(name):
                 have = (files.get(name) or "none")[:16]
-                raise BundleError(f"{bundle.path / entry['file']}: built from another {name} "
+                raise BundleError(f"{bundle.path / entry.file}: built from another {name} "
                                   f"(sha256 {(recorded or 'none')[:16]}..., the bundle's is {have}...); "
                                   f"rebuild with: xform build-engine {bundle.path} --force")
     return chosen, enc, dec, engines[f"{REORDER}.{chosen}"]
@@ -100,7 +100,7 @@ class TrtBackend:
             raise XformError("TensorRT could not create an execution context (out of GPU memory?)")
         self.stream = cuda_check(cudart, cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags")
-        prof = dec_entry["profile"]
+        prof = dec_entry.profile
         self.max_batch, self.max_src = prof["batch"][2], prof["src_len"][2]
         self.max_sources = prof.get("src_batch", prof["batch"])[2]
         self.max_steps = prof["cache_len"][2]
@@ -109,19 +109,19 @@ class TrtBackend:
         self.allocate()
 
     # -- setup -------------------------------------------------------------------------------
-    def deserialize(self, bundle: Bundle, entry: dict, spec: GraphSpec):
-        engine = self.runtime.deserialize_cuda_engine(bundle.file(entry["file"]).read_bytes())
+    def deserialize(self, bundle: Bundle, entry: EngineEntry, spec: GraphSpec):
+        engine = self.runtime.deserialize_cuda_engine(bundle.file(entry.file).read_bytes())
         if engine is None:
-            raise XformError(f"{bundle.file(entry['file'])}: {self.flavor} {self.trt.__version__} cannot deserialize "
-                             f"it (built with {entry['tensorrt_version']} for {entry['target']}); rebuild it here")
+            raise XformError(f"{bundle.file(entry.file)}: {self.flavor} {self.trt.__version__} cannot deserialize "
+                             f"it (built with {entry.tensorrt_version} for {entry.target}); rebuild it here")
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         want = spec.input_names + spec.output_names
         if sorted(names) != sorted(want):
-            raise BundleError(f"{bundle.file(entry['file'])}: engine tensors {names} differ from the contract's {want}")
+            raise BundleError(f"{bundle.file(entry.file)}: engine tensors {names} differ from the contract's {want}")
         for t in (*spec.inputs, *spec.outputs):
             got = np.dtype(self.trt.nptype(engine.get_tensor_dtype(t.name)))
             if got != np.dtype(t.dtype):
-                raise BundleError(f"{bundle.file(entry['file'])}: tensor {t.name} is {got} in the engine, "
+                raise BundleError(f"{bundle.file(entry.file)}: tensor {t.name} is {got} in the engine, "
                                   f"{t.dtype} in the contract")
         return engine
 

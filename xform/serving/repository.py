@@ -180,7 +180,7 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
     if problems:
         raise XformError("invalid Triton model options:\n  - " + "\n  - ".join(problems))
     bundle = Bundle.open(bundle_dir)
-    if options.backend == "trt" and not bundle.manifest.get("engines"):
+    if options.backend == "trt" and not bundle.manifest.engines:
         raise BundleError(f"{bundle.path}: has no TensorRT engines; run `xform build-engine {bundle.path}` "
                           "or serve it with --backend ort")
     if options.vocab_map is not None:  # checked now, against this bundle's tokenizer, not at the first request
@@ -194,7 +194,7 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
     roles = model_roles(name, options)
     for model in roles:
         refuse_existing(Path(repo) / model, force, "Triton model")
-    has = (bundle.tokenizer_file is not None, bundle.manifest.get("attention_layer") is not None)
+    has = (bundle.tokenizer_file is not None, bundle.manifest.attention_layer is not None)
     for model, role in roles.items():
         with atomic_directory(Path(repo) / model, force) as tmp:
             version = tmp / "1"

@@ -1,0 +1,350 @@
+"""The bundle manifest, typed: one definition that reads, validates and writes `manifest.json`.
+
+Every reader (the runtime's Bundle, the engine builder, the CLI, serving) holds a `Manifest`, not a
+dict whose keys it spells; the exporter builds one and `write` hashes the bundle's files into it.
+A manifest read from disk is hostile until proved otherwise: `Manifest.from_json` checks every
+field's type, the model config (`TransformerConfig.problems`, the one config validation), the graph
+signatures against the ones the config implies (what the runtime allocates from) and the shared
+weights' and engines' records, before anything reads them. What needs the files themselves (paths
+staying inside the bundle, hashes, shared weights inside their file) is Bundle's (runtime/bundle.py).
+
+The JSON layout (keys, nesting) is bundle format 4's, unchanged. Pure Python + json: no torch,
+no onnx, no numpy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xform.config import TransformerConfig
+from xform.contract import DECODER, GRAPHS, RESTRICTED, GraphSpec, cache_dtype, signature_for
+from xform.errors import BundleError, ConfigError
+from xform.files import TEMP, atomic_write, sha256_file
+
+MANIFEST = "manifest.json"
+FORMAT = "xform-bundle"
+# 2: the decoder's K/V cache is a fixed-capacity buffer updated in place (contract.py)
+# 3: the decoder reads its cross K/V once per source (`src_batch`), a source's beams as extra queries
+# 4: every decoder row has its own position and end-of-sentence limit (`positions`, `min_new_tokens`
+#    per row), so requests join a running batch (in-flight batching)
+VERSION = 4
+OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform updates the cache in place",
+                2: "read the encoder's output once per decoded row; this xform reads it once per source, "
+                   "however many beams or samples decode it",
+                3: "decoded every row at one position; this xform gives each row its own, so that requests join a "
+                   "running batch"}
+PRECISIONS = ("fp32", "fp16", "int8")
+SHARED_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1}  # dtype -> bytes per element
+MAX_DIM = 1 << 31
+
+
+class _Reader:
+    """Typed fields of one JSON object, each refused with the manifest and the field named."""
+
+    def __init__(self, where: str, data: Any, what: str):
+        if not isinstance(data, dict):
+            raise BundleError(f"{where}: {what} must be an object, found {_kind(data)}")
+        self.where, self.data, self.what = where, data, what
+
+    def fail(self, key: str, expected: str) -> BundleError:
+        return BundleError(f"{self.where}: {self.what}.{key} must be {expected}, found {_show(self.data.get(key))}")
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def text(self, key: str, optional: bool = False) -> Any:
+        v = self.data.get(key)
+        if (v is None and optional) or (isinstance(v, str) and v):
+            return v
+        raise self.fail(key, "a non-empty string" + (" or null" if optional else ""))
+
+    def integer(self, key: str, lo: int = 0, hi: int = MAX_DIM, optional: bool = False) -> Any:
+        v = self.data.get(key)
+        if (v is None and optional) or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            return v
+        raise self.fail(key, f"an integer in [{lo}, {hi}]" + (" or null" if optional else ""))
+
+    def flag(self, key: str) -> bool:
+        v = self.data.get(key)
+        if isinstance(v, bool):
+            return v
+        raise self.fail(key, "true or false")
+
+    def mapping(self, key: str, optional: bool = False) -> Any:
+        v = self.data.get(key)
+        if (v is None and optional) or isinstance(v, dict):
+            return v
+        raise self.fail(key, "an object" + (" or null" if optional else ""))
+
+    def sequence(self, key: str) -> list[Any]:
+        v = self.data.get(key, [])
+        if isinstance(v, list):
+            return v
+        raise self.fail(key, "a list")
+
+    def strings(self, key: str) -> dict[str, str]:
+        """An object of strings to strings."""
+        v = self.data.get(key, {})
+        if isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+            return dict(v)
+        raise self.fail(key, "an object of strings")
+
+
+def _kind(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    file: str
+    signature: GraphSpec
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "signature": self.signature.to_dict()}
+
+
+@dataclass(frozen=True)
+class SharedWeight:
+    """An initializer several graphs hold with the same bytes: a region of one bundle file the
+    runtime maps once (ort_backend.SharedWeight). `graphs`: graph -> initializer name."""
+    file: str
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    graphs: dict[str, str]
+
+    @property
+    def nbytes(self) -> int:
+        n = SHARED_DTYPES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "offset": self.offset, "dtype": self.dtype, "shape": list(self.shape),
+                "nbytes": self.nbytes, "graphs": dict(self.graphs)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, graphs: dict[str, GraphEntry]) -> "SharedWeight":
+        r = _Reader(where, data, "shared weight")
+        dtype = data.get("dtype") if isinstance(data, dict) else None
+        if dtype not in SHARED_DTYPES:
+            raise BundleError(f"{where}: dtype {dtype!r} is not one of {list(SHARED_DTYPES)}")
+        shape = data.get("shape")
+        if not (isinstance(shape, list) and shape and all(isinstance(d, int) and not isinstance(d, bool)
+                                                          and 1 <= d <= MAX_DIM for d in shape)):
+            raise BundleError(f"{where}: implausible shape {_show(shape)} (a list of sizes in [1, 2^31])")
+        names = r.strings("graphs")
+        if not names or any(g not in graphs for g in names):
+            raise BundleError(f"{where}: graphs {names!r} must map this bundle's graphs to initializer names")
+        return cls(r.text("file"), r.integer("offset", hi=1 << 62), dtype, tuple(shape), names)
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    file: str
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """A TensorRT engine built from one of the bundle's graphs (exporter/engine.py), and what it
+    was built from and with. `details`: the builder's own record (tensor profiles, flags, io),
+    written flat beside the fields the runtime reads."""
+    file: str
+    graph: str
+    flavor: str
+    tensorrt_version: str
+    onnx: str
+    onnx_sha256: str
+    onnx_data_sha256: str | None
+    precision: str
+    max_sources: int
+    max_beams: int
+    profile: dict[str, Any]
+    target: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    FIELDS = ("file", "graph", "flavor", "tensorrt_version", "onnx", "onnx_sha256", "onnx_data_sha256", "precision",
+              "max_sources", "max_beams", "profile", "target")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.details, **{k: getattr(self, k) for k in self.FIELDS}}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "EngineEntry":
+        r = _Reader(where, data, "engine")
+        return cls(r.text("file"), r.text("graph"), r.text("flavor"), r.text("tensorrt_version"), r.text("onnx"),
+                   r.text("onnx_sha256"), r.text("onnx_data_sha256", optional=True), r.text("precision"),
+                   r.integer("max_sources", 1), r.integer("max_beams", 1), r.mapping("profile"), r.mapping("target"),
+                   {k: v for k, v in data.items() if k not in cls.FIELDS})
+
+
+@dataclass
+class Manifest:
+    """What a bundle holds and how it was made. `files` (every file's sha256) is filled by `write`."""
+    precision: str
+    opset: int
+    config: TransformerConfig
+    graphs: dict[str, GraphEntry]
+    reference_dir: str
+    source: dict[str, Any] = field(default_factory=dict)  # where the model came from (importers' record)
+    precision_plan: str = ""
+    output_table: str | None = None  # --with-vocab-map: the output projection's file
+    shared_weights: list[SharedWeight] = field(default_factory=list)
+    attention_layer: int | None = None  # the decoder layer whose cross-attention the decoder returns
+    generation: dict[str, Any] = field(default_factory=dict)  # decoding defaults; greedy when empty
+    tokenizer: TokenizerEntry | None = None
+    tolerance: dict[str, Any] = field(default_factory=dict)  # the export check's tolerances, for the record
+    versions: dict[str, str] = field(default_factory=dict)
+    engines: dict[str, EngineEntry] = field(default_factory=dict)
+    verification: dict[str, Any] | None = None  # the export's figures against eager PyTorch
+    files: dict[str, str] = field(default_factory=dict)
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        self.config_dict = self.config.to_dict()
+
+    # -- what readers ask ----------------------------------------------------------------------
+    @property
+    def kv_dtype(self) -> str:
+        """The K/V cache's dtype (float16 in fp16 bundles)."""
+        return cache_dtype(self.graphs[DECODER].signature)
+
+    def named_files(self) -> list[str]:
+        """Every path the manifest names, for Bundle to hold inside the bundle."""
+        return [*self.files, *(g.file for g in self.graphs.values()), self.reference_dir,
+                *(e.file for e in self.engines.values()), *(w.file for w in self.shared_weights),
+                *([self.tokenizer.file] if self.tokenizer else []),
+                *([self.output_table] if self.output_table else [])]
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": self.version, "precision": self.precision, "opset": self.opset,
+            "precision_plan": self.precision_plan,
+            "model": {"config": self.config_dict, "source": self.source},
+            "graphs": {g: e.to_json() for g, e in self.graphs.items()},
+            "output_table": {"file": self.output_table} if self.output_table else None,
+            "shared_weights": [w.to_json() for w in self.shared_weights],
+            "attention_layer": self.attention_layer,
+            "reference": {"dir": self.reference_dir},
+            "generation": self.generation,
+            "tokenizer": self.tokenizer.to_json() if self.tokenizer else None,
+            "tolerance": self.tolerance,
+            "versions": self.versions,
+            "engines": {k: e.to_json() for k, e in self.engines.items()},
+            **({"verification": self.verification} if self.verification is not None else {}),
+            "files": self.files,
+        }
+
+    @classmethod
+    def read(cls, path: Path) -> "Manifest":
+        """`path` (a bundle's manifest.json), parsed and validated; BundleError naming it otherwise."""
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BundleError(f"{path}: corrupt manifest, not valid JSON ({e})") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "Manifest":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise BundleError(f"{where}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
+        version = data.get("version")
+        if isinstance(version, int) and not isinstance(version, bool) and version in OLD_VERSIONS:
+            raise BundleError(f"{where}: manifest version {version}, exported by an earlier xform whose decoder graph "
+                              f"{OLD_VERSIONS[version]} and needs version {VERSION}: re-export it "
+                              "(xform export ... --force)")
+        if version != VERSION or isinstance(version, bool):
+            raise BundleError(f"{where}: manifest version {version!r} is not one this xform knows [{VERSION}]; "
+                              "re-export the bundle or upgrade xform")
+        r = _Reader(where, data, "manifest")
+        precision = r.text("precision")
+        if precision not in PRECISIONS:
+            raise r.fail("precision", f"one of {list(PRECISIONS)}")
+        model = _Reader(where, r.mapping("model"), "model")
+        try:
+            config = TransformerConfig.from_dict(model.mapping("config"), source="model.config", complete=True)
+        except ConfigError as e:
+            problems = str(e).removeprefix("invalid TransformerConfig:\n  - ").replace("\n  - ", "; ")
+            raise BundleError(f"{where}: implausible model config: {problems}") from None
+        layer = r.integer("attention_layer", 0, config.n_decoder_layers - 1, optional=True)
+        graphs = {}
+        for name, entry in r.mapping("graphs").items():
+            g = _Reader(where, entry, f"graphs.{name}")
+            try:
+                spec = GraphSpec.from_dict(g.mapping("signature"))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise BundleError(f"{where}: malformed signature of the {name} graph ({type(e).__name__}: {e})"
+                                  ) from None
+            graphs[name] = GraphEntry(g.text("file"), spec)
+        missing = [g for g in GRAPHS if g not in graphs]
+        if missing:
+            raise BundleError(f"{where}: no {', '.join(missing)} graph; re-export the bundle")
+        try:
+            kv = cache_dtype(graphs[DECODER].signature)
+        except StopIteration:
+            raise BundleError(f"{where}: the decoder graph's signature has no K/V cache input") from None
+        expected = signature_for(config.to_dict(), kv, attention=layer is not None)
+        unknown = [g for g in graphs if g not in expected]
+        if unknown:
+            raise BundleError(f"{where}: unknown graphs {unknown}; known: {list(expected)}")
+        for name, entry in graphs.items():
+            if entry.signature != expected[name]:
+                raise BundleError(f"{where}: the {name} graph's signature is not the one its config implies")
+        table = r.mapping("output_table", optional=True)
+        if (RESTRICTED in graphs) != bool(table):
+            raise BundleError(f"{where}: the {RESTRICTED} graph and output_table go together")
+        tokenizer = r.mapping("tokenizer", optional=True)
+        tok = None
+        if tokenizer is not None:
+            t = _Reader(where, tokenizer, "tokenizer")
+            notes = t.sequence("notes")
+            if not all(isinstance(n, str) for n in notes):
+                raise t.fail("notes", "a list of strings")
+            tok = TokenizerEntry(t.text("file"), tuple(notes))
+        shared = [SharedWeight.from_json(w, f"{where}: shared_weights[{i}]", graphs)
+                  for i, w in enumerate(r.sequence("shared_weights"))]
+        engines = {k: EngineEntry.from_json(e, f"{where}: engines.{k}") for k, e in r.mapping("engines").items()}
+        return cls(
+            precision=precision, opset=r.integer("opset", 7, 99), config=config, graphs=graphs,
+            reference_dir=_Reader(where, r.mapping("reference"), "reference").text("dir"),
+            source=model.mapping("source"), precision_plan=r.text("precision_plan"),
+            output_table=_Reader(where, table, "output_table").text("file") if table else None,
+            shared_weights=shared, attention_layer=layer, generation=r.mapping("generation", optional=True) or {},
+            tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
+            verification=r.mapping("verification", optional=True), files=r.strings("files"))
+
+    def write(self, directory: Path) -> None:
+        """Hash every file under `directory` into `files` and write the manifest atomically; left
+        out: the manifest, temporaries, and engine files no engine entry names (replaced ones,
+        removed next)."""
+        self.files = hash_files(directory, {e.file for e in self.engines.values()})
+        atomic_write(directory / MANIFEST, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+    def replace(self, **changes: Any) -> "Manifest":
+        return dataclasses.replace(self, **changes)
+
+
+def hash_files(directory: Path, engines: set[str]) -> dict[str, str]:
+    """The sha256 of every file under `directory` a manifest records: all but the manifest,
+    temporaries, and engine files not in `engines` (the files engine entries name)."""
+    paths = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST and not TEMP.match(p.name)
+                   and not (p.suffix == ".engine" and p.relative_to(directory).as_posix() not in engines))
+    return {p.relative_to(directory).as_posix(): sha256_file(p) for p in paths}
