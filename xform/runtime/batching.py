@@ -66,18 +66,24 @@ class Batching:
         lines = self.lines_per_batch
         if lines is not None and rows > lines:
             return False
-        return self.batch_type == "examples" or rows * longest <= self.max_batch_tokens
+        if self.batch_type == "examples":
+            return True
+        assert self.max_batch_tokens is not None  # __post_init__: batch_type tokens needs max_batch_tokens
+        return rows * longest <= self.max_batch_tokens
 
     def window_full(self, lines: int, tokens: int) -> bool:
         """Whether a window of `lines` lines holding `tokens` source tokens is read_ahead batches' worth."""
         per_batch = self.lines_per_batch
         if per_batch is not None and lines >= self.read_ahead * per_batch:
             return True
-        return self.batch_type == "tokens" and tokens >= self.read_ahead * self.max_batch_tokens
+        if self.batch_type != "tokens":
+            return False
+        assert self.max_batch_tokens is not None  # __post_init__: batch_type tokens needs max_batch_tokens
+        return tokens >= self.read_ahead * self.max_batch_tokens
 
 
-def whole(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+def whole(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1
 
 
 def windows(items: Iterable[T], size: Callable[[T], int], batching: Batching) -> Iterator[list[T]]:

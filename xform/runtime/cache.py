@@ -168,7 +168,8 @@ class DeviceRows:
 
     def reset(self, shape: tuple[int, int, int, int], zero: bool = True) -> None:
         """A new decode: `shape`, zeros everywhere (a cache) or whatever the encoder writes (cross)."""
-        self.current, self.shape = 0, tuple(shape)
+        R, H, L, D = shape  # kept as a tuple, whatever sequence it came as
+        self.current, self.shape = 0, (R, H, L, D)
         for ptr in self.reserve(0, shape):
             if zero:
                 self.ops.zero(ptr, self.nbytes(shape))
@@ -247,7 +248,7 @@ class DeviceCache(DeviceRows):
         if not isinstance(p, np.ndarray):
             p = np.full(R, p)
         starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
-        for first, end in zip(starts, np.r_[starts[1:], R]):
+        for first, end in zip(map(int, starts), map(int, np.r_[starts[1:], R])):  # DeviceOps takes Python ints
             at = int(p[first])
             for c, n in zip(self.addresses(), self.new):
                 self.ops.copy_rows(c + (first * H * C + at) * w, C * w, n + first * H * w, w, w, (end - first) * H)

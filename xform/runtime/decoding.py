@@ -236,6 +236,10 @@ class Processors:
         """Process (rows, V) scores in place. `t` (rows,), `history` (rows, L) when history_wanted,
         `forced` (rows,) the prefix token a row must take, -1 for none."""
         gen = self.gen
+        if history is None:
+            if self.history_wanted:
+                raise ValueError("the repetition controls (history_wanted) need the decoder input: pass `history`")
+            history = np.empty((len(scores), 0), np.int64)  # read by none of the processors set
         if gen.repetition_penalty != 1.0:
             vals = np.take_along_axis(scores, history, 1)
             vals = np.where(vals < 0, vals * gen.repetition_penalty, vals / gen.repetition_penalty)
@@ -357,6 +361,8 @@ class Greedy:
         """This step's tokens of the active rows: the host's argmax of processed scores when a
         processor needs the host, else the graph's choice obeying the forced tokens."""
         if self.host:
+            if scores is None:
+                raise RuntimeError("choosing on the host needs this step's logits")
             return scores.argmax(1)
         forced = self.procs.forced_token(step - self.offset[self.active], prefix_at(self.prefix, self.active, step))
         return np.where(forced >= 0, forced, next_ids)
@@ -371,6 +377,8 @@ class Greedy:
         nxt = np.where(done, self.special.pad, self.choose(step, next_ids, scores))
         nxt = nxt.astype(np.int64)
         if self.token_scores is not None:
+            if scores is None:
+                raise RuntimeError("token scores need this step's logits")
             lp = log_softmax(scores)[np.arange(len(act)), nxt]  # transformers' normalized processed scores
             free = (step >= self.offset[act]) & ~done
             self.token_scores[act, step] = np.where(free, lp, 0.0)
@@ -392,6 +400,8 @@ class Greedy:
         return self.out[:, :self.steps], scores
 
     def per_token(self) -> np.ndarray:
+        if self.token_scores is None:
+            raise RuntimeError("per-token scores were not asked for (want_scores)")
         return self.token_scores[:, :self.steps]
 
     def attentions(self) -> np.ndarray:
@@ -416,6 +426,7 @@ class Alternatives(Greedy):
         out = super().choose(step, next_ids, scores)
         first = step - self.offset[self.active] == 0
         if first.any():
+            assert scores is not None  # advance() refuses a first free position without its logits
             ranked = np.argsort(-scores[first].astype(np.float64), axis=1, kind="stable")
             j = self.active[first] % self.group
             pick = ranked[np.arange(len(j)), j]
@@ -445,6 +456,8 @@ class Sample(Greedy):
         self.rng = np.random.default_rng(gen.seed)
 
     def choose(self, step: int, next_ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        if scores is None:
+            raise RuntimeError("sampling needs this step's logits")
         scores = scores.astype(np.float64) / self.gen.temperature
         V = scores.shape[1]
         if 0 < self.gen.top_k < V:
@@ -506,8 +519,8 @@ class BeamSearch:
         self.top_mask = np.arange(self.K) < k
         self.sources = np.arange(B)  # the original source of each one still searched
         self.vocab = special.vocab
-        self.final = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(), self.seqs_tok.copy(),
-                      self.seqs_attn.copy())
+        self.final: tuple[np.ndarray, ...] = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(),
+                                              self.seqs_tok.copy(), self.seqs_attn.copy())
 
     @property
     def candidates_wanted(self) -> int:
@@ -628,7 +641,8 @@ class BeamSearch:
 
     def retire(self, which: np.ndarray) -> None:
         """Store the sources `which` (of those still searched) in the result; keep searching the others."""
-        for final, now in zip(self.final, (self.seqs, self.scores, self.lengths, self.seqs_tok, self.seqs_attn)):
+        searched: tuple[np.ndarray, ...] = (self.seqs, self.scores, self.lengths, self.seqs_tok, self.seqs_attn)
+        for final, now in zip(self.final, searched):
             final[self.sources[which]] = now[which]
         keep = ~which
         self.sources = self.sources[keep]

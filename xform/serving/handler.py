@@ -202,8 +202,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
     except InputError as e:
         raise InputError(f"input '{setting_input(str(e))}': {e}") from None
     prefixes = None
-    if inputs.get("target_prefix") is not None:
-        texts = strings("target_prefix", inputs["target_prefix"])
+    target_prefix = inputs.get("target_prefix")
+    if target_prefix is not None:
+        texts = strings("target_prefix", target_prefix)
         if len(texts) != len(rows):
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
@@ -263,8 +264,10 @@ def job_outputs(session, job: Job, out) -> dict[str, np.ndarray]:
     if n > 1:
         outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
     if job.attention:  # each row's best: (rows, its tokens, src_len)
+        assert attention is not None  # want_attention: the last of `out`
         outputs["attention"] = np.ascontiguousarray(attention[::n, :ids.shape[1]], np.float32)
     if job.scores:
+        assert scores is not None and tokens is not None  # job.scores: they follow the ids in `out`
         outputs["scores"] = scores[::n, None].astype(np.float32)
         outputs["token_scores"] = np.ascontiguousarray(tokens[::n, :ids.shape[1]], np.float32)
         if n > 1:
@@ -306,7 +309,9 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         try:
             vocabulary = None
             if vocab_map is not None and jobs[0].texts is not None:
-                vocabulary = session.allowed_ids(vocab_map, [t for job in jobs for t in job.texts])
+                # every job has texts: Job.key keeps text requests apart from src_ids ones
+                vocabulary = session.allowed_ids(vocab_map, [t for job in jobs if job.texts is not None
+                                                             for t in job.texts])
             out = session.generate(*session.pad(rows), vocabulary=vocabulary,
                                    **{**decode_settings(jobs[0]), "target_prefix": prefixes, **longest})
         except XformError as e:  # a setting out of range for this bundle: every request that asked

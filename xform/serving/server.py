@@ -160,13 +160,16 @@ class TritonServer:
         return f"http://{self.host}:{self.http_port}"
 
     def command(self) -> list[str]:
-        cmd = [str(self.install.binary), f"--model-repository={self.repo}",
+        install = self.install
+        if install is None:
+            raise ServerError("no tritonserver to run: start() finds one, or give `install` (find_triton())")
+        cmd = [str(install.binary), f"--model-repository={self.repo}",
                f"--http-address={self.host}", f"--http-port={self.http_port}",
                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
                "--exit-on-error=true", "--log-verbose=0"]
-        if self.install.backend_dir is not None:
-            cmd.append(f"--backend-directory={self.install.backend_dir}")
+        if install.backend_dir is not None:
+            cmd.append(f"--backend-directory={install.backend_dir}")
         if self.bls_threads is not None:
             cmd.append(f"--backend-config=python,thread-pool-size={self.bls_threads}")
         return cmd
@@ -203,6 +206,8 @@ class TritonServer:
 
     def log_tail(self, lines: int = 12) -> str:
         """Triton's error lines (why a model failed to load), then the last lines of its log."""
+        if self.log_path is None:  # not started: no log yet
+            return "(no log)"
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
