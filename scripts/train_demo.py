@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from xform.config import TransformerConfig  # noqa: E402
 from xform.models.checkpoint import save_checkpoint  # noqa: E402
-from xform.models.config import TransformerConfig  # noqa: E402
 from xform.models.transformer import Seq2SeqTransformer, greedy_decode  # noqa: E402
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]

@@ -2,7 +2,7 @@
 
 vocab 37 / 41, d_model 48, 3 heads (head_dim 16), d_ff 72, 2 encoder and 3 decoder layers.
 """
-from xform.models.config import TransformerConfig
+from xform.config import TransformerConfig
 
 TINY = dict(src_vocab_size=37, tgt_vocab_size=41, d_model=48, n_heads=3, d_ff=72,
             n_encoder_layers=2, n_decoder_layers=3, max_len=40)

@@ -1,8 +1,8 @@
 import pytest
 
 from tests.variants import TINY, VARIANTS, variant_config
+from xform.config import TransformerConfig, preset
 from xform.errors import ConfigError
-from xform.models.config import TransformerConfig, preset
 
 
 def test_every_seed_variant_is_a_valid_config():
@@ -54,5 +54,5 @@ def test_presets_by_exact_name():
 def test_config_needs_no_torch():
     import subprocess
     import sys
-    code = "import sys; from xform.models.config import TransformerConfig; assert 'torch' not in sys.modules"
+    code = "import sys; from xform.config import TransformerConfig; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,6 +6,7 @@ with the target language forced, decoded by the same tokenizer. No torch or tran
 time: sentencepiece and the ids the bundle records.
 """
 import io
+import re
 import json
 from pathlib import Path
 
@@ -269,3 +270,28 @@ def test_target_prefix_text_follows_the_target_language(exported):
     np.testing.assert_array_equal(got[0][:want.shape[1] - 1], want[0, 1:].numpy())
     assert session.translate([text], max_new_tokens=8, src_lang=src_lang, tgt_lang=tgt_lang,
                              target_prefix=[prefix]) == [session.tokenizer.decode(got[0])]
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("languages", [["en_XX"]], "languages must list tokens of special"),
+    ("unk_token", ["<unk>"], "no id for the unknown token ['<unk>']"),
+])
+def test_a_malformed_fairseq_tokenizer_is_refused_by_name(exported, field, value, fragment):
+    """Values of the wrong JSON type (lists where strings belong) are refused as the bundle's
+    error, not a TypeError (unhashable) from the lookups they feed."""
+    from xform.errors import BundleError
+    from xform.runtime.tokenizer import load_tokenizer
+    _, _, _, bundle = exported
+    path = bundle / "tokenizer.json"
+    data = json.loads(path.read_text())
+    if data.get("kind") != "fairseq-spm":
+        pytest.skip(f"a {data.get('kind')} tokenizer")
+    data[field] = value
+    broken = bundle.parent / "broken"
+    broken.mkdir(exist_ok=True)
+    (broken / "tokenizer").mkdir(exist_ok=True)
+    for f in (bundle / "tokenizer").iterdir():
+        (broken / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    (broken / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=re.escape(fragment)):
+        load_tokenizer(broken / "tokenizer.json", xform.load(bundle).config)

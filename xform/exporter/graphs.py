@@ -98,11 +98,12 @@ class CandidatesGraph(nn.Module):
         scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
         # one more candidate than asked, then end-of-sentence struck from the rows still short of
         # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
+        # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
         k = num_candidates[0]
-        vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)
+        vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)  # type: ignore[arg-type]
         early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
         vals = vals.masked_fill((ids == cfg.eos_id) & early, float("-inf"))
-        top, order = torch.topk(vals, k, dim=-1)  # (R, K) each; K stays a graph input
+        top, order = torch.topk(vals, k, dim=-1)  # type: ignore[arg-type]  # (R, K) each; K stays a graph input
         return top, ids.gather(1, order)
 
 

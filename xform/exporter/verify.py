@@ -32,8 +32,8 @@ def sample_sources(cfg, batch: int, src_len: int, seed: int = 0) -> tuple[np.nda
 def compare_outputs(graph: str, names: list[str], got: list[np.ndarray], ref: list[torch.Tensor],
                     tol: Tolerance, where: str) -> float:
     worst = 0.0
-    for name, g, r in zip(names, got, ref):
-        r = r.detach().cpu().numpy()
+    for name, g, eager in zip(names, got, ref):
+        r = eager.detach().cpu().numpy()
         if g.shape != r.shape:
             raise ToleranceError(f"{graph} output {name} ({where}): shape {g.shape}, eager gives {r.shape}")
         if g.dtype.kind in "iu":
@@ -176,13 +176,13 @@ def verify_candidates(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: 
         worst = max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
                                            f"{logits.shape[0]} rows, {k} candidates, position {past_len}"))
     # rows at different positions: end-of-sentence suppressed only where a row is short of its limit
-    positions, min_new = np.arange(logits.shape[0]) % 3, np.full(logits.shape[0], 1)
+    positions, row_min_new = np.arange(logits.shape[0]) % 3, np.full(logits.shape[0], 1)
     k = min(5, cfg.tgt_vocab_size)
     with torch.no_grad():
         lp = torch.log_softmax(logits, -1)
         ref = torch.topk(torch.stack([model.suppress(lp[r], int(positions[r]), 1) for r in range(len(lp))]), k, dim=-1)
-    got = session.run(None, {"logits": logits.numpy(), "num_candidates": np.array([k]), "min_new_tokens": min_new,
-                             "positions": positions})
+    got = session.run(None, {"logits": logits.numpy(), "num_candidates": np.array([k]),
+                             "min_new_tokens": row_min_new, "positions": positions})
     return max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
                                       f"{logits.shape[0]} rows at positions {positions.tolist()}, {k} candidates"))
 

@@ -23,23 +23,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypedDict
 
 import torch
 
+from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import sha256_file
 from xform.models import marian
 from xform.models.checkpoint import load_state_into
-from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 
 FAMILIES = ("m2m_100", "mbart", "bart")
+
+
+class Shape(TypedDict):
+    norm_position: str
+    final_norm: bool
+    embedding_norm: bool
+    output_bias: bool
+
+
 # what each family is, in TransformerConfig terms
 SHAPES = {
-    "m2m_100": dict(norm_position="pre", final_norm=True, embedding_norm=False, output_bias=False),
-    "mbart": dict(norm_position="pre", final_norm=True, embedding_norm=True, output_bias=True),
-    "bart": dict(norm_position="post", final_norm=False, embedding_norm=True, output_bias=True),
+    "m2m_100": Shape(norm_position="pre", final_norm=True, embedding_norm=False, output_bias=False),
+    "mbart": Shape(norm_position="pre", final_norm=True, embedding_norm=True, output_bias=True),
+    "bart": Shape(norm_position="post", final_norm=False, embedding_norm=True, output_bias=True),
 }
 LEARNED_OFFSET = 2  # BART's and mBART's learned position tables start two rows in
 # generation settings transformers applies and xform does not: refused when they would act
@@ -55,9 +64,10 @@ def model_type(directory: Path) -> str | None:
     if not cfg.is_file():
         return None
     try:
-        return marian.read_json(cfg).get("model_type")
+        found = marian.read_json(cfg).get("model_type")
     except CheckpointError:
         return None
+    return found if isinstance(found, str) else None
 
 
 def is_family_dir(directory: Path) -> bool:
@@ -67,7 +77,8 @@ def is_family_dir(directory: Path) -> bool:
 def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
     """TransformerConfig from a config.json of the family (+ generation_config.json); refuses
     with every reason at once."""
-    get = hf.get
+    # any JSON value, or None when absent: TransformerConfig checks the type and range of each
+    get: Callable[..., Any] = hf.get
     family = get("model_type")
     problems = []
     if family not in FAMILIES:
@@ -238,12 +249,13 @@ def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
     tok = marian.read_json(cfg_path)
     if not tok.get("tokenizer_class"):  # AutoTokenizer's fallback: the model type's tokenizer
         family = model_type(directory)
-        tok["tokenizer_class"] = {"bart": "BartTokenizer",  # mBART's two tokenizers frame differently: not guessed
-                                  "m2m_100": "M2M100Tokenizer" if (directory / "vocab.json").is_file()
-                                  else "NllbTokenizer"}.get(family)
+        guesses = {"bart": "BartTokenizer",  # mBART's two tokenizers frame differently: not guessed
+                   "m2m_100": "M2M100Tokenizer" if (directory / "vocab.json").is_file() else "NllbTokenizer"}
+        tok["tokenizer_class"] = guesses.get(family) if family is not None else None
     if tok.get("tokenizer_class") in BYTE_BPE:
         return byte_bpe_spec(directory, tok)
-    kind = FAIRSEQ_SPM.get(tok.get("tokenizer_class"))
+    tokenizer_class = tok.get("tokenizer_class")
+    kind = FAIRSEQ_SPM.get(tokenizer_class) if isinstance(tokenizer_class, str) else None
     if kind is None:
         raise UnsupportedTokenizer(f"{cfg_path}: tokenizer_class {tok.get('tokenizer_class')!r} is not one xform "
                                    f"reproduces ({', '.join([*FAIRSEQ_SPM, *BYTE_BPE])}): the bundle takes token ids")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import read_json_object
-from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 
 CONFIG_FILE = "config.json"

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xform.config import TransformerConfig
 from xform.contract import MASK_VALUE  # noqa: F401 - the graphs' and the runtime's one value
-from xform.models.config import TransformerConfig
 
 # One layer's self-attention cache: keys and values, each [B, H, P, Dh].
 LayerKV = tuple[Tensor, Tensor]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import read_json_object, sha256_file
 from xform.models.checkpoint import load_state_into
-from xform.models.config import TransformerConfig
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer
 
@@ -55,7 +55,8 @@ def one_width_problems(hf: dict[str, Any]) -> list[str]:
 def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
     """TransformerConfig from a Marian config.json (+ generation_config.json); refuses with every reason."""
     problems = []
-    get = hf.get
+    # any JSON value, or None when absent: TransformerConfig checks the type and range of each
+    get: Callable[..., Any] = hf.get
     if get("model_type") != "marian":
         problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
     problems += one_width_problems(hf)

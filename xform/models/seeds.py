@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 import torch
 
+from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import sha256_file
 from xform.models.checkpoint import load_state_into
-from xform.models.config import TransformerConfig
 from xform.models.transformer import Seq2SeqTransformer
 
 HPARAMS = ("n_heads", "pad_id", "bos_id", "eos_id", "max_len", "d_model", "d_ff", "src_vocab_size",
@@ -73,7 +73,7 @@ class SeedArch:
     defaults: dict[str, Any] = field(default_factory=dict)
 
 
-def layer_rules(their_enc: str, their_dec: str, attn: dict[str, tuple[str, dict[str, str]]],
+def layer_rules(their_enc: str, their_dec: str, attn: dict[str, tuple[str | dict[str, str], dict[str, str]]],
                 ffn: tuple[str, str, str], norms_enc: tuple[str, str], norms_dec: tuple[str, str, str],
                 norm_params: dict[str, str]) -> list[tuple[str, str]]:
     """Rename rules for the layers of both stacks from a description of one arch's names.
@@ -179,6 +179,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file; --arch expects a state dict file "
                               "(torch.save(model.state_dict()))")
+    state: object  # whatever the file holds, until checked below
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -277,9 +278,12 @@ def build_config(fixed: dict[str, Any], found: dict[str, Any], hparams: dict[str
     for k in ("bos_id", "eos_id"):
         if hparams.get(k) is None:
             problems.append(f"{k} is not recorded in the weights: pass --{k.replace('_', '-')}")
-    max_len = hparams.get("max_len") or (table_rows if table_rows is not None else default_max_len)
-    if table_rows is not None and max_len > table_rows:
-        problems.append(f"max_len {max_len} exceeds the saved position table's {table_rows} rows")
+    if table_rows is None:
+        max_len = hparams.get("max_len") or default_max_len
+    else:
+        max_len = hparams.get("max_len") or table_rows
+        if max_len > table_rows:
+            problems.append(f"max_len {max_len} exceeds the saved position table's {table_rows} rows")
     if problems:
         raise ConfigError(f"{source}: cannot import as {kind}:\n  - " + "\n  - ".join(problems))
     pad = hparams.get("pad_id")
@@ -331,5 +335,6 @@ def load_seed(path: Path, arch: str, hparams: dict[str, Any],
     cfg = build_config(spec.config, found, hparams, problems, tables[0].shape[0] if tables else None,
                        spec.defaults.get("max_len"), spec.default_pad, str(path), arch)
     if tables is None:
+        assert spec.positions is not None, f"{arch}: a SeedArch without position_keys computes its positions"
         tables = [spec.positions(cfg.max_len, cfg.d_model)] * 2
     return assemble(ours, cfg, tables, str(path)), source_record(path, arch, hparams)

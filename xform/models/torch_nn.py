@@ -185,7 +185,7 @@ def find_roles(state: dict[str, torch.Tensor], rest: list[str], d: int, opts: di
 def load_torch_nn(path: Path, hparams: dict[str, Any],
                   state: dict[str, torch.Tensor] | None = None) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
     source = str(path)
-    opts = {k: default if hparams.get(k) is None else hparams[k] for k, default in OPTIONS.items()}
+    opts: dict[str, Any] = {k: default if hparams.get(k) is None else hparams[k] for k, default in OPTIONS.items()}
     hparams = {k: v for k, v in hparams.items() if k not in OPTIONS}
     theirs = seeds.read_state_dict(path) if state is None else state
     prefixes = stacks(theirs, source)

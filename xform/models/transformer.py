@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from xform.models.config import TransformerConfig
+from xform.config import TransformerConfig
 from xform.models.layers import MASK_VALUE, DecoderLayer, EncoderLayer, LayerKV, Positions, layer_norm
 
 
@@ -38,6 +39,7 @@ class Seq2SeqTransformer(nn.Module):
         self.src_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
         self.tgt_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        # DecoderLayers, though nn.ModuleList types its items as Module: read through cast(DecoderLayer, ...)
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.encoder_norm = layer_norm(cfg) if cfg.final_norm else None
         self.decoder_norm = layer_norm(cfg) if cfg.final_norm else None
@@ -59,7 +61,7 @@ class Seq2SeqTransformer(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype of the residual stream and K/V: the dtype of the layers' weights."""
-        return self.decoder_layers[0].ffn.fc1.weight.dtype
+        return cast(DecoderLayer, self.decoder_layers[0]).ffn.fc1.weight.dtype
 
     def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int,
               norm: nn.Module | None) -> Tensor:
@@ -82,7 +84,7 @@ class Seq2SeqTransformer(nn.Module):
             x = layer(x, attn_mask)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        cross_kv = [layer.cross_attn.project_kv(x) for layer in self.decoder_layers]
+        cross_kv = [cast(DecoderLayer, layer).cross_attn.project_kv(x) for layer in self.decoder_layers]
         return EncoderOutput(cross_kv, src_mask)
 
     def decode(self, tokens: Tensor, enc: EncoderOutput, past: list[LayerKV] | None = None,
@@ -140,7 +142,7 @@ class Seq2SeqTransformer(nn.Module):
         cross_mask = enc.src_mask[:, None, None, :]
         new: list[LayerKV] = []
         for i, layer in enumerate(self.decoder_layers):
-            x, kv = layer.step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask)
+            x, kv = cast(DecoderLayer, layer).step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask)
             new.append(kv)
         return x, new
 
@@ -209,6 +211,7 @@ def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
     half = copy.deepcopy(model).half()
     half.lm_head.weight.data = model.lm_head.weight.detach().clone().float()
     if model.output_bias is not None:
+        assert half.output_bias is not None  # a copy of `model`
         half.output_bias.data = model.output_bias.detach().clone().float()
     for norm in half.modules():  # LayerNorm parameters are tiny: keep them exact
         if isinstance(norm, nn.LayerNorm):
@@ -264,7 +267,7 @@ def recording(model: Seq2SeqTransformer, layer: int | None):
     if layer is None:
         yield []
         return
-    attn = model.decoder_layers[layer].cross_attn
+    attn = cast(DecoderLayer, model.decoder_layers[layer]).cross_attn
     attn.record = []
     try:
         yield attn.record

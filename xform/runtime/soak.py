@@ -9,12 +9,20 @@ must stay flat. Used by tests/test_soak.py (short) and scripts/soak.py (hours).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypedDict
 
 import numpy as np
 
 from xform.runtime.bench import random_sources, rss_mib
 from xform.runtime.session import Session
+
+
+class Settings(TypedDict, total=False):
+    """The generate() keywords a soak call varies."""
+    num_beams: int
+    do_sample: bool
+    top_k: int
+    seed: int
 
 
 @dataclass
@@ -41,8 +49,9 @@ def soak(session: Session, steps: int, max_batch: int = 16, max_src_len: int = 2
 
     def one(batch: int, src_len: int, new: int, kind: str) -> int:
         src = random_sources(cfg, batch, src_len, int(rng.integers(1 << 30)))
-        settings = {"greedy": {}, "beam": {"num_beams": 3}, "sample": {"do_sample": True, "top_k": 10,
-                                                                        "seed": int(rng.integers(1 << 30))}}[kind]
+        choices: dict[str, Settings] = {"greedy": {}, "beam": {"num_beams": 3},
+                                        "sample": {"do_sample": True, "top_k": 10, "seed": int(rng.integers(1 << 30))}}
+        settings = choices[kind]
         session.generate(src, max_new_tokens=new, min_new_tokens=new, **settings)
         if texts and session.tokenizer is not None:
             picked = [texts[int(i)] for i in rng.integers(0, len(texts), batch)]

@@ -49,7 +49,7 @@ class VocabSide:
     sentencepiece model (`unit` spm) whose ids are the model's. Ids beyond the model's `rows`
     are refused at load."""
 
-    def __init__(self, spec: dict[str, Any], root: Path, source: str, side: str = "source", rows: int | None = None):
+    def __init__(self, spec: object, root: Path, source: str, side: str = "source", rows: int | None = None):
         if not isinstance(spec, dict) or "unit" not in spec:
             raise BundleError(f"{source}: the {side} side is not an object with a unit")
         self.unit: str = spec["unit"]
@@ -62,9 +62,10 @@ class VocabSide:
             self.spm = load_spm(root / "tokenizer" / name, source)
             size = self.spm.GetPieceSize()
         else:
-            self.tokens: list[str | None] = spec.get("tokens")
-            if not isinstance(self.tokens, list) or not all(t is None or isinstance(t, str) for t in self.tokens):
+            tokens = spec.get("tokens")
+            if not isinstance(tokens, list) or not all(t is None or isinstance(t, str) for t in tokens):
                 raise BundleError(f"{source}: the {side} tokens must be a list of strings")
+            self.tokens: list[str | None] = tokens
             size = len(self.tokens)
         if rows is not None and size > rows:
             raise BundleError(f"{source}: the {side} vocabulary has {size} ids, but the model's {side} embedding has "
@@ -304,16 +305,19 @@ class FairseqSpmTokenizer:
         if not isinstance(name, str) or Path(name).name != name:
             raise BundleError(f"{source}: model must name a file in tokenizer/, found {name!r}")
         self.spm = load_spm(d / name, source)
-        self.special = data.get("special")
-        self.languages = data.get("languages")
-        if not isinstance(self.special, dict) or not all(
-                isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in self.special.items()):
+        special, languages = data.get("special"), data.get("languages")
+        if not isinstance(special, dict) or not all(
+                isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in special.items()):
             raise BundleError(f"{source}: special must be an object token -> id")
-        if not isinstance(self.languages, list) or not all(t in self.special for t in self.languages):
+        if not isinstance(languages, list) or not all(isinstance(t, str) and t in special for t in languages):
             raise BundleError(f"{source}: languages must list tokens of special")
-        self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
-        if self.unk_id is None:
+        self.special: dict[str, int] = special
+        self.languages: list[str] = languages  # keys of special: strings
+        unk = data.get("unk_token", "<unk>")
+        unk_id = self.special.get(unk) if isinstance(unk, str) else None
+        if unk_id is None:
             raise BundleError(f"{source}: no id for the unknown token {data.get('unk_token')!r}")
+        self.unk_id: int = unk_id
         self.vocab = None
         if data.get("vocab"):
             self.vocab = read_json_object(d / data["vocab"], BundleError, "a vocabulary token -> id")
