@@ -138,7 +138,7 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
         raise click.UsageError("--src-vocab and --tgt-vocab go together")
     if src_vocab is None and (tokenize or src_bos):
         raise click.UsageError("--tokenize and --src-bos go with --src-vocab / --tgt-vocab")
-    vocab = None if src_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
+    vocab = None if src_vocab is None or tgt_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
     if attention_layer is not None and not with_attention:
         raise click.UsageError("--attention-layer goes with --with-attention")
     with err.status("exporting") as status:
@@ -835,26 +835,28 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
         with err.status(f"starting tritonserver for {model.name}"):
             server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
             server.start()
+        process = server.process
+        assert process is not None  # start() launched it, or raised
         # SIGINT too: a shell starting `xform serve ... &` leaves SIGINT ignored, and Python then
         # never raises KeyboardInterrupt for it
         previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             out.print(f"serving model [bold]{model.name}[/] ({server.install.source} tritonserver, "
-                      f"pid {server.process.pid}); Ctrl-C stops it")
+                      f"pid {process.pid}); Ctrl-C stops it")
             out.print(f"  HTTP    {server.http_url}/v2/models/{model.name}/infer")
             out.print(f"  gRPC    {host}:{grpc_port}")
             if len(names) > 1:
                 out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
                           f"to {names[1]})")
             out.print(f"  metrics http://{host}:{metrics_port}/metrics")
-            while server.process.poll() is None:
+            while process.poll() is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the server
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            crashed = server.process.poll()
+            crashed = process.poll()
             code = server.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -48,6 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from xform.errors import BundleError
+
 ENCODER = "encoder"
 DECODER = "decoder"
 REORDER = "reorder"
@@ -77,6 +79,13 @@ class TensorSpec:
 
     def dynamic_axes(self) -> dict[int, str]:
         return {i: a for i, a in enumerate(self.shape) if isinstance(a, str)}
+
+    def fixed(self, axis: int) -> int:
+        """The size of a fixed axis (a K/V tensor's heads or head size); a named axis has none."""
+        size = self.shape[axis]
+        if isinstance(size, str):
+            raise BundleError(f"tensor {self.name}: axis {axis} is the dynamic axis {size!r}, expected a fixed size")
+        return size
 
 
 @dataclass(frozen=True)

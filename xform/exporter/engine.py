@@ -207,19 +207,19 @@ def build_engine(trt, onnx_path: Path, spec: GraphSpec, ranges: ProfileRanges, o
     if config.add_optimization_profile(profile) < 0:
         raise XformError(f"{onnx_path}: {flavor} rejected the optimization profile {ranges.to_dict()}: "
                          + " ".join(logger.errors))
-    cache = None
-    if options.timing_cache is not None and flavor == "tensorrt":
-        data = options.timing_cache.read_bytes() if options.timing_cache.is_file() else b""
+    timing_cache = options.timing_cache if flavor == "tensorrt" else None
+    if timing_cache is not None:
+        data = timing_cache.read_bytes() if timing_cache.is_file() else b""
         cache = config.create_timing_cache(data)
         if cache is None or not config.set_timing_cache(cache, False):
-            raise XformError(f"--timing-cache {options.timing_cache}: TensorRT could not use it")
+            raise XformError(f"--timing-cache {timing_cache}: TensorRT could not use it")
     if progress is not None:
         config.progress_monitor = make_progress_monitor(trt, progress)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise XformError(f"{onnx_path}: {flavor} failed to build an engine: " + " ".join(logger.errors))
-    if cache is not None:
-        atomic_write(options.timing_cache, bytes(config.get_timing_cache().serialize()))
+    if timing_cache is not None:  # the builder's cache, with what this build timed
+        atomic_write(timing_cache, bytes(config.get_timing_cache().serialize()))
     # what the engine was built with, read back from the builder config, not the request
     record = {"io": io, "tensor_profiles": tensor_profiles, "tf32": bool(config.get_flag(trt.BuilderFlag.TF32)),
               "workspace_mib": config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) >> 20,

@@ -29,7 +29,8 @@ class TorchBackend:
         self.enc: EncoderOutput | None = None
         self.past = None
         self.n_steps = 0
-        self.attention_layer, self.last_attention = attention_layer, None
+        self.attention_layer = attention_layer
+        self.last_attention: np.ndarray | None = None
         self.has_attention = attention_layer is not None
 
     @classmethod
@@ -65,4 +66,7 @@ class TorchBackend:
 
     def attention(self) -> np.ndarray:
         """The last step's cross-attention of the bundle's attention layer, averaged over heads."""
+        if self.last_attention is None:
+            from xform.errors import XformError
+            raise XformError("no attention to return: this reference has no attention layer, or no step ran")
         return self.last_attention.copy()

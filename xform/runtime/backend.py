@@ -24,7 +24,7 @@ The decoding loop over it is written once, in session.py, for every strategy (de
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,3 +40,12 @@ class Backend(Protocol):
 
     def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False,
              beam_idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+
+@runtime_checkable
+class Restricting(Protocol):
+    """A backend that can decode over a subset of the target vocabulary (when has_restriction)."""
+
+    has_restriction: bool
+
+    def restrict(self, ids: np.ndarray | None) -> None: ...

@@ -14,12 +14,14 @@ and samples of a source are its rows: the decoder graph treats them as extra que
     cache.add(n)                # n empty rows at the end: a request joining a running batch
     rows.add(n, length)         # (cross K/V) n rows at the end, the length axis grown to `length`
     cache.addresses(), cache.shape   # what a backend binds
+    cache.release()             # the buffers go (a backend about to allocate the next decode's)
 
 `HostCache` keeps numpy arrays and does all of it in place (a compacted cache is a view of its
 first rows; positions never written are zero pages). `DeviceCache` keeps two sets of device
 buffers and does the same with strided device copies and a gather run by the backend (the
 reorder graph or engine), through a small `DeviceOps` interface, so that ONNX Runtime on CUDA
-and TensorRT share it (and a test can run it on host memory). Unwritten positions always hold
+and TensorRT share it (and a test can run it on host memory). `Rows` and `Cache` are what the host
+and device kinds share: what a backend holding either calls. Unwritten positions always hold
 zeros: masked positions must be finite, since 0 x NaN is NaN.
 """
 from __future__ import annotations
@@ -77,6 +79,10 @@ class HostRows:
             self.arrays = grown
         return slice(R, R + n)
 
+    def release(self) -> None:
+        """Drop the arrays (freed unless a view of them lives on); unusable until replaced."""
+        self.arrays = []
+
 
 class HostCache(HostRows):
     """The self-attention cache on the host: numpy arrays, written, grown and gathered in place."""
@@ -92,7 +98,7 @@ class HostCache(HostRows):
     def new_addresses(self) -> list[int]:
         return [a.ctypes.data for a in self.new]
 
-    def write(self, p) -> None:
+    def write(self, p: int | np.ndarray) -> None:
         """The new keys and values into position p (an int), or row r's into p[r] (an array)."""
         if isinstance(p, np.ndarray):
             if len(p) and (p == p[0]).all():
@@ -121,6 +127,41 @@ class HostCache(HostRows):
         added = super().add(n)
         self.new = [np.empty((self.rows, *a.shape[1:]), a.dtype) for a in self.new]
         return added
+
+    def release(self) -> None:
+        super().release()
+        self.new = []
+
+
+class Rows(Protocol):
+    """What HostRows and DeviceRows share: tensors (rows, H, L, Dh) gathered together along rows."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    def addresses(self) -> list[int]: ...
+
+    def gather(self, rows: np.ndarray, p: int | None = None) -> None: ...
+
+    def add(self, n: int, length: int | None = None) -> slice: ...
+
+    def release(self) -> None: ...
+
+
+class Cache(Rows, Protocol):
+    """What HostCache and DeviceCache share: a self-attention cache, written at positions and grown."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    def new_addresses(self) -> list[int]: ...
+
+    def write(self, p: int | np.ndarray) -> None: ...
+
+    def grow(self, capacity: int, p: int) -> None: ...
 
 
 class DeviceOps(Protocol):
@@ -240,7 +281,7 @@ class DeviceCache(DeviceRows):
     def position(self) -> int:
         return self.shape[3] * self.item  # bytes of one position of one row
 
-    def write(self, p) -> None:
+    def write(self, p: int | np.ndarray) -> None:
         """The new keys and values into position p (an int), or row r's into p[r] (an array): one
         strided copy per run of consecutive rows at one position."""
         R, H, C, _ = self.shape

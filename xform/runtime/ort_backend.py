@@ -23,8 +23,10 @@ onnxruntime is imported when a backend is made, never at `import xform`; `onnxru
 from __future__ import annotations
 
 import mmap
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
@@ -32,7 +34,7 @@ from xform.files import drop_cached
 from xform.manifest import SharedWeight as SharedEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
+from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows
 from xform.runtime.cuda import CudaOps, import_cudart
 from xform.runtime.decoding import log_softmax
 
@@ -94,21 +96,31 @@ class OrtBackend:
         self.cross_names, self.reordered_names = kv_names("cross", n), kv_names("reordered", n)
         first = spec.input(self.cache_names[0])
         self.kv_dtype = np.dtype(first.dtype)
-        self.kv_heads, self.head_dim = first.shape[1], first.shape[3]
+        self.kv_heads, self.head_dim = first.fixed(1), first.fixed(3)
         self.has_attention = "attention" in spec.output_names  # a bundle exported --with-attention
         self.vocab = bundle.config["tgt_vocab_size"]
         self.max_len = bundle.config["max_len"]
-        self.ops = None
+        self.ops: CudaOps | None = None
+        self.cache: Cache
+        self.cross: Rows
         if self.ort_device == "cuda":
             self.ops = CudaOps(import_cudart(), 0, self.run_reorder)
             self.cache = DeviceCache(self.ops, len(self.cache_names), self.kv_dtype.itemsize)
             self.cross = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
-        else:
-            self.cache = self.cross = None
-        self.binding = None
+        else:  # no rows until start()
+            self.cache = HostCache(len(self.cache_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+            self.cross = HostRows(len(self.cross_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+        self.binding: Any | None = None  # the decoder's IOBinding, from start() on
         # vocabulary restriction (a bundle exported --with-vocab-map): the restricted decoder and
         # the output table, loaded at the first restriction; the ids of the current one
-        self.restricted = self.table = self.subset = None
+        self.restricted: Any | None = None
+        self.table: dict[str, np.ndarray] | None = None
+        self.subset: npt.NDArray[np.int64] | None = None
+        # the logits (rows, vocab): in a host buffer on the CPU and with a subset (buffers()), else
+        # an OrtValue on the device
+        self.logits_buf: npt.NDArray[np.float32] | None = None
+        self.logits: npt.NDArray[np.float32] | None = None
+        self.device_logits: Any = None
         self.has_restriction = bundle.has_graph(RESTRICTED)
 
     def open_session(self, graph: str):
@@ -129,7 +141,7 @@ class OrtBackend:
                 opts.add_initializer(w.graphs[graph], w.value)
         return session(ort, self.bundle.graph_file(graph), opts, self.providers)
 
-    def restricted_session(self):
+    def restricted_session(self) -> Any:
         """The restricted decoder's session, opened at first use (its weights mapped once with the
         decoder's: manifest shared_weights)."""
         if self.restricted is None:
@@ -165,17 +177,20 @@ class OrtBackend:
         self.binding = None
         cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, INITIAL_CAPACITY, D)
         if self.ops is None:  # the last decode's buffers go before the encoder allocates
-            self.cache = self.cross = None
+            self.cache.release()
+            self.cross.release()
             self.cross = HostRows(len(self.cross_names), cross_shape, self.kv_dtype)
             self.cache = HostCache(len(self.cache_names), cache_shape, self.kv_dtype)
         else:
+            # __init__ made them on the device, as ops
+            assert isinstance(self.cross, DeviceRows) and isinstance(self.cache, DeviceCache)
             self.cross.reset(cross_shape, zero=False)
             self.cache.reset(cache_shape)
         self.mask = np.empty((Bs, S), np.float32)  # on the host on every device: a few bytes a row
         self.encode(src_ids, src_lengths, self.cross.addresses(), self.mask)
         self.group = group
         self.buffers(Bs * group, S)
-        self.binding = (self.restricted if self.subset is not None else self.decoder).io_binding()
+        self.binding = (self.restricted_session() if self.subset is not None else self.decoder).io_binding()
         self.bind_rows()
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray, addresses: list[int], mask: np.ndarray) -> None:
@@ -196,10 +211,11 @@ class OrtBackend:
         self.positions_buf, self.min_new_buf = np.zeros(R, np.int64), np.zeros(R, np.int64)
         if positions is not None:
             self.positions_buf[:len(positions)] = positions
-        self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None or self.subset is not None else None
         if self.subset is not None:  # ids outside the subset: -inf, written once a decode
-            self.logits_buf.fill(-np.inf)
+            self.logits_buf = np.full((R, self.vocab), -np.inf, np.float32)
             self.sub_logits_buf = np.empty((R, len(self.subset)), np.float32)
+        else:
+            self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None else None
         self.attention_buf = np.empty((R, S), np.float32) if self.has_attention else None
 
     has_join = True  # join(): rows of new sources enter the running batch at position 0
@@ -216,6 +232,7 @@ class OrtBackend:
         Bs, S = src_ids.shape
         H, D = self.kv_heads, self.head_dim
         old_src = self.cross.shape[2]
+        new: HostRows | DeviceRows
         if self.ops is None:
             new = HostRows(len(self.cross_names), (Bs, H, S, D), self.kv_dtype)
         else:
@@ -227,24 +244,26 @@ class OrtBackend:
         except Exception as e:
             if self.ops is not None:
                 new.release()
-            e.batch_changed = False  # nothing of the running batch was touched: only the joiners fail
+            # nothing of the running batch was touched: only the joiners fail (Scheduler.admit reads it)
+            setattr(e, "batch_changed", False)
             raise
         sources = self.cross.add(Bs, S)
         width = self.cross.shape[2]
-        if self.ops is None:
+        if isinstance(new, HostRows):
+            assert isinstance(self.cross, HostRows)  # start() made it on the host, as `new` here
             for a, b in zip(self.cross.arrays, new.arrays):
                 a[sources, :, :S] = b
         else:
             w = D * self.kv_dtype.itemsize
             for dst, src in zip(self.cross.addresses(), new.addresses()):
-                self.ops.copy_rows(dst + sources.start * H * width * w, width * w, src, S * w, S * w, Bs * H)
+                new.ops.copy_rows(dst + sources.start * H * width * w, width * w, src, S * w, S * w, Bs * H)
             new.release()
         grown = np.full((self.mask.shape[0] + Bs, width), MASK_VALUE, np.float32)
         grown[:self.mask.shape[0], :old_src] = self.mask
         grown[self.mask.shape[0]:, :S] = mask
         self.mask = grown
         rows = self.cache.add(Bs * group)
-        if len(self.ids_buf) < self.rows or (self.has_attention and self.attention_buf.shape[1] != width):
+        if len(self.ids_buf) < self.rows or (self.attention_buf is not None and self.attention_buf.shape[1] != width):
             self.buffers(self.rows, width, self.positions)
         self.positions_buf[rows] = 0  # spare rows of the buffers may hold a row that left
         self.bind_rows()
@@ -257,28 +276,29 @@ class OrtBackend:
     def bind_rows(self) -> None:
         """Bind everything whose address or shape follows the rows (after start, a gather, a growth)."""
         dec, R = self.binding, self.rows
+        assert dec is not None  # start() and join() bind rows to the decoder's binding they made
         self.ids, self.next_ids = self.ids_buf[:R], self.next_buf[:R]
         self.positions, self.min_new = self.positions_buf[:R], self.min_new_buf[:R]
         for name, a in (("input_ids", self.ids), ("positions", self.positions), ("src_mask", self.mask)):
             bind_host(dec, "input", name, a)
+        self.logits = None if self.logits_buf is None else self.logits_buf[:R]
         if self.subset is not None:  # the restricted decoder: the subset's rows of the table in, its logits out
             bind_host(dec, "input", "out_weight", self.sub_weight)
             bind_host(dec, "input", "out_bias", self.sub_bias)
-            self.logits, self.sub_logits = self.logits_buf[:R], self.sub_logits_buf[:R]
+            self.sub_logits, self.device_logits = self.sub_logits_buf[:R], None
             bind_host(dec, "output", "logits", self.sub_logits)
             self.bind_kv(dec)
             return
         bind_host(dec, "input", "min_new_tokens", self.min_new)
         bind_host(dec, "output", "next_ids", self.next_ids)
-        if self.has_attention:  # (rows, src_len): on the host on every device, a few bytes a row
+        if self.attention_buf is not None:  # has_attention: (rows, src_len), on the host on every device
             self.attention_rows = self.attention_buf[:R]
             bind_host(dec, "output", "attention", self.attention_rows)
-        if self.ops is None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
-            self.logits = self.logits_buf[:R]
+        if self.logits is not None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
             bind_host(dec, "output", "logits", self.logits)
         else:
-            self.logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32, "cuda", 0)
-            dec.bind_ortvalue_output("logits", self.logits)
+            self.device_logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32, "cuda", 0)
+            dec.bind_ortvalue_output("logits", self.device_logits)
         self.bind_kv(dec)
 
     def bind_kv(self, dec) -> None:
@@ -307,15 +327,17 @@ class OrtBackend:
             self.bind_rows()
         self.ids[:, 0] = input_ids
         self.min_new[:] = min_new_tokens
-        dec = self.binding
+        dec, subset = self.binding, self.subset
+        if dec is None:
+            raise XformError("step(): no decode is running (start() or join() first; or the last start failed)")
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
-        if self.subset is not None:
-            self.restricted.run_with_iobinding(dec)
+        if subset is not None:
+            self.restricted_session().run_with_iobinding(dec)
             dec.synchronize_outputs()
             self.cache.write(self.positions)
-            out = self.restricted_outputs(want_logits, candidates)
+            out = self.restricted_outputs(subset, want_logits, candidates)
             self.positions += 1
             return out
         self.decoder.run_with_iobinding(dec)
@@ -326,18 +348,18 @@ class OrtBackend:
         elif not want_logits:
             out = self.next_ids.copy(), None
         else:
-            out = self.next_ids.copy(), (self.logits.copy() if self.ops is None else self.logits.numpy())
+            out = self.next_ids.copy(), (self.logits.copy() if self.logits is not None else self.device_logits.numpy())
         self.positions += 1
         return out
 
-    def restricted_outputs(self, want_logits: bool, candidates: int):
-        """What the decoder and candidates graphs give, from the subset's logits on the host: the
+    def restricted_outputs(self, subset: npt.NDArray[np.int64], want_logits: bool, candidates: int):
+        """What the decoder and candidates graphs give, from the logits of `subset` on the host: the
         next ids (pad and banned ids never, end-of-sentence not before min_new_tokens), each row's
         best candidates (log-softmax over the subset, the same suppressions), or the logits over
         the whole vocabulary (-inf outside the subset)."""
         sub = self.sub_logits
         early = (self.positions < self.min_new)[:, None]
-        blocked = self.blocked[None, :] | ((self.subset == self.bundle.config["eos_id"])[None, :] & early)
+        blocked = self.blocked[None, :] | ((subset == self.bundle.config["eos_id"])[None, :] & early)
         if candidates:
             lp = log_softmax(sub)
             lp[blocked] = -np.inf
@@ -346,12 +368,14 @@ class OrtBackend:
             vals = np.take_along_axis(lp, top, 1)
             order = np.argsort(-vals, axis=1, kind="stable")
             top, vals = np.take_along_axis(top, order, 1), np.take_along_axis(vals, order, 1)
-            return self.subset[top[:, 0]], (vals.astype(np.float32), self.subset[top])
-        self.next_ids[:] = self.subset[np.where(blocked, -np.inf, sub).argmax(1)]
+            return subset[top[:, 0]], (vals.astype(np.float32), subset[top])
+        self.next_ids[:] = subset[np.where(blocked, -np.inf, sub).argmax(1)]
         if not want_logits:
             return self.next_ids.copy(), None
-        self.logits[:, self.subset] = sub  # -inf elsewhere since start()
-        return self.next_ids.copy(), self.logits.copy()
+        logits = self.logits
+        assert logits is not None  # with a subset, on the host on every device (buffers())
+        logits[:, subset] = sub  # -inf elsewhere since start()
+        return self.next_ids.copy(), logits.copy()
 
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
@@ -361,10 +385,10 @@ class OrtBackend:
     def run_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The candidates graph over the logits where they are; only (R, k) values come back."""
         cb = self.candidates.io_binding()
-        if self.ops is None:
+        if self.logits is not None:  # on the host (the CPU), else on the device
             bind_host(cb, "input", "logits", self.logits)
         else:
-            cb.bind_ortvalue_input("logits", self.logits)
+            cb.bind_ortvalue_input("logits", self.device_logits)
         cb.bind_cpu_input("num_candidates", np.array([k], np.int64))
         bind_host(cb, "input", "min_new_tokens", self.min_new)
         bind_host(cb, "input", "positions", self.positions)

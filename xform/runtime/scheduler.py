@@ -108,9 +108,12 @@ class Batch:
 
     def can_join(self, item: Decode, first: Decode | None = None) -> bool:
         """Whether `item` may join the running batch (or, empty, a new one that `first` opens)."""
-        if not self.items and first is None:
+        if self.items:
+            key = self.key
+        elif first is not None:
+            key = self.key_of(first)
+        else:
             return True
-        key = self.key if self.items else self.key_of(first)
         return getattr(self.backend, "has_join", False) and self.key_of(item) == key
 
     def admit(self, *items: Decode) -> None:
@@ -160,8 +163,11 @@ class Batch:
             rows = slice(offset, offset + d.rows)
             offset += d.rows
             part = None if out is None else (tuple(o[rows] for o in out) if isinstance(out, tuple) else out[rows])
-            # each source's columns start at 0; the batch's may be wider (a longer source joined)
-            args = (attention[rows, :d.src_ids.shape[1]],) if d.return_attention else ()
+            args: tuple[np.ndarray, ...] = ()
+            if d.return_attention:
+                assert attention is not None  # fetched above: this request returns it
+                # each source's columns start at 0; the batch's may be wider (a longer source joined)
+                args = (attention[rows, :d.src_ids.shape[1]],)
             tokens, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
             if d.on_step is not None:
                 d.on_step(d.step)
@@ -180,12 +186,23 @@ class Batch:
         return finished
 
 
+class RequestFuture(Future):
+    """The Future of a request `Scheduler.submit` queued: it knows its ticket, for `Scheduler.cancel`."""
+
+    def __init__(self, ticket: Ticket):
+        super().__init__()
+        self.ticket = ticket
+
+
 @dataclass(eq=False)
 class Ticket:
     """A queued request: the decode to run and its Future."""
 
     decode: Decode
-    future: Future = field(default_factory=Future)
+    future: RequestFuture = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.future = RequestFuture(self)
 
     def tell(self, result=None, error: BaseException | None = None) -> None:
         """Settle the Future once; a second settling (a cancel racing the result) is ignored."""
@@ -246,7 +263,7 @@ class Scheduler:
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, src_ids, src_lengths=None, *, on_tokens: Callable[[np.ndarray], None] | None = None,
-               **settings: Any) -> Future:
+               **settings: Any) -> RequestFuture:
         """Queue one request (any number of sources; the settings of Session.generate); returns a
         Future of its result. Raises InputError for a bad request, OverloadedError when full.
         Stop it with `cancel(future)` (Future.cancel() stops nothing once it is queued)."""
@@ -264,13 +281,14 @@ class Scheduler:
                                       f"{self.max_queue}); retry later")
             self.queue.append(ticket)
             self.cond.notify_all()
-        ticket.future.ticket = ticket  # type: ignore[attr-defined] - cancel() finds it here
         return ticket.future
 
     def cancel(self, future: Future) -> None:
         """Stop a request: a queued one never starts, a running one's rows leave at the next step.
         Its Future raises Cancelled."""
-        ticket: Ticket = future.ticket  # type: ignore[attr-defined]
+        if not isinstance(future, RequestFuture):
+            raise TypeError(f"cancel() takes a Future that submit() returned, not a {type(future).__name__}")
+        ticket = future.ticket
         with self.cond:
             ticket.decode.cancelled = True
             if ticket in self.queue:

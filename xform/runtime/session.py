@@ -13,13 +13,15 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from xform.errors import InputError, XformError
-from xform.runtime.backend import Backend
+from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.scheduler import Batch, Decode
 from xform.runtime.vocab_map import VocabMap
 
 GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
+# one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
+Translation = str | tuple[str, float] | tuple[str, float, list[float]]
 # generate()'s arguments that are not generation settings (Session.plan)
 DECODE_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "on_step")
 
@@ -231,12 +233,13 @@ class Session:
         step fall as sources end."""
         item = self.decode_item(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
                                 return_token_scores=return_token_scores, return_attention=return_attention)
+        restricted: Restricting | None = None
         if vocabulary is not None:
             if return_attention:
                 raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
                                  "decoder returns no attention")
             prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
-            self.restrict(vocabulary, gen, [[int(i) for i in row if i >= 0] for row in prefix])
+            restricted = self.restrict(vocabulary, gen, [[int(i) for i in row if i >= 0] for row in prefix])
         try:
             batch = Batch(self.backend, self.start_id)
             batch.admit(item)
@@ -244,12 +247,13 @@ class Session:
                 batch.step()
             return item.output
         finally:
-            if vocabulary is not None:
-                self.backend.restrict(None)
+            if restricted is not None:
+                restricted.restrict(None)
 
-    def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> None:
-        """Point the backend at `vocabulary` (target ids) and the ids a decode always needs."""
-        if not getattr(self.backend, "has_restriction", False):
+    def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
+        """Point the backend at `vocabulary` (target ids) and the ids a decode always needs; returns it."""
+        backend = self.backend
+        if not (isinstance(backend, Restricting) and backend.has_restriction):
             raise InputError("vocabulary: a restriction needs the restricted decoder on the ort backend: export the "
                              "bundle with --with-vocab-map and run it with --backend ort")
         try:
@@ -265,7 +269,8 @@ class Session:
         unk = getattr(self.tokenizer, "target_unk_id", None)
         if unk is not None:
             needed.add(unk)
-        self.backend.restrict(np.union1d(ids, np.array(sorted(needed), np.int64)))
+        backend.restrict(np.union1d(ids, np.array(sorted(needed), np.int64)))
+        return backend
 
     def teacher_forced(self, src_ids, src_lengths, tokens: np.ndarray, min_new_tokens: int = 0
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -273,9 +278,12 @@ class Session:
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         self.backend.start(src_ids, src_lengths)
         feed = np.concatenate([np.full((tokens.shape[0], 1), self.start_id, np.int64), tokens[:, :-1]], 1)
-        choices, logits = [], []
+        choices: list[np.ndarray] = []
+        logits: list[np.ndarray] = []
         for step in range(tokens.shape[1]):
             nxt, lg = self.backend.step(np.ascontiguousarray(feed[:, step]), min_new_tokens, want_logits=True)
+            if lg is None:
+                raise XformError(f"the {self.backend.name} backend returned no logits, though asked for them")
             choices.append(nxt)
             logits.append(lg)
         return np.stack(choices, 1), np.stack(logits, 1)
@@ -474,30 +482,31 @@ class Session:
                          vocab_map: VocabMap | None = None):
         """The window's (text, translations or None, error or None) in input order; its sources
         decoded in batches of like length."""
-        todo = [i for i, entry in enumerate(window) if entry[1] is not None]
-        done: dict[int, list] = {}
-        for batch in plan([len(window[i][1]) for i in todo], batching):
-            rows = [todo[j] for j in batch]
+        todo = [(i, ids) for i, (_, ids, _, _) in enumerate(window) if ids is not None]
+        done: dict[int, list[Translation]] = {}
+        for batch in plan([len(ids) for _, ids in todo], batching):
+            rows = [todo[j][0] for j in batch]
             prefixes = [window[i][3] for i in rows]
             texts = [window[i][0] for i in rows]
-            done.update(zip(rows, self.translate_batch([window[i][1] for i in rows], gen, on_batch, return_scores,
+            done.update(zip(rows, self.translate_batch([todo[j][1] for j in batch], gen, on_batch, return_scores,
                                                        prefixes if any(prefixes) else None, texts, replace_unknowns,
                                                        vocab_map)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
         # nothing decoded: log-probability 0
-        blank = [("", 0.0, []) if return_scores == "tokens" else ("", 0.0) if return_scores else ""] * n
+        nothing: Translation = ("", 0.0, []) if return_scores == "tokens" else ("", 0.0) if return_scores else ""
+        blank = [nothing] * n
         for i, (text, ids, error, _) in enumerate(window):
             yield text, done[i] if ids is not None else None if error else blank, error
 
     def encode_line(self, line: str | bytes, src_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
         if isinstance(line, bytes):
-            line = line.rstrip(b"\r\n")
+            raw = line.rstrip(b"\r\n")
             try:
-                line = line.decode("utf-8")
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return line.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
+                return raw.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
         line = line.rstrip("\r\n")
         if not line.strip():
             return line, None, None
@@ -523,7 +532,7 @@ class Session:
     def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
                         on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
                         target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
-                        replace_unknowns: bool = False, vocab_map: VocabMap | None = None) -> list[list]:
+                        replace_unknowns: bool = False, vocab_map: VocabMap | None = None) -> list[list[Translation]]:
         """Decode source id rows together: for each, its num_return_sequences translations (with
         return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). Given the
         sources' `texts`: with replace_unknowns, unknown target tokens are replaced by the source
@@ -531,6 +540,8 @@ class Session:
         sources' n-grams allow."""
         vocabulary = None
         if vocab_map is not None:
+            if texts is None:
+                raise XformError("a vocabulary map chooses a batch's target ids from its sources' texts: none given")
             vocabulary = self.allowed_ids(vocab_map, texts)
         result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
                              return_token_scores=return_scores == "tokens", return_attention=replace_unknowns,
@@ -539,13 +550,16 @@ class Session:
         if on_batch is not None:
             on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
         n = gen.num_return_sequences
-        out = self.decode_rows(rows, n, sources, texts, result[-1] if replace_unknowns else None)
+        decoded = self.decode_rows(rows, n, sources, texts, result[-1] if replace_unknowns else None)
+        out: list[Translation]
         if return_scores == "tokens":
             scores, tokens = result[1], result[2]
             out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
-                   for t, sc, tk, r in zip(out, scores, tokens, rows)]
+                   for t, sc, tk, r in zip(decoded, scores, tokens, rows)]
         elif return_scores:
-            out = [(t, float(sc)) for t, sc in zip(out, result[1])]
+            out = [(t, float(sc)) for t, sc in zip(decoded, result[1])]
+        else:
+            out = list(decoded)
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
 
     def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
@@ -558,6 +572,8 @@ class Session:
         as the source piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
         if attention is None:
             return [self.tokenizer.decode(r) for r in rows]
+        if sources is None:
+            raise XformError("unknown tokens are replaced by source pieces: the rows' source ids are needed")
         return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
                                                                    texts[k // n] if texts else None))
                 for k, r in enumerate(rows)]

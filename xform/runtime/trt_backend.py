@@ -145,11 +145,12 @@ class TrtBackend:
         self.has_attention = "attention" in dec  # a bundle exported --with-attention
         if self.has_attention:
             self.dec_bufs["attention"] = self.alloc(dec["attention"], batch=R, src_len=S)
-        self.last_attention = None
+        self.last_attention: np.ndarray | None = None
         self.cache_names, self.new_names = kv_names("cache", self.n_layers), kv_names("new", self.n_layers)
         self.cross_names = kv_names("cross", self.n_layers)
         self.kv_spec = dec[self.cache_names[0]]
-        H, D, item = self.kv_spec.shape[1], self.kv_spec.shape[3], np.dtype(self.kv_spec.dtype).itemsize
+        self.kv_heads, self.head_dim = self.kv_spec.fixed(1), self.kv_spec.fixed(3)
+        H, D, item = self.kv_heads, self.head_dim, np.dtype(self.kv_spec.dtype).itemsize
         self.ops = CudaOps(self.cudart, self.stream, self.run_reorder)
         # one cache and one cross object (runtime/cache.py), both buffer sets reserved at the maximum
         self.cache = DeviceCache(self.ops, len(self.cache_names), item)
@@ -205,7 +206,7 @@ class TrtBackend:
         if S > self.max_src:
             raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a "
                              "larger one")
-        H, D = self.kv_spec.shape[1], self.kv_spec.shape[3]
+        H, D = self.kv_heads, self.head_dim
         self.group, self.steps = group, 0
         self.cross.reset((Bs, H, S, D), zero=False)  # the encoder writes it whole
         self.cache.reset((R, H, min(INITIAL_CAPACITY, self.max_steps), D))  # masked positions hold zeros
@@ -292,6 +293,8 @@ class TrtBackend:
 
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len), for a bundle exported --with-attention."""
+        if self.last_attention is None:
+            raise XformError("no attention to return: the bundle was not exported --with-attention, or no step ran")
         return self.last_attention.copy()
 
     def close(self) -> None:
