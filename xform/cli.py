@@ -192,14 +192,14 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
 def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_tokens, opt_batch, opt_src_len, tf32,
                  workspace_mib, builder_opt_level, timing_cache, force) -> None:
     """Build TensorRT engines for BUNDLE's encoder and decoder and record them in its manifest."""
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     from xform.exporter.engine import BuildOptions, build_engines
 
     options = BuildOptions(tf32=tf32, workspace_mib=workspace_mib, builder_optimization_level=builder_opt_level,
                            timing_cache=timing_cache)
     with Progress(console=err, transient=True) as progress:
-        tasks: dict[tuple[str, str], int] = {}
+        tasks: dict[tuple[str, str], TaskID] = {}
 
         def on_progress(graph, phase, done, total):
             key = (graph, phase)

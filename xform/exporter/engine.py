@@ -95,7 +95,7 @@ class BuildOptions:
     timing_cache: Path | None = None
 
 
-def make_logger(trt):
+def make_logger(trt: Any):
     class Logger(trt.ILogger):
         """Keeps errors for the exception message; forwards everything to logging."""
 

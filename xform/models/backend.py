@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from xform.errors import XformError
+from xform.models.layers import LayerKV
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording
 
 
@@ -27,7 +29,7 @@ class TorchBackend:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.enc: EncoderOutput | None = None
-        self.past = None
+        self.past: list[LayerKV] | None = None
         self.n_steps = 0
         self.attention_layer = attention_layer
         self.last_attention: np.ndarray | None = None
@@ -50,13 +52,16 @@ class TorchBackend:
 
     @torch.no_grad()
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
+        enc = self.enc
+        if enc is None:
+            raise XformError("step(): no decode is running (start() first)")
         tok = torch.from_numpy(np.ascontiguousarray(input_ids)).to(self.device).view(-1, 1)
         reorder = None if beam_idx is None else torch.from_numpy(np.ascontiguousarray(beam_idx)).to(self.device)
-        if reorder is not None and len(reorder) < self.enc.src_mask.shape[0]:  # rows left the batch
-            self.enc = EncoderOutput([(k.index_select(0, reorder), v.index_select(0, reorder))
-                                      for k, v in self.enc.cross_kv], self.enc.src_mask.index_select(0, reorder))
+        if reorder is not None and len(reorder) < enc.src_mask.shape[0]:  # rows left the batch
+            enc = self.enc = EncoderOutput([(k.index_select(0, reorder), v.index_select(0, reorder))
+                                            for k, v in enc.cross_kv], enc.src_mask.index_select(0, reorder))
         with recording(self.model, self.attention_layer) as attention:
-            logits, self.past = self.model.decode(tok, self.enc, self.past, reorder)
+            logits, self.past = self.model.decode(tok, enc, self.past, reorder)
         if attention:
             self.last_attention = attention[0][:, -1].float().cpu().numpy()
         logits = logits[:, -1]
@@ -67,6 +72,5 @@ class TorchBackend:
     def attention(self) -> np.ndarray:
         """The last step's cross-attention of the bundle's attention layer, averaged over heads."""
         if self.last_attention is None:
-            from xform.errors import XformError
             raise XformError("no attention to return: this reference has no attention layer, or no step ran")
         return self.last_attention.copy()

@@ -464,8 +464,9 @@ class Session:
                         if on_warning is not None:
                             on_warning(index, f"{n} source tokens cut to the model's max_len {len(ids)} (--truncate)")
                     else:
-                        ids, error = None, (f"{len(ids)} source tokens (end-of-sentence included), more than the "
-                                            f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
+                        error = (f"{len(ids)} source tokens (end-of-sentence included), more than the "
+                                 f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
+                        ids = None
                 if ids is not None and on_warning is not None:
                     warning = self.unknown_warning(ids)
                     if warning:

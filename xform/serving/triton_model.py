@@ -17,6 +17,7 @@ reason goes to Triton's log.
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
@@ -127,7 +128,8 @@ class TritonPythonModel:
                                    max_queue=int(params["max_queue"])).start()
         self.watcher = Watcher(self.scheduler)
         # responses go out from this thread: a send waits on Triton, the engine's steps must not
-        self.outbox = queue.Queue()
+        # (reply, outputs of a part | the call that sends the final response), or None: stop
+        self.outbox: queue.Queue[tuple[Reply, Any] | None] = queue.Queue()
         self.responder = threading.Thread(target=self.respond, name="xform-responder", daemon=True)
         self.responder.start()
 
