@@ -4,16 +4,15 @@ TorchScript one (docs/design.md "The exporter's future").
     pip install onnxscript
     python scripts/dynamo_export_check.py MODEL [--out /tmp/dyn] [--bundle BUNDLE]
 
-MODEL is what `xform export` takes (demo, a Marian directory, ...). Each graph is exported with
-`torch.onnx.export(dynamo=True)` and explicit `dynamic_shapes` (one torch.export.Dim per named axis
-of the contract), run on ONNX Runtime at shapes other than the trace's and compared with the eager
-module. With --bundle (an xform bundle of the same model), its TorchScript decoder and the dynamo
-one are timed on the same inputs (2 threads, median of 30) and their outputs compared.
+MODEL is what `xform export` takes (demo, a Marian directory, ...). Each graph is exported by
+`export_graph(..., exporter="dynamo")` (xform export --exporter dynamo), run on ONNX Runtime at
+shapes other than the trace's and compared with the eager module. With --bundle (an xform bundle of
+the same model), its TorchScript decoder and the dynamo one are timed on the same inputs (2
+threads, median of 30) and their outputs compared.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import statistics
 import time
 import warnings
@@ -24,7 +23,7 @@ import onnxruntime as ort
 import torch
 
 from xform.contract import GRAPHS, signature_for
-from xform.exporter.graphs import MODULES, example_inputs
+from xform.exporter.graphs import MODULES, example_inputs, export_graph
 from xform.models.importers import resolve_model
 
 
@@ -32,18 +31,9 @@ def export_all(model, out: Path) -> None:
     specs = signature_for(model.cfg.to_dict())
     for graph in GRAPHS:
         spec, module = specs[graph], MODULES[graph](model).eval()
-        dims: dict = {}
-        dyn = tuple({i: dims.setdefault(a, torch.export.Dim(a, min=1)) for i, a in enumerate(t.shape)
-                     if isinstance(a, str)} or None for t in spec.inputs)
-        params = inspect.signature(module.forward).parameters.values()
-        fixed = len([p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD])
-        if any(p.kind == p.VAR_POSITIONAL for p in params):
-            dyn = (*dyn[:fixed], tuple(dyn[fixed:]))  # the *flat K/V as one nested tuple
         t = time.time()
         try:
-            torch.onnx.export(module, example_inputs(model, graph), str(out / f"{graph}.onnx"), dynamo=True,
-                              input_names=spec.input_names, output_names=spec.output_names, dynamic_shapes=dyn,
-                              opset_version=18)
+            export_graph(model, graph, spec, out / f"{graph}.onnx", 18, exporter="dynamo")
             session = ort.InferenceSession(str(out / f"{graph}.onnx"), providers=["CPUExecutionProvider"])
             other = example_inputs(model, graph, batch=3, src_len=7, past_len=4, cache_len=9, group=1)
             got = session.run(None, {n: v.numpy() for n, v in zip(spec.input_names, other)})
@@ -80,7 +70,8 @@ def time_decoders(bundle: Path, dynamo: Path) -> None:
                 s.run(None, feeds)
                 times[k].append(time.perf_counter() - t)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-        err = max(float(np.abs(a - b).max()) for a, b in zip(outs["torchscript"], outs["dynamo"]) if a.dtype == np.float32)
+        err = max(float(np.abs(a - b).max()) for a, b in zip(outs["torchscript"], outs["dynamo"])
+                  if a.dtype == np.float32)
         print(f"batch {batch}: TorchScript {med['torchscript']:.2f} ms, dynamo {med['dynamo']:.2f} ms "
               f"({med['torchscript'] / med['dynamo']:.2f}x); max abs difference {err:.2e}")
 

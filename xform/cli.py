@@ -59,7 +59,11 @@ def main() -> None:
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32 (for GPUs). "
                    "int8: int8 MatMul weights by ONNX Runtime dynamic quantization (for the CPU).")
-@click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (17 or newer).")
+@click.option("--opset", type=int, default=None,
+              help="ONNX opset (default 17; 18 with --exporter dynamo, the oldest it writes).")
+@click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
+              help="dynamo: torch.export + onnxscript (pip install 'xform[dynamo]'), the exporter PyTorch develops; "
+                   "torchscript: the tracer it has deprecated, still the default (docs/design.md).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 @click.option("--arch", type=click.Choice(list(ARCHS)), default=None,
               help="MODEL is a state dict file of this layout (default for a file: auto, recognised from its keys).")
@@ -112,7 +116,7 @@ def main() -> None:
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
                    "-1, the last).")
 @handle_errors
-def export(model: str, output: Path, precision: str, opset: int, force: bool, arch: str | None,
+def export(model: str, output: Path, precision: str, opset: int | None, exporter: str, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
            attention_layer: int | None, **hparams) -> None:
@@ -142,8 +146,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
     if attention_layer is not None and not with_attention:
         raise click.UsageError("--attention-layer goes with --with-attention")
     with err.status("exporting") as status:
-        result = export_bundle(model, output, precision=precision, opset=opset, force=force, arch=arch,
-                               hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
+        result = export_bundle(model, output, precision=precision, opset=opset, exporter=exporter, force=force,
+                               arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map,
                                progress=lambda msg: status.update(msg))
@@ -156,7 +160,8 @@ def export(model: str, output: Path, precision: str, opset: int, force: bool, ar
         out.print("assumed (not recorded in the weights): "
                   + ", ".join(f"{k}={v}" for k, v in source["options"].items())
                   + f"; found: {', '.join(f'{k} {v}' for k, v in source['roles'].items())}")
-    out.print(f"wrote {result.path} ({precision}, opset {opset})")
+    out.print(f"wrote {result.path} ({precision}, opset {result.manifest.opset}"
+              + (", dynamo exporter)" if exporter == "dynamo" else ")"))
     out.print("verified on onnxruntime against eager PyTorch: graphs "
               + ", ".join(f"{k.removesuffix('_max_abs_err')} {v[k]:.2e}" for k in v if k.endswith("max_abs_err"))
               + f"; decoding: max abs logit error {c['max_abs_err']:.2e}, token agreement "

@@ -21,7 +21,7 @@ import torch
 from xform import __version__
 from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
 from xform.errors import ToleranceError, XformError
-from xform.exporter.graphs import DEFAULT_OPSET, GRAPHS, MIN_OPSET, export_graph
+from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, refuse_existing
 from xform.manifest import GraphEntry, Manifest, SharedWeight, TokenizerEntry
@@ -159,20 +159,37 @@ def check_graph(path: Path) -> None:
         raise XformError(f"{path.name}: the exported graph fails onnx.checker: {e}") from None
 
 
-def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int = DEFAULT_OPSET,
+def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int | None = None,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
-                  progress: Callable[[str], None] = lambda msg: None) -> ExportResult:
+                  progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript") -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
-    graph and the output table (output.safetensors), for vocabulary restriction."""
+    graph and the output table (output.safetensors), for vocabulary restriction. `exporter`:
+    torchscript (the default) or dynamo (torch.export + onnxscript; opset 18 or newer, its default).
+    `opset` None: the exporter's default (17 / 18)."""
     out = Path(out)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
-    if opset < MIN_OPSET:
-        raise XformError(f"--opset {opset} is too old; xform needs opset {MIN_OPSET} or newer (LayerNormalization)")
+    if exporter not in EXPORTERS:
+        raise XformError(f"--exporter {exporter!r}: choose from {', '.join(EXPORTERS)}")
+    least = DYNAMO_MIN_OPSET if exporter == "dynamo" else MIN_OPSET
+    opset = opset if opset is not None else max(DEFAULT_OPSET, least)
+    if opset < least:
+        raise XformError(f"--opset {opset} is too old; xform needs opset {least} or newer "
+                         + ("with --exporter dynamo (the oldest it writes)" if exporter == "dynamo"
+                            else "(LayerNormalization)"))
+    versions = {"xform": __version__, "torch": str(torch.__version__), "onnx": onnx.__version__,
+                "python": platform.python_version(), "exporter": exporter}
+    if exporter == "dynamo":
+        try:
+            import onnxscript
+        except ImportError:
+            raise XformError("--exporter dynamo needs onnxscript: pip install 'xform[dynamo]' "
+                             "(or pip install onnxscript)") from None
+        versions["onnxscript"] = onnxscript.__version__
     refuse_existing(out, force)
     progress("loading model")
     loaded = loaded or resolve_model(model_ref, arch, hparams)
@@ -205,10 +222,10 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             progress(f"exporting {graph} ({precision})")
             layer = attention_layer if graph == DECODER else None
             if precision == "int8" and graph not in WEIGHTLESS:
-                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset, layer)
+                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
                 quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
             else:
-                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer)
+                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer, exporter)
             check_graph(tmp / f"{graph}.onnx")
         if vocab_map:  # the rows the restricted decoder's projection takes, gathered per batch
             from safetensors.numpy import save_file
@@ -236,8 +253,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                        **({"min_decode_agreement": tol.min_decode_agreement,
                            "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
                        "reason": tol.reason},
-            versions={"xform": __version__, "torch": str(torch.__version__), "onnx": onnx.__version__,
-                      "python": platform.python_version()})
+            versions=versions)
         manifest.write(tmp)
         progress("verifying against eager PyTorch on onnxruntime")
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol)

@@ -7,9 +7,13 @@ It does not verify (verify.py) or write manifests (export.py).
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
+import logging
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any, Iterator
 
 import onnx
 import torch
@@ -20,6 +24,10 @@ from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recordin
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
+# the TorchScript tracer (torch.onnx.export(dynamo=False), deprecated by PyTorch, the default) or
+# torch.export + onnxscript (dynamo=True; opset 18 or newer): docs/design.md "The exporter's future"
+EXPORTERS = ("torchscript", "dynamo")
+DYNAMO_MIN_OPSET = 18
 
 
 class EncoderGraph(nn.Module):
@@ -147,27 +155,63 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
 
 
 def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int,
-                 attention_layer: int | None = None) -> None:
-    """Trace one graph to `path` with the contract's names and dynamic axes. The trace goes to a
-    file in a scratch directory beside `path`, never to memory: a graph over protobuf's 2 GB (an
-    NLLB-200-sized embedding table) is written by the exporter as external data there, and is
-    moved into the bundle's layout piece by piece rather than loaded whole."""
+                 attention_layer: int | None = None, exporter: str = "torchscript") -> None:
+    """Trace one graph to `path` with the contract's names and dynamic axes, by `exporter`. The
+    trace goes to a file in a scratch directory beside `path`, never to memory: a graph over
+    protobuf's 2 GB (an NLLB-200-sized embedding table) is written by the exporter as external data
+    there, and is moved into the bundle's layout piece by piece rather than loaded whole."""
     module = DecoderGraph(model, attention_layer) if graph == DECODER else MODULES[graph](model)
     module.eval()
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.trace.") as scratch:
         traced = Path(scratch) / path.name
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TracerWarnings about shape-derived python ints are expected
-            torch.onnx.export(
-                module, example_inputs(model, graph), str(traced), dynamo=False, opset_version=opset,
-                input_names=spec.input_names, output_names=spec.output_names,
-                dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
-            )
+            if exporter == "dynamo":
+                with quiet("torch.onnx._internal.exporter._registration"):  # "torchvision is not installed"
+                    torch.onnx.export(
+                        module, example_inputs(model, graph), str(traced), dynamo=True, opset_version=opset,
+                        input_names=spec.input_names, output_names=spec.output_names,
+                        dynamic_shapes=dynamic_shapes(module, spec), external_data=True, verbose=False,
+                    )
+            else:
+                torch.onnx.export(
+                    module, example_inputs(model, graph), str(traced), dynamo=False, opset_version=opset,
+                    input_names=spec.input_names, output_names=spec.output_names,
+                    dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+                )
         proto = onnx.load(str(traced), load_external_data=False)
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto)):
             gather_external_data(proto, Path(scratch), path)
         else:
             save_with_external_data(proto, path)
+
+
+@contextlib.contextmanager
+def quiet(name: str) -> Iterator[None]:
+    """Logger `name` at ERROR for the duration (its warnings are not the user's business), then
+    back to the level it had: no process-wide logging setting changes."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def dynamic_shapes(module: nn.Module, spec: GraphSpec) -> tuple[Any, ...]:
+    """The contract's named axes as torch.export dimensions, one `Dim` per name shared by every
+    input that has it, laid out as `forward` takes its arguments (the per-layer K/V, taken as
+    `*flat`, as one nested tuple): what the dynamo exporter needs instead of `dynamic_axes`,
+    which it cannot convert for varargs."""
+    dims: dict[str, Any] = {}
+    per_input = tuple({i: dims.setdefault(a, torch.export.Dim(a, min=1)) for i, a in enumerate(t.shape)
+                       if isinstance(a, str)} or None for t in spec.inputs)
+    params = list(inspect.signature(module.forward).parameters.values())
+    fixed = len([p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD])
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return (*per_input[:fixed], tuple(per_input[fixed:]))
+    return per_input
 
 
 ALIGN = 4096  # each tensor's offset in the data file: a page, so ONNX Runtime can map it in place
