@@ -138,7 +138,7 @@ CASES = [
     (shared_weight("past_its_file", shape=[10 ** 6, 512]), ["--text", "12"], "lie outside"),
     (shared_weight("path_escapes", file="../x.data"), ["--text", "12"], "names the path '../x.data', which leads outside"),
     (shared_weight("unknown_graph", graphs={"planner": "w"}), ["--text", "12"], "must map this bundle's graphs"),
-    (shared_weight("odd_dtype", dtype="object"), ["--text", "12"], "dtype 'object' is not one of"),
+    (shared_weight("odd_dtype", dtype="object"), ["--text", "12"], 'dtype "object" is not one of'),
     (old_version(1), ["--text", "12"], "manifest version 1, exported by an earlier xform"),
     (old_version(2), ["--text", "12"], "manifest version 2, exported by an earlier xform whose decoder graph read"),
     (lying_safetensors_header, ["--check"], "model.safetensors: not a readable safetensors file"),

@@ -5,6 +5,7 @@ the wrong type or value is refused naming the field, never a TypeError from deep
 hostile config is refused by the one config validation (TransformerConfig.problems)."""
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,8 +34,11 @@ def test_a_bundles_manifest_round_trips_to_the_same_json(demo_bundle, tmp_path):
     assert raw(out) == data and m.files == hash_files(out, set())
 
 
-SHARED = {"file": "decoder.onnx.data", "offset": 8, "dtype": "float16", "shape": [5, 3], "nbytes": 30,
+SHARED = {"file": "decoder.onnx.data", "offset": 8, "dtype": "float16", "shape": [5, 3],
           "graphs": {"encoder": "emb", "decoder": "emb.1"}}
+# a manifest written by xform 0.4.0 before the typed manifest (f974c19): Marian Transformer-base,
+# its embedding table shared by the encoder and decoder graphs
+OLD = Path(__file__).parent / "data" / "manifest_0.4.0_marian_base.json"
 
 
 def with_shared(bundle):
@@ -43,6 +47,25 @@ def with_shared(bundle):
     data = raw(bundle)
     data["shared_weights"] = [dict(SHARED)]
     return data
+
+
+def test_a_manifest_written_before_the_typed_one_round_trips(tmp_path):
+    """The layout is format 4's as the old writer wrote it: read and written back, the same JSON."""
+    data = json.loads(OLD.read_text())
+    assert data["shared_weights"] and data["version"] == 4
+    m = Manifest.from_json(copy.deepcopy(data), str(OLD))
+    assert json.loads(json.dumps(m.to_json())) == data
+    (w,) = m.shared_weights
+    assert w.nbytes == 32000 * 512 * 4 and w.graphs == {"encoder": "model.src_embed.weight",
+                                                        "decoder": "model.src_embed.weight"}
+
+
+def test_keys_of_a_later_writer_are_kept(demo_bundle):
+    data = raw(demo_bundle)
+    data["quantization_notes"] = {"by": "a later xform 0.4.x"}
+    m = Manifest.from_json(copy.deepcopy(data), "m.json")
+    assert m.extra == {"quantization_notes": {"by": "a later xform 0.4.x"}}
+    assert json.loads(json.dumps(m.to_json())) == data
 
 
 def test_the_shared_weights_entries_are_typed(tiny_bundle):
@@ -71,9 +94,10 @@ CASES = [
     ("format", "onnx-bundle", "not an xform manifest"),
     ("version", 5, "manifest version 5 is not one this xform knows [4]"),
     ("version", True, "manifest version True is not one"),
+    ("version", 4.0, "manifest version 4.0 is not one"),
     ("version", 3, "manifest version 3, exported by an earlier xform"),
-    ("precision", "fp8", "manifest.precision must be one of ['fp32', 'fp16', 'int8'], found 'fp8'"),
-    ("opset", "17", "manifest.opset must be an integer in [7, 99], found '17'"),
+    ("precision", "fp8", "manifest.precision must be one of ['fp32', 'fp16', 'int8'], found \"fp8\""),
+    ("opset", "17", 'manifest.opset must be an integer in [7, 99], found "17"'),
     ("attention_layer", 7, "manifest.attention_layer must be an integer in [0, 1] or null, found 7"),
     ("attention_layer", True, "manifest.attention_layer must be an integer"),
     ("graphs.decoder.file", 3, "graphs.decoder.file must be a non-empty string, found 3"),
@@ -89,21 +113,27 @@ CASES = [
     ("model.config.banned_ids", [{}], "banned_ids must be a tuple of ids below tgt_vocab_size"),
     ("model.config.tie_output", "yes", "tie_output must be true or false, got 'yes'"),
     ("model.config", [], "model.config must be an object, found []"),
-    ("model.source", "hub", "model.source must be an object, found 'hub'"),
-    ("reference", None, "manifest.reference must be an object, found None"),
-    ("reference.dir", "", "reference.dir must be a non-empty string, found ''"),
+    ("model.source", "hub", 'model.source must be an object, found "hub"'),
+    ("reference", None, "manifest.reference must be an object, found null"),
+    ("reference.dir", "", 'reference.dir must be a non-empty string, found ""'),
     ("tokenizer.notes", [1], "tokenizer.notes must be a list of strings"),
     ("tokenizer.file", None, "tokenizer.file must be a non-empty string"),
     ("output_table", {"file": "output.safetensors"}, "the decoder_restricted graph and output_table go together"),
     ("generation", [], "manifest.generation must be an object or null, found []"),
+    ("generation.max_length", "512", 'generation.max_length must be an integer in [0, 2147483648] or null, found "512"'),
+    ("generation.forced_bos_token_id", 34, "generation.forced_bos_token_id must be an integer in [0, 33] or null"),
     ("engines", [], "manifest.engines must be an object, found []"),
-    ("engines", {"decoder.tensorrt": {"file": "engines/d.engine"}}, "engines.decoder.tensorrt: engine.graph must be"),
+    ("engines", {"decoder.tensorrt": {"file": "engines/d.engine"}}, "engines.decoder.tensorrt.profile must be an object"),
+    ("engines", {"decoder.tensorrt": {"profile": {"batch": [1, 8, 4], "src_len": [1, 2, 3], "cache_len": [1, 2, 3]}}},
+     "engines.decoder.tensorrt.profile.batch must be [min, opt, max], sizes in [1, 2^31] in that order, found [1, 8, 4]"),
+    ("engines", {"decoder.tensorrt": {"profile": {"batch": [1, 2, 4], "src_len": [1, 2, 3], "cache_len": [1, 2, 3]}}},
+     "engines.decoder.tensorrt.file must be a non-empty string, found null"),
     ("files", {"encoder.onnx": 1}, "manifest.files must be an object of strings"),
     ("versions", None, None),  # optional: an empty record
     ("shared_weights", {}, "manifest.shared_weights must be a list"),
-    ("shared_weights.0.dtype", "object", "dtype 'object' is not one of"),
+    ("shared_weights.0.dtype", "object", 'shared_weights[0].dtype "object" is not one of'),
     ("shared_weights.0.shape", [0, 4], "implausible shape [0, 4]"),
-    ("shared_weights.0.offset", -1, "shared weight.offset must be an integer in [0, "),
+    ("shared_weights.0.offset", -1, "shared_weights[0].offset must be an integer in [0, "),
     ("shared_weights.0.graphs", {"planner": "w"}, "must map this bundle's graphs to initializer names"),
 ]
 

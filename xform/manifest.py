@@ -39,6 +39,13 @@ OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform update
 PRECISIONS = ("fp32", "fp16", "int8")
 SHARED_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1}  # dtype -> bytes per element
 MAX_DIM = 1 << 31
+# generation defaults the runtime reads itself (decoding.decode_cap, Session's forced first token);
+# the decoding settings among them go through GenerationConfig's own validation
+GENERATION_INTS = ("max_new_tokens", "max_length", "forced_bos_token_id")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class _Reader:
@@ -98,7 +105,11 @@ def _kind(v: Any) -> str:
 
 
 def _show(v: Any) -> str:
-    text = repr(v)
+    """A value as the manifest spells it (JSON: null, true, "text"), cut to 80 characters."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -134,21 +145,22 @@ class SharedWeight:
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "offset": self.offset, "dtype": self.dtype, "shape": list(self.shape),
-                "nbytes": self.nbytes, "graphs": dict(self.graphs)}
+                "graphs": dict(self.graphs)}
 
     @classmethod
-    def from_json(cls, data: Any, where: str, graphs: dict[str, GraphEntry]) -> "SharedWeight":
-        r = _Reader(where, data, "shared weight")
-        dtype = data.get("dtype") if isinstance(data, dict) else None
+    def from_json(cls, data: Any, where: str, what: str, graphs: dict[str, GraphEntry]) -> "SharedWeight":
+        r = _Reader(where, data, what)
+        dtype = data.get("dtype")
         if dtype not in SHARED_DTYPES:
-            raise BundleError(f"{where}: dtype {dtype!r} is not one of {list(SHARED_DTYPES)}")
+            raise BundleError(f"{where}: {what}.dtype {_show(dtype)} is not one of {list(SHARED_DTYPES)}")
         shape = data.get("shape")
-        if not (isinstance(shape, list) and shape and all(isinstance(d, int) and not isinstance(d, bool)
-                                                          and 1 <= d <= MAX_DIM for d in shape)):
-            raise BundleError(f"{where}: implausible shape {_show(shape)} (a list of sizes in [1, 2^31])")
+        if not (isinstance(shape, list) and shape and all(_is_int(d) and 1 <= d <= MAX_DIM for d in shape)):
+            raise BundleError(f"{where}: {what}.shape: implausible shape {_show(shape)} (a list of sizes in "
+                              "[1, 2^31])")
         names = r.strings("graphs")
         if not names or any(g not in graphs for g in names):
-            raise BundleError(f"{where}: graphs {names!r} must map this bundle's graphs to initializer names")
+            raise BundleError(f"{where}: {what}.graphs {_show(names)} must map this bundle's graphs to initializer "
+                              "names")
         return cls(r.text("file"), r.integer("offset", hi=1 << 62), dtype, tuple(shape), names)
 
 
@@ -187,11 +199,18 @@ class EngineEntry:
         return {**self.details, **{k: getattr(self, k) for k in self.FIELDS}}
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> "EngineEntry":
-        r = _Reader(where, data, "engine")
+    def from_json(cls, data: Any, where: str, what: str) -> "EngineEntry":
+        r = _Reader(where, data, what)
+        profile = r.mapping("profile")
+        for axis in ("batch", "src_len", "cache_len", *(["src_batch"] if "src_batch" in profile else [])):
+            v = profile.get(axis)
+            if not (isinstance(v, list) and len(v) == 3 and all(_is_int(d) and 1 <= d <= MAX_DIM for d in v)
+                    and v[0] <= v[1] <= v[2]):
+                raise BundleError(f"{where}: {what}.profile.{axis} must be [min, opt, max], sizes in [1, 2^31] in "
+                                  f"that order, found {_show(v)}")
         return cls(r.text("file"), r.text("graph"), r.text("flavor"), r.text("tensorrt_version"), r.text("onnx"),
                    r.text("onnx_sha256"), r.text("onnx_data_sha256", optional=True), r.text("precision"),
-                   r.integer("max_sources", 1), r.integer("max_beams", 1), r.mapping("profile"), r.mapping("target"),
+                   r.integer("max_sources", 1), r.integer("max_beams", 1), profile, r.mapping("target"),
                    {k: v for k, v in data.items() if k not in cls.FIELDS})
 
 
@@ -216,6 +235,8 @@ class Manifest:
     verification: dict[str, Any] | None = None  # the export's figures against eager PyTorch
     files: dict[str, str] = field(default_factory=dict)
     version: int = VERSION
+    # keys this xform does not know (a later, compatible writer's): kept, and written back as they were
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.config_dict = self.config.to_dict()
@@ -251,6 +272,7 @@ class Manifest:
             "engines": {k: e.to_json() for k, e in self.engines.items()},
             **({"verification": self.verification} if self.verification is not None else {}),
             "files": self.files,
+            **self.extra,
         }
 
     @classmethod
@@ -267,11 +289,11 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise BundleError(f"{where}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
         version = data.get("version")
-        if isinstance(version, int) and not isinstance(version, bool) and version in OLD_VERSIONS:
+        if _is_int(version) and version in OLD_VERSIONS:
             raise BundleError(f"{where}: manifest version {version}, exported by an earlier xform whose decoder graph "
                               f"{OLD_VERSIONS[version]} and needs version {VERSION}: re-export it "
                               "(xform export ... --force)")
-        if version != VERSION or isinstance(version, bool):
+        if not _is_int(version) or version != VERSION:
             raise BundleError(f"{where}: manifest version {version!r} is not one this xform knows [{VERSION}]; "
                               "re-export the bundle or upgrade xform")
         r = _Reader(where, data, "manifest")
@@ -319,17 +341,28 @@ class Manifest:
             if not all(isinstance(n, str) for n in notes):
                 raise t.fail("notes", "a list of strings")
             tok = TokenizerEntry(t.text("file"), tuple(notes))
-        shared = [SharedWeight.from_json(w, f"{where}: shared_weights[{i}]", graphs)
+        shared = [SharedWeight.from_json(w, where, f"shared_weights[{i}]", graphs)
                   for i, w in enumerate(r.sequence("shared_weights"))]
-        engines = {k: EngineEntry.from_json(e, f"{where}: engines.{k}") for k, e in r.mapping("engines").items()}
+        engines = {k: EngineEntry.from_json(e, where, f"engines.{k}") for k, e in r.mapping("engines").items()}
+        generation = r.mapping("generation", optional=True) or {}
+        for key in GENERATION_INTS:
+            v = generation.get(key)
+            hi = config.tgt_vocab_size - 1 if key == "forced_bos_token_id" else MAX_DIM
+            if v is not None and not (_is_int(v) and 0 <= v <= hi):
+                raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
+                                  f"{_show(v)}")
+        known = {"format", "version", "precision", "opset", "precision_plan", "model", "graphs", "output_table",
+                 "shared_weights", "attention_layer", "reference", "generation", "tokenizer", "tolerance",
+                 "versions", "engines", "verification", "files"}
         return cls(
             precision=precision, opset=r.integer("opset", 7, 99), config=config, graphs=graphs,
             reference_dir=_Reader(where, r.mapping("reference"), "reference").text("dir"),
             source=model.mapping("source"), precision_plan=r.text("precision_plan"),
             output_table=_Reader(where, table, "output_table").text("file") if table else None,
-            shared_weights=shared, attention_layer=layer, generation=r.mapping("generation", optional=True) or {},
+            shared_weights=shared, attention_layer=layer, generation=generation,
             tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
-            verification=r.mapping("verification", optional=True), files=r.strings("files"))
+            verification=r.mapping("verification", optional=True), files=r.strings("files"),
+            extra={k: v for k, v in data.items() if k not in known})
 
     def write(self, directory: Path) -> None:
         """Hash every file under `directory` into `files` and write the manifest atomically; left

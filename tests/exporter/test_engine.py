@@ -20,6 +20,7 @@ from xform.contract import signature_for
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.exporter.engine import BuildOptions, build_engines, profile_ranges
 from xform.exporter.export import export_bundle
+from xform.manifest import Manifest
 from xform.models.checkpoint import save_checkpoint
 from xform.runtime.bundle import Bundle
 
@@ -75,6 +76,9 @@ def built(bundles):
 def test_engines_build_serialize_and_record_the_contract(built, name):
     path, engines, events = built[name]
     bundle = Bundle.open(path)  # engine files are hashed into the manifest
+    # the engine entries read back as the builder wrote them: the same JSON
+    data = json.loads((path / "manifest.json").read_text())
+    assert json.loads(json.dumps(Manifest.from_json(json.loads(json.dumps(data)), "m").to_json())) == data
     cfg = bundle.config
     kv_dtype = "float16" if name.endswith("fp16") else "float32"
     spec = signature_for(cfg, kv_dtype)

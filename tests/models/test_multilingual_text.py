@@ -6,8 +6,8 @@ with the target language forced, decoded by the same tokenizer. No torch or tran
 time: sentencepiece and the ids the bundle records.
 """
 import io
-import re
 import json
+import re
 from pathlib import Path
 
 import numpy as np

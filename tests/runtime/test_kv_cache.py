@@ -109,3 +109,23 @@ def test_a_table_both_graphs_hold_is_mapped_once(tmp_path):
     src, lens = padded_batch(model.cfg, [9, 4, 6], seed=1)
     ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), 12).numpy()
     np.testing.assert_array_equal(session.generate(src, max_new_tokens=12), ref)
+
+
+def test_a_step_without_a_running_decode_says_so(demo_bundle):
+    """Before any start(), and after a start that failed, a step or an attention() is refused with
+    what is missing, not an AttributeError from the buffers a start makes."""
+    from xform.errors import XformError
+    from xform.runtime.bundle import Bundle
+    backend = ort_backend.OrtBackend(Bundle.open(demo_bundle), "cpu")
+    with pytest.raises(XformError, match=r"step\(\): no decode is running"):
+        backend.step(np.array([2]), 0)
+    with pytest.raises(XformError, match="exported without --with-attention, or no decode is running"):
+        backend.attention()
+    src = np.array([[5, 6, 2]], np.int64)
+    backend.start(src, np.array([3]))
+    backend.step(np.array([2]), 0)  # a decode runs
+    with pytest.raises(Exception):  # ONNX Runtime's own error: the encoder's Gather is out of range
+        backend.start(np.array([[10 ** 6, 2]], np.int64), np.array([2]))
+    # the failed start left no decode behind (the last one's buffers are gone): refused by name
+    with pytest.raises(XformError, match=r"step\(\): no decode is running"):
+        backend.step(np.array([2]), 0)

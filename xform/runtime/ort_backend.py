@@ -319,6 +319,8 @@ class OrtBackend:
         """Each row at its own position (0 after start or join, one more each step). min_new_tokens:
         an int for every row or one per row. With candidates K: the second value is each row's K
         best (log-probs (R, K), ids (R, K)) instead of the logits."""
+        if self.binding is None:
+            raise XformError("step(): no decode is running (start() or join() first; or the last start failed)")
         if beam_idx is not None:
             self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
         top = int(self.positions.max())
@@ -328,8 +330,6 @@ class OrtBackend:
         self.ids[:, 0] = input_ids
         self.min_new[:] = min_new_tokens
         dec, subset = self.binding, self.subset
-        if dec is None:
-            raise XformError("step(): no decode is running (start() or join() first; or the last start failed)")
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
@@ -380,6 +380,9 @@ class OrtBackend:
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
         averaged over heads. Only for a bundle exported --with-attention."""
+        if not self.has_attention or self.binding is None:
+            raise XformError("no attention to return: this bundle was exported without --with-attention, or no "
+                             "decode is running")
         return self.attention_rows.copy()
 
     def run_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
