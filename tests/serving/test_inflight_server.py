@@ -186,8 +186,9 @@ def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
         for i, t in enumerate(texts):  # written without waiting: the engine's execute gets them together
             s.client.async_stream_infer(name + "-stream", stream_inputs([t], stream=False), request_id=t,
                                         enable_empty_final_response=True)
+        client = http(server)
         with pytest.raises(InferenceServerException, match="outside the source vocabulary"):
-            infer(http(server), th, name, ids=np.array([[5, 999, 2]], np.int64))
+            infer(client, th, name, ids=np.array([[5, 999, 2]], np.int64))
         answers, errors = {}, []
         while len(answers) + len(errors) < len(texts):
             result, error = s.got.get(timeout=60)
@@ -199,7 +200,8 @@ def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
             answers[r.id] = result.as_numpy("translation")[0, 0].decode()
         assert errors and all("overloaded" in e for e in errors), errors
         assert answers and all(answers[t] == want[t] for t in answers)
-        assert infer(http(server), th, name, texts=["12"])[1] == ["twelve"]  # and then it serves again
+        assert infer(client, th, name, texts=["12"])[1] == ["twelve"]  # and then it serves again
+        client.close()  # an HTTP connection left open holds Triton's exit for its 30 s timeout
     finally:
         s.close()
         server.stop()
@@ -254,7 +256,8 @@ def test_a_killed_engine_is_reported_and_the_front_answers_with_the_reason(demo_
             infer(client, th, name, texts=["12"])
         assert client.is_server_live()
     finally:
-        assert server.stop() is not None
+        # Triton's own exit waits its 30 s for the killed instance; the SIGKILL after 5 s ends it the same way
+        assert server.stop(timeout=5) is not None
 
 
 def test_the_readme_grpc_stream_snippet(served, session, capsys):
