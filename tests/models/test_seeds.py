@@ -101,6 +101,14 @@ def test_wrong_arch_names_the_foreign_parameters(tmp_path):
         export_bundle(tmp_path / "m.pt", tmp_path / "b", arch="seed-000", hparams=SEEDS["seed-000"][1])
 
 
+@pytest.mark.parametrize("state", [{0: torch.zeros(2)}, {"w": [1.0, 2.0]}], ids=["int-key", "list-value"])
+def test_a_state_dict_that_is_not_names_to_tensors_is_refused(tmp_path, state):
+    torch.save(state, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match="expected a dict of parameter names to tensors"):
+        export_bundle(tmp_path / "m.pt", tmp_path / "b", arch="seed-002", hparams=SEEDS["seed-002"][1])
+    assert not (tmp_path / "b").exists()
+
+
 def test_training_checkpoint_wrapper_and_cli(tmp_path):
     model = build("seed-000", seed=3)
     torch.save({"epoch": 3, "model_state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
