@@ -19,8 +19,8 @@ from rich.table import Table
 
 from xform import __version__
 from xform.errors import XformError
+from xform.manifest import PRECISIONS, Manifest
 from xform.manifest import VERSION as BUNDLE_VERSION
-from xform.manifest import Manifest
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
 
@@ -56,7 +56,7 @@ def main() -> None:
 @click.argument("model")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
               help="Bundle directory to write.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
               help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32 (for GPUs). "
                    "int8: int8 MatMul weights by ONNX Runtime dynamic quantization (for the CPU).")
 @click.option("--opset", type=int, default=None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from xform.errors import ConfigError
 
@@ -36,7 +36,8 @@ LIMITS = {"src_vocab_size": 1 << 22, "tgt_vocab_size": 1 << 22, "d_model": 1 << 
 HEAD_DIM_LIMIT = 1 << 12
 
 
-def _is_int(v: object) -> bool:
+def is_int(v: object) -> TypeGuard[int]:
+    """An int that is not a bool (JSON's true is not a size)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -86,7 +87,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         problems = self.problems()
         if problems:
-            raise ConfigError("invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError("invalid TransformerConfig:\n  - " + "\n  - ".join(problems), problems)
 
     def problems(self) -> list[str]:
         """Every reason this config is invalid, gathered (empty when valid). The one validation of a
@@ -97,12 +98,12 @@ class TransformerConfig:
         ok: dict[str, int] = {}  # the sizes and ids that passed, for the checks between them
         for name, limit in LIMITS.items():
             v = getattr(self, name)
-            if _is_int(v) and 1 <= v <= limit:
+            if is_int(v) and 1 <= v <= limit:
                 ok[name] = v
             else:
                 p.append(f"{name} is {v!r}, expected an integer in [1, {limit}]")
         head = self.attention_head_dim
-        if head is not None and not (_is_int(head) and 1 <= head <= HEAD_DIM_LIMIT):
+        if head is not None and not (is_int(head) and 1 <= head <= HEAD_DIM_LIMIT):
             p.append(f"attention_head_dim is {head!r}, expected an integer in [1, {HEAD_DIM_LIMIT}] or None")
         elif head is None and "d_model" in ok and "n_heads" in ok and ok["d_model"] % ok["n_heads"]:
             p.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
@@ -136,14 +137,14 @@ class TransformerConfig:
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
                "decoder_start_id": self.start_id}
         for name, v in ids.items():
-            if not _is_int(v) or v < 0:
+            if not is_int(v) or v < 0:
                 p.append(f"{name} is {v!r}, expected a non-negative integer")
             elif tgt is not None and v >= tgt:
                 p.append(f"{name} is {v}, expected an id below tgt_vocab_size ({tgt})")
-        if _is_int(self.pad_id) and src is not None and self.pad_id >= src:
+        if is_int(self.pad_id) and src is not None and self.pad_id >= src:
             p.append(f"pad_id is {self.pad_id}, expected an id below src_vocab_size ({src})")
         if not isinstance(self.banned_ids, tuple) or not all(
-                _is_int(i) and 0 <= i < (tgt or 0) for i in self.banned_ids):
+                is_int(i) and 0 <= i < (tgt or 0) for i in self.banned_ids):
             p.append(f"banned_ids must be a tuple of ids below tgt_vocab_size, got {self.banned_ids!r}")
         elif self.eos_id in self.banned_ids:
             p.append(f"banned_ids must not contain eos_id ({self.eos_id})")

@@ -11,7 +11,12 @@ class XformError(Exception):
 
 
 class ConfigError(XformError, ValueError):
-    """A model configuration that is inconsistent or cannot be expressed."""
+    """A model configuration that is inconsistent or cannot be expressed; `problems`: each reason
+    (the message alone when there is one)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 class CheckpointError(XformError):

@@ -13,13 +13,13 @@ no onnx, no numpy.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xform.config import TransformerConfig
+from xform.config import TransformerConfig, is_int
 from xform.contract import DECODER, GRAPHS, RESTRICTED, GraphSpec, cache_dtype, signature_for
 from xform.errors import BundleError, ConfigError
 from xform.files import TEMP, atomic_write, sha256_file
@@ -44,10 +44,6 @@ MAX_DIM = 1 << 31
 GENERATION_INTS = ("max_new_tokens", "max_length", "forced_bos_token_id")
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 class _Reader:
     """Typed fields of one JSON object, each refused with the manifest and the field named."""
 
@@ -59,9 +55,6 @@ class _Reader:
     def fail(self, key: str, expected: str) -> BundleError:
         return BundleError(f"{self.where}: {self.what}.{key} must be {expected}, found {_show(self.data.get(key))}")
 
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
     def text(self, key: str, optional: bool = False) -> Any:
         v = self.data.get(key)
         if (v is None and optional) or (isinstance(v, str) and v):
@@ -70,15 +63,9 @@ class _Reader:
 
     def integer(self, key: str, lo: int = 0, hi: int = MAX_DIM, optional: bool = False) -> Any:
         v = self.data.get(key)
-        if (v is None and optional) or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+        if (v is None and optional) or (is_int(v) and lo <= v <= hi):
             return v
         raise self.fail(key, f"an integer in [{lo}, {hi}]" + (" or null" if optional else ""))
-
-    def flag(self, key: str) -> bool:
-        v = self.data.get(key)
-        if isinstance(v, bool):
-            return v
-        raise self.fail(key, "true or false")
 
     def mapping(self, key: str, optional: bool = False) -> Any:
         v = self.data.get(key)
@@ -134,10 +121,7 @@ class SharedWeight:
 
     @property
     def nbytes(self) -> int:
-        n = SHARED_DTYPES[self.dtype]
-        for d in self.shape:
-            n *= d
-        return n
+        return SHARED_DTYPES[self.dtype] * math.prod(self.shape)
 
     @property
     def end(self) -> int:
@@ -154,7 +138,7 @@ class SharedWeight:
         if dtype not in SHARED_DTYPES:
             raise BundleError(f"{where}: {what}.dtype {_show(dtype)} is not one of {list(SHARED_DTYPES)}")
         shape = data.get("shape")
-        if not (isinstance(shape, list) and shape and all(_is_int(d) and 1 <= d <= MAX_DIM for d in shape)):
+        if not (isinstance(shape, list) and shape and all(is_int(d) and 1 <= d <= MAX_DIM for d in shape)):
             raise BundleError(f"{where}: {what}.shape: implausible shape {_show(shape)} (a list of sizes in "
                               "[1, 2^31])")
         names = r.strings("graphs")
@@ -204,7 +188,7 @@ class EngineEntry:
         profile = r.mapping("profile")
         for axis in ("batch", "src_len", "cache_len", *(["src_batch"] if "src_batch" in profile else [])):
             v = profile.get(axis)
-            if not (isinstance(v, list) and len(v) == 3 and all(_is_int(d) and 1 <= d <= MAX_DIM for d in v)
+            if not (isinstance(v, list) and len(v) == 3 and all(is_int(d) and 1 <= d <= MAX_DIM for d in v)
                     and v[0] <= v[1] <= v[2]):
                 raise BundleError(f"{where}: {what}.profile.{axis} must be [min, opt, max], sizes in [1, 2^31] in "
                                   f"that order, found {_show(v)}")
@@ -289,11 +273,11 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise BundleError(f"{where}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
         version = data.get("version")
-        if _is_int(version) and version in OLD_VERSIONS:
+        if is_int(version) and version in OLD_VERSIONS:
             raise BundleError(f"{where}: manifest version {version}, exported by an earlier xform whose decoder graph "
                               f"{OLD_VERSIONS[version]} and needs version {VERSION}: re-export it "
                               "(xform export ... --force)")
-        if not _is_int(version) or version != VERSION:
+        if not is_int(version) or version != VERSION:
             raise BundleError(f"{where}: manifest version {version!r} is not one this xform knows [{VERSION}]; "
                               "re-export the bundle or upgrade xform")
         r = _Reader(where, data, "manifest")
@@ -304,8 +288,7 @@ class Manifest:
         try:
             config = TransformerConfig.from_dict(model.mapping("config"), source="model.config", complete=True)
         except ConfigError as e:
-            problems = str(e).removeprefix("invalid TransformerConfig:\n  - ").replace("\n  - ", "; ")
-            raise BundleError(f"{where}: implausible model config: {problems}") from None
+            raise BundleError(f"{where}: implausible model config: {'; '.join(e.problems)}") from None
         layer = r.integer("attention_layer", 0, config.n_decoder_layers - 1, optional=True)
         graphs = {}
         for name, entry in r.mapping("graphs").items():
@@ -348,7 +331,7 @@ class Manifest:
         for key in GENERATION_INTS:
             v = generation.get(key)
             hi = config.tgt_vocab_size - 1 if key == "forced_bos_token_id" else MAX_DIM
-            if v is not None and not (_is_int(v) and 0 <= v <= hi):
+            if v is not None and not (is_int(v) and 0 <= v <= hi):
                 raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
                                   f"{_show(v)}")
         known = {"format", "version", "precision", "opset", "precision_plan", "model", "graphs", "output_table",
@@ -370,9 +353,6 @@ class Manifest:
         removed next)."""
         self.files = hash_files(directory, {e.file for e in self.engines.values()})
         atomic_write(directory / MANIFEST, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
-
-    def replace(self, **changes: Any) -> "Manifest":
-        return dataclasses.replace(self, **changes)
 
 
 def hash_files(directory: Path, engines: set[str]) -> dict[str, str]:

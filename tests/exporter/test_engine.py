@@ -115,7 +115,7 @@ def test_tf32_and_options_are_applied(bundles, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundles["tiny-fp32"], path)
     shutil.rmtree(path / "engines")
-    Bundle.open(path, verify=False).manifest.replace(engines={}).write(path)
+    dataclasses.replace(Bundle.open(path, verify=False).manifest, engines={}).write(path)
     engines = build_engines(path, "tensorrt_rtx", options=BuildOptions(tf32=True, workspace_mib=64,
                                                                       builder_optimization_level=1),
                             max_batch=2, max_new_tokens=4)

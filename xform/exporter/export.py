@@ -24,7 +24,7 @@ from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, refuse_existing
-from xform.manifest import GraphEntry, Manifest, SharedWeight, TokenizerEntry
+from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
@@ -33,7 +33,6 @@ from xform.runtime.bundle import Bundle
 from xform.runtime.compare import tolerance_for
 
 log = logging.getLogger(__name__)
-PRECISIONS = ("fp32", "fp16", "int8")
 KV_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "float32"}
 PRECISION_PLANS = {
     "fp32": "everything in fp32",

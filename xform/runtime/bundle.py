@@ -14,7 +14,7 @@ from typing import Any
 from xform.contract import GraphSpec
 from xform.errors import BundleError
 from xform.files import drop_cached, sha256_file
-from xform.manifest import MANIFEST, Manifest, SharedWeight
+from xform.manifest import MANIFEST, Manifest
 
 
 @dataclass
@@ -49,10 +49,6 @@ class Bundle:
                 raise BundleError(f"{self.path / MANIFEST}: shared_weights[{i}]: bytes {w.offset}..{w.end} lie outside "
                                   f"{path} ({'missing' if size is None else f'{size} bytes'})")
 
-    @property
-    def shared_weights(self) -> list[SharedWeight]:
-        return self.manifest.shared_weights
-
     def inside(self, name: Any) -> Path:
         """`name` as a path inside the bundle; refused when it could lead outside it."""
         mpath = self.path / MANIFEST
@@ -85,7 +81,7 @@ class Bundle:
             if got != files[name]:
                 raise BundleError(f"{p}: sha256 {got[:16]}... does not match the manifest's {files[name][:16]}...; "
                                   "the file was changed or corrupted after export; re-export the bundle")
-        for w in self.shared_weights:
+        for w in self.manifest.shared_weights:
             if names is None or w.file in names:
                 drop_cached(self.path / w.file, w.offset, w.nbytes)
 

@@ -80,7 +80,7 @@ class OrtBackend:
         providers = providers_for(device)
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
-        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.shared_weights]
+        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
         self.bundle, self.threads, self.providers = bundle, threads, providers
         sessions = {}
         for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
