@@ -21,6 +21,7 @@ from xform.cli import main
 from xform.errors import XformError
 from xform.exporter.export import export_bundle
 from xform.models.checkpoint import save_checkpoint
+from xform.runtime.bench import padded_sources
 
 pytest.importorskip("onnxscript", reason="onnxscript is a test dependency (pip install -e '.[dev]')")
 
@@ -42,11 +43,8 @@ def demo_pair(tmp_path_factory):
 
 
 def sources(session, rows, seed):
-    rng = np.random.default_rng(seed)
-    cfg = session.config
-    special = {cfg["pad_id"], cfg["bos_id"], cfg["eos_id"]}
-    ids = [i for i in range(cfg["src_vocab_size"]) if i not in special]
-    return [list(rng.choice(ids, int(n))) + [cfg["eos_id"]] for n in rng.integers(2, 11, rows)]
+    """`rows` padded sources of 3 to 11 tokens (end-of-sentence included)."""
+    return padded_sources(session.config, np.random.default_rng(seed).integers(3, 12, rows), seed)
 
 
 def test_the_dynamo_bundle_records_its_exporter_and_verifies(demo_pair):
@@ -70,7 +68,7 @@ def test_dynamo_and_torchscript_bundles_decode_alike(demo_pair, settings):
     dyn, ts, _ = demo_pair
     a, b = xform.load(dyn), xform.load(ts)
     for rows, seed in ((1, 0), (5, 1), (9, 2)):
-        src = a.pad(sources(a, rows, seed))
+        src = sources(a, rows, seed)
         got = a.generate(*src, max_new_tokens=12, return_scores=True, **settings)
         ref = b.generate(*src, max_new_tokens=12, return_scores=True, **settings)
         np.testing.assert_array_equal(got[0], ref[0])
@@ -80,7 +78,7 @@ def test_dynamo_and_torchscript_bundles_decode_alike(demo_pair, settings):
 def test_attention_alike(demo_pair):
     dyn, ts, _ = demo_pair
     a, b = xform.load(dyn), xform.load(ts)
-    src = a.pad(sources(a, 4, 3))
+    src = sources(a, 4, 3)
     got = a.generate(*src, max_new_tokens=8, return_attention=True)
     ref = b.generate(*src, max_new_tokens=8, return_attention=True)
     np.testing.assert_array_equal(got[0], ref[0])
