@@ -334,18 +334,17 @@ class Manifest:
             if v is not None and not (is_int(v) and 0 <= v <= hi):
                 raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
                                   f"{_show(v)}")
-        known = {"format", "version", "precision", "opset", "precision_plan", "model", "graphs", "output_table",
-                 "shared_weights", "attention_layer", "reference", "generation", "tokenizer", "tolerance",
-                 "versions", "engines", "verification", "files"}
-        return cls(
+        manifest = cls(
             precision=precision, opset=r.integer("opset", 7, 99), config=config, graphs=graphs,
             reference_dir=_Reader(where, r.mapping("reference"), "reference").text("dir"),
             source=model.mapping("source"), precision_plan=r.text("precision_plan"),
             output_table=_Reader(where, table, "output_table").text("file") if table else None,
             shared_weights=shared, attention_layer=layer, generation=generation,
             tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
-            verification=r.mapping("verification", optional=True), files=r.strings("files"),
-            extra={k: v for k, v in data.items() if k not in known})
+            verification=r.mapping("verification", optional=True), files=r.strings("files"))
+        written = manifest.to_json()  # the keys this xform writes: the rest is kept as it came
+        manifest.extra = {k: v for k, v in data.items() if k not in written}
+        return manifest
 
     def write(self, directory: Path) -> None:
         """Hash every file under `directory` into `files` and write the manifest atomically; left
