@@ -88,7 +88,7 @@ def test_nothing_to_do_is_usage_error(runner, tiny_bundle):
 
 @pytest.mark.parametrize("args, fragment", [
     (["export", "missing-dir", "-o", "{tmp}/b"], "missing-dir: no such file or directory"),
-    (["export", "{tmp}", "-o", "{tmp}/b"], "config.json: missing"),
+    (["export", "{tmp}", "-o", "{tmp}-b"], "config.json: missing"),
     (["export", "demo", "-o", "{tmp}/b", "--opset", "11"], "--opset 11 is too old"),
     (["run", "{tmp}", "--check"], "manifest.json: missing"),
     (["run", "{tmp}/nope", "--benchmark"], "not a directory"),

@@ -178,7 +178,32 @@ def test_a_pickle_that_would_run_code_is_refused_and_never_run(tmp_path):
     for name in ("evil.pt", "raw.pkl"):
         r = CliRunner().invoke(main, ["export", str(tmp_path / name), "-o", str(tmp_path / "b"), "--arch", "seed-002",
                                       "--n-heads", "3", "--bos-id", "1", "--eos-id", "2"])
-        assert r.exit_code == 1 and f"{name}: not a readable state dict" in r.output, r.output
-        assert "Traceback" not in r.output
+        assert r.exit_code == 1 and f"{name}: holds Python objects besides tensors" in r.output, \
+            r.output
+        assert "Traceback" not in r.output and "weights_only=False" not in r.output
     assert not marker.exists() and not (tmp_path / "b").exists()
     assert not Path("pwned").exists()
+
+
+def not_checkpoints(tmp_path):
+    import torch
+    torch.save({"w": torch.zeros(64)}, tmp_path / "good.pt")
+    good = (tmp_path / "good.pt").read_bytes()
+    return {"test.src": (b"Ein Mann f\xc3\xa4hrt Fahrrad .\n" * 20, "not a PyTorch checkpoint (a text file)"),
+            "photo.pt": (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "not a PyTorch checkpoint (a PNG image)"),
+            "cut.pt": (good[: len(good) // 2], "not a readable PyTorch checkpoint, truncated or corrupt"),
+            "empty.bin": (b"", "not a PyTorch checkpoint (an empty file)"),
+            "noise.pth": (bytes(range(7, 256)) * 2, "not a PyTorch checkpoint (binary data of no known kind)")}
+
+
+def test_a_file_that_is_not_a_checkpoint_gets_one_line(tmp_path):
+    """A text file, an image, a truncated or empty file as MODEL: one line saying what it is, never
+    torch's unpickling message and its advice to load with weights_only=False."""
+    for name, (data, message) in not_checkpoints(tmp_path).items():
+        (tmp_path / name).write_bytes(data)
+        r = CliRunner().invoke(main, ["export", str(tmp_path / name), "-o", str(tmp_path / "b"),
+                                      "--n-heads", "3", "--bos-id", "1", "--eos-id", "2"])
+        assert r.exit_code == 1 and f"{name}: {message}" in r.output, (name, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+        assert "weights_only" not in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "b").exists()

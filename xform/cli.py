@@ -64,7 +64,9 @@ def main() -> None:
 @click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
               help="dynamo: torch.export + onnxscript (pip install 'xform[dynamo]'), the exporter PyTorch develops; "
                    "torchscript: the tracer it has deprecated, still the default (docs/design.md).")
-@click.option("--force", is_flag=True, help="Replace an existing bundle.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing bundle at -o: only a bundle xform wrote (nothing else in it) or an empty "
+                   "directory; never MODEL, a folder of other files or the current directory.")
 @click.option("--arch", type=click.Choice(list(ARCHS)), default=None,
               help="MODEL is a state dict file of this layout (default for a file: auto, recognised from its keys).")
 @click.option("--n-heads", type=int, help="State dict: attention heads (not recorded in the weights).")
@@ -222,10 +224,31 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
                   f"cache_len {p['cache_len']} (min/opt/max); tf32 {'on' if e.details['tf32'] else 'off'}")
 
 
-def write_json(path: Path, data: dict, force: bool) -> None:
-    from xform.files import atomic_write, refuse_existing
+REPORT_KEYS = ("bundle", "backend", "generation")  # what every `run --json` report holds
 
-    refuse_existing(path, force, what="file")
+
+def not_our_report(path: Path) -> str | None:
+    """None when `path` is an empty file or a `run --json` report, which --force may replace."""
+    if not path.is_file():
+        return "is not a file"
+    if path.stat().st_size == 0:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    return None if isinstance(data, dict) and all(k in data for k in REPORT_KEYS) else "is not a report xform wrote"
+
+
+def check_json_target(path: Path, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    from xform.files import check_target
+    check_target(path, force, "report", not_our_report, inputs, flag="--json")
+
+
+def write_json(path: Path, data: dict, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    from xform.files import atomic_write
+
+    check_json_target(path, force, inputs)  # again: the file may have appeared while this run decoded
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
@@ -559,7 +582,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON.")
-@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@click.option("--force", is_flag=True, help="Replace an existing --json report (only a report xform wrote).")
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
@@ -591,8 +614,10 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         raise click.UsageError("--replace-unknowns goes with --text / --input-file")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
-    if json_path is not None and json_path.exists() and not force:
-        raise XformError(f"--json {json_path}: already exists; pass --force to overwrite it")
+    json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
+                   *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
+    if json_path is not None:
+        check_json_target(json_path, force, json_inputs)
     settings = generation_settings(greedy, num_beams, early_stopping, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
@@ -669,7 +694,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         print_bench(res)
         report["benchmark"] = res.to_dict()
     if json_path is not None:
-        write_json(json_path, report, force)
+        write_json(json_path, report, force, json_inputs)
     if failed:
         sys.exit(1)
 
@@ -773,7 +798,8 @@ def model_options(**kw):
               help="Triton model repository (created if missing; other models in it are kept).")
 @triton_model_options
 @click.option("--reference", is_flag=True, help="Name the bundle's absolute path instead of copying it.")
-@click.option("--force", is_flag=True, help="Replace an existing model of that name.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing model of that name (only a Triton model xform wrote, or an empty directory).")
 @handle_errors
 def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) -> None:
     """Write BUNDLE as a Triton Inference Server model (Python backend) into a model repository."""

@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from xform.errors import BundleError
 
@@ -121,34 +121,80 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
-def refuse_existing(path: Path, force: bool, what: str = "bundle") -> None:
-    if path.exists() and not force:
-        raise BundleError(f"{path}: already exists; pass --force to overwrite the {what}")
+# Owned(path): None when `path` (which exists) is something xform wrote and may replace, else why not
+Owned = Callable[[Path], "str | None"]
+
+
+def empty_directory(path: Path) -> str | None:
+    """Owned for a directory xform may write into only when it is empty."""
+    if not path.is_dir():
+        return "is a file, not a directory"
+    return None if not any(path.iterdir()) else "is a directory with files in it"
+
+
+def check_target(target: Path, force: bool, what: str, owned: Owned,
+                 inputs: Iterable[tuple[str, str | Path]] = (), flag: str = "-o") -> None:
+    """Refuse to write `target` (a `what`: bundle, Triton model, file) where that could lose anything.
+
+    Refused whatever `force` says: the current directory or a parent of it, an input of the
+    command (`inputs`: its name and path) or a parent of one, a path inside an input directory,
+    and an existing target `owned` disowns (not a bundle, a bundle with files xform did not write,
+    a folder of someone's files). An existing target xform wrote is replaced only with `force`.
+    Paths are compared after resolving symlinks, so no alias of an input gets through.
+    """
+    where = f"{flag} {target}"
+    real = Path(os.path.realpath(target))
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        place = "the current directory" if real == cwd else "a parent of the current directory"
+        raise BundleError(f"{where}: is {place}, which xform never replaces: give {flag} a new path")
+    for name, path in inputs:
+        inp = Path(os.path.realpath(path))
+        relation = ("is " + name + " itself" if real == inp else f"holds {name} ({path})" if real in inp.parents
+                    else f"is inside {name} ({path})" if inp in real.parents else None)
+        if relation:
+            raise BundleError(f"{where}: {relation}; writing the {what} there could destroy it, --force or not: "
+                              f"give {flag} a path outside {name}")
+    if not os.path.lexists(target):
+        return
+    reason = owned(Path(target))
+    if reason is not None:
+        raise BundleError(f"{where}: {reason}; xform replaces only a {what} it wrote, --force or not: move it "
+                          f"away or give {flag} another path")
+    if not force:
+        raise BundleError(f"{where}: already exists; pass --force to replace the {what}")
 
 
 @contextlib.contextmanager
-def atomic_directory(target: Path, force: bool) -> Iterator[Path]:
+def atomic_directory(target: Path, force: bool, owned: Owned = empty_directory) -> Iterator[Path]:
     """Yield a fresh temporary directory beside `target`; on success it becomes `target`.
 
     On any error the temporary directory is removed and `target` is left as it was. Without
     `force`, the final rename(2) of a directory onto an existing one fails, so of two writers
-    racing to a new target one wins and the other is refused; with `force`, the old target is
-    moved aside, the new one renamed in, and the old one removed (a kill in between leaves the
-    target absent, and the old one as a temporary the next write removes).
+    racing to a new target one wins and the other is refused; with `force`, an existing target
+    `owned` accepts (checked before and again just before the swap) is moved aside, the new one
+    renamed in, and the old one removed (a kill in between leaves the target absent, and the old
+    one as a temporary the next write removes). Anything else at `target` is never touched.
     """
-    target = Path(target)
-    refuse_existing(target, force)
+    target = Path(os.path.abspath(target))
+    check_target(target, force, "directory", owned)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp"))
     try:
         yield tmp
         publish_modes(tmp)  # mkdtemp makes it 0700; a bundle is shared like any directory
-        if force and target.exists():
+        if force and os.path.lexists(target):
+            reason = owned(target)
+            if reason is not None:  # written by someone else while this one ran
+                raise BundleError(f"{target}: {reason}; not replaced")
             old = target.with_name(f"{temp_prefix(target)}old")
             os.replace(target, old)
             os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
         else:
             try:
                 os.rename(tmp, target)

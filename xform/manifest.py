@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -360,3 +361,36 @@ def hash_files(directory: Path, engines: set[str]) -> dict[str, str]:
     paths = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST and not TEMP.match(p.name)
                    and not (p.suffix == ".engine" and p.relative_to(directory).as_posix() not in engines))
     return {p.relative_to(directory).as_posix(): sha256_file(p) for p in paths}
+
+
+ENGINE_DIR = "engines"
+# engine.py's file names: engines/<graph>.<flavor>.<content hash>.engine
+ENGINE_FILE = re.compile(ENGINE_DIR + r"/[a-z_]+\.[a-z_]+\.[0-9a-f]{12}\.engine")
+
+
+def not_ours(directory: Path) -> str | None:
+    """None when `directory` holds only what xform wrote there (an empty directory, or a bundle:
+    its manifest and the files it records, plus xform's temporaries and engines a killed build
+    left), so that `export --force` may replace it; otherwise what stands in the way."""
+    if not directory.is_dir():
+        return "is a file, not a bundle directory"
+    if not any(directory.iterdir()):
+        return None
+    try:
+        data = json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        names = sorted(p.name for p in directory.iterdir())
+        return (f"is not an xform bundle (no {MANIFEST}; it holds {', '.join(names[:4])}"
+                f"{', ...' if len(names) > 4 else ''})")
+    except (OSError, ValueError) as e:
+        return f"is not an xform bundle ({MANIFEST} unreadable: {e})"
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        return f"is not an xform bundle (its {MANIFEST} is not xform's)"
+    recorded = set(data["files"])
+    foreign = sorted(rel for p in directory.rglob("*") if not p.is_dir() or p.is_symlink()
+                     if (rel := p.relative_to(directory).as_posix()) not in recorded and rel != MANIFEST
+                     and not TEMP.fullmatch(p.name) and not ENGINE_FILE.fullmatch(rel))
+    if foreign:
+        return (f"is a bundle holding files xform did not write ({', '.join(foreign[:4])}"
+                f"{', ...' if len(foreign) > 4 else ''})")
+    return None

@@ -265,3 +265,20 @@ def test_explicit_ranges_are_recorded_as_built(bundles, tmp_path):
     build_engines(path, "tensorrt_rtx", ranges=ranges, options=BuildOptions(builder_optimization_level=0))
     e = Bundle.open(path).manifest.engines["decoder.tensorrt_rtx"]
     assert (e.max_sources, e.max_beams) == (2, 4)
+
+
+def test_cleanup_removes_only_engine_files_builds_write(built, tmp_path):
+    """Engines a rebuild replaced or a killed build left go; a file of the user's that merely ends
+    in .engine stays (build-engine --force deletes nothing it did not write)."""
+    from xform.exporter.engine import remove_unreferenced_engines
+    from xform.manifest import Manifest
+
+    path = tmp_path / "b"
+    shutil.copytree(built["tiny-fp32"][0], path)
+    stale = path / "engines" / "decoder.tensorrt_rtx.0123456789ab.engine"
+    stale.write_bytes(b"left by a killed build")
+    mine = path / "engines" / "my-tuned.engine"
+    mine.write_bytes(b"the user's")
+    remove_unreferenced_engines(path / "engines", Manifest.read(path / "manifest.json"))
+    assert not stale.exists() and mine.read_bytes() == b"the user's"
+    assert all((path / e.file).is_file() for e in Manifest.read(path / "manifest.json").engines.values())

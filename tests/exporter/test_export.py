@@ -93,9 +93,10 @@ def test_refuses_to_overwrite_without_force(tiny_bundle, checkpoint_dir):
 def test_force_replaces(tmp_path, checkpoint_dir):
     out = tmp_path / "b"
     export_bundle(checkpoint_dir, out)
-    (out / "stale.txt").write_text("old")
+    (out / "engines").mkdir()  # what a build-engine killed before its manifest leaves: xform's, replaced
+    (out / "engines" / "decoder.tensorrt_rtx.0123456789ab.engine").write_bytes(b"x")
     export_bundle(checkpoint_dir, out, force=True)
-    assert not (out / "stale.txt").exists()
+    assert not (out / "engines").exists()
     Bundle.open(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 

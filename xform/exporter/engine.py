@@ -19,12 +19,11 @@ from typing import Any, Callable
 from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.files import atomic_write, remove_stale_temporaries
-from xform.manifest import EngineEntry, Manifest
+from xform.manifest import ENGINE_DIR, ENGINE_FILE, EngineEntry, Manifest
 from xform.runtime.bundle import Bundle
 from xform.runtime.gpu import gpu_info, import_tensorrt
 
 log = logging.getLogger(__name__)
-ENGINE_DIR = "engines"
 
 
 @dataclass(frozen=True)
@@ -236,8 +235,8 @@ def remove_unreferenced_engines(engine_dir: Path, manifest: Manifest) -> None:
     killed before its manifest), and temporaries of killed builds."""
     remove_stale_temporaries(engine_dir, any_target=True)
     used = {Path(e.file).name for e in manifest.engines.values()}
-    for p in engine_dir.glob("*.engine"):
-        if p.name not in used:
+    for p in engine_dir.glob("*.engine"):  # only names engine builds write: never a file of someone else's
+        if p.name not in used and ENGINE_FILE.fullmatch(f"{ENGINE_DIR}/{p.name}"):
             p.unlink(missing_ok=True)
 
 

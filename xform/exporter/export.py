@@ -23,8 +23,8 @@ from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, WE
 from xform.errors import ToleranceError, XformError
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
-from xform.files import atomic_directory, refuse_existing
-from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry
+from xform.files import atomic_directory, check_target
+from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry, not_ours
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
@@ -189,7 +189,9 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             raise XformError("--exporter dynamo needs onnxscript: pip install 'xform[dynamo]' "
                              "(or pip install onnxscript)") from None
         versions["onnxscript"] = onnxscript.__version__
-    refuse_existing(out, force)
+    inputs = [("MODEL", model_ref)] if Path(model_ref).exists() else []
+    inputs += [("--src-vocab", vocab.src), ("--tgt-vocab", vocab.tgt)] if vocab is not None else []
+    check_target(out, force, "bundle", not_ours, inputs)  # before any work, and nothing of theirs is touched
     progress("loading model")
     loaded = loaded or resolve_model(model_ref, arch, hparams)
     model, cfg = loaded.model.eval(), loaded.model.cfg
@@ -216,7 +218,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
     tol = tolerance_for(precision)
     graphs = GRAPHS + ((RESTRICTED,) if vocab_map else ())
-    with atomic_directory(out, force) as tmp:
+    with atomic_directory(out, force, not_ours) as tmp:
         for graph in graphs:
             progress(f"exporting {graph} ({precision})")
             layer = attention_layer if graph == DECODER else None

@@ -5,6 +5,8 @@ nothing else; tied weights are stored once (under the first name `named_paramete
 """
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -89,3 +91,44 @@ def load_checkpoint(directory: str | Path) -> Seq2SeqTransformer:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     return load_state_into(Seq2SeqTransformer(cfg), state, str(path))
+
+
+MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+         (b"%PDF", "a PDF document"), (b"\x1f\x8b", "gzip data"), (b"7z\xbc\xaf", "a 7z archive"),
+         (b"\x93NUMPY", "a numpy array file"), (b"\x89HDF", "an HDF5 file (Keras / TensorFlow?)"))
+
+
+def what_file(head: bytes) -> str:
+    """What a file that torch cannot read looks like, from its first bytes."""
+    for magic, kind in MAGIC:
+        if head.startswith(magic):
+            return kind
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data of no known kind"
+    return "a text file" if "\0" not in text else "binary data of no known kind"
+
+
+def load_torch_file(path: Path) -> object:
+    """torch.load(weights_only=True) of `path`, or one line saying what the file is instead: a
+    text file, an image, a truncated archive, a pickle of Python objects beyond tensors. Never
+    torch's advice to load with weights_only=False, which runs whatever code the file holds."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (an empty file)")
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip, or a legacy pickle
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint ({what_file(head)})")
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        raise CheckpointError(
+            f"{path}: holds Python objects besides tensors{' (' + found[1] + ')' if found else ''}, which xform does "
+            "not unpickle (it could run any code): save the weights alone, torch.save(model.state_dict(), path)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        first = str(e).split(". ")[0].strip() or type(e).__name__
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt ({first})") from None

@@ -16,7 +16,7 @@ import torch
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import read_json_object, sha256_file
-from xform.models.checkpoint import load_state_into
+from xform.models.checkpoint import load_state_into, load_torch_file
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer
 
@@ -149,12 +149,16 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
         path = directory / name
         if not path.is_file():
             continue
+        if not name.endswith(".safetensors"):
+            state = load_torch_file(path)
+            if not isinstance(state, dict):
+                raise CheckpointError(f"{path}: expected a dict of parameter names to tensors, found "
+                                      f"{type(state).__name__}")
+            return state, path
         try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-                return load_file(str(path)), path
-            return torch.load(str(path), map_location="cpu", weights_only=True), path
-        except Exception as e:  # safetensors / torch raise several types for a corrupt file
+            from safetensors.torch import load_file
+            return load_file(str(path)), path
+        except Exception as e:  # safetensors raises several types for a corrupt file
             raise CheckpointError(f"{path}: unreadable weights ({type(e).__name__}: {e})") from None
     raise CheckpointError(f"{directory}: no weights; expected one of {WEIGHT_FILES}")
 

@@ -31,7 +31,7 @@ import torch
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import sha256_file
-from xform.models.checkpoint import load_state_into
+from xform.models.checkpoint import load_state_into, load_torch_file
 from xform.models.transformer import Seq2SeqTransformer
 
 HPARAMS = ("n_heads", "pad_id", "bos_id", "eos_id", "max_len", "d_model", "d_ff", "src_vocab_size",
@@ -180,14 +180,14 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: no such file; --arch expects a state dict file "
                               "(torch.save(model.state_dict()))")
     state: object  # whatever the file holds, until checked below
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        try:
             state = load_file(str(path))
-        else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as e:  # torch / safetensors raise several types for a corrupt or unsafe file
-        raise CheckpointError(f"{path}: not a readable state dict ({type(e).__name__}: {e})") from None
+        except Exception as e:  # safetensors raises several types for a corrupt file
+            raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    else:
+        state = load_torch_file(path)  # one line for a file that is not a checkpoint, never torch's advice
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from xform.errors import BundleError, XformError
-from xform.files import atomic_directory, refuse_existing
+from xform.files import atomic_directory, check_target
 from xform.runtime.bundle import Bundle
 from xform.serving.inflight import stream_model
 
@@ -192,11 +192,12 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
     roles = model_roles(name, options)
-    for model in roles:
-        refuse_existing(Path(repo) / model, force, "Triton model")
+    for model in roles:  # the bundle and the vocabulary map are inputs: never inside what is replaced
+        check_target(Path(repo) / model, force, "Triton model", not_our_model,
+                     [("BUNDLE", bundle.path), *([("--vocab-map", options.vocab_map)] if options.vocab_map else [])])
     has = (bundle.tokenizer_file is not None, bundle.manifest.attention_layer is not None)
     for model, role in roles.items():
-        with atomic_directory(Path(repo) / model, force) as tmp:
+        with atomic_directory(Path(repo) / model, force, not_our_model) as tmp:
             version = tmp / "1"
             version.mkdir()
             shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_model.py")), version / "model.py")
@@ -211,6 +212,20 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
                 shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
             (tmp / "config.pbtxt").write_text(config_pbtxt(model, bundle_param, options, *has, role=role))
     return Path(repo) / name
+
+
+def not_our_model(path: Path) -> str | None:
+    """None when `path` is empty or a Triton model `write_model` wrote (config.pbtxt of xform's
+    Python model and its version directory, nothing else), so that --force may replace it."""
+    if not path.is_dir():
+        return "is a file, not a Triton model directory"
+    names = sorted(p.name for p in path.iterdir())
+    if not names:
+        return None
+    config = path / "config.pbtxt"
+    text = config.read_text(errors="replace") if config.is_file() else ""
+    ours = set(names) <= {"config.pbtxt", "1"} and 'backend: "python"' in text and 'key: "role"' in text
+    return None if ours else f"is not a Triton model xform wrote (it holds {', '.join(names[:4])})"
 
 
 def model_roles(name: str, options: ModelOptions) -> dict[str, str]:
