@@ -199,3 +199,10 @@ def test_export_of_a_model_without_a_tokenizer_says_text_needs_one(tmp_path):
     [line] = [x for x in r.output.splitlines() if x.startswith("text: ")]
     assert f"{tmp_path / 'm'}: no tokenizer files (source.spm, target.spm and vocab.json)" in line
     assert "text needs a tokenizer" in line, r.output
+
+
+def test_export_of_an_incomplete_model_exits_1_naming_the_file_and_writes_nothing(complete, tmp_path):
+    d = without(complete["marian"], tmp_path / "opus-dir", "target.spm")
+    r = CliRunner().invoke(main, ["export", str(d), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 1 and "but no target.spm; a Marian tokenizer needs" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "b").exists()
