@@ -92,27 +92,52 @@ CORPUS = [f"{a} {b} {c}" for a in ("the red", "a blue", "one green", "my old") f
           for c in ("sleeps", "runs fast", "is here", "eats bread")]
 
 
-def write_tokenizer(directory: Path) -> int:
-    """source.spm / target.spm / vocab.json in Marian's layout; returns the vocabulary size."""
+def write_spm(directory: Path) -> dict[str, list[str]]:
+    """source.spm (lower case) and target.spm (upper case) in `directory`: side -> its pieces."""
     import sentencepiece as spm
-    pieces = []
+    pieces = {}
     for side, corpus in (("source", CORPUS), ("target", [s.upper() for s in CORPUS])):
         buf = io.BytesIO()
         spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buf, vocab_size=28,
                                        model_type="unigram", character_coverage=1.0, minloglevel=2)
         (directory / f"{side}.spm").write_bytes(buf.getvalue())
         proc = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-        pieces += [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+        pieces[side] = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+    return pieces
+
+
+def marian_vocab(pieces: list[str]) -> dict[str, int]:
+    """Marian's vocabulary of sentencepiece pieces: </s> 0, <unk> 1, the pieces, <pad> last."""
     vocab = {"</s>": 0, "<unk>": 1}
     for p in pieces:
         if p not in vocab and p not in ("<s>", "<unk>", "</s>"):
             vocab[p] = len(vocab)
     vocab["<pad>"] = len(vocab)
-    (directory / "vocab.json").write_text(json.dumps(vocab))
+    return vocab
+
+
+def write_vocabs(directory: Path, separate: bool) -> list[dict[str, int]]:
+    pieces = write_spm(directory)
+    vocabs = [marian_vocab(pieces["source"]), marian_vocab(pieces["target"])] if separate else \
+        [marian_vocab(pieces["source"] + pieces["target"])]
+    for name, vocab in zip(("vocab.json", "target_vocab.json"), vocabs):
+        (directory / name).write_text(json.dumps(vocab))
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"source_lang": "en", "target_lang": "EN", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-         "separate_vocabs": False, "model_max_length": 64}))
-    return len(vocab)
+         "separate_vocabs": separate, "model_max_length": 64}))
+    return vocabs
+
+
+def write_tokenizer(directory: Path) -> int:
+    """source.spm / target.spm / vocab.json in Marian's layout; returns the vocabulary size."""
+    return len(write_vocabs(directory, separate=False)[0])
+
+
+def write_separate_tokenizer(directory: Path) -> tuple[int, int]:
+    """As write_tokenizer with separate_vocabs: vocab.json holds the source's pieces and
+    target_vocab.json the target's; returns the two sizes."""
+    source, target = write_vocabs(directory, separate=True)
+    return len(source), len(target)
 
 
 def build_text_marian(directory: Path, seed: int, steps: int, **config):

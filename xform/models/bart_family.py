@@ -30,7 +30,7 @@ import torch
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import sha256_file
-from xform.models import marian
+from xform.models import marian, tokenizer_files
 from xform.models.checkpoint import load_state_into
 from xform.models.transformer import Seq2SeqTransformer
 
@@ -239,75 +239,118 @@ M2M100_LANGUAGES = {
 }
 
 
-def tokenizer_spec(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the bundle's tokenizer.json content, the files it needs from the directory), or (None, [])
-    when the directory holds no tokenizer xform reproduces."""
-    directory = Path(directory)
-    cfg_path = directory / "tokenizer_config.json"
-    if not cfg_path.is_file():
-        return None, []
-    tok = marian.read_json(cfg_path)
+# the files a family's tokenizers read; a directory with none of them exports for token ids
+TOKENIZER_FILES = (SPM_FILE, "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
+TEXT_FILES = {"m2m_100": f"{SPM_FILE} and tokenizer_config.json, plus vocab.json for M2M100",
+              "mbart": f"{SPM_FILE} and tokenizer_config.json", "bart": "vocab.json and merges.txt"}
+FAMILY_TOKENIZERS = {"m2m_100": "an NLLB or M2M100 tokenizer", "mbart": "an mBART tokenizer",
+                     "bart": "a BART tokenizer"}
+
+
+def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
+    """tokenizer_config.json with its tokenizer_class; without a class, the one transformers'
+    AutoTokenizer falls back on for the model type (M2M100's by its vocab.json). Without the file,
+    only where that class needs nothing from it (BART's, M2M100's): else refused, naming it."""
+    family = model_type(directory) or ""
+    if "tokenizer_config.json" not in have:
+        guess = {"bart": "BartTokenizer", "m2m_100": "M2M100Tokenizer" if "vocab.json" in have else None}.get(family)
+        if guess is None:
+            tokenizer_files.refuse_missing(directory, have, [SPM_FILE, "tokenizer_config.json"],
+                                           FAMILY_TOKENIZERS.get(family, "its tokenizer"))
+        return {"tokenizer_class": guess}
+    tok = marian.read_json(directory / "tokenizer_config.json")
     if not tok.get("tokenizer_class"):  # AutoTokenizer's fallback: the model type's tokenizer
-        family = model_type(directory)
         guesses = {"bart": "BartTokenizer",  # mBART's two tokenizers frame differently: not guessed
-                   "m2m_100": "M2M100Tokenizer" if (directory / "vocab.json").is_file() else "NllbTokenizer"}
-        tok["tokenizer_class"] = guesses.get(family) if family is not None else None
-    if tok.get("tokenizer_class") in BYTE_BPE:
-        return byte_bpe_spec(directory, tok)
+                   "m2m_100": "M2M100Tokenizer" if "vocab.json" in have else "NllbTokenizer"}
+        tok["tokenizer_class"] = guesses.get(family)
+    return tok
+
+
+def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the bundle's tokenizer.json content, the files it needs from the directory); (None, [])
+    without any tokenizer file. A file the tokenizer needs that is missing, or files that do not
+    fit each other or the model's embedding, is refused by name; a tokenizer class xform does not
+    reproduce is UnsupportedTokenizer (the model exports, taking ids)."""
+    directory = Path(directory)
+    have = tokenizer_files.present(directory, TOKENIZER_FILES)
+    if not have:
+        return None, []
+    tok = tokenizer_config(directory, have)
     tokenizer_class = tok.get("tokenizer_class")
-    kind = FAIRSEQ_SPM.get(tokenizer_class) if isinstance(tokenizer_class, str) else None
-    if kind is None:
-        raise UnsupportedTokenizer(f"{cfg_path}: tokenizer_class {tok.get('tokenizer_class')!r} is not one xform "
-                                   f"reproduces ({', '.join([*FAIRSEQ_SPM, *BYTE_BPE])}): the bundle takes token ids")
-    if not (directory / SPM_FILE).is_file():
-        raise CheckpointError(f"{directory}: a {tok.get('tokenizer_class')} needs {SPM_FILE}")
-    if kind == "vocab" and not (directory / "vocab.json").is_file():
-        raise CheckpointError(f"{directory}: an M2M100Tokenizer needs vocab.json beside {SPM_FILE}")
+    if tokenizer_class in BYTE_BPE:
+        return byte_bpe_spec(directory, tok, have, cfg.src_vocab_size)
+    if not isinstance(tokenizer_class, str) or tokenizer_class not in FAIRSEQ_SPM:
+        raise UnsupportedTokenizer(f"{directory / 'tokenizer_config.json'}: tokenizer_class {tokenizer_class!r} is "
+                                   f"not one xform reproduces ({', '.join([*FAIRSEQ_SPM, *BYTE_BPE])}): the bundle "
+                                   "takes token ids")
+    kind = FAIRSEQ_SPM[tokenizer_class]
+    files = [SPM_FILE] + (["vocab.json"] if kind == "vocab" else [])
+    tokenizer_files.refuse_missing(directory, have, files, f"its {tokenizer_class}")
+    special, languages = special_tokens(directory, tok, kind, cfg.src_vocab_size)
+    unk = tok.get("unk_token", "<unk>")
+    unk = unk.get("content") if isinstance(unk, dict) else unk
+    legacy = bool(tok.get("legacy_behaviour", False)) and tokenizer_class.startswith("Nllb")
+    spec = {"kind": "fairseq-spm", "class": tokenizer_class, "model": SPM_FILE,
+            "vocab": "vocab.json" if kind == "vocab" else None, "offset": 1, "unk_token": unk,
+            "special": special, "languages": languages,
+            # where the source language's code goes: NLLB's legacy_behaviour puts it last
+            "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
+            "src_lang": tok.get("src_lang") or DEFAULT_SRC_LANG.get(tokenizer_class),
+            "tgt_lang": tok.get("tgt_lang"),
+            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
+    return spec, files
+
+
+def special_tokens(directory: Path, tok: dict[str, Any], kind: str, rows: int) -> tuple[dict[str, int], list[str]]:
+    """(added token -> id, the language codes among them) of a fairseq tokenizer, once its
+    sentencepiece pieces (and M2M100's vocab.json) are checked against the model's `rows`."""
+    cfg_path = directory / "tokenizer_config.json"
+    spm_path = directory / SPM_FILE
     special: dict[str, int] = {}
     for i, entry in (tok.get("added_tokens_decoder") or {}).items():
         if isinstance(entry, dict) and isinstance(entry.get("content"), str):
             special[entry["content"]] = int(i)
     languages = [t for t in tok.get("additional_special_tokens") or [] if isinstance(t, str) and t in special]
+    vocab: dict[str, int] = {}
+    if kind == "vocab":
+        vocab = tokenizer_files.read_vocab(directory / "vocab.json", rows, "shared")
+        tokenizer_files.refuse_uncovered(spm_path, directory / "vocab.json", vocab)
+    else:
+        proc, _ = tokenizer_files.spm_pieces(spm_path)
+        if proc.GetPieceSize() + 1 > rows:
+            raise CheckpointError(f"{spm_path}: {proc.GetPieceSize()} pieces at model ids 1..{proc.GetPieceSize()} "
+                                  f"(fairseq's offset), but the model's embedding has {rows} rows: is it this "
+                                  f"model's {SPM_FILE}?")
     if not languages and kind == "vocab":  # M2M100: computed, not saved
         codes = M2M100_LANGUAGES.get(tok.get("language_codes", "m2m100"))
         if codes is None:
             raise CheckpointError(f"{cfg_path}: language_codes {tok.get('language_codes')!r} is not one of "
                                   f"{sorted(M2M100_LANGUAGES)}")
-        vocab = marian.read_json(directory / "vocab.json")
-        size = len(vocab)
         for name in ("<s>", "<pad>", "</s>", "<unk>"):  # configs from before added_tokens_decoder
             if name in vocab:
                 special.setdefault(name, vocab[name])
         languages = [f"__{c}__" for c in codes]
-        special.update({t: size + i for i, t in enumerate(languages)})
+        special.update({t: len(vocab) + i for i, t in enumerate(languages)})
     if not languages:
         raise CheckpointError(f"{cfg_path}: a {tok.get('tokenizer_class')} without language codes among its "
                               "additional_special_tokens / added_tokens_decoder")
-    unk = tok.get("unk_token", "<unk>")
-    unk = unk.get("content") if isinstance(unk, dict) else unk
-    files = [SPM_FILE] + (["vocab.json"] if kind == "vocab" else [])
-    legacy = bool(tok.get("legacy_behaviour", False)) and tok.get("tokenizer_class", "").startswith("Nllb")
-    spec = {"kind": "fairseq-spm", "class": tok.get("tokenizer_class"), "model": SPM_FILE,
-            "vocab": "vocab.json" if kind == "vocab" else None, "offset": 1, "unk_token": unk,
-            "special": special, "languages": languages,
-            # where the source language's code goes: NLLB's legacy_behaviour puts it last
-            "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
-            "src_lang": tok.get("src_lang") or DEFAULT_SRC_LANG.get(tok.get("tokenizer_class", "")),
-            "tgt_lang": tok.get("tgt_lang"),
-            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
-    return spec, files
+    beyond = sorted(t for t, i in special.items() if not 0 <= i < rows)
+    if beyond:
+        raise CheckpointError(f"{cfg_path if kind == 'offset' else directory / 'vocab.json'}: special tokens and "
+                              f"language codes at ids beyond the model's embedding of {rows} rows (for {beyond[:3]})")
+    return special, languages
 
 
 BYTE_BPE = ("BartTokenizer", "BartTokenizerFast")
 BPE_FILES = ("vocab.json", "merges.txt")
 
 
-def byte_bpe_spec(directory: Path, tok: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def byte_bpe_spec(directory: Path, tok: dict[str, Any], have: list[str],
+                  rows: int) -> tuple[dict[str, Any], list[str]]:
     """BART's byte-level BPE (GPT-2's): vocab.json and merges.txt, `<s> text </s>`."""
-    missing = [f for f in BPE_FILES if not (directory / f).is_file()]
-    if missing:
-        raise CheckpointError(f"{directory}: a {tok['tokenizer_class']} needs {' and '.join(missing)}")
-    vocab = marian.read_json(directory / "vocab.json")
+    tokenizer_files.refuse_missing(directory, have, list(BPE_FILES), f"its {tok['tokenizer_class']}")
+    vocab = tokenizer_files.read_vocab(directory / "vocab.json", rows, "shared")
+    refuse_unfit_merges(directory)
 
     def token(key, default):
         t = tok.get(key, default)
@@ -324,3 +367,17 @@ def byte_bpe_spec(directory: Path, tok: dict[str, Any]) -> tuple[dict[str, Any],
             "special": {n: vocab[n] for n in names.values()}, "bos_token": names["bos"], "eos_token": names["eos"],
             "unk_token": names["unk"]}
     return spec, list(BPE_FILES)
+
+
+def refuse_unfit_merges(directory: Path) -> None:
+    """merges.txt whose tokens vocab.json lacks (another model's) is refused as the runtime's
+    tokenizers would refuse it, at export instead of at load."""
+    try:
+        from tokenizers import models
+    except ImportError:
+        raise CheckpointError(f"{directory}: BART's tokenizer needs tokenizers: pip install tokenizers") from None
+    try:
+        models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt"))
+    except Exception as e:  # tokenizers raises its own exception type for a bad file
+        raise CheckpointError(f"{directory / 'merges.txt'}: does not fit vocab.json ({e}): the two are not one "
+                              f"model's tokenizer ({tokenizer_files.COPY.format('both')})") from None

@@ -12,12 +12,13 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from xform.errors import CheckpointError
 from xform.files import read_json_object, sha256_file
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from xform.models.tokenizer_files import no_tokenizer_note
 from xform.models.transformer import Seq2SeqTransformer
 
 BUNDLED = ("demo",)
@@ -60,17 +61,13 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
     from xform.models import bart_family, marian
     if marian.is_marian_dir(path):
         model, source = marian.load_marian(path)
-        spec = marian.tokenizer_spec(path)
-        return LoadedModel(model, source, spec, [(path / f, f) for f in spec["files"]] if spec else [],
-                           marian.generation_defaults(path))
+        return with_tokenizer(path, model, source, marian.tokenizer_spec, marian.TEXT_FILES,
+                              marian.generation_defaults(path))
     if bart_family.is_family_dir(path):
         model, source = bart_family.load_family(path)
-        try:
-            spec, files = bart_family.tokenizer_spec(path)
-        except bart_family.UnsupportedTokenizer as e:
-            spec, files = None, []
-            source["notes"].append(str(e))
-        return LoadedModel(model, source, spec, [(path / f, f) for f in files], bart_family.generation_defaults(path))
+        return with_tokenizer(path, model, source, bart_family.tokenizer_spec,
+                              bart_family.TEXT_FILES[str(bart_family.model_type(path))],
+                              bart_family.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
         try:
@@ -81,6 +78,23 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
             raise CheckpointError(f"{cfg_file}: a Hugging Face config of model_type {model_type!r}; xform imports "
                                   "model_type marian, m2m_100 (M2M100, NLLB), mbart, bart and xform checkpoints")
     return load_xform_dir(path, "xform-checkpoint")
+
+
+def with_tokenizer(path: Path, model: Seq2SeqTransformer, source: dict[str, Any], spec_of: Callable[..., Any],
+                   text_files: str, generation: dict[str, Any]) -> LoadedModel:
+    """A Hugging Face directory's model with its tokenizer (`spec_of`: the importer's tokenizer_spec,
+    which refuses an incomplete one); without any tokenizer file, or with one xform does not
+    reproduce, the model alone and a note saying what text needs."""
+    from xform.models.bart_family import UnsupportedTokenizer
+    try:
+        spec, files = spec_of(path, model.cfg)
+    except UnsupportedTokenizer as e:
+        spec, files = None, []
+        source["notes"].append(str(e))
+    else:
+        if spec is None:
+            source["notes"].append(no_tokenizer_note(path, text_files))
+    return LoadedModel(model, source, spec, [(path / f, f) for f in files], generation)
 
 
 def load_xform_dir(path: Path, kind: str) -> LoadedModel:

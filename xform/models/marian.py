@@ -16,6 +16,7 @@ import torch
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import read_json_object, sha256_file
+from xform.models import tokenizer_files
 from xform.models.checkpoint import load_state_into, load_torch_file
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer
@@ -24,6 +25,7 @@ ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", 
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
+TEXT_FILES = "source.spm, target.spm and vocab.json"  # what text needs, for the note of a model without them
 
 
 def is_marian_dir(path: Path) -> bool:
@@ -269,14 +271,29 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     return out
 
 
-def tokenizer_spec(directory: Path) -> dict[str, Any] | None:
-    """The Marian tokenizer files present, for the bundle; None without sentencepiece models."""
+def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the bundle's tokenizer.json content, the files it needs from the directory); (None, [])
+    without any tokenizer file. MarianTokenizer needs source.spm, target.spm and vocab.json, and
+    target_vocab.json with separate_vocabs: one missing, ids beyond the model's embeddings, or a
+    sentencepiece model whose pieces its vocabulary lacks is refused by name."""
     directory = Path(directory)
-    if not (directory / "source.spm").is_file() or not (directory / "vocab.json").is_file():
-        return None
-    files = [f for f in TOKENIZER_FILES if (directory / f).is_file()]
-    tok_cfg = read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
-    return {"kind": "marian-spm", "files": files,
-            "separate_vocabs": bool(tok_cfg.get("separate_vocabs", False)),
-            "unk_token": tok_cfg.get("unk_token", "<unk>"), "eos_token": tok_cfg.get("eos_token", "</s>"),
-            "pad_token": tok_cfg.get("pad_token", "<pad>")}
+    have = tokenizer_files.present(directory, TOKENIZER_FILES)
+    if not have:
+        return None, []
+    tok_cfg = read_json(directory / "tokenizer_config.json") if "tokenizer_config.json" in have else {}
+    separate = bool(tok_cfg.get("separate_vocabs", False))
+    needs = ["source.spm", "target.spm", "vocab.json"] + (["target_vocab.json"] if separate else [])
+    what = "a Marian tokenizer with separate_vocabs (tokenizer_config.json)" if separate else "a Marian tokenizer"
+    tokenizer_files.refuse_missing(directory, have, needs, what)
+    source = tokenizer_files.read_vocab(directory / "vocab.json", cfg.src_vocab_size, "source")
+    target_name = "target_vocab.json" if separate else "vocab.json"
+    target = tokenizer_files.read_vocab(directory / target_name, cfg.tgt_vocab_size, "target")
+    unk = tok_cfg.get("unk_token", "<unk>")
+    unk = unk.get("content") if isinstance(unk, dict) else unk  # an AddedToken as saved
+    if not isinstance(unk, str) or unk not in source:
+        raise CheckpointError(f"{directory / 'vocab.json'}: no id for the unknown token {unk!r}")
+    tokenizer_files.refuse_uncovered(directory / "source.spm", directory / "vocab.json", source)
+    tokenizer_files.refuse_uncovered(directory / "target.spm", directory / target_name, target)
+    spec = {"kind": "marian-spm", "files": have, "separate_vocabs": separate, "unk_token": unk,
+            "eos_token": tok_cfg.get("eos_token", "</s>"), "pad_token": tok_cfg.get("pad_token", "<pad>")}
+    return spec, have
