@@ -206,3 +206,24 @@ def test_export_of_an_incomplete_model_exits_1_naming_the_file_and_writes_nothin
     r = CliRunner().invoke(main, ["export", str(d), "-o", str(tmp_path / "b")])
     assert r.exit_code == 1 and "but no target.spm; a Marian tokenizer needs" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "b").exists()
+
+
+def test_a_bundle_tokenizer_without_target_spm_is_refused_at_load(complete, tmp_path):
+    """A bundle exported before these refusals from a Marian directory without target.spm: its
+    tokenizer is refused at load instead of reading target text with source.spm."""
+    import json
+
+    from xform.errors import BundleError
+    from xform.runtime.tokenizer import load_tokenizer
+
+    loaded = resolve_model(complete["marian"])
+    cfg = loaded.model.cfg.to_dict()
+    root = tmp_path / "bundle"
+    (root / "tokenizer").mkdir(parents=True)
+    (root / "tokenizer.json").write_text(json.dumps(loaded.tokenizer))
+    for f, name in loaded.tokenizer_files:
+        shutil.copyfile(f, root / "tokenizer" / name)
+    load_tokenizer(root / "tokenizer.json", cfg)  # complete: loads
+    (root / "tokenizer" / "target.spm").unlink()
+    with pytest.raises(BundleError, match="has source.spm but no target.spm"):
+        load_tokenizer(root / "tokenizer.json", cfg)

@@ -217,7 +217,11 @@ class SpmTokenizer:
             return read_json_object(d / name, BundleError, "a vocabulary token -> id")
 
         self.spm_source = spm("source.spm")
-        self.spm_target = spm("target.spm") if (d / "target.spm").is_file() else self.spm_source
+        if not (d / "target.spm").is_file():  # exported before xform refused such models: target text would be
+            # read with the source's pieces (scores of -558 for a line that scores -0.0004)
+            raise BundleError(f"{d}: has source.spm but no target.spm, so target text (prefixes, scoring, bad "
+                              "words) cannot be tokenized; re-export from a Marian directory holding both")
+        self.spm_target = spm("target.spm")
         self.encoder = vocab("vocab.json")
         self.separate = bool(data.get("separate_vocabs"))
         target = vocab("target_vocab.json") if self.separate else self.encoder
@@ -285,7 +289,7 @@ class SpmTokenizer:
                 f"tokens), a >>lang<< code first when the text starts with one, then end-of-sentence (id "
                 f"{self.cfg['eos_id']})",
                 f"text out: {'target_vocab.json' if self.separate else 'vocab.json'}, pieces joined by "
-                f"{'target.spm' if self.spm_target is not self.spm_source else 'source.spm'}",
+                "target.spm",
                 f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} "
                 f"(ids {' '.join(map(str, ids))})"]
 
