@@ -270,3 +270,11 @@ def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_pat
     assert r.exit_code == 2 and "export the bundle with --with-attention" in r.output, r.output
     r = runner.invoke(main, ["export", "demo", "-o", str(tmp_path / "x"), "--attention-layer", "0"])
     assert r.exit_code == 2 and "--attention-layer goes with --with-attention" in r.output
+
+
+def test_export_help_names_the_hugging_face_families_it_imports(runner):
+    r = runner.invoke(main, ["export", "--help"])
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    for family in ("Marian / OPUS-MT", "M2M100", "NLLB", "mBART / mBART-50", "BART"):
+        assert family in text, family

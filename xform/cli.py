@@ -122,8 +122,8 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
            attention_layer: int | None, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
-    MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
-    state dict file of a torch.nn.Transformer or seed tutorial model (recognised from its keys, or
+    MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
+    M2M100, NLLB, mBART / mBART-50, BART), or a state dict file of a torch.nn.Transformer or seed tutorial model (recognised from its keys, or
     named with --arch) with the hyper-parameters its weights do not record.
     """
     from xform.exporter.export import export_bundle
