@@ -362,7 +362,8 @@ class Session:
         if code is not None:
             return self.tokenizer.language_id(code)
         if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language --tgt-lang names; known: {', '.join(languages)}")
+            raise InputError(f"this model translates into the language --tgt-lang names; known: "
+                             f"{', '.join(self.tokenizer.codes)}")
         return None
 
     def pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

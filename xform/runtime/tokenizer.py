@@ -334,11 +334,16 @@ class FairseqSpmTokenizer:
                               f"(for {bad[:3] or 'pieces'})")
         self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
 
+    @property
+    def codes(self) -> list[str]:
+        """The language codes as users type them: M2M100's token "__fr__" is the code "fr"."""
+        return [t[2:-2] if len(t) > 4 and t.startswith("__") and t.endswith("__") else t for t in self.languages]
+
     def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
         if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"
             code = f"__{code}__"
         if code not in self.languages:
-            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.languages)}")
+            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.codes)}")
         return self.special[code]
 
     def piece_ids(self, text: str) -> list[int]:
@@ -358,7 +363,7 @@ class FairseqSpmTokenizer:
     def encode(self, text: str, src_lang: str | None = None) -> list[int]:
         lang = src_lang or self.src_lang
         if lang is None:
-            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.languages)}")
+            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.codes)}")
         parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text),
                  "eos": [self.cfg["eos_id"]]}
         return [i for part in self.template for i in parts[part]]
