@@ -132,6 +132,41 @@ def test_input_file_dash_reads_standard_input(runner, demo_bundle, tmp_path):
     assert from_stdin.output == from_file.output and len(from_stdin.output.splitlines()) == 4
 
 
+def test_input_file_reads_named_pipes_and_process_substitution(runner, demo_bundle, tmp_path):
+    """A named pipe, or the /dev/fd/N path bash's <(command) gives, is read as a file; a directory
+    is called one."""
+    import os
+    import threading
+
+    text = "7\n40512\n"
+    want = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", "-"], input=text).output
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "w") as f:
+            f.write(text)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", str(fifo)])
+    if writer.is_alive():  # the run never opened the pipe: open it here so the writer ends
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    writer.join(10)
+    assert r.exit_code == 0 and r.output == want and len(want.splitlines()) == 2, r.output
+    if os.path.isdir("/dev/fd"):  # <(printf ...) is the read end of a pipe, as /dev/fd/N
+        read, write_end = os.pipe()
+        os.write(write_end, text.encode())
+        os.close(write_end)
+        try:
+            r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", f"/dev/fd/{read}"])
+        finally:
+            os.close(read)
+        assert r.exit_code == 0 and r.output == want, r.output
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(tmp_path)])
+    assert r.exit_code == 1 and f"--input-file {tmp_path}: is a directory" in r.output, r.output
+
+
 def test_a_mistyped_model_path_with_state_dict_flags_says_no_such_file(runner, tmp_path):
     r = runner.invoke(main, ["export", str(tmp_path / "modle.pt"), "-o", str(tmp_path / "b"), "--n-heads", "4"])
     assert r.exit_code == 1 and "modle.pt: no such file or directory" in r.output, r.output

@@ -229,6 +229,19 @@ def write_json(path: Path, data: dict, force: bool) -> None:
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
+def check_readable(flag: str, path: Path) -> None:
+    """Refuse a path that is no file of lines to read: missing, a directory, unreadable. A named
+    pipe or a process substitution's /dev/fd/N is read as a file is."""
+    import os
+
+    if path.is_dir():
+        raise XformError(f"{flag} {path}: is a directory; expected a file of lines (or - for standard input)")
+    if not path.exists():
+        raise XformError(f"{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise XformError(f"{flag} {path}: not readable (permission denied)")
+
+
 def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
     """(label, line) for each --text (with --target-prefix, a (text, prefix) pair), then each line of
     --input-file read lazily as bytes (so a non-UTF-8 line fails alone)."""
@@ -506,7 +519,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path),
               help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
-                   "line gives a blank translation). '-' reads standard input.")
+                   "line gives a blank translation). '-' reads standard input; a named pipe or <(command) "
+                   "is read as a file.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
                    "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
@@ -576,8 +590,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     from xform.errors import InputError
     from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
-    if input_file is not None and str(input_file) != "-" and not input_file.is_file():
-        raise XformError(f"--input-file {input_file}: no such file")
+    if input_file is not None and str(input_file) != "-":
+        check_readable("--input-file", input_file)
     scores = "tokens" if token_scores else scores
     if scores and not (texts or input_file):
         raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
@@ -698,8 +712,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     from xform.errors import InputError
 
     for flag, path in (("--source", source_file), ("--target", target_file)):
-        if not path.is_file():
-            raise XformError(f"{flag} {path}: no such file")
+        check_readable(flag, path)
     sources = source_file.read_text(encoding="utf-8").splitlines()
     targets = target_file.read_text(encoding="utf-8").splitlines()
     if len(sources) != len(targets):
