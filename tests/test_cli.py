@@ -313,3 +313,37 @@ def test_export_help_names_the_hugging_face_families_it_imports(runner):
     text = " ".join(r.output.split())
     for family in ("Marian / OPUS-MT", "M2M100", "NLLB", "mBART / mBART-50", "BART"):
         assert family in text, family
+
+
+def test_ctrl_c_exits_130_quietly(demo_bundle):
+    """SIGINT while `run --input-file -` waits on a pipe that stays open: exit 130 (128 + SIGINT),
+    one short line on stderr, no traceback and no click "Aborted!"."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    xform_bin = str(Path(sys.executable).parent / "xform")
+    proc = subprocess.Popen([xform_bin, "run", str(demo_bundle), "--input-file", "-", "--batch-size", "1",
+                             "--read-ahead", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        proc.stdin.write(b"7\n")
+        proc.stdin.flush()
+        deadline, seen = time.monotonic() + 60, b""
+        while b"\n" not in seen and time.monotonic() < deadline:  # its first line: it is running
+            if select.select([proc.stdout], [], [], 1)[0]:
+                seen += os.read(proc.stdout.fileno(), 1024) or b"\n"
+        assert seen.startswith(b"7\tseven\n"), seen
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)  # closes stdin only after the signal
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr.decode() and "Aborted" not in stderr.decode()
+    assert stderr.decode().strip() == "interrupted"

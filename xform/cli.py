@@ -1,7 +1,8 @@
 """The `xform` command line: thin click commands over the library.
 
 Each command turns flags into one library call and prints a summary. Errors: an XformError is a
-message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click).
+message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click),
+Ctrl-C is exit 130.
 """
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command Ctrl-C stopped
+
+
 def handle_errors(fn):
-    """The one place where library errors become exit codes."""
+    """The one place where library errors become exit codes; Ctrl-C is exit 130 with one line,
+    not click's "Aborted!" and exit 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -37,6 +42,9 @@ def handle_errors(fn):
         except XformError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}")
             sys.exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            sys.exit(INTERRUPTED)
     return wrapper
 
 
