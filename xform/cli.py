@@ -131,8 +131,9 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
-    M2M100, NLLB, mBART / mBART-50, BART), or a state dict file of a torch.nn.Transformer or seed tutorial model (recognised from its keys, or
-    named with --arch) with the hyper-parameters its weights do not record.
+    M2M100, NLLB, mBART / mBART-50, BART), or a state dict file of a torch.nn.Transformer or seed
+    tutorial model (recognised from its keys, or named with --arch) with the hyper-parameters its
+    weights do not record.
     """
     from xform.exporter.export import export_bundle
     from xform.models.importers import BUNDLED, KNOWN
@@ -569,8 +570,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "each batch decodes over the target tokens its sources allow (a bundle exported "
                    "--with-vocab-map; ort backend).")
 @click.option("--replace-unknowns", is_flag=True,
-              help="Write an unknown target token (<unk>) as the source piece it attends to most (a bundle exported "
-                   "--with-attention).")
+              help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of the "
+                   "piece it attends to most (a bundle exported --with-attention).")
 @click.option("--benchmark", is_flag=True,
               help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
                    "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "

@@ -20,7 +20,7 @@ from xform.files import read_json_object
 
 def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int, str] | None = None) -> list:
     """The pieces of generated ids up to end-of-sentence, special ids left out; a position in
-    `replacements` gives its string instead (--replace-unknowns: the aligned source piece)."""
+    `replacements` gives its string instead (--replace-unknowns: the aligned source word)."""
     pieces = []
     for pos, i in enumerate(ids):
         i = int(i)
@@ -35,8 +35,10 @@ def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int,
 
 def join_spm_pieces(pieces: list[str]) -> str:
     """Sentencepiece pieces as text, word boundaries from the U+2581 marks (for pieces that are not
-    all in one model's vocabulary: a target with source pieces copied in)."""
-    return "".join(pieces).replace("\u2581", " ").strip()
+    all in one model's vocabulary: a target with source words copied in): one space a boundary,
+    as sentencepiece's decoding of its own normalized pieces gives (a target's lone U+2581 piece
+    before a copied word that starts with one is one space, not two)."""
+    return re.sub("\u2581+", " ", "".join(pieces)).strip()
 
 
 def load_spm(path: Path, source: str):
@@ -149,6 +151,11 @@ class VocabTokenizer:
         self.cfg = config
         self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
 
+    @property
+    def spm_words(self) -> bool:
+        """Whether source pieces mark word starts with U+2581 (a word spans several pieces)."""
+        return self.src.unit == "spm"
+
     def encode(self, text: str) -> list[int]:
         return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
@@ -203,6 +210,8 @@ class VocabTokenizer:
 class SpmTokenizer:
     """Marian's tokenizer: sentencepiece pieces mapped through vocab.json (target_vocab.json for
     the target side when the vocabularies are separate)."""
+
+    spm_words = True  # source pieces mark word starts with U+2581
 
     LANGUAGE_CODE = re.compile(">>.+<<")
 
@@ -296,6 +305,8 @@ class FairseqSpmTokenizer:
     unknown to `<unk>`) or through vocab.json (M2M100); the source framed by its language code and
     end-of-sentence; language codes and the other added tokens by the ids tokenizer_config.json
     gives them. `encode(text, src_lang)`; `language_id(code)` is the target's forced first token."""
+
+    spm_words = True  # source pieces mark word starts with U+2581
 
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
         self.cfg = config
