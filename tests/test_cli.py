@@ -347,3 +347,29 @@ def test_ctrl_c_exits_130_quietly(demo_bundle):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr.decode() and "Aborted" not in stderr.decode()
     assert stderr.decode().strip() == "interrupted"
+
+
+def test_check_with_an_input_file_says_how_many_lines_it_compares(runner, demo_bundle, tmp_path, monkeypatch):
+    """--check compares the first --check-lines (default 32) translated lines, not blank ones, and
+    says so; the --json report records both counts."""
+    import xform.exporter.check
+
+    compared, check = [], xform.exporter.check.check
+
+    def spy(*args, texts=None, **kwargs):
+        compared.append(len(texts or []))
+        return check(*args, texts=texts, **kwargs)
+
+    monkeypatch.setattr(xform.exporter.check, "check", spy)
+    f = tmp_path / "in.txt"
+    f.write_text("\n".join(str(n * 37) for n in range(40)) + "\n\n")
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--check", "--json",
+                             str(tmp_path / "r.json")])
+    assert r.exit_code == 0 and "check on 32 of the 40 translated lines" in r.output, r.output
+    assert json.loads((tmp_path / "r.json").read_text())["check"]["lines_compared"] == 32
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--check", "--check-lines", "50"])
+    assert r.exit_code == 0 and "check on all 40 translated lines" in r.output, r.output
+    assert compared == [32, 40]
+    r = runner.invoke(main, ["run", "--help"])
+    check_lines_help = " ".join(r.output.split()).split("--check-lines INTEGER RANGE", 1)[1].split("--atol")[0]
+    assert "[default: 32;" in check_lines_help, check_lines_help

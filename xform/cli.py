@@ -7,6 +7,7 @@ Ctrl-C is exit 130.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
@@ -297,11 +298,24 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
 MAX_WARNINGS = 10  # lines named one by one; the rest are counted
 
 
-def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int,
+@dataclasses.dataclass
+class CheckedLines:
+    """The first `limit` translated lines (not blank), which --check compares, and how many there were."""
+    limit: int
+    texts: list[str] = dataclasses.field(default_factory=list)
+    translated: int = 0
+
+    def add(self, text: str) -> None:
+        self.translated += 1
+        if len(self.texts) < self.limit:
+            self.texts.append(text)
+
+
+def write_translations(results, n: int, report: dict, checked: CheckedLines,
                        scores: bool | str = False) -> tuple[int, int]:
     """Print `source<TAB>translation` lines (with scores, `<TAB>score` after), n per source (n empty
-    ones for a failed line, its error on stderr), record them in the report, keep the first
-    check_rows translated texts for --check; return (failed lines, lines)."""
+    ones for a failed line, its error on stderr), record them in the report, keep the translated
+    texts --check compares in `checked`; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
     for count, (label, text, targets, error) in enumerate(results, 1):
         if error is not None:
@@ -311,8 +325,8 @@ def write_translations(results, n: int, report: dict, checked_texts: list[str], 
             for _ in range(n):  # the output keeps one line per input line
                 click.echo(f"{text}\t" + ("\t\t" if scores == "tokens" else "\t" if scores else ""))
             continue
-        if text.strip() and len(checked_texts) < check_rows:
-            checked_texts.append(text)
+        if text.strip():
+            checked.add(text)
         for tgt in targets:
             if scores == "tokens":
                 tgt, score, per_token = tgt
@@ -543,7 +557,12 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help="Stop after this many generated tokens (default: the bundle's cap, which export prints: 256 "
                    "unless the model or export --max-new-tokens sets one; never beyond max_len).")
-@click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
+@click.option("--check", is_flag=True,
+              help="Compare with eager PyTorch step by step; exit 1 beyond tolerance. With --text / --input-file it "
+                   "compares the first --check-lines translated lines (and says how many), else random sources.")
+@click.option("--check-lines", type=click.IntRange(min=1), default=32, show_default=True,
+              help="--check: translated lines compared (eager PyTorch decodes them as one batch: memory grows "
+                   "with N).")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
 @click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
 @click.option("--src-lang", default=None,
@@ -586,9 +605,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
-        prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path,
-        force,
+        max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
+        target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
+        iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -597,7 +616,6 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     import xform
     import xform.api
     from xform.errors import InputError
-    from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
     if input_file is not None and str(input_file) != "-":
         check_readable("--input-file", input_file)
@@ -657,15 +675,13 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
     failed = False
-    checked_texts: list[str] = []  # --check compares on the first --batch-size (default 32) translated lines
-    check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
+    checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
     if texts or input_file:
         with line_progress(show=input_file is not None) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
                                        prefix_column, replace_unknowns, vocab_map)
-            errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
-                                           scores)
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores)
         if errors:
             err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
                       "(their output lines are empty)")
@@ -674,10 +690,15 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         with err.status("checking against eager PyTorch"):
             check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
                                     min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
-            rep = xform.check(bundle, session=session, texts=checked_texts or None, atol=atol, rtol=rtol,
+            rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
                               generation=check_gen, src_lang=src_lang)
+        if checked.texts:
+            out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
+                      "--check-lines N for more)" if len(checked.texts) < checked.translated else
+                      f"check on all {checked.translated} translated lines")
         print_check(rep)
-        report["check"] = rep.to_dict()
+        report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts),
+                           "lines_translated": checked.translated}
         failed = failed or not rep.passed
     if benchmark:
         from rich.progress import Progress
