@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -343,28 +344,48 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines,
     return errors, count
 
 
+def count_lines(path: Path | None) -> int | None:
+    """The lines of a regular file, as reading it yields them (a last line without a newline
+    counts), counted in 1 MiB blocks before the run; None for standard input or a pipe, whose
+    lines are unknown until read."""
+    if path is None or str(path) == "-" or not path.is_file():
+        return None
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
 @contextlib.contextmanager
-def line_progress(show: bool):
-    """translate_lines' on_batch drawing a progress bar on stderr (lines done, generated target
-    tokens per second), or None: shown only when asked, stderr is a terminal and stdout is not (the
-    bar would garble translations printed on the same terminal)."""
+def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | None]):
+    """An advance(items, tokens) drawing a progress bar on stderr (items done of `total()`, `?`
+    when unknown, target tokens per second, time elapsed and left), and at the end one line kept
+    on stderr, `<done> N <unit> in T s (X <unit>/s, Y tokens/s)`; or None: shown only when asked,
+    stderr is a terminal and stdout is not (the bar would garble lines printed on the same
+    terminal). `total` is called only when the bar is shown."""
     if not (show and err.is_terminal and not out.is_terminal):
         yield None
         return
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    import rich.progress as rp
 
-    columns = (SpinnerColumn(), TextColumn("{task.completed:,.0f} lines"),
-               TextColumn("{task.fields[rate]:,.0f} tokens/s"), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task("translating", total=None, rate=0.0)
-        start, tokens = time.perf_counter(), 0
+    columns = (rp.SpinnerColumn(), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+               rp.TextColumn("{task.fields[rate]:,.0f} tokens/s"), rp.TimeElapsedColumn(), rp.TextColumn("left"),
+               rp.TimeRemainingColumn())
+    start, counts = time.perf_counter(), [0, 0]
+    with rp.Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task(done, total=total(), rate=0.0)
 
-        def on_batch(lines: int, generated: int) -> None:
-            nonlocal tokens
-            tokens += generated
-            progress.update(task, advance=lines, rate=tokens / max(time.perf_counter() - start, 1e-9))
+        def advance(items: int, tokens: int) -> None:
+            counts[0] += items
+            counts[1] += tokens
+            progress.update(task, advance=items, rate=counts[1] / max(time.perf_counter() - start, 1e-9))
 
-        yield on_batch
+        yield advance
+    seconds = max(time.perf_counter() - start, 1e-9)
+    err.print(f"{done} {counts[0]:,} {unit} in {seconds:.2f} s ({counts[0] / seconds:,.1f} {unit}/s, "
+              f"{counts[1] / seconds:,.0f} tokens/s)")
 
 
 def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead):
@@ -677,7 +698,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     failed = False
     checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
     if texts or input_file:
-        with line_progress(show=input_file is not None) as on_batch:
+        with progress_bar(input_file is not None, "lines", "translated",
+                          lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
                                        prefix_column, replace_unknowns, vocab_map)
@@ -757,17 +779,20 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
             session.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(str(e)) from None
-    for start in range(0, len(sources), batch_size):
-        src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-        src_ids = session.encode_texts(src, src_lang)
-        tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
-        result = session.score(src_ids, tgt_ids)
-        for i, (s_text, t_text) in enumerate(zip(src, tgt)):
-            line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
-                    f"{s_text}\t{t_text}")
-            if per_token:
-                line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
-            click.echo(line)
+    with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
+        for start in range(0, len(sources), batch_size):
+            src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
+            src_ids = session.encode_texts(src, src_lang)
+            tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
+            result = session.score(src_ids, tgt_ids)
+            for i, (s_text, t_text) in enumerate(zip(src, tgt)):
+                line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
+                        f"{s_text}\t{t_text}")
+                if per_token:
+                    line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
+                click.echo(line)
+            if advance is not None:
+                advance(len(src), int(result["lengths"].sum()))
 
 
 def triton_model_options(fn):
