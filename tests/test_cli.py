@@ -132,6 +132,41 @@ def test_input_file_dash_reads_standard_input(runner, demo_bundle, tmp_path):
     assert from_stdin.output == from_file.output and len(from_stdin.output.splitlines()) == 4
 
 
+def test_input_file_reads_named_pipes_and_process_substitution(runner, demo_bundle, tmp_path):
+    """A named pipe, or the /dev/fd/N path bash's <(command) gives, is read as a file; a directory
+    is called one."""
+    import os
+    import threading
+
+    text = "7\n40512\n"
+    want = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", "-"], input=text).output
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "w") as f:
+            f.write(text)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", str(fifo)])
+    if writer.is_alive():  # the run never opened the pipe: open it here so the writer ends
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    writer.join(10)
+    assert r.exit_code == 0 and r.output == want and len(want.splitlines()) == 2, r.output
+    if os.path.isdir("/dev/fd"):  # <(printf ...) is the read end of a pipe, as /dev/fd/N
+        read, write_end = os.pipe()
+        os.write(write_end, text.encode())
+        os.close(write_end)
+        try:
+            r = runner.invoke(main, ["run", str(demo_bundle), "--greedy", "--input-file", f"/dev/fd/{read}"])
+        finally:
+            os.close(read)
+        assert r.exit_code == 0 and r.output == want, r.output
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(tmp_path)])
+    assert r.exit_code == 1 and f"--input-file {tmp_path}: is a directory" in r.output, r.output
+
+
 def test_a_mistyped_model_path_with_state_dict_flags_says_no_such_file(runner, tmp_path):
     r = runner.invoke(main, ["export", str(tmp_path / "modle.pt"), "-o", str(tmp_path / "b"), "--n-heads", "4"])
     assert r.exit_code == 1 and "modle.pt: no such file or directory" in r.output, r.output
@@ -270,3 +305,71 @@ def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_pat
     assert r.exit_code == 2 and "export the bundle with --with-attention" in r.output, r.output
     r = runner.invoke(main, ["export", "demo", "-o", str(tmp_path / "x"), "--attention-layer", "0"])
     assert r.exit_code == 2 and "--attention-layer goes with --with-attention" in r.output
+
+
+def test_export_help_names_the_hugging_face_families_it_imports(runner):
+    r = runner.invoke(main, ["export", "--help"])
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    for family in ("Marian / OPUS-MT", "M2M100", "NLLB", "mBART / mBART-50", "BART"):
+        assert family in text, family
+
+
+def test_ctrl_c_exits_130_quietly(demo_bundle):
+    """SIGINT while `run --input-file -` waits on a pipe that stays open: exit 130 (128 + SIGINT),
+    one short line on stderr, no traceback and no click "Aborted!"."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    xform_bin = str(Path(sys.executable).parent / "xform")
+    proc = subprocess.Popen([xform_bin, "run", str(demo_bundle), "--input-file", "-", "--batch-size", "1",
+                             "--read-ahead", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        proc.stdin.write(b"7\n")
+        proc.stdin.flush()
+        deadline, seen = time.monotonic() + 60, b""
+        while b"\n" not in seen and time.monotonic() < deadline:  # its first line: it is running
+            if select.select([proc.stdout], [], [], 1)[0]:
+                seen += os.read(proc.stdout.fileno(), 1024) or b"\n"
+        assert seen.startswith(b"7\tseven\n"), seen
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)  # closes stdin only after the signal
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr.decode() and "Aborted" not in stderr.decode()
+    assert stderr.decode().strip() == "interrupted"
+
+
+def test_check_with_an_input_file_says_how_many_lines_it_compares(runner, demo_bundle, tmp_path, monkeypatch):
+    """--check compares the first --check-lines (default 32) translated lines, not blank ones, and
+    says so; the --json report records both counts."""
+    import xform.exporter.check
+
+    compared, check = [], xform.exporter.check.check
+
+    def spy(*args, texts=None, **kwargs):
+        compared.append(len(texts or []))
+        return check(*args, texts=texts, **kwargs)
+
+    monkeypatch.setattr(xform.exporter.check, "check", spy)
+    f = tmp_path / "in.txt"
+    f.write_text("\n".join(str(n * 37) for n in range(40)) + "\n\n")
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--check", "--json",
+                             str(tmp_path / "r.json")])
+    assert r.exit_code == 0 and "check on 32 of the 40 translated lines" in r.output, r.output
+    assert json.loads((tmp_path / "r.json").read_text())["check"]["lines_compared"] == 32
+    r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--check", "--check-lines", "50"])
+    assert r.exit_code == 0 and "check on all 40 translated lines" in r.output, r.output
+    assert compared == [32, 40]
+    r = runner.invoke(main, ["run", "--help"])
+    check_lines_help = " ".join(r.output.split()).split("--check-lines INTEGER RANGE", 1)[1].split("--atol")[0]
+    assert "[default: 32;" in check_lines_help, check_lines_help

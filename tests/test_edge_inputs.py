@@ -1,6 +1,7 @@
 """Inputs at the edges: what `run --text / --input-file` and `translate_lines` give a user for
 blank lines, unknown characters, sources at and past max_len, non-UTF-8 lines, large files."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -124,7 +125,39 @@ def test_a_progress_bar_only_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
     r = run(demo_bundle, "--input-file", str(f))
     assert r.exit_code == 0 and r.stderr == ""  # stderr is no terminal here: quiet
     terminal = StringIO()
-    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=100))
+    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
+                                                   highlight=False))
     r = run(demo_bundle, "--input-file", str(f))
     assert r.exit_code == 0 and r.stdout.splitlines()[2] == "40512\tforty thousand five hundred twelve"
-    assert "4 lines" in terminal.getvalue() and "tokens/s" in terminal.getvalue()
+    # lines done of the file's, counted first; then a summary line that stays
+    assert "4/4 lines" in terminal.getvalue() and "tokens/s" in terminal.getvalue() and "left" in terminal.getvalue()
+    last = terminal.getvalue().rstrip().splitlines()[-1]
+    assert re.search(r"translated 4 lines in [\d.]+ s \([\d.,]+ lines/s, [\d,]+ tokens/s\)", last), last
+    terminal.truncate(0)
+    terminal.seek(0)
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", "-"], input=f.read_text())
+    assert r.exit_code == 0 and "/? lines" in terminal.getvalue()  # a pipe's lines are unknown until read
+    assert "translated 4 lines in " in terminal.getvalue().rstrip().splitlines()[-1]
+
+
+def test_score_shows_progress_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
+    from io import StringIO
+
+    from rich.console import Console
+
+    import xform.cli
+
+    (tmp_path / "s.txt").write_text("12\n7\n40512\n")
+    (tmp_path / "t.txt").write_text("twelve\nseven\nforty thousand five hundred twelve\n")
+    args = ["score", str(demo_bundle), "--source", str(tmp_path / "s.txt"), "--target", str(tmp_path / "t.txt"),
+            "--batch-size", "2"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and r.stderr == "" and len(r.stdout.splitlines()) == 3
+    terminal = StringIO()
+    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
+                                                   highlight=False))
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 3
+    assert "3/3 pairs" in terminal.getvalue() or "2/3 pairs" in terminal.getvalue()
+    last = terminal.getvalue().rstrip().splitlines()[-1]
+    assert re.search(r"scored 3 pairs in [\d.]+ s \([\d.,]+ pairs/s, [\d,]+ tokens/s\)", last), last

@@ -68,3 +68,27 @@ def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):
     assert scope["session"].tokenizer.decode(final[0]) == "one hundred twenty three thousand four hundred fifty six"
     assert capsys.readouterr().out.splitlines() == ["40512 ['forty thousand five hundred twelve'] None",
                                                     "7 ['seven'] None"]
+
+
+def test_gitignore_holds_what_the_readme_commands_write():
+    """Every directory a README command writes (`xform export ... -o NAME`, `xform triton ... -o
+    NAME`) is ignored, so following the README leaves `git status` clean."""
+    written = re.findall(r"xform\s+(?:export|triton)\s+\S+\s+-o\s+([\w.-]+)", README.read_text())
+    written = sorted({w for w in written if not w.isupper()})  # not the synopsis' BUNDLE / REPO
+    assert {"demo-bundle", "demo16"} <= set(written), written
+    ignored = (README.parent / ".gitignore").read_text().splitlines()
+    assert [w for w in written if f"/{w}/" not in ignored] == []
+
+
+def test_readme_refuses_only_the_generation_settings_the_importer_refuses():
+    """The M2M100 / BART section's list of refused generation settings is the importer's, and names
+    none of those it records as the bundle's defaults (n-gram blocking, repetition penalty)."""
+    from xform.models.bart_family import RECORDED_GENERATION, UNSUPPORTED_GENERATION
+
+    section = README.read_text().split("## M2M100, NLLB, mBART, BART", 1)[1].split("\n## ", 1)[0]
+    refused = re.search(r"Refused by name[^:]*: generation settings xform does not reproduce\s*\((.*?)\)",
+                        section, re.S)
+    assert refused, "the section no longer says which generation settings are refused"
+    named = set(re.findall(r"`(\w+)`", refused.group(1)))
+    assert named and named <= set(UNSUPPORTED_GENERATION), named - set(UNSUPPORTED_GENERATION)
+    assert not named & set(RECORDED_GENERATION)

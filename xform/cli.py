@@ -1,16 +1,19 @@
 """The `xform` command line: thin click commands over the library.
 
 Each command turns flags into one library call and prints a summary. Errors: an XformError is a
-message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click).
+message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click),
+Ctrl-C is exit 130.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -28,8 +31,12 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command Ctrl-C stopped
+
+
 def handle_errors(fn):
-    """The one place where library errors become exit codes."""
+    """The one place where library errors become exit codes; Ctrl-C is exit 130 with one line,
+    not click's "Aborted!" and exit 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -37,6 +44,9 @@ def handle_errors(fn):
         except XformError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}")
             sys.exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            sys.exit(INTERRUPTED)
     return wrapper
 
 
@@ -124,9 +134,10 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
            attention_layer: int | None, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
-    MODEL is `demo`, an xform checkpoint directory, a Hugging Face Marian / OPUS-MT directory, or a
-    state dict file of a torch.nn.Transformer or seed tutorial model (recognised from its keys, or
-    named with --arch) with the hyper-parameters its weights do not record.
+    MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
+    M2M100, NLLB, mBART / mBART-50, BART), or a state dict file of a torch.nn.Transformer or seed
+    tutorial model (recognised from its keys, or named with --arch) with the hyper-parameters its
+    weights do not record.
     """
     from xform.exporter.export import export_bundle
     from xform.models.importers import BUNDLED, KNOWN
@@ -252,6 +263,19 @@ def write_json(path: Path, data: dict, force: bool, inputs: list[tuple[str, Path
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
+def check_readable(flag: str, path: Path) -> None:
+    """Refuse a path that is no file of lines to read: missing, a directory, unreadable. A named
+    pipe or a process substitution's /dev/fd/N is read as a file is."""
+    import os
+
+    if path.is_dir():
+        raise XformError(f"{flag} {path}: is a directory; expected a file of lines (or - for standard input)")
+    if not path.exists():
+        raise XformError(f"{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise XformError(f"{flag} {path}: not readable (permission denied)")
+
+
 def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
     """(label, line) for each --text (with --target-prefix, a (text, prefix) pair), then each line of
     --input-file read lazily as bytes (so a non-UTF-8 line fails alone)."""
@@ -298,11 +322,24 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
 MAX_WARNINGS = 10  # lines named one by one; the rest are counted
 
 
-def write_translations(results, n: int, report: dict, checked_texts: list[str], check_rows: int,
+@dataclasses.dataclass
+class CheckedLines:
+    """The first `limit` translated lines (not blank), which --check compares, and how many there were."""
+    limit: int
+    texts: list[str] = dataclasses.field(default_factory=list)
+    translated: int = 0
+
+    def add(self, text: str) -> None:
+        self.translated += 1
+        if len(self.texts) < self.limit:
+            self.texts.append(text)
+
+
+def write_translations(results, n: int, report: dict, checked: CheckedLines,
                        scores: bool | str = False) -> tuple[int, int]:
     """Print `source<TAB>translation` lines (with scores, `<TAB>score` after), n per source (n empty
-    ones for a failed line, its error on stderr), record them in the report, keep the first
-    check_rows translated texts for --check; return (failed lines, lines)."""
+    ones for a failed line, its error on stderr), record them in the report, keep the translated
+    texts --check compares in `checked`; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
     for count, (label, text, targets, error) in enumerate(results, 1):
         if error is not None:
@@ -312,8 +349,8 @@ def write_translations(results, n: int, report: dict, checked_texts: list[str], 
             for _ in range(n):  # the output keeps one line per input line
                 click.echo(f"{text}\t" + ("\t\t" if scores == "tokens" else "\t" if scores else ""))
             continue
-        if text.strip() and len(checked_texts) < check_rows:
-            checked_texts.append(text)
+        if text.strip():
+            checked.add(text)
         for tgt in targets:
             if scores == "tokens":
                 tgt, score, per_token = tgt
@@ -330,28 +367,48 @@ def write_translations(results, n: int, report: dict, checked_texts: list[str], 
     return errors, count
 
 
+def count_lines(path: Path | None) -> int | None:
+    """The lines of a regular file, as reading it yields them (a last line without a newline
+    counts), counted in 1 MiB blocks before the run; None for standard input or a pipe, whose
+    lines are unknown until read."""
+    if path is None or str(path) == "-" or not path.is_file():
+        return None
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
 @contextlib.contextmanager
-def line_progress(show: bool):
-    """translate_lines' on_batch drawing a progress bar on stderr (lines done, generated target
-    tokens per second), or None: shown only when asked, stderr is a terminal and stdout is not (the
-    bar would garble translations printed on the same terminal)."""
+def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | None]):
+    """An advance(items, tokens) drawing a progress bar on stderr (items done of `total()`, `?`
+    when unknown, target tokens per second, time elapsed and left), and at the end one line kept
+    on stderr, `<done> N <unit> in T s (X <unit>/s, Y tokens/s)`; or None: shown only when asked,
+    stderr is a terminal and stdout is not (the bar would garble lines printed on the same
+    terminal). `total` is called only when the bar is shown."""
     if not (show and err.is_terminal and not out.is_terminal):
         yield None
         return
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    import rich.progress as rp
 
-    columns = (SpinnerColumn(), TextColumn("{task.completed:,.0f} lines"),
-               TextColumn("{task.fields[rate]:,.0f} tokens/s"), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task("translating", total=None, rate=0.0)
-        start, tokens = time.perf_counter(), 0
+    columns = (rp.SpinnerColumn(), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+               rp.TextColumn("{task.fields[rate]:,.0f} tokens/s"), rp.TimeElapsedColumn(), rp.TextColumn("left"),
+               rp.TimeRemainingColumn())
+    start, counts = time.perf_counter(), [0, 0]
+    with rp.Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task(done, total=total(), rate=0.0)
 
-        def on_batch(lines: int, generated: int) -> None:
-            nonlocal tokens
-            tokens += generated
-            progress.update(task, advance=lines, rate=tokens / max(time.perf_counter() - start, 1e-9))
+        def advance(items: int, tokens: int) -> None:
+            counts[0] += items
+            counts[1] += tokens
+            progress.update(task, advance=items, rate=counts[1] / max(time.perf_counter() - start, 1e-9))
 
-        yield on_batch
+        yield advance
+    seconds = max(time.perf_counter() - start, 1e-9)
+    err.print(f"{done} {counts[0]:,} {unit} in {seconds:.2f} s ({counts[0] / seconds:,.1f} {unit}/s, "
+              f"{counts[1] / seconds:,.0f} tokens/s)")
 
 
 def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead):
@@ -529,7 +586,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path),
               help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
-                   "line gives a blank translation). '-' reads standard input.")
+                   "line gives a blank translation). '-' reads standard input; a named pipe or <(command) "
+                   "is read as a file.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
                    "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
@@ -543,7 +601,12 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help="Stop after this many generated tokens (default: the bundle's cap, which export prints: 256 "
                    "unless the model or export --max-new-tokens sets one; never beyond max_len).")
-@click.option("--check", is_flag=True, help="Compare with eager PyTorch step by step; exit 1 beyond tolerance.")
+@click.option("--check", is_flag=True,
+              help="Compare with eager PyTorch step by step; exit 1 beyond tolerance. With --text / --input-file it "
+                   "compares the first --check-lines translated lines (and says how many), else random sources.")
+@click.option("--check-lines", type=click.IntRange(min=1), default=32, show_default=True,
+              help="--check: translated lines compared (eager PyTorch decodes them as one batch: memory grows "
+                   "with N).")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
 @click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
 @click.option("--src-lang", default=None,
@@ -570,8 +633,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "each batch decodes over the target tokens its sources allow (a bundle exported "
                    "--with-vocab-map; ort backend).")
 @click.option("--replace-unknowns", is_flag=True,
-              help="Write an unknown target token (<unk>) as the source piece it attends to most (a bundle exported "
-                   "--with-attention).")
+              help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of the "
+                   "piece it attends to most (a bundle exported --with-attention).")
 @click.option("--benchmark", is_flag=True,
               help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
                    "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
@@ -586,9 +649,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
-        max_new_tokens, check, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores, target_prefixes,
-        prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup, iters, json_path,
-        force,
+        max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
+        target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
+        iters, json_path, force,
         greedy, num_beams, early_stopping, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -597,10 +660,9 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     import xform
     import xform.api
     from xform.errors import InputError
-    from xform.runtime.batching import DEFAULT_BATCH_SIZE
 
-    if input_file is not None and str(input_file) != "-" and not input_file.is_file():
-        raise XformError(f"--input-file {input_file}: no such file")
+    if input_file is not None and str(input_file) != "-":
+        check_readable("--input-file", input_file)
     scores = "tokens" if token_scores else scores
     if scores and not (texts or input_file):
         raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
@@ -659,15 +721,14 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
     failed = False
-    checked_texts: list[str] = []  # --check compares on the first --batch-size (default 32) translated lines
-    check_rows = batching.lines_per_batch or DEFAULT_BATCH_SIZE
+    checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
     if texts or input_file:
-        with line_progress(show=input_file is not None) as on_batch:
+        with progress_bar(input_file is not None, "lines", "translated",
+                          lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
                                        prefix_column, replace_unknowns, vocab_map)
-            errors, n = write_translations(results, gen.num_return_sequences, report, checked_texts, check_rows,
-                                           scores)
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores)
         if errors:
             err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
                       "(their output lines are empty)")
@@ -676,10 +737,15 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         with err.status("checking against eager PyTorch"):
             check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
                                     min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
-            rep = xform.check(bundle, session=session, texts=checked_texts or None, atol=atol, rtol=rtol,
+            rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
                               generation=check_gen, src_lang=src_lang)
+        if checked.texts:
+            out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
+                      "--check-lines N for more)" if len(checked.texts) < checked.translated else
+                      f"check on all {checked.translated} translated lines")
         print_check(rep)
-        report["check"] = rep.to_dict()
+        report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts),
+                           "lines_translated": checked.translated}
         failed = failed or not rep.passed
     if benchmark:
         from rich.progress import Progress
@@ -723,8 +789,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     from xform.errors import InputError
 
     for flag, path in (("--source", source_file), ("--target", target_file)):
-        if not path.is_file():
-            raise XformError(f"{flag} {path}: no such file")
+        check_readable(flag, path)
     sources = source_file.read_text(encoding="utf-8").splitlines()
     targets = target_file.read_text(encoding="utf-8").splitlines()
     if len(sources) != len(targets):
@@ -739,17 +804,20 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
             session.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(str(e)) from None
-    for start in range(0, len(sources), batch_size):
-        src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-        src_ids = session.encode_texts(src, src_lang)
-        tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
-        result = session.score(src_ids, tgt_ids)
-        for i, (s_text, t_text) in enumerate(zip(src, tgt)):
-            line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
-                    f"{s_text}\t{t_text}")
-            if per_token:
-                line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
-            click.echo(line)
+    with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
+        for start in range(0, len(sources), batch_size):
+            src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
+            src_ids = session.encode_texts(src, src_lang)
+            tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
+            result = session.score(src_ids, tgt_ids)
+            for i, (s_text, t_text) in enumerate(zip(src, tgt)):
+                line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
+                        f"{s_text}\t{t_text}")
+                if per_token:
+                    line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
+                click.echo(line)
+            if advance is not None:
+                advance(len(src), int(result["lengths"].sum()))
 
 
 def triton_model_options(fn):

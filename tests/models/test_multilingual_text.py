@@ -138,6 +138,10 @@ def test_unknown_languages_are_refused_with_the_known_ones(exported):
     assert r.exit_code == 2 and "--src-lang 'xx_Fake': not a language of this model; known:" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(bundle), "--tgt-lang", "yy", "--text", "hello"])
     assert r.exit_code == 2 and "--tgt-lang 'yy': not a language of this model; known:" in r.output, r.output
+    # the known ones as users type them (M2M100's "fr", not its token "__fr__")
+    known = " ".join(r.output.split()).split("known: ", 1)[1].split(", ")
+    assert {lang for pair in PAIRS[kind] for lang in pair} <= set(known), known
+    assert not [k for k in known if k.startswith("__")], known
 
 
 def test_triton_handler_takes_the_languages_per_request(exported):

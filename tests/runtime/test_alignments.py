@@ -1,7 +1,7 @@
 """Alignments: a bundle exported --with-attention returns, for each generated token, one decoder
 layer's cross-attention averaged over heads; equal to transformers' output_attentions on the same
 layer within ATOL (probabilities from logits that differ by under 1e-5). --replace-unknowns copies
-the source piece an unknown target token attends to most.
+the source word of the piece an unknown target token attends to most.
 """
 import numpy as np
 import pytest
@@ -107,9 +107,9 @@ def test_a_layer_outside_the_decoder_is_refused(marians, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-def test_replace_unknowns_copies_the_attended_source_piece(text_model_aligned):
-    """An unknown target token becomes the source piece (as written) it attends to most; without
-    the flag it is dropped, as transformers' decode skips <unk>."""
+def test_replace_unknowns_copies_the_attended_source_word(text_model_aligned):
+    """An unknown target token becomes the source word (as written, all its pieces) of the piece it
+    attends to most; without the flag it is dropped, as transformers' decode skips <unk>."""
     session = text_model_aligned
     text = "a blue dog zzz runs fast"
     unk = session.tokenizer.target_unk_id
@@ -118,13 +118,40 @@ def test_replace_unknowns_copies_the_attended_source_piece(text_model_aligned):
     pieces = session.tokenizer.source_pieces(text)
     body = [j for j, i in enumerate(src[0]) if i not in (session.eos_id, session.pad_id)]
     j = max(body, key=lambda j: att[0, 0, j])
-    want = session.tokenizer.decode(ids[0], {0: pieces[j]})
+    start = max(k for k in range(j + 1) if pieces[k].startswith("\u2581"))
+    end = min([k for k in range(j + 1, len(pieces)) if pieces[k].startswith("\u2581") or not pieces[k]])
+    want = session.tokenizer.decode(ids[0], {0: "".join(pieces[start:end])})
     assert session.translate([text], target_prefix=[[unk]], replace_unknowns=True) == [want]
-    assert want.startswith(pieces[j].replace("\u2581", " ").strip())
+    assert want.startswith("".join(pieces[start:end]).replace("\u2581", " ").strip())
     assert session.translate([text], target_prefix=[[unk]]) == [session.tokenizer.decode(ids[0])] != [want]
     lines = list(session.translate_lines([(text, None)], session.generation_config(MAX_NEW), replace_unknowns=True,
                                          prefix_column=False))
     assert lines[0][1] == session.translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
+
+
+@pytest.mark.parametrize("word", ["dog", "469"])
+def test_replace_unknowns_copies_the_whole_word_once_spaced_as_words(text_model_aligned, word):
+    """Unknowns aligned to a piece inside a word of several pieces ("\u2581 d o g", "\u2581 469")
+    copy the whole word, once for unknowns in a row, after a target's lone "\u2581" piece with one
+    space, not two."""
+    session = text_model_aligned
+    text = "the dog 469 runs"
+    src = session.encode_text(text)
+    pieces = session.tokenizer.source_pieces(text)
+    starts = [k for k, p in enumerate(pieces) if p.startswith("\u2581")] + [len(pieces) - 1]
+    spans = {"".join(pieces[a:b]): (a, b) for a, b in zip(starts, starts[1:])}
+    start, end = spans["\u2581" + word]
+    assert end - start > 1  # a word of several pieces
+    j = end - 1  # its last piece, the one attended to
+    vocab = session.tokenizer.target_vocabulary()
+    unk = session.tokenizer.target_unk_id
+    ids = np.array([vocab["\u2581B"], vocab["\u2581"], unk, unk, session.eos_id])
+    attention = np.zeros((1, len(ids), len(src)), np.float32)
+    attention[0, :, j] = 1.0
+    assert session.decode_rows(ids[None], 1, [src], [text], attention) == [f"B {word}"]
+    # without the source text: the vocabulary's pieces of the same word (an unknown one is <unk>)
+    want = "B dog" if word == "dog" else "B <unk>"
+    assert session.decode_rows(ids[None], 1, [src], None, attention) == [want]
 
 
 @pytest.fixture(scope="module")

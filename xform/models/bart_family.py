@@ -15,9 +15,10 @@ A position offset is taken out of the table: xform's row i is the vector transfo
 the i-th token (M2M100 counts positions over non-pad tokens, which for right-padded sources and
 generated tokens is the index plus pad_id + 1). The decoder starts from `decoder_start_token_id`
 (`</s>`), and the generation defaults record `forced_bos_token_id` (the target language) when
-the model ships one. transformers' modeling reads only the config keys checked here; generation
-settings xform cannot reproduce (n-gram blocking, repetition penalties, beam groups) are refused
-by name.
+the model ships one. transformers' modeling reads only the config keys checked here; the
+generation settings xform reproduces (n-gram blocking, repetition penalty, suppressed tokens)
+become the bundle's decoding defaults, and those it cannot (the encoder's n-gram blocking and
+repetition penalty, beam groups, ...: UNSUPPORTED_GENERATION) are refused by name when set.
 """
 from __future__ import annotations
 

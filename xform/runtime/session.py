@@ -362,7 +362,8 @@ class Session:
         if code is not None:
             return self.tokenizer.language_id(code)
         if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language --tgt-lang names; known: {', '.join(languages)}")
+            raise InputError(f"this model translates into the language --tgt-lang names; known: "
+                             f"{', '.join(self.tokenizer.codes)}")
         return None
 
     def pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -397,7 +398,7 @@ class Session:
         may be a (source, target prefix) pair, or, with `prefix_column`, a line
         `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
         is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
-        piece it attends to most (a bundle exported --with-attention; CTranslate2's
+        word of the piece it attends to most (a bundle exported --with-attention; CTranslate2's
         replace_unknowns). With a `vocab_map` (a VocabMap or its file; a bundle exported
         --with-vocab-map), each batch decodes over the target ids its sources allow. A line of
         more source tokens than max_len fails alone, or with `truncate` is cut to max_len (its
@@ -537,7 +538,7 @@ class Session:
         """Decode source id rows together: for each, its num_return_sequences translations (with
         return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). Given the
         sources' `texts`: with replace_unknowns, unknown target tokens are replaced by the source
-        pieces they attend to; with a vocab_map, the batch decodes over the target ids its
+        words of the pieces they attend to; with a vocab_map, the batch decodes over the target ids its
         sources' n-grams allow."""
         vocabulary = None
         if vocab_map is not None:
@@ -570,7 +571,7 @@ class Session:
     def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
                     texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
         """Text of generated rows, n a source; with `attention`, each unknown target token written
-        as the source piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
+        as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
         if attention is None:
             return [self.tokenizer.decode(r) for r in rows]
         if sources is None:
@@ -581,25 +582,34 @@ class Session:
 
     def unknown_replacements(self, ids: np.ndarray, attention: np.ndarray, source: list[int],
                              text: str | None = None) -> dict[int, str]:
-        """For each unknown target token of `ids` (its position), the piece of the source token it
+        """For each unknown target token of `ids` (its position), the source word whose token it
         attends to most, among the source's text tokens (not its language code or end-of-sentence):
-        as written in the source `text` when given (a word the vocabulary lacks is copied whole),
-        else the vocabulary's piece."""
+        all the word's pieces (a sentencepiece word: from the piece that starts it to the next
+        word's), as written in the source `text` when given (a word the vocabulary lacks is copied
+        whole), else the vocabulary's pieces. Unknowns in a row aligned to one word copy it once."""
         unk = self.tokenizer.target_unk_id
         where = np.flatnonzero(ids == unk)
         if not len(where):
             return {}
         framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
-        body = np.array([i not in framing for i in source] + [False] * (attention.shape[1] - len(source)))
-        if not body.any():
+        body = [i not in framing for i in source] + [False] * (attention.shape[1] - len(source))
+        if not any(body):
             return {}
-        weights = np.where(body[None, :], attention[where], -1.0)
-        written = None
+        weights = np.where(np.array(body)[None, :], attention[where], -1.0)
+        pieces = None
         if text is not None and hasattr(self.tokenizer, "source_pieces"):
-            written = self.tokenizer.source_pieces(text)
-            written = written if len(written) == len(source) else None  # a truncated source: the vocabulary's
-        return {int(t): written[int(j)] if written else self.tokenizer.source_piece(source[int(j)])
-                for t, j in zip(where, weights.argmax(1))}
+            pieces = self.tokenizer.source_pieces(text)
+            pieces = pieces if len(pieces) == len(source) else None  # a truncated source: the vocabulary's
+        if pieces is None:
+            pieces = [self.tokenizer.source_piece(i) for i in source]
+        marked = getattr(self.tokenizer, "spm_words", False)
+        out: dict[int, str] = {}
+        previous = None
+        for t, j in zip(where.tolist(), weights.argmax(1).tolist()):
+            span = word_span(pieces, body, j) if marked else (j, j + 1)
+            out[t] = "" if previous == (t - 1, span) else "".join(pieces[span[0]:span[1]])
+            previous = (t, span)
+        return out
 
     def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                   tgt_lang: str | None = None, replace_unknowns: bool = False,
@@ -630,3 +640,14 @@ class Session:
             return self.decode_rows(out, len(out) // len(src), sources, list(texts), attention)
         out = self.generate(src, max_new_tokens=max_new_tokens, **settings)
         return [self.tokenizer.decode(row) for row in out]
+
+
+def word_span(pieces: list[str], body: list[bool], j: int) -> tuple[int, int]:
+    """[start, end) of the sentencepiece word holding piece j: back to the piece that starts it
+    (U+2581 first), on to the next such piece, within the text's pieces (`body`)."""
+    start, end = j, j + 1
+    while start > 0 and body[start - 1] and not pieces[start].startswith("\u2581"):
+        start -= 1
+    while end < len(pieces) and body[end] and not pieces[end].startswith("\u2581"):
+        end += 1
+    return start, end

@@ -20,7 +20,7 @@ from xform.files import read_json_object
 
 def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int, str] | None = None) -> list:
     """The pieces of generated ids up to end-of-sentence, special ids left out; a position in
-    `replacements` gives its string instead (--replace-unknowns: the aligned source piece)."""
+    `replacements` gives its string instead (--replace-unknowns: the aligned source word)."""
     pieces = []
     for pos, i in enumerate(ids):
         i = int(i)
@@ -35,8 +35,10 @@ def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int,
 
 def join_spm_pieces(pieces: list[str]) -> str:
     """Sentencepiece pieces as text, word boundaries from the U+2581 marks (for pieces that are not
-    all in one model's vocabulary: a target with source pieces copied in)."""
-    return "".join(pieces).replace("\u2581", " ").strip()
+    all in one model's vocabulary: a target with source words copied in): one space a boundary,
+    as sentencepiece's decoding of its own normalized pieces gives (a target's lone U+2581 piece
+    before a copied word that starts with one is one space, not two)."""
+    return re.sub("\u2581+", " ", "".join(pieces)).strip()
 
 
 def load_spm(path: Path, source: str):
@@ -149,6 +151,11 @@ class VocabTokenizer:
         self.cfg = config
         self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
 
+    @property
+    def spm_words(self) -> bool:
+        """Whether source pieces mark word starts with U+2581 (a word spans several pieces)."""
+        return self.src.unit == "spm"
+
     def encode(self, text: str) -> list[int]:
         return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
@@ -203,6 +210,8 @@ class VocabTokenizer:
 class SpmTokenizer:
     """Marian's tokenizer: sentencepiece pieces mapped through vocab.json (target_vocab.json for
     the target side when the vocabularies are separate)."""
+
+    spm_words = True  # source pieces mark word starts with U+2581
 
     LANGUAGE_CODE = re.compile(">>.+<<")
 
@@ -301,6 +310,8 @@ class FairseqSpmTokenizer:
     end-of-sentence; language codes and the other added tokens by the ids tokenizer_config.json
     gives them. `encode(text, src_lang)`; `language_id(code)` is the target's forced first token."""
 
+    spm_words = True  # source pieces mark word starts with U+2581
+
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
         self.cfg = config
         self.clean = bool(data.get("clean_up_tokenization_spaces"))
@@ -338,11 +349,16 @@ class FairseqSpmTokenizer:
                               f"(for {bad[:3] or 'pieces'})")
         self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
 
+    @property
+    def codes(self) -> list[str]:
+        """The language codes as users type them: M2M100's token "__fr__" is the code "fr"."""
+        return [t[2:-2] if len(t) > 4 and t.startswith("__") and t.endswith("__") else t for t in self.languages]
+
     def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
         if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"
             code = f"__{code}__"
         if code not in self.languages:
-            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.languages)}")
+            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.codes)}")
         return self.special[code]
 
     def piece_ids(self, text: str) -> list[int]:
@@ -362,7 +378,7 @@ class FairseqSpmTokenizer:
     def encode(self, text: str, src_lang: str | None = None) -> list[int]:
         lang = src_lang or self.src_lang
         if lang is None:
-            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.languages)}")
+            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.codes)}")
         parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text),
                  "eos": [self.cfg["eos_id"]]}
         return [i for part in self.template for i in parts[part]]

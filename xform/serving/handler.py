@@ -6,7 +6,7 @@ hold one value per request of: `max_new_tokens`, `num_beams`, `no_repeat_ngram_s
 (strings: a multilingual model's language codes); `bad_words` (strings, [b, n]: phrases never
 generated) and `suppress_tokens` (int32, [b, n]: ids never generated), the same in every row; and
 `target_prefix` (strings, [b, 1]: the start of each row's translation); `replace_unknowns`
-(bool: unknown target tokens become the source pieces they attend to, a bundle exported
+(bool: unknown target tokens become the source words of the pieces they attend to, a bundle exported
 --with-attention); `return_attention` (bool: the `attention` output, fp32 [b, n, src_len], each
 generated token's cross-attention of the bundle's attention layer). A request that breaks
 the contract gets an error naming the tensor; the others are decoded together: requests with the
