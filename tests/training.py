@@ -13,12 +13,14 @@ def task_pair(src_row, tgt_vocab, special, eos):
     return [allowed[(3 * s) % len(allowed)] for s in reversed(src_row)] + [eos]
 
 
-def train(model, forward, src_vocab, tgt_vocab, bos, eos, pad, steps=300, seed=0, lr=3e-3):
-    """forward(src (B, S), tgt_in (B, T)) -> logits (B, T, V). Returns the model in eval mode."""
+def train(model, forward, src_vocab, tgt_vocab, bos, eos, pad, steps=300, seed=0, lr=3e-3, src_ids=None):
+    """forward(src (B, S), tgt_in (B, T)) -> logits (B, T, V). Returns the model in eval mode.
+    `src_ids`: the ids sources are drawn from (default: every non-special id); a subset makes
+    random sources over the whole vocabulary out of distribution, as real text is for a real model."""
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     special = {pad, bos, eos}
-    allowed = np.array([i for i in range(src_vocab) if i not in special])
+    allowed = np.array([i for i in (range(src_vocab) if src_ids is None else src_ids) if i not in special])
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):

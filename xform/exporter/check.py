@@ -23,11 +23,14 @@ from xform.runtime.compare import (
     compare_beams,
     compare_decodes,
     compare_steps,
+    decoded,
     tolerance_for,
 )
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.open import open_backend, open_session, session_over
 from xform.runtime.session import Session
+
+SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
 
 
 def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,6 +58,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if texts:
         src_ids = session.encode_texts(texts, src_lang)
     tol = tolerance_for(session.bundle.precision)
+    sources = "sentences" if src_ids is not None else "random"
     if src_ids is None:
         batch = max(batch, DECODE_SOURCES) if tol.by_decodes else batch  # judging translations needs many
         src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
@@ -78,7 +82,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
                            got_choice, ref_choice, active,
                            tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
                            tol.min_token_agreement)
-    report.strategy = gen.strategy
+    report.strategy, report.sources = gen.strategy, sources
     ref = None
     if beams is not None:
         ref = reference.decode(src_ids, src_lengths, gen, return_scores=True)
@@ -90,4 +94,61 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
         _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
         _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
         compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg["eos_id"], cfg["pad_id"], tol)
+        report.bleu_vs_eager, report.chrf_vs_eager = text_scores(session, tokens, ref_tokens)
     return report
+
+
+def text_scores(session: Session, got: np.ndarray, ref: np.ndarray) -> tuple[float | None, float | None]:
+    """Corpus BLEU and chrF (sacreBLEU) of the backend's translations against eager's: detokenized
+    text where the bundle has a tokenizer, else the ids as words. None without sacrebleu."""
+    try:
+        import sacrebleu
+    except ImportError:
+        return None, None
+    cfg = session.config
+
+    def text(row: np.ndarray) -> str:
+        ids = [t for t in decoded(row, cfg["eos_id"], cfg["pad_id"]) if t != cfg["eos_id"]]
+        return session.tokenizer.decode(ids) if session.tokenizer is not None else " ".join(map(str, ids))
+
+    hyps, refs = [text(r) for r in got], [text(r) for r in ref]
+    return (float(sacrebleu.corpus_bleu(hyps, [refs]).score), float(sacrebleu.corpus_chrf(hyps, [refs]).score))
+
+
+def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
+    """A sample file's sources (export --sample-file): text through the bundle's tokenizer, or, for a
+    bundle without one, token ids separated by spaces, one source a line; blank lines skipped, at
+    most SAMPLE_LINES. Refused naming the file and line: no sources, ids outside the vocabulary, a
+    source longer than max_len."""
+    cfg = session.config
+    try:
+        lines = [(n, line.strip()) for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
+                 if line.strip()][:SAMPLE_LINES]
+    except (OSError, UnicodeDecodeError) as e:
+        raise XformError(f"--sample-file {path}: unreadable ({e})") from None
+    if not lines:
+        raise XformError(f"--sample-file {path}: no sentences (the file is empty or blank)")
+    rows: list[list[int]] = []
+    for n, line in lines:
+        if session.tokenizer is not None:
+            rows.append(session.encode_text(line))
+            continue
+        try:
+            row = [int(t) for t in line.split()]
+        except ValueError:
+            raise XformError(f"--sample-file {path} line {n}: this bundle has no tokenizer, so a line is token "
+                             f"ids separated by spaces; found {line[:40]!r}") from None
+        bad = [i for i in row if not 0 <= i < cfg["src_vocab_size"]]
+        if bad:
+            raise XformError(f"--sample-file {path} line {n}: ids {bad[:3]} outside the source vocabulary of "
+                             f"{cfg['src_vocab_size']}")
+        rows.append(row)
+    long = [n for (n, _), r in zip(lines, rows) if len(r) > cfg["max_len"]]
+    if long:
+        raise XformError(f"--sample-file {path} line {long[0]}: longer than the model's max_len {cfg['max_len']} "
+                         f"({len(long)} such lines)")
+    lengths = np.array([len(r) for r in rows], np.int64)
+    src = np.full((len(rows), int(lengths.max())), cfg["pad_id"], np.int64)
+    for i, r in enumerate(rows):
+        src[i, :len(r)] = r
+    return src, lengths

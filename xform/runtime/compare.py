@@ -46,18 +46,32 @@ class CheckReport:
     logprob_drop: float | None = None  # mean nats a token eager's decodes lose under the backend
     min_decode_agreement: float = 0.0
     max_logprob_drop: float = float("inf")
+    # what the sources were: "sentences" (given text or ids: a sample file, --text, --input-file) or
+    # "random" token ids, out of distribution for a trained model, where a reduced precision's whole
+    # decodes (and near-ties) are chaotic in any precision: only gross breakage is judged on them
+    sources: str = "sentences"
+    # BLEU and chrF of the backend's translations against eager PyTorch's (sacreBLEU, when installed)
+    bleu_vs_eager: float | None = None
+    chrf_vs_eager: float | None = None
+
+    @property
+    def gross_only(self) -> bool:
+        """Judged for gross breakage only: a reduced precision on random sources."""
+        return self.sources == "random" and self.precision != "fp32"
 
     @property
     def passed(self) -> bool:
         by_decodes = self.judged_by == "decodes"  # then logit errors and beam scores are reported, not judged
-        beams_ok = self.beam_hypotheses_identical is None or (
+        agreement = GROSS_TOKEN_AGREEMENT if self.gross_only else self.min_token_agreement
+        beams_ok = self.beam_hypotheses_identical is None or self.gross_only or (
             (by_decodes or self.beam_scores_within) and self.beam_hypotheses_identical >= self.min_token_agreement)
         if by_decodes:
-            judged = (self.decode_agreement is not None and self.decode_agreement >= self.min_decode_agreement
-                      and self.logprob_drop is not None and self.logprob_drop <= self.max_logprob_drop)
+            judged = (self.logprob_drop is not None and self.logprob_drop <= self.max_logprob_drop
+                      and (self.gross_only or (self.decode_agreement is not None
+                                               and self.decode_agreement >= self.min_decode_agreement)))
         else:
             judged = self.min_passing_atol <= self.atol
-        return not self.nonfinite and self.token_agreement >= self.min_token_agreement and beams_ok and judged
+        return not self.nonfinite and self.token_agreement >= agreement and beams_ok and judged
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -185,6 +199,12 @@ class Tolerance:
 
 
 DECODE_SOURCES = 64  # sources a check decodes when judging by decodes and no text is given
+# Random token ids are no trained model's input: its decodes of them are chaotic in any precision
+# (a faithful int8 Marian decodes its own task's sentences exactly like eager, random ids only 85%
+# alike). On them a reduced precision is judged for what no working quantization does: NaNs, eager's
+# tokens losing more than max_logprob_drop nats (a weight scale off by a factor), teacher-forced
+# greedy choices agreeing less often than this.
+GROSS_TOKEN_AGREEMENT = 0.75
 
 
 # DESIGN section 4. One table, read by export verification and by --check. A beam score sums up to
