@@ -318,6 +318,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
 
     results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
                                       max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
+                                      max_rows=batching.max_rows,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
                                       src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
                                       replace_unknowns=replace_unknowns, vocab_map=vocab_map)
@@ -419,7 +420,7 @@ def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | Non
               f"{counts[1] / seconds:,.0f} tokens/s)")
 
 
-def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead):
+def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows=None):
     """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
     combinations are usage errors."""
     from xform.errors import InputError
@@ -428,7 +429,7 @@ def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead):
     if batch_type is None:
         batch_type = "examples" if max_batch_tokens is None else "tokens"
     try:
-        return Batching(batch_type, batch_size, max_batch_tokens, read_ahead)
+        return Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     except InputError as e:
         raise click.UsageError(str(e)) from None
 
@@ -610,6 +611,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                    "(tokens, implied by --max-batch-tokens).")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), default=None,
               help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs alone).")
+@click.option("--max-batch-rows", "max_rows", type=click.IntRange(min=1), default=None,
+              help="Decoder rows per batch, lines x beams (or samples), whatever the batch type (default 256): "
+                   "bounds a batch's logits and K/V cache, so memory does not grow with a window of short lines.")
 @click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
               help="Batches' worth of lines read, sorted by length and decoded before their results are written.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
@@ -662,7 +666,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--force", is_flag=True, help="Replace an existing --json report (only a report xform wrote).")
 @generation_options
 @handle_errors
-def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, read_ahead,
+def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
+        read_ahead,
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
         iters, json_path, force,
@@ -695,7 +700,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     if json_path is not None:
         check_json_target(json_path, force, json_inputs)
     settings = generation_settings(greedy, num_beams, early_stopping, **settings)
-    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead)
+    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
     if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
         raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")

@@ -169,3 +169,41 @@ def test_plan_ties_keep_input_order_and_batch_size_also_limits_token_batches():
     assert plan(lengths, Batching("tokens", max_batch_tokens=15)) == [[3], [1, 4, 0], [2, 5]]
     assert plan(lengths, Batching("tokens", 2, max_batch_tokens=15)) == [[3], [1, 4], [0, 2], [5]]
     assert plan([40, 2, 2], Batching("tokens", max_batch_tokens=8)) == [[0], [1, 2]]
+
+
+def test_plan_counts_decoder_rows_lines_x_beams():
+    """A token budget alone let short lines at beam 4 fill 1,024 rows; rows are counted as lines x
+    the rows each decodes, a single line always runs."""
+    from xform.runtime.batching import DEFAULT_MAX_ROWS
+    short = [3] * 1000
+    assert max(map(len, plan(short, Batching("tokens", max_batch_tokens=4096), per_line=4))) == DEFAULT_MAX_ROWS // 4
+    assert [len(b) for b in plan(short[:10], Batching("tokens", max_batch_tokens=4096, max_rows=8), 4)] == [2] * 5
+    assert plan([5, 5], Batching(max_rows=3), per_line=4) == [[0], [1]]  # more rows than the limit: alone
+    assert plan([5, 5, 5], Batching(batch_size=2, max_rows=100), per_line=4) == [[0, 1], [2]]  # lines still limit
+
+
+def test_a_file_of_short_lines_at_beam_4_stays_within_the_row_budget(demo, monkeypatch):
+    """Memory is bounded by the plan: the backend never holds more decoder rows (its logits and K/V
+    buffers are allocated per row) than --max-batch-rows, however short the lines and large the
+    token budget; the translations are still each line's alone."""
+    backend = demo.backend
+    rows_seen = []
+    original = backend.buffers
+
+    def spy(R, S, positions=None):
+        rows_seen.append(R)
+        return original(R, S, positions)
+
+    monkeypatch.setattr(backend, "buffers", spy)
+    lines = [str(n) for n in range(1, 61)]  # 60 short lines: 2 or 3 source tokens each
+    gen = demo.generation_config(MAX_NEW, num_beams=4)
+    results = list(demo.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=10_000, max_rows=24))
+    assert rows_seen and max(rows_seen) <= 24, rows_seen
+    assert backend.logits_buf is None or backend.logits_buf.shape[0] <= 24
+    for line, (_, targets, error) in zip(lines[:8], results):
+        assert error is None and targets == demo.translate([line], max_new_tokens=MAX_NEW, num_beams=4)
+
+
+def test_a_bad_row_limit_fails_at_the_call(demo):
+    with pytest.raises(InputError, match=r"max_rows \(--max-batch-rows\) must be an integer >= 1"):
+        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), max_rows=0)

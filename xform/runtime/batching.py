@@ -17,8 +17,12 @@ from xform.errors import InputError
 T = TypeVar("T")
 BATCH_TYPES = ("examples", "tokens")
 DEFAULT_BATCH_SIZE = 32  # lines per batch with batch_type "examples" when none is given
+# decoder rows (lines x beams, or x samples) a batch holds at most unless told otherwise: the
+# (rows, vocab) logits and the rows' K/V cache are what a batch's memory grows with, so a token
+# budget alone let a window of short lines at beam 4 decode 1,024 rows at once (docs/benchmarks.md)
+DEFAULT_MAX_ROWS = 256
 FLAGS = {"batch_type": "--batch-type", "batch_size": "--batch-size", "max_batch_tokens": "--max-batch-tokens",
-         "read_ahead": "--read-ahead"}
+         "read_ahead": "--read-ahead", "max_rows": "--max-batch-rows"}
 
 
 def named(param: str) -> str:
@@ -35,15 +39,19 @@ class Batching:
     limits the lines (a TensorRT engine's profile batch, say).
     read_ahead: batches' worth of lines read, sorted and decoded together (a window): read_ahead
     x batch_size lines, or with tokens read_ahead x max_batch_tokens source tokens.
+    max_rows: decoder rows per batch, lines x the rows each decodes (beams, or samples), whatever
+    the batch type (default DEFAULT_MAX_ROWS); a single line always runs. With it a batch's
+    memory is bounded whatever the sentence lengths.
     """
     batch_type: str = "examples"
     batch_size: int | None = None
     max_batch_tokens: int | None = None
     read_ahead: int = 8
+    max_rows: int | None = None
 
     def __post_init__(self):
         problems = [f"{named(name)} must be an integer >= 1, got {getattr(self, name)!r}"
-                    for name in ("batch_size", "max_batch_tokens", "read_ahead")
+                    for name in ("batch_size", "max_batch_tokens", "read_ahead", "max_rows")
                     if getattr(self, name) is not None and not whole(getattr(self, name))]
         if self.batch_type not in BATCH_TYPES:
             problems.append(f"{named('batch_type')} must be examples or tokens, got {self.batch_type!r}")
@@ -61,10 +69,17 @@ class Batching:
             return DEFAULT_BATCH_SIZE
         return self.batch_size
 
-    def fits(self, rows: int, longest: int) -> bool:
-        """Whether `rows` sources, the longest of `longest` tokens, are within a batch's limits."""
+    @property
+    def rows_limit(self) -> int:
+        return self.max_rows if self.max_rows is not None else DEFAULT_MAX_ROWS
+
+    def fits(self, rows: int, longest: int, per_line: int = 1) -> bool:
+        """Whether `rows` sources, the longest of `longest` tokens, each decoding `per_line` rows
+        (beams or samples), are within a batch's limits."""
         lines = self.lines_per_batch
         if lines is not None and rows > lines:
+            return False
+        if rows * per_line > self.rows_limit:
             return False
         if self.batch_type == "examples":
             return True
@@ -102,14 +117,15 @@ def windows(items: Iterable[T], size: Callable[[T], int], batching: Batching) ->
         yield window
 
 
-def plan(lengths: list[int], batching: Batching) -> list[list[int]]:
+def plan(lengths: list[int], batching: Batching, per_line: int = 1) -> list[list[int]]:
     """Indices into `lengths` (source token counts) grouped into batches: longest first (ties in
-    input order), each batch within the limits, a single source past max_batch_tokens alone."""
+    input order), each batch within the limits (`per_line`: the decoder rows a source decodes), a
+    single source past max_batch_tokens or the row limit alone."""
     batches: list[list[int]] = []
     batch: list[int] = []
     longest = 0
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if batch and not batching.fits(len(batch) + 1, max(longest, lengths[i])):
+        if batch and not batching.fits(len(batch) + 1, max(longest, lengths[i]), per_line):
             batches.append(batch)
             batch, longest = [], 0
         batch.append(i)

@@ -375,7 +375,7 @@ class Session:
 
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
-                        on_batch: Callable[[int, int], None] | None = None,
+                        max_rows: int | None = None, on_batch: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
                         src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
                         replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None
@@ -386,7 +386,8 @@ class Session:
         Lines are read `read_ahead` batches' worth at a time (a window; memory holds one); a
         window is sorted by source length, cut into batches (`batch_type` examples: `batch_size`
         lines, default 32; tokens: at most `max_batch_tokens` padded source tokens, see
-        batching.Batching), decoded, and its results yielded in input order. A blank line
+        batching.Batching; `max_rows`: decoder rows, lines x beams or samples, default
+        batching.DEFAULT_MAX_ROWS), decoded, and its results yielded in input order. A blank line
         translates to nothing without decoding; a line that cannot be translated (not UTF-8, a
         word outside a vocabulary without <unk>, longer than max_len) gets its error and the
         other lines are translated. `on_batch(lines, tokens)`, when given, is called as lines
@@ -406,7 +407,7 @@ class Session:
         reported through `on_warning`. Bad settings raise InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead)  # checked now, not at next()
+        batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)  # checked now
         if src_lang is not None:
             self.check_src_lang(src_lang)  # an unknown language is refused at the call
         if replace_unknowns:
@@ -486,7 +487,8 @@ class Session:
         decoded in batches of like length."""
         todo = [(i, ids) for i, (_, ids, _, _) in enumerate(window) if ids is not None]
         done: dict[int, list[Translation]] = {}
-        for batch in plan([len(ids) for _, ids in todo], batching):
+        per_line = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences  # decoder rows a line
+        for batch in plan([len(ids) for _, ids in todo], batching, per_line):
             rows = [todo[j][0] for j in batch]
             prefixes = [window[i][3] for i in rows]
             texts = [window[i][0] for i in rows]
