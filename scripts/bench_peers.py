@@ -41,7 +41,10 @@ import numpy as np
 THREADS = 2
 NEW_TOKENS = 64
 # the model's ids, set by set_model: (vocabulary, pad, eos, unk, first and end of the content ids)
-MODELS = {"marian-base": (32000, 31999, 0, 1, 2, 31999), "nllb-600m": (256206, 1, 2, 3, 4, 256098)}
+# (the last PIECES content ids are the placeholder sentencepiece model's pieces, which xform's import
+# requires the vocabulary to hold: random sources stop short of them)
+PIECES = 9
+MODELS = {"marian-base": (32000, 31999, 0, 1, 2, 31999 - PIECES), "nllb-600m": (256206, 1, 2, 3, 4, 256098 - PIECES)}
 MODEL = "marian-base"
 VOCAB, PAD, EOS, UNK, FIRST, END = MODELS[MODEL]
 TITLES = {"marian-base": "Marian Transformer-base", "nllb-600m": "NLLB-200-distilled-600M-shaped M2M100"}
@@ -86,37 +89,54 @@ def build_model(work: Path) -> Path:
 def write_synthetic_tokenizer(hf: Path) -> None:
     """vocab.json t0..t31999 with </s>, <unk>, <pad> at Marian's ids; placeholder sentencepiece models
     (MarianTokenizer, which CTranslate2's converter reads the vocabulary through, needs them to load)."""
-    import sentencepiece as spm
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
     for tok, i in (("</s>", EOS), ("<unk>", UNK), ("<pad>", PAD)):
         del vocab[f"t{i}"]
         vocab[tok] = i
+    buf = placeholder_spm()
+    vocab = {**{t: i for t, i in vocab.items() if not END <= i < END + PIECES}, **spm_pieces(buf, END)}
     (hf / "vocab.json").write_text(json.dumps(vocab))
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf, vocab_size=12,
-                                   minloglevel=2)
     for side in ("source", "target"):
         (hf / f"{side}.spm").write_bytes(buf.getvalue())
     (hf / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512, "separate_vocabs": False}))
+
+
+def placeholder_spm() -> io.BytesIO:
+    """A tiny sentencepiece model (the tokenizers need one to load; the benchmarks feed ids)."""
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf, vocab_size=12,
+                                   minloglevel=2)
+    return buf
+
+
+def spm_pieces(buf: io.BytesIO, first: int) -> dict[str, int]:
+    """The placeholder model's pieces (its control and unknown symbols aside) at ids first, first + 1, ..."""
+    import sentencepiece as spm
+
+    proc = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())
+              if not (proc.is_control(i) or proc.is_unknown(i))]
+    assert len(pieces) == PIECES, pieces
+    return {p: first + j for j, p in enumerate(pieces)}
 
 
 def build_nllb(work: Path) -> Path:
     """scripts/nllb_scale.py's model (built there if missing) with an M2M100Tokenizer vocabulary of
     synthetic tokens: vocab.json holds <s> <pad> </s> <unk> and t4 .. t256097; M2M100 adds 100
     language tokens and 8 made-up words after them, 256,206 ids in all."""
-    import sentencepiece as spm
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from nllb_scale import build
 
     hf = build(work)
     if not (hf / "vocab.json").exists():
-        vocab = {"<s>": 0, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, **{f"t{i}": i for i in range(FIRST, END)}}
+        buf = placeholder_spm()
+        vocab = {"<s>": 0, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, **{f"t{i}": i for i in range(FIRST, END)},
+                 **spm_pieces(buf, END)}
         (hf / "vocab.json").write_text(json.dumps(vocab))
-        buf = io.BytesIO()
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf,
-                                       vocab_size=12, minloglevel=2)
         (hf / "sentencepiece.bpe.model").write_bytes(buf.getvalue())
     if not (hf / "tokenizer_config.json").exists():
         from xform.models.bart_family import M2M100_LANGUAGES
