@@ -34,23 +34,30 @@ class Request:
 class LoadMix:
     """Requests drawn from a seeded generator; `streaming`: whether NAME-stream exists (in-flight)."""
 
-    def __init__(self, session, seed: int = 0, streaming: bool = True, cap: int = 24):
+    def __init__(self, session, seed: int = 0, streaming: bool = True, cap: int = 24, cancel: float = 0.05):
+        """`cancel`: the share of requests that are long streams cancelled after their first token.
+        Cancelling only long decodes keeps the cancellation away from the final response: Triton
+        2.51 (nvidia-pytriton 0.7.0's) can crash when a gRPC cancellation races a request's
+        completion (triton-inference-server/server#7840, fixed in r24.12; docs/serving.md)."""
         self.rng = np.random.default_rng(seed)
-        self.streaming = streaming
+        self.streaming, self.cancel = streaming, cancel
         self.cap = min(cap, session.config["max_len"] - 4)  # room for a prefix
 
     def request(self) -> Request:
         rng = self.rng
+        if self.streaming and rng.random() < self.cancel:  # eight-word numbers, cut after the first word
+            text = " ".join(str(int(rng.integers(10**5, 10**6))) for _ in range(4))
+            return Request(text=text, num_beams=1, max_new_tokens=self.cap, transport="stream", stream=True,
+                           cancel_after=1)
         text = str(int(rng.integers(0, 10 ** int(rng.integers(1, 9)))))
         beams = int(rng.choice([1, 1, 2, 3, 4, 5]))
         transport = str(rng.choice(["http", "grpc", "stream", "stream"] if self.streaming else ["http", "grpc"]))
-        stream = transport == "stream" and beams == 1 and bool(rng.random() < 0.7)
         return Request(
             text=text, num_beams=beams, max_new_tokens=int(rng.integers(1, self.cap + 1)), transport=transport,
             prefix=str(rng.choice(PREFIXES)) if rng.random() < 0.25 else None,
             repetition_penalty=1.3 if rng.random() < 0.2 else None,
             no_repeat_ngram_size=2 if rng.random() < 0.2 else None,
-            stream=stream, cancel_after=1 if stream and rng.random() < 0.2 else None)
+            stream=transport == "stream" and beams == 1 and bool(rng.random() < 0.7))
 
 
 def inputs(mod, req: Request, stream_input: bool = False) -> list:

@@ -48,9 +48,9 @@ def tree_rss_mib(pid: int) -> float:
 
 
 class Soak:
-    def __init__(self, session, server, name: str, clients: int, think: float, seed: int):
+    def __init__(self, session, server, name: str, clients: int, think: float, seed: int, cancel: float):
         self.session, self.server, self.name = session, server, name
-        self.mix = LoadMix(session, seed=seed, streaming=True)
+        self.mix = LoadMix(session, seed=seed, streaming=True, cancel=cancel)
         self.lock = threading.Lock()
         self.decoding = threading.Lock()  # one Session decodes one batch at a time: not thread-safe
         self.latencies: list[float] = []
@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--think", type=float, default=0.2, help="seconds a client waits between its requests")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cancel", type=float, default=0.0,
+                    help="share of requests cancelled mid-stream over gRPC (Triton 2.51 can crash on them: docs)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -138,12 +140,12 @@ def main() -> None:
                               bls_threads=options.bls_threads).start(prepare=lambda m: None)
         try:
             soak = Soak(xform.load(bundle, backend="ort", threads=1), server, model.name, args.clients, args.think,
-                        args.seed)
+                        args.seed, args.cancel)
             samples = soak.run(args.minutes, args.every)
         finally:
             server.stop()
     settled = samples[1:] or samples
-    report = {"minutes": args.minutes, "clients": args.clients, "think_s": args.think,
+    report = {"minutes": args.minutes, "clients": args.clients, "think_s": args.think, "cancel": args.cancel,
               "requests": sum(s["requests"] for s in samples), "errors": sum(s["errors"] for s in samples),
               "rss_first_mib": samples[0]["rss_mib"], "rss_settled_mib": settled[0]["rss_mib"],
               "rss_last_mib": samples[-1]["rss_mib"], "rss_max_mib": max(s["rss_mib"] for s in samples),
