@@ -914,19 +914,22 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds a stop lets requests in flight finish (new ones are refused) before tritonserver and "
+                   "its stubs are killed; set it below your supervisor's own (Kubernetes' "
+                   "terminationGracePeriodSeconds, systemd's TimeoutStopSec).")
 @triton_model_options
 @handle_errors
 def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
-          metrics_port: int, **options) -> None:
-    """Serve BUNDLE on Triton Inference Server until Ctrl-C (with --prepare: prepare, then exit).
+          metrics_port: int, grace: float, **options) -> None:
+    """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
 
-    tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel.
+    tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel. Exit codes: 0
+    stopped by a signal (SIGINT, SIGTERM, SIGHUP); 1 tritonserver did not start, died, or a model's
+    stub died (the message says which and where Triton's log is kept); 2 bad flags.
     """
-    import signal
-    import tempfile
-
-    from xform.serving.repository import model_names, write_model
-    from xform.serving.server import TritonServer, find_triton
+    from xform.serving.lifecycle import Stopper
+    from xform.serving.server import find_triton
 
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
@@ -939,45 +942,58 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
         return
     if bundle is None:
         raise click.UsageError("missing BUNDLE (or --prepare)")
+    with Stopper() as stopper:  # from the first moment: a stop while starting stops what was started
+        serve_bundle(bundle, wheel_dir, host, (http_port, grpc_port, metrics_port), grace, options, stopper)
+
+
+def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[int, int, int], grace: float,
+                 options: dict, stopper) -> None:
+    """`xform serve`'s run: write the models, start tritonserver, watch it until a stop or a death,
+    stop it (always), and say how it ended."""
+    import tempfile
+
+    from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
+    from xform.serving.repository import model_names, write_model
+    from xform.serving.server import ServerError, StopRequested, TritonServer, find_triton
 
     with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
         opts = model_options(**options)
         model = write_model(bundle, Path(tmp) / "models", opts, reference=True)
         names = model_names(model.name, opts)
-        server = TritonServer(Path(tmp) / "models", names, host, http_port, grpc_port, metrics_port,
-                              log_path=Path(tmp) / "tritonserver.log", bls_threads=opts.bls_threads)
-
-        def ask_stop(signum, frame):  # SIGTERM stops the server as Ctrl-C does
-            raise KeyboardInterrupt
-
-        with err.status(f"starting tritonserver for {model.name}"):
-            server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
-            server.start()
-        process = server.process
-        assert process is not None  # start() launched it, or raised
-        # SIGINT too: a shell starting `xform serve ... &` leaves SIGINT ignored, and Python then
-        # never raises KeyboardInterrupt for it
-        previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        server = stopper.server = TritonServer(Path(tmp) / "models", names, host, *ports,
+                                               log_path=Path(tmp) / "tritonserver.log", bls_threads=opts.bls_threads,
+                                               grace=grace)
+        outcome, what = STOPPED, ""
         try:
-            out.print(f"serving model [bold]{model.name}[/] ({server.install.source} tritonserver, "
-                      f"pid {process.pid}); Ctrl-C stops it")
-            out.print(f"  HTTP    {server.http_url}/v2/models/{model.name}/infer")
-            out.print(f"  gRPC    {host}:{grpc_port}")
-            if len(names) > 1:
-                out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
-                          f"to {names[1]})")
-            out.print(f"  metrics http://{host}:{metrics_port}/metrics")
-            while process.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
+            with err.status(f"starting tritonserver for {model.name}"):
+                server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+                if not stopper.requested:
+                    server.start(should_stop=lambda: stopper.requested)
+            if not stopper.requested:
+                print_endpoints(server, model.name, names)
+                outcome, what = watch(server, stopper)
+        except StopRequested:
             pass
+        except ServerError as e:
+            outcome, what = "failed", str(e).split("; its log", 1)[0].split("\n", 1)[0]
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the server
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            crashed = process.poll()
             code = server.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        if crashed is not None:
-            raise XformError(f"tritonserver exited with code {crashed}; its log ended:\n{server.log_tail()}")
-        out.print(f"stopped tritonserver (exit code {code})")
+        if outcome != STOPPED:
+            kept = keep_log(server)
+            cause = first_error(server)
+            raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
+                             f"{f'; Triton log kept at {kept}' if kept else ''}")
+    out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
+              f"(exit code {code})")
+
+
+def print_endpoints(server, name: str, names: list[str]) -> None:
+    process = server.process
+    out.print(f"serving model [bold]{name}[/] ({server.install.source} tritonserver, pid {process.pid}); Ctrl-C "
+              "stops it")
+    out.print(f"  HTTP    {server.http_url}/v2/models/{name}/infer")
+    out.print(f"  gRPC    {server.host}:{server.grpc_port}")
+    if len(names) > 1:
+        out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
+                  f"to {names[1]})")
+    out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")

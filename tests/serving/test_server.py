@@ -270,8 +270,8 @@ def test_xform_serve_runs_until_ctrl_c(demo_bundle, stop, ignored_at_start):
     finally:
         if proc.poll() is None:
             proc.kill()
-        still_running = subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}"], capture_output=True).returncode
-        subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={http_port}"])  # even when the test failed
+        still_running = subprocess.run(["pgrep", "-f", "--", f"--http-port={http_port}( |$)"], capture_output=True).returncode
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={http_port}( |$)"])  # even when the test failed
     assert still_running == 1, "tritonserver outlived xform serve"
 
 

@@ -43,6 +43,41 @@ class ServerError(XformError):
     pass
 
 
+class StopRequested(Exception):
+    """A stop was asked for (a signal) while tritonserver was starting."""
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the process that started it dies, however it
+    dies (SIGKILL included, where no handler runs); Linux only, nothing elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (tritonserver's: itself and its backend stubs)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 @dataclass(frozen=True)
 class TritonInstall:
     binary: Path
@@ -153,6 +188,7 @@ class TritonServer:
     log_path: Path | None = None
     install: TritonInstall | None = None
     bls_threads: int | None = None  # the Python backend's thread pool (in-flight relays hold one each)
+    grace: float = 30.0  # a stop lets requests in flight finish this long (Triton's --exit-timeout-secs)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -167,25 +203,38 @@ class TritonServer:
                f"--http-address={self.host}", f"--http-port={self.http_port}",
                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
-               "--exit-on-error=true", "--log-verbose=0"]
+               "--exit-on-error=true", "--log-verbose=0", f"--exit-timeout-secs={max(0, round(self.grace))}"]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if self.bls_threads is not None:
             cmd.append(f"--backend-config=python,thread-pool-size={self.bls_threads}")
         return cmd
 
-    def start(self, timeout: float = 180.0, prepare=print) -> "TritonServer":
+    def start(self, timeout: float = 180.0, prepare=print, should_stop=lambda: False) -> "TritonServer":
+        """Launch tritonserver and wait until it and its models are ready. `should_stop()` is asked
+        while waiting: True stops the server and raises StopRequested. Busy ports are refused
+        before anything starts."""
         self.install = self.install or find_triton(prepare)
+        busy = [f"--{name}-port {port}" for name, port in (("http", self.http_port), ("grpc", self.grpc_port),
+                                                            ("metrics", self.metrics_port))
+                if port_in_use(self.host, port)]
+        if busy:
+            raise ServerError(f"{', '.join(busy)}: in use on {self.host} (another server, or an xform serve still "
+                              "running?): stop it or choose other ports")
         self.log_path = self.log_path or self.repo.parent / f"tritonserver-{self.http_port}.log"
         log = open(self.log_path, "wb")
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.install.env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if should_stop():
+                self.stop()
+                raise StopRequested()
             if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready; "
-                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+                self.kill_group()  # stubs it started before it died
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
+                                  f"{self.cause()}; its log ({self.log_path}) ends:\n{self.log_tail()}")
             if self.ready():
                 return self
             time.sleep(0.25)
@@ -216,17 +265,43 @@ class TritonServer:
         tail = [line for line in text[-lines:] if line not in errors]
         return "\n".join(errors + (["..."] if errors and tail else []) + tail)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (Triton unloads its models and exits), then SIGKILL to the process group."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGINT)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
+    def cause(self) -> str:
+        """What Triton's log says went wrong at start-up, in a few words, or ''."""
+        text = self.log_tail(200) if self.log_path is not None else ""
+        if "already in use" in text or "Address in use" in text:
+            return " (a port is already in use: stop what holds it or choose other ports)"
+        if "failed to load" in text:
+            return " (a model failed to load: the reason is in the log)"
+        return ""
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGINT (Triton refuses new requests, lets those in flight finish for its exit timeout,
+        unloads its models and exits), then after `timeout` (default: the grace) SIGKILL to the
+        process group; the group is killed at the end in any case, so that no backend stub of a
+        Triton that died outlives it."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(self.grace if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_group()
+        code = self.process.wait()
+        self.kill_group()
+        return code
+
+    def kill_group(self) -> None:
+        """SIGKILL to tritonserver's process group (itself and its stubs), now."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
+
+    def stubs(self) -> list[int]:
+        """The pids of the backend stubs tritonserver runs (its process group, itself aside)."""
+        if self.process is None:
+            return []
+        return [p for p in group_members(self.process.pid) if p != self.process.pid]
 
     def __enter__(self) -> "TritonServer":
         return self

@@ -1,0 +1,96 @@
+"""What `xform serve` owns from launch to exit: signals, the watch over tritonserver and its
+backend stubs, and the log that outlives the run when something went wrong.
+
+- A stop (SIGINT, SIGTERM, SIGHUP: Ctrl-C, `kill`, systemd or Kubernetes stopping it, the shell
+  going away) is a flag from the moment serve begins, before tritonserver exists: starting is
+  abandoned, or the running server gets SIGINT, refuses new requests (Triton answers them
+  "unavailable"), lets those in flight finish for the grace period, and is SIGKILLed with its
+  stubs after it. A second signal kills at once. Exit code 0.
+- tritonserver dying on its own, or one of its Python-backend stubs dying (Triton 2.51 does not
+  restart a dead stub and keeps reporting the model ready, answering every request to it with an
+  error): the server is stopped and serve exits 1, naming what died and where Triton's log is
+  kept, so that a supervisor restarts it.
+- tritonserver is started with PR_SET_PDEATHSIG (server.die_with_parent): if serve itself is
+  SIGKILLed, the kernel kills tritonserver too, and its stubs exit when they find it gone.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from xform.serving.server import TritonServer
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED, DIED, STUB_DIED = "stop", "died", "stub"
+
+
+class Stopper:
+    """The stop signals as a flag, installed for a `with` block: the first asks for a stop, a second
+    one SIGKILLs the server (`server`, once there is one) without waiting for its grace."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.server: TritonServer | None = None
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> "Stopper":
+        # SIGINT too: a shell starting `xform serve ... &` leaves SIGINT ignored
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def handle(self, signum: int, frame) -> None:
+        if self.signum is not None and self.server is not None:  # a second signal: no more grace
+            self.server.kill_group()
+        self.signum = self.signum or signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25) -> tuple[str, str]:
+    """Wait until a stop is asked for, tritonserver exits, or one of its stubs dies; returns
+    (STOPPED | DIED | STUB_DIED, what happened, in words)."""
+    process = server.process
+    assert process is not None  # started
+    stubs = set(server.stubs())
+    while True:
+        if stopper.requested:
+            return STOPPED, f"stopped on {stopper.name}"
+        if process.poll() is not None:
+            return DIED, f"tritonserver exited on its own with code {process.returncode}"
+        now = set(server.stubs())
+        if stubs - now:
+            return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, sorted(stubs - now)))}) died: "
+                               "Triton does not restart it and would answer every request to its model with an error")
+        stubs |= now
+        time.sleep(poll)
+
+
+def keep_log(server: TritonServer) -> Path | None:
+    """A copy of Triton's log where it outlives serve's temporary directory."""
+    if server.log_path is None or not server.log_path.is_file():
+        return None
+    kept = Path(tempfile.gettempdir()) / f"xform-serve-{server.http_port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    shutil.copyfile(server.log_path, kept)
+    return kept
+
+
+def first_error(server: TritonServer) -> str:
+    """Triton's first error line (why a model did not load, a port it could not bind), without its
+    timestamp prefix, or ''."""
+    for line in server.log_tail(400).splitlines():
+        if line.startswith("E") and line[1:5].isdigit():
+            return line.split("] ", 1)[-1].strip().strip('"')
+    return ""
