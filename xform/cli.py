@@ -859,7 +859,8 @@ def triton_model_options(fn):
                           "--backend trt or --vocab-map): Triton's dynamic batcher forms batches decoded to their "
                           "longest request."),
         click.option("--max-rows", type=click.IntRange(min=1), default=64, show_default=True,
-                     help="inflight: the most rows (sources x beams) the running batch holds; it bounds the cache."),
+                     help="The most decoder rows (sources x beams) one request may ask for; inflight, also the "
+                          "most the running batch holds: it bounds the cache and the logits."),
         click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
                      help="inflight: requests that may wait for rows; more are refused as overloaded."),
         click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import xform
-from xform.serving.handler import execute
+from xform.serving.handler import ServerFault, execute
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,17 @@ def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo
     good = {"text": text("40512")}
     out = execute(demo, [good, bad, good])
     assert isinstance(out[1], str) and fragment in out[1], out[1]
+    assert not isinstance(out[1], ServerFault)  # the request's fault: HTTP 400, not 500
     assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0] == b"forty thousand five hundred twelve"
+
+
+def test_a_backend_failure_is_the_servers_fault_and_too_many_rows_the_requests(demo, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("onnxruntime: out of memory")
+    assert "max_rows 8" in execute(demo, [{"text": text("1"), "num_beams": i32(9)}], max_rows=8)[0]
+    monkeypatch.setattr(demo, "generate", broken)
+    out = execute(demo, [{"text": text("40512")}])
+    assert isinstance(out[0], ServerFault) and "decoding failed: RuntimeError" in out[0]
 
 
 def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):

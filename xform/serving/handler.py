@@ -28,6 +28,27 @@ import numpy as np
 
 from xform.errors import InputError, XformError
 
+
+class ServerFault(str):
+    """An error message that is the server's, not the request's (Triton INTERNAL, HTTP 500); a plain
+    message is the request's fault (INVALID_ARG, HTTP 400)."""
+
+
+# The runtime's messages name the command line's flags; a request names its inputs
+FLAG_INPUTS = {"--tgt-lang": "tgt_lang", "--src-lang": "src_lang", "--replace-unknowns": "replace_unknowns",
+               "--num-beams": "num_beams", "--num-return-sequences": "num_return_sequences",
+               "--max-new-tokens": "max_new_tokens", "--target-prefix": "target_prefix", "--bad-words": "bad_words"}
+
+
+def request_message(message: str) -> str:
+    """A runtime error as a request's: its CLI flags named as the request inputs they are."""
+    message = message.replace("(--truncate cuts such lines)", "(send truncate=true to cut it)")
+    message = message.replace("(--truncate)", "(truncate)")
+    for flag, name in FLAG_INPUTS.items():
+        message = message.replace(f"input '{name}': {flag} ", f"input '{name}': ").replace(flag, f"'{name}'")
+    return message
+
+
 INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
           "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
           "replace_unknowns", "num_return_sequences", "return_alternatives", "return_attention")
@@ -132,8 +153,10 @@ def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None
     return src_lang, forced
 
 
-def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
-    """A request's tensors (None where absent) as a Job; InputError names the tensor at fault."""
+def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
+    """A request's tensors (None where absent) as a Job; InputError names the tensor at fault.
+    `max_rows`: the decoder rows (sources x beams or sequences) one request may ask for, so that no
+    request can make the server allocate beyond it."""
     src_lang, forced = languages(session, inputs)
     text, ids = inputs.get("text"), inputs.get("src_ids")
     if (text is None) == (ids is None):
@@ -171,6 +194,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
             src = np.array([session.truncated([int(i) for i in r if i != session.pad_id]) for r in src], dtype=object)
             src = session.pad(list(src))[0]
         name = "src_ids"
+    if name == "text" and src.shape[1] > session.config["max_len"]:
+        raise InputError(f"input 'text': {src.shape[1]} source tokens, more than the model's max_len "
+                         f"{session.config['max_len']} (send truncate=true to cut it)")
     try:
         src, lengths = session.prepare(np.ascontiguousarray(src), None)
     except InputError as e:
@@ -192,6 +218,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
         settings["bad_words_ids"] = [session.target_ids(w) for w in words]
         if any(not w for w in settings["bad_words_ids"]):
             raise InputError(f"input 'bad_words': a phrase gives no target tokens ({words})")
+        if any(len(w) > session.config["max_len"] for w in settings["bad_words_ids"]):
+            raise InputError(f"input 'bad_words': a phrase of more tokens than the model's max_len "
+                             f"{session.config['max_len']} (it could never be generated)")
     suppress = one_row("suppress_tokens", inputs.get("suppress_tokens"))
     if suppress:
         settings["suppress_tokens"] = [int(i) for i in suppress]
@@ -208,6 +237,13 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None]) -> Job:
         if len(texts) != len(rows):
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
+        if any(len(p) >= session.config["max_len"] for p in prefixes):
+            raise InputError(f"input 'target_prefix': more tokens than the model's max_len "
+                             f"{session.config['max_len']} leaves room for")
+    width = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences
+    if max_rows is not None and len(rows) * width > max_rows:
+        raise InputError(f"input '{'num_beams' if gen.strategy == 'beam' else name}': {len(rows)} rows x "
+                         f"{width} = {len(rows) * width} decoder rows, more than this model's max_rows {max_rows}")
     return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
                strings("text", text) if text is not None else None, replace, attention,
                greedy=prefixes is None and gen.strategy == "greedy" and not gen.forced_eos)
@@ -282,17 +318,18 @@ def decode_settings(job: Job) -> dict[str, Any]:
 
 
 def execute(session, requests: list[dict[str, np.ndarray | None]],
-            vocab_map=None) -> list[dict[str, np.ndarray] | str]:
+            vocab_map=None, max_rows: int | None = None) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
-    the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message. With
-    a `vocab_map` (the model's --vocab-map), text requests decode over what their sources allow."""
+    the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message (a
+    ServerFault when the server is at fault, else the request is). With a `vocab_map` (the model's
+    --vocab-map), text requests decode over what their sources allow."""
     results: list[Any] = [None] * len(requests)
     groups: dict[tuple, list[Job]] = {}
     for i, inputs in enumerate(requests):
         try:
-            job = parse(session, i, inputs)
+            job = parse(session, i, inputs, max_rows)
         except XformError as e:
-            results[i] = str(e)
+            results[i] = request_message(str(e))
             continue
         groups.setdefault(job.key(), []).append(job)
     for jobs in groups.values():
@@ -314,14 +351,14 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
                                                              for t in job.texts])
             out = session.generate(*session.pad(rows), vocabulary=vocabulary,
                                    **{**decode_settings(jobs[0]), "target_prefix": prefixes, **longest})
-        except XformError as e:  # a setting out of range for this bundle: every request that asked
+        except InputError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
                 name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
-                results[job.index] = f"input '{name}': {e}"
+                results[job.index] = request_message(f"input '{name}': {e}")
             continue
         except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
             for job in jobs:
-                results[job.index] = f"decoding failed: {type(e).__name__}: {e}"
+                results[job.index] = ServerFault(f"decoding failed: {type(e).__name__}: {e}")
             continue
         n = (len(out[0]) if isinstance(out, tuple) else len(out)) // len(rows)  # hypotheses a row
         start = 0

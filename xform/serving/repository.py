@@ -51,7 +51,7 @@ class ModelOptions:
     # inflight: NAME and NAME-stream share one running batch; dynamic: Triton's batches. None:
     # inflight, or dynamic where inflight cannot run (--backend trt, --vocab-map, no dynamic batching)
     scheduling: str | None = None
-    max_rows: int = 64  # inflight: the most rows (sources x beams) the running batch holds
+    max_rows: int = 64  # the most rows (sources x beams) a request asks for; inflight: the running batch holds
     max_queue: int = 256  # inflight: requests waiting beyond the running rows; more are refused (overloaded)
 
     @property
@@ -155,8 +155,9 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     params = {"role": role, "bundle": bundle_param, "backend": options.backend, "device": device,
               "threads": "" if options.threads is None else str(options.threads),
               "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}
+    params["max_rows"] = str(options.max_rows)  # the decoder rows one request may ask for (and in flight: all)
     if role == "engine":
-        params.update(max_rows=str(options.max_rows), max_queue=str(options.max_queue))
+        params.update(max_queue=str(options.max_queue))
     if role == "front":
         params = {"role": role, "engine": stream_model(name), "relays": str(options.bls_threads)}
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {options.max_batch}"]

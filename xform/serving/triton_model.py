@@ -30,10 +30,24 @@ def response(outputs):
     return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
 
 
-def error(message, unavailable=False):
-    if unavailable and hasattr(pb_utils.TritonError, "UNAVAILABLE"):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE))
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def error(message, kind="request"):
+    """An error response: `kind` request (the request's fault: INVALID_ARG, HTTP 400), server
+    (INTERNAL, 500) or unavailable (overloaded: UNAVAILABLE, 503). A ServerFault message is the
+    server's whatever `kind` says."""
+    from xform.serving.handler import ServerFault
+    kind = "server" if isinstance(message, ServerFault) else kind
+    code = getattr(pb_utils.TritonError, {"request": "INVALID_ARG", "server": "INTERNAL",
+                                          "unavailable": "UNAVAILABLE"}[kind], None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(error=error)
+
+
+def relayed_kind(message: str) -> str:
+    """The kind of an error the engine model answered (see `error`), from its message: the engine
+    writes server faults as `decoding failed: ...` or `xform: ...` and overload as `overloaded: ...`."""
+    if message.startswith(("decoding failed", "xform:")):
+        return "server"
+    return "unavailable" if message.startswith("overloaded") else "request"
 
 
 class Reply:
@@ -69,6 +83,7 @@ class TritonPythonModel:
         if not bundle.is_absolute():
             bundle = Path(args["model_repository"]) / args["model_version"] / bundle
         threads = int(params["threads"]) if params.get("threads") else None
+        self.max_rows = int(params["max_rows"]) if params.get("max_rows") else None  # rows one request may ask
         try:
             self.session = open_session(bundle, params["backend"], params["device"], threads)
         except XformError as e:  # the reason, without a traceback, in Triton's log and load status
@@ -95,7 +110,7 @@ class TritonPythonModel:
             return None
         inputs = [tensors_of(request) for request in requests]
         responses = []
-        for result in execute(self.session, inputs, self.vocab_map):
+        for result in execute(self.session, inputs, self.vocab_map, self.max_rows):
             responses.append(error(result) if isinstance(result, str) else response(result))
         return responses
 
@@ -106,14 +121,16 @@ class TritonPythonModel:
             call = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=self.outputs,
                                              inputs=inputs)
             for r in call.exec(decoupled=True):
-                if r.has_error():
-                    final = pb_utils.InferenceResponse(error=r.error())
+                if r.has_error():  # Triton 2.51's BLS drops the engine's error code: its message tells it
+                    message = r.error().message()
+                    final = error(message, relayed_kind(message))
                 elif r.output_tensors():
                     final = pb_utils.InferenceResponse(r.output_tensors())
         except Exception as e:  # noqa: BLE001 - the engine model is gone: this request fails, not the relay
-            final = error(f"xform: {self.engine}: {e}")
+            final = error(f"xform: {self.engine}: {e}", "server")
         try:
-            sender.send(final if final is not None else error(f"xform: {self.engine} sent no result"), flags=FINAL)
+            sender.send(final if final is not None else error(f"xform: {self.engine} sent no result", "server"),
+                        flags=FINAL)
         except Exception as e:  # noqa: BLE001 - the client is gone
             pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
 
@@ -155,7 +172,7 @@ class TritonPythonModel:
     def start(self, request):
         from xform.errors import XformError
         from xform.runtime.scheduler import OverloadedError
-        from xform.serving.handler import one_flag, parse
+        from xform.serving.handler import one_flag, parse, request_message
         from xform.serving.inflight import TextStream, submit
 
         sender = request.get_response_sender()
@@ -163,25 +180,25 @@ class TritonPythonModel:
         try:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
-            job = parse(self.session, 0, tensors)
+            job = parse(self.session, 0, tensors, self.max_rows)
             stream = TextStream(self.session, job, lambda o: self.outbox.put((reply, o))) if streaming else None
             future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
-            sender.send(error(str(e), unavailable=True), flags=FINAL)
+            sender.send(error(str(e), "unavailable"), flags=FINAL)
             return
         except XformError as e:
-            sender.send(error(str(e)), flags=FINAL)
+            sender.send(error(request_message(str(e))), flags=FINAL)
             return
         except Exception as e:  # noqa: BLE001 - this request fails; the others of the call still start
-            sender.send(error(f"xform: {type(e).__name__}: {e}"), flags=FINAL)
+            sender.send(error(f"xform: {type(e).__name__}: {e}", "server"), flags=FINAL)
             return
         self.watcher.add(future, request.is_cancelled)
         future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, sender))))
 
     def finish(self, future, job, sender):
-        from xform.errors import XformError
+        from xform.errors import InputError
         from xform.runtime.scheduler import Cancelled
-        from xform.serving.handler import job_outputs
+        from xform.serving.handler import job_outputs, request_message
 
         self.watcher.forget(future)  # waits for a question under way: none is asked after the answer
 
@@ -191,10 +208,10 @@ class TritonPythonModel:
             pb_utils.Logger.log_info("xform: a request was cancelled; its rows left the running batch")
             sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
             return
-        except XformError as e:
-            result = error(str(e))
+        except InputError as e:
+            result = error(request_message(str(e)))
         except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
-            result = error(f"decoding failed: {type(e).__name__}: {e}")
+            result = error(f"decoding failed: {type(e).__name__}: {e}", "server")
         sender.send(result, flags=FINAL)
 
     def finalize(self):
