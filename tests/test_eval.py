@@ -1,0 +1,90 @@
+"""`xform eval`: sacreBLEU's BLEU and chrF of a bundle's translations, against references and
+against a second system (eager PyTorch, another bundle); refusals by name."""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import xform
+from xform.cli import main
+
+sacrebleu = pytest.importorskip("sacrebleu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from train_demo import to_words  # noqa: E402
+
+NUMBERS = [7919 * n % 1000003 for n in range(1, 31)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Sources, and references with every fourth one wrong (so BLEU is below 100)."""
+    d = tmp_path_factory.mktemp("eval")
+    (d / "src.txt").write_text("".join(f"{n}\n" for n in NUMBERS))
+    refs = [to_words(n) if i % 4 else to_words(n + 1) for i, n in enumerate(NUMBERS)]
+    (d / "ref.txt").write_text("".join(r + "\n" for r in refs))
+    return d
+
+
+def run(*args):
+    r = CliRunner().invoke(main, ["eval", *map(str, args)])
+    return r.exit_code, r.output
+
+
+def test_scores_equal_sacrebleu_on_the_same_translations(demo_bundle, files, tmp_path):
+    code, output = run(demo_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
+                       "--json", tmp_path / "e.json")
+    assert code == 0, output
+    hyps = xform.load(demo_bundle).translate([str(n) for n in NUMBERS])
+    refs = (files / "ref.txt").read_text().splitlines()
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    assert data["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=1e-9)
+    assert 0 < data["bleu"] < 100 and data["lines"] == len(NUMBERS) and data["lines_per_s"] > 0
+    assert data["signature"]["bleu"].startswith("nrefs:1|") and "BLEU nrefs:1" in output
+
+
+def test_against_eager_is_identical_on_fp32(demo_bundle, files, tmp_path):
+    code, output = run(demo_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
+                       "--against", "eager", "--json", tmp_path / "e.json")
+    assert code == 0, output
+    data = json.loads((tmp_path / "e.json").read_text())
+    ours, eager = data["systems"]
+    assert data["identical"] == 1.0 and ours["bleu"] == eager["bleu"] and ours["chrf"] == eager["chrf"]
+    assert set(data["sentence_chrf_delta"]) == {0.0} and data["worst"] == []
+
+
+def test_int8_against_fp32_equals_the_same_figures_by_hand(demo_bundle, files, tmp_path):
+    from xform.exporter.export import export_bundle
+    int8 = export_bundle("demo", tmp_path / "demo8", precision="int8").path
+    code, output = run(int8, "--source", files / "src.txt", "--against", demo_bundle, "--num-beams", "2",
+                       "--json", tmp_path / "e.json")
+    assert code == 0, output
+    texts = [str(n) for n in NUMBERS]
+    a = xform.load(int8).translate(texts, num_beams=2)
+    b = xform.load(demo_bundle).translate(texts, num_beams=2)
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["bleu"] == pytest.approx(sacrebleu.corpus_bleu(a, [b]).score, abs=1e-9)  # fp32's as the reference
+    assert data["identical"] == pytest.approx(sum(x == y for x, y in zip(a, b)) / len(a))
+    assert data["generation"]["num_beams"] == 2
+    assert len(data["sentence_chrf_delta"]) == len(NUMBERS)
+
+
+def test_refusals_name_the_file(demo_bundle, files, tmp_path):
+    (tmp_path / "short.txt").write_text("one\n")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    code, output = run(demo_bundle, "--source", files / "src.txt", "--reference", tmp_path / "short.txt")
+    assert code == 1 and "--reference" in output and "1 lines for the 30 of --source" in output, output
+    code, output = run(demo_bundle, "--source", tmp_path / "empty.txt", "--reference", files / "ref.txt")
+    assert code == 1 and "empty.txt: empty" in output, output
+    code, output = run(demo_bundle, "--source", files / "src.txt")
+    assert code == 2 and "give --reference, --against, or both" in output, output
+    code, output = run(demo_bundle, "--source", files / "src.txt", "--against", tmp_path / "nope")
+    assert code == 1 and "expected eager or a bundle directory" in output, output
+    broken = tmp_path / "noref"
+    shutil.copytree(demo_bundle, broken)
+    shutil.rmtree(broken / "reference")
+    code, output = run(broken, "--source", files / "src.txt", "--against", "eager")
+    assert code == 1 and "reference" in output and "Traceback" not in output, output

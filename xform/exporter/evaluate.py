@@ -1,0 +1,139 @@
+"""`xform eval`: translation quality as MT measures it. A bundle translates a file; sacreBLEU scores
+it against reference translations (corpus BLEU with its signature, chrF), and, against a second
+system (eager PyTorch from the bundle's own reference weights, or another bundle) decoding the
+same file with the same settings, both systems' scores side by side, the share of identical
+translations and the sentence-level chrF differences. Without references, the second system's
+translations are the reference. In the exporter's layer because eager decoding needs the model.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from xform.errors import XformError
+from xform.runtime.decoding import GenerationConfig
+from xform.runtime.session import Session
+
+WORST = 10  # sentences printed where the bundle loses most against the other system
+
+
+def sacrebleu_module():
+    try:
+        import sacrebleu
+    except ImportError:
+        raise XformError("xform eval scores with sacreBLEU: pip install 'xform[eval]' (or pip install sacrebleu)"
+                         ) from None
+    return sacrebleu
+
+
+def read_lines(flag: str, path: Path) -> list[str]:
+    """The lines of a text file (UTF-8), refused by name when missing, unreadable or empty."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise XformError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise XformError(f"{flag} {path}: is a directory; expected a file of lines") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise XformError(f"{flag} {path}: unreadable ({e})") from None
+    if not any(line.strip() for line in lines):
+        raise XformError(f"{flag} {path}: empty (no line to translate or compare)")
+    return lines
+
+
+@dataclass
+class System:
+    name: str
+    translations: list[str]
+    seconds: float
+    bleu: float | None = None
+    chrf: float | None = None
+
+    @property
+    def lines_per_s(self) -> float:
+        return len(self.translations) / max(self.seconds, 1e-9)
+
+
+@dataclass
+class EvalReport:
+    source: str
+    reference: str | None  # the references' file; None: the other system's translations are the reference
+    systems: list[System]
+    bleu_signature: str = ""
+    chrf_signature: str = ""
+    identical: float | None = None  # share of lines both systems translate alike
+    sentence_chrf_delta: list[float] = field(default_factory=list)  # per line: bundle - other (vs reference)
+    worst: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        main = self.systems[0]
+        d.update(bleu=main.bleu, chrf=main.chrf, lines=len(main.translations), lines_per_s=main.lines_per_s,
+                 signature={"bleu": self.bleu_signature, "chrf": self.chrf_signature})
+        for s in d["systems"]:
+            s.pop("translations")
+        return d
+
+
+def translate_file(name: str, session: Session, lines: list[str], gen: GenerationConfig, src_lang: str | None,
+                   batch_size: int, on_batch: Callable[[int, int], None] | None = None) -> System:
+    """Each line's best translation (a blank line: blank); a line that cannot be translated is refused
+    with its number."""
+    start = time.perf_counter()
+    out = []
+    for n, (_, targets, error) in enumerate(session.translate_lines(lines, gen, batch_size, src_lang=src_lang,
+                                                                    on_batch=on_batch), 1):
+        if error is not None:
+            raise XformError(f"--source line {n}: {error}")
+        out.append(targets[0] if targets else "")
+    return System(name, out, time.perf_counter() - start)
+
+
+def evaluate(systems: list[System], references: list[str] | None, source: str, reference: str | None) -> EvalReport:
+    """Scores of each system against the references (or, without them, of the first against the
+    second); with two systems, their agreement and the sentence chrF differences."""
+    sacrebleu = sacrebleu_module()
+    refs = references if references is not None else systems[1].translations
+    scored = systems if references is not None else systems[:1]
+    report = EvalReport(source, reference, systems)
+    for s in scored:
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        s.bleu = float(bleu.corpus_score(s.translations, [refs]).score)
+        s.chrf = float(chrf.corpus_score(s.translations, [refs]).score)
+        report.bleu_signature, report.chrf_signature = str(bleu.get_signature()), str(chrf.get_signature())
+    if len(systems) == 2:
+        a, b = (s.translations for s in systems)
+        report.identical = sum(x == y for x, y in zip(a, b)) / len(a)
+        chrf = sacrebleu.metrics.CHRF()
+        if references is not None:
+            deltas = [chrf.sentence_score(x, [r]).score - chrf.sentence_score(y, [r]).score
+                      for x, y, r in zip(a, b, refs)]
+        else:  # how far each line is from the other system's: 0 where identical
+            deltas = [chrf.sentence_score(x, [y]).score - 100.0 for x, y in zip(a, b)]
+        report.sentence_chrf_delta = [round(float(d), 3) for d in deltas]
+        order = sorted(range(len(deltas)), key=lambda i: deltas[i])
+        report.worst = [{"line": i + 1, "chrf_delta": round(float(deltas[i]), 2), systems[0].name: a[i],
+                         systems[1].name: b[i], **({"reference": refs[i]} if references is not None else {})}
+                        for i in order[:WORST] if deltas[i] < 0]
+    return report
+
+
+def plot(report: EvalReport, path: Path) -> None:
+    """A histogram of the sentence chrF differences (matplotlib, only for --plot)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise XformError("--plot needs matplotlib: pip install matplotlib") from None
+    a, b = report.systems[0].name, report.systems[1].name
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(report.sentence_chrf_delta, bins=40)
+    ax.set_xlabel(f"sentence chrF, {a} minus {b}" + ("" if report.reference else f" (against {b})"))
+    ax.set_ylabel("lines")
+    ax.set_title(f"{len(report.sentence_chrf_delta)} lines, {report.identical:.1%} identical")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
