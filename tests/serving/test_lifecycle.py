@@ -168,3 +168,22 @@ def test_a_port_in_use_is_one_line(demo_bundle, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("xform-serve-")]
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert len(lines) == 1 and f"--http-port {port}: in use on 127.0.0.1" in lines[0], lines
+
+
+def test_xform_serve_killed_takes_tritonserver_with_it(demo_bundle, tmp_path):
+    """SIGKILL leaves xform serve no chance to clean up: Linux kills tritonserver with it (its
+    parent-death signal) and its stubs follow (only the temporary repository stays, documented)."""
+    served = Served(demo_bundle, tmp_path)
+    try:
+        served.wait_ready()
+        served.proc.kill()
+        served.finish()
+        deadline = time.monotonic() + 15
+        while (served.triton_pids() or served.stubs()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = served.triton_pids() + served.stubs()
+    finally:
+        for pid in served.triton_pids() + served.stubs():
+            os.kill(pid, signal.SIGKILL)
+    assert not left
+    assert not any(port_in_use("127.0.0.1", p) for p in served.ports)
