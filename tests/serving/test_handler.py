@@ -48,12 +48,28 @@ def test_a_batch_of_requests_answers_each_as_alone(demo):
     ({"text": text("1"), "max_new_tokens": i32(0)}, "input 'max_new_tokens': must be at least 1, found 0"),
     ({"text": text("1", "2"), "num_beams": np.array([[2], [3]], np.int32)}, "input 'num_beams': one value per request"),
     ({"text": text("1"), "max_new_tokens": i32(10_000)}, "input 'max_new_tokens': max_new_tokens 10000 exceeds"),
+    ({"text": text("1"), "num_return_sequences": i32(3)},
+     "input 'num_return_sequences' 3 needs beams (input 'num_beams' >= it), sampling (do_sample) or alternatives "
+     "(input 'return_alternatives')"),
+    ({"text": text("1"), "num_beams": i32(2), "return_alternatives": np.array([[True]]), "target_prefix": text("a")},
+     "input 'return_alternatives' continues each alternative greedily: not with input 'num_beams' 2"),
+    ({"text": text("1"), "repetition_penalty": np.array([[-1.0]], np.float32)},
+     "input 'repetition_penalty' must be a number > 0"),
+    ({"text": text("1"), "no_repeat_ngram_size": i32(-1)}, "input 'no_repeat_ngram_size' must be an integer >= 0"),
+    ({"text": text("1"), "suppress_tokens": np.array([[9999]], np.int32)},
+     "input 'suppress_tokens': ids [9999] are outside the target vocabulary"),
+    ({"text": text("1"), "tgt_lang": text("xx")}, "input 'tgt_lang' xx: this model's tokenizer has no languages"),
+    ({"text": text("1"), "src_lang": text("xx")}, "input 'src_lang' xx: this model's tokenizer has no languages"),
+    ({"text": text("9" * 40)}, "input 'text': 41 source tokens, more than the model's max_len 32 (send truncate=true"),
 ])
 def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo, bad, fragment):
+    """Each error is the request's (HTTP 400, not a ServerFault's 500) and names the request's
+    inputs, never the CLI's flags (the runtime's errors name a setting as their caller asks)."""
     good = {"text": text("40512")}
     out = execute(demo, [good, bad, good])
     assert isinstance(out[1], str) and fragment in out[1], out[1]
     assert not isinstance(out[1], ServerFault)  # the request's fault: HTTP 400, not 500
+    assert "--" not in out[1], out[1]
     assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0] == b"forty thousand five hundred twelve"
 
 
@@ -64,6 +80,32 @@ def test_a_backend_failure_is_the_servers_fault_and_too_many_rows_the_requests(d
     monkeypatch.setattr(demo, "generate", broken)
     out = execute(demo, [{"text": text("40512")}])
     assert isinstance(out[0], ServerFault) and "decoding failed: RuntimeError" in out[0]
+
+
+def test_the_cli_names_its_flags_where_a_request_names_its_inputs(demo):
+    """The same runtime errors, from the CLI's door (no names given): its flags, as before."""
+    from xform.errors import InputError
+    with pytest.raises(InputError, match=r"sampling \(--sample\) or alternatives \(--alternatives\)"):
+        demo.generation_config(num_return_sequences=3)
+    with pytest.raises(InputError, match=r"repetition_penalty \(--repetition-penalty\) must be a number > 0"):
+        demo.generation_config(repetition_penalty=-1.0)
+    with pytest.raises(InputError, match="^--tgt-lang xx: this model's tokenizer has no languages$"):
+        demo.target_language("xx")
+    with pytest.raises(InputError, match="^--src-lang xx: this model's tokenizer has no languages$"):
+        demo.check_src_lang("xx")
+
+
+def test_an_engine_error_relayed_keeps_its_kind():
+    """The front model reads the kind of the engine's error (Triton 2.51's BLS answers every one
+    INTERNAL) from the tag the engine writes for relayed requests; an untagged error, Triton's own
+    about the engine, is the server's."""
+    from xform.serving.inflight import tagged, untagged
+    for kind in ("request", "server", "unavailable"):
+        assert untagged(tagged("input 'num_beams': must be at least 1", kind)) == (
+            kind, "input 'num_beams': must be at least 1")
+    assert untagged("Stub process 'demo-stream_0_0' is not healthy.") == (
+        "server", "Stub process 'demo-stream_0_0' is not healthy.")
+    assert untagged("input 'text': not UTF-8") == ("server", "input 'text': not UTF-8")
 
 
 def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):

@@ -44,6 +44,12 @@ HOSTILE = [
      "target_prefix", "max_len"),
     ("a bad word longer than max_len", body(text("12"), ("bad_words", [1, 1], "BYTES", ["one " * 200])),
      "bad_words", "max_len"),
+    ("num_return_sequences 3 of a greedy decode", body(text("12"), i32("num_return_sequences", 3)),
+     "num_return_sequences", "needs beams"),
+    ("a negative repetition_penalty", body(text("12"), ("repetition_penalty", [1, 1], "FP32", [-1.0])),
+     "repetition_penalty", "must be a number > 0"),
+    ("a suppressed id outside the vocabulary", body(text("12"), ("suppress_tokens", [1, 1], "INT32", [9999])),
+     "suppress_tokens", "outside the target vocabulary"),
     ("a wrong dtype", body(("src_ids", [1, 3], "INT32", [5, 6, 2])), "src_ids", ""),
     ("a wrong shape", body(("max_new_tokens", [1, 2], "INT32", [1, 2]), text("12")), "max_new_tokens", ""),
     # refused by Triton's HTTP front end before any model sees it: 2.51 answers 500 for it (its
@@ -90,7 +96,8 @@ def test_hostile_requests_are_400_naming_the_input_and_the_server_serves_on(demo
             if named is not None:
                 assert f"'{named}'" in message or f"input {named}" in message or named in message, (what, message)
             assert fragment in message, (what, message)
-            assert "--" not in message.replace("--with", ""), (what, message)  # no CLI flag
+            assert "--" not in message.replace("--with-attention", ""), (what, message)  # no CLI flag
+            assert "[xform:" not in message, (what, message)  # the engine's tag for the front stays inside
             code, reply = post(url, good)  # and the next request is served
             assert code == 200 and json.loads(reply)["outputs"][-1]["data"] == [want], (what, code, reply[:300])
         if scheduling == "inflight":  # the engine's own stream: the same refusals

@@ -252,8 +252,9 @@ def test_a_killed_engine_is_reported_and_the_front_answers_with_the_reason(demo_
         assert len(stubs) == 1, stubs
         os.kill(int(stubs[0]), signal.SIGKILL)
         time.sleep(1)
-        with pytest.raises(InferenceServerException, match=re.escape(f"{name}-stream")):
+        with pytest.raises(InferenceServerException, match=re.escape(f"{name}-stream")) as e:
             infer(client, th, name, texts=["12"])
+        assert e.value.status() == "500", e.value.status()  # the server's fault, not the request's 400
         assert client.is_server_live()
     finally:
         # Triton's own exit waits its 30 s for the killed instance; the SIGKILL after 5 s ends it the same way

@@ -25,8 +25,8 @@ sorts a whole vocabulary. Ties are broken by the lower flat index, as a stable s
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import InitVar, asdict, dataclass, replace
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -75,8 +75,17 @@ def int_id(value) -> int:
     return int(value)
 
 
-def named(param: str) -> str:
+def named(param: str, names: Mapping[str, str] | None = None) -> str:
+    """A setting as a front door names it in a message: the CLI and the Python API as
+    `param (--flag)`; another door by its own `names` (the server: `input 'num_beams'`)."""
+    if names is not None:
+        return names.get(param, param)
     return f"{param} ({FLAGS[param]})" if param in FLAGS else param
+
+
+def flag(param: str, names: Mapping[str, str] | None = None) -> str:
+    """A setting named alone: the CLI's flag, or another door's name for it (`names`)."""
+    return FLAGS[param] if names is None else names.get(param, param)
 
 
 @dataclass(frozen=True)
@@ -105,8 +114,10 @@ class GenerationConfig:
     # the num_return_sequences best first tokens after the target prefix, each continued greedily
     # (CTranslate2's return_alternatives: what interactive translation shows)
     return_alternatives: bool = False
+    # how the errors name the settings: None, the CLI's flags; a front door's own names (named())
+    names: InitVar[Mapping[str, str] | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, names: Mapping[str, str] | None):
         problems = []
         for name in ("bad_words_ids", "suppress_tokens"):  # lists in, tuples kept: the config stays hashable
             value = getattr(self, name)
@@ -119,14 +130,14 @@ class GenerationConfig:
                     value = tuple(int_id(i) for i in value)
             except (TypeError, ValueError) as e:
                 shape = "a list of id sequences" if name == "bad_words_ids" else "a list of ids"
-                problems.append(f"{named(name)} must be {shape} (integers >= 0), got {value!r} ({e})")
+                problems.append(f"{named(name, names)} must be {shape} (integers >= 0), got {value!r} ({e})")
                 value = ()
             object.__setattr__(self, name, value)
 
         def whole(name, low):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-                problems.append(f"{named(name)} must be an integer >= {low}, got {v!r}")
+                problems.append(f"{named(name, names)} must be an integer >= {low}, got {v!r}")
 
         whole("max_new_tokens", 0)
         whole("min_new_tokens", 0)
@@ -136,42 +147,44 @@ class GenerationConfig:
         whole("no_repeat_ngram_size", 0)
         if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
                 or not self.repetition_penalty > 0 or not np.isfinite(self.repetition_penalty)):
-            problems.append(f"{named('repetition_penalty')} must be a number > 0 (1.0: off), got "
+            problems.append(f"{named('repetition_penalty', names)} must be a number > 0 (1.0: off), got "
                             f"{self.repetition_penalty!r}")
         if not problems and self.min_new_tokens > self.max_new_tokens:
-            problems.append(f"{named('min_new_tokens')} {self.min_new_tokens} exceeds "
-                            f"{named('max_new_tokens')} {self.max_new_tokens}")
+            problems.append(f"{named('min_new_tokens', names)} {self.min_new_tokens} exceeds "
+                            f"{named('max_new_tokens', names)} {self.max_new_tokens}")
         if self.early_stopping not in (True, False, "never"):
-            problems.append(f"{named('early_stopping')} must be true, false or never, got {self.early_stopping!r}")
+            problems.append(f"{named('early_stopping', names)} must be true, false or never, got "
+                            f"{self.early_stopping!r}")
         if not isinstance(self.length_penalty, (int, float)) or not np.isfinite(self.length_penalty):
-            problems.append(f"{named('length_penalty')} must be a finite number, got {self.length_penalty!r}")
+            problems.append(f"{named('length_penalty', names)} must be a finite number, got {self.length_penalty!r}")
         if (not isinstance(self.temperature, (int, float)) or not self.temperature > 0
                 or not np.isfinite(self.temperature)):
-            problems.append(f"{named('temperature')} must be > 0, got {self.temperature!r}")
+            problems.append(f"{named('temperature', names)} must be > 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            problems.append(f"{named('top_p')} must be in (0, 1], got {self.top_p!r}")
+            problems.append(f"{named('top_p', names)} must be in (0, 1], got {self.top_p!r}")
         if self.forced_bos_token_id is not None and (isinstance(self.forced_bos_token_id, bool) or not isinstance(
                 self.forced_bos_token_id, (int, np.integer)) or self.forced_bos_token_id < 0):
-            problems.append(f"{named('forced_bos_token_id')} must be a token id (an integer >= 0), got "
+            problems.append(f"{named('forced_bos_token_id', names)} must be a token id (an integer >= 0), got "
                             f"{self.forced_bos_token_id!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):
-            problems.append(f"{named('seed')} must be a non-negative integer, got {self.seed!r}")
+            problems.append(f"{named('seed', names)} must be a non-negative integer, got {self.seed!r}")
         if not problems:
             if self.do_sample and self.num_beams > 1:
-                problems.append(f"{named('do_sample')} with {named('num_beams')} {self.num_beams}: beam sampling is "
-                                "not supported; sample with num_beams 1, or search beams without sampling")
+                problems.append(f"{named('do_sample', names)} with {named('num_beams', names)} {self.num_beams}: "
+                                "beam sampling is not supported; sample with num_beams 1, or search beams without "
+                                "sampling")
             elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
-                problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} exceeds "
-                                f"{named('num_beams')} {self.num_beams}: beam search returns at most its beams")
+                problems.append(f"{named('num_return_sequences', names)} {self.num_return_sequences} exceeds "
+                                f"{named('num_beams', names)} {self.num_beams}: beam search returns at most its beams")
             elif self.return_alternatives and (self.num_beams > 1 or self.do_sample):
-                problems.append(f"{named('return_alternatives')} continues each alternative greedily: not with "
-                                f"{named('num_beams')} {self.num_beams} or {named('do_sample')}")
+                problems.append(f"{named('return_alternatives', names)} continues each alternative greedily: not with "
+                                f"{named('num_beams', names)} {self.num_beams} or {named('do_sample', names)}")
             elif (self.num_beams == 1 and not self.do_sample and not self.return_alternatives
                   and self.num_return_sequences > 1):
-                problems.append(f"{named('num_return_sequences')} {self.num_return_sequences} needs beams "
-                                f"({named('num_beams')} >= it), sampling ({FLAGS['do_sample']}) or alternatives "
-                                f"({FLAGS['return_alternatives']}); greedy decoding has one answer")
+                problems.append(f"{named('num_return_sequences', names)} {self.num_return_sequences} needs beams "
+                                f"({named('num_beams', names)} >= it), sampling ({flag('do_sample', names)}) or "
+                                f"alternatives ({flag('return_alternatives', names)}); greedy decoding has one answer")
         if problems:
             raise InputError("invalid generation settings:\n  - " + "\n  - ".join(problems))
 

@@ -6,9 +6,9 @@ graphs is not this module's business (backend.py); it never imports torch.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id
 from xform.runtime.scheduler import Batch, Decode
 from xform.runtime.vocab_map import VocabMap
 
-GENERATION_FIELDS = set(GenerationConfig.__dataclass_fields__)
+GENERATION_FIELDS = {f.name for f in fields(GenerationConfig)}
 # one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
 Translation = str | tuple[str, float] | tuple[str, float, list[float]]
 # generate()'s arguments that are not generation settings (Session.plan)
@@ -85,11 +85,13 @@ class Session:
             raise InputError(f"source row {r} is empty (length 0); every source needs at least one token")
         return src_ids, src_lengths
 
-    def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
+    def generation_config(self, max_new_tokens: int | None = None, names: Mapping[str, str] | None = None,
+                          **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
-        (None keeps a default); checked against the model's max_len and target vocabulary."""
+        (None keeps a default); checked against the model's max_len and target vocabulary. Errors
+        name the settings by `names` (decoding.named: None, the CLI's flags)."""
         gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in GENERATION_FIELDS})
-        gen = gen.updated(max_new_tokens=max_new_tokens, **settings)
+        gen = gen.updated(max_new_tokens=max_new_tokens, names=names, **settings)
         if gen.max_new_tokens > self.config["max_len"]:
             raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len "
                              f"{self.config['max_len']}")
@@ -101,7 +103,8 @@ class Session:
                           ("suppress_tokens", gen.suppress_tokens)):
             outside = sorted({i for i in ids if i >= vocab})
             if outside:
-                raise InputError(f"{named(name)}: ids {outside[:5]} are outside the target vocabulary of {vocab}")
+                raise InputError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
+                                 f"of {vocab}")
         return gen
 
     def default_max_new_tokens(self) -> int:
@@ -321,18 +324,19 @@ class Session:
             raise InputError("no text to translate (an empty batch)")
         return self.pad([self.encode_text(t, src_lang) for t in texts])[0]
 
-    def encode_text(self, text: str, src_lang: str | None = None) -> list[int]:
-        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer."""
-        if src_lang is None:
-            return self.tokenizer.encode(text)
+    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer
+        (`flag`: how an error names it, the CLI's flag or a front door's own name)."""
         if not getattr(self.tokenizer, "languages", None):
-            raise InputError(f"--src-lang {src_lang}: this model's tokenizer has no languages")
-        return self.tokenizer.encode(text, src_lang)
+            if src_lang is not None:
+                raise InputError(f"{flag} {src_lang}: this model's tokenizer has no languages")
+            return self.tokenizer.encode(text)
+        return self.tokenizer.encode(text, src_lang, flag)
 
-    def check_src_lang(self, src_lang: str) -> None:
+    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
         """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
         any text is read."""
-        self.encode_text("", src_lang)
+        self.encode_text("", src_lang, flag)
 
     def target_ids(self, text: str) -> list[int]:
         """A text's target ids, nothing added (a prefix, a bad word)."""
@@ -349,20 +353,21 @@ class Session:
             forced = self.generation_defaults.get("forced_bos_token_id")
         return ([forced] if forced is not None else []) + self.target_ids(text) + [self.eos_id]
 
-    def target_language(self, tgt_lang: str | None) -> int | None:
+    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
         """The forced first token for `tgt_lang` (a multilingual model's target language), else
         the tokenizer's default target language's, else None (the bundle's default applies). A
-        multilingual model with neither, and no recorded forced token, is refused with its languages."""
+        multilingual model with neither, and no recorded forced token, is refused with its languages
+        (`flag`: how the error names tgt_lang)."""
         languages = getattr(self.tokenizer, "languages", None)
         if not languages:
             if tgt_lang is not None:
-                raise InputError(f"--tgt-lang {tgt_lang}: this model's tokenizer has no languages")
+                raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
             return None
         code = tgt_lang or self.tokenizer.tgt_lang
         if code is not None:
-            return self.tokenizer.language_id(code)
+            return self.tokenizer.language_id(code, flag)
         if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language --tgt-lang names; known: "
+            raise InputError(f"this model translates into the language {flag} names; known: "
                              f"{', '.join(self.tokenizer.codes)}")
         return None
 
@@ -430,12 +435,12 @@ class Session:
             vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
         return vocab_map
 
-    def check_replace_unknowns(self) -> None:
+    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
+        """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
         if not getattr(self.backend, "has_attention", False):
-            raise InputError("--replace-unknowns needs the decoder's attention: export the bundle with "
-                             "--with-attention")
+            raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
         if getattr(self.tokenizer, "target_unk_id", None) is None:
-            raise InputError("--replace-unknowns: this bundle's target vocabulary has no unknown token")
+            raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
 
     def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,

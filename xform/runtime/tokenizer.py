@@ -375,11 +375,13 @@ class FairseqSpmTokenizer:
         """Target ids of a text: its pieces (the language token and end-of-sentence are the session's)."""
         return self.piece_ids(text)
 
-    def encode(self, text: str, src_lang: str | None = None) -> list[int]:
+    def encode(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        """Source ids of a text in `src_lang` (else the default source language); `flag`: how an
+        error names the source language (the CLI's flag, or a front door's own name)."""
         lang = src_lang or self.src_lang
         if lang is None:
-            raise InputError(f"this model needs the source language (--src-lang); known: {', '.join(self.codes)}")
-        parts = {"lang": [self.language_id(lang, "--src-lang")], "text": self.piece_ids(text),
+            raise InputError(f"this model needs the source language ({flag}); known: {', '.join(self.codes)}")
+        parts = {"lang": [self.language_id(lang, flag)], "text": self.piece_ids(text),
                  "eos": [self.cfg["eos_id"]]}
         return [i for part in self.template for i in parts[part]]
 

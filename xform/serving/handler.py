@@ -21,6 +21,7 @@ best and `hypothesis_ids` (int64 [b, k, n]), `hypotheses` (strings [b, k]) and, 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,24 +35,15 @@ class ServerFault(str):
     message is the request's fault (INVALID_ARG, HTTP 400)."""
 
 
-# The runtime's messages name the command line's flags; a request names its inputs
-FLAG_INPUTS = {"--tgt-lang": "tgt_lang", "--src-lang": "src_lang", "--replace-unknowns": "replace_unknowns",
-               "--num-beams": "num_beams", "--num-return-sequences": "num_return_sequences",
-               "--max-new-tokens": "max_new_tokens", "--target-prefix": "target_prefix", "--bad-words": "bad_words"}
-
-
-def request_message(message: str) -> str:
-    """A runtime error as a request's: its CLI flags named as the request inputs they are."""
-    message = message.replace("(--truncate cuts such lines)", "(send truncate=true to cut it)")
-    message = message.replace("(--truncate)", "(truncate)")
-    for flag, name in FLAG_INPUTS.items():
-        message = message.replace(f"input '{name}': {flag} ", f"input '{name}': ").replace(flag, f"'{name}'")
-    return message
-
-
 INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
           "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
           "replace_unknowns", "num_return_sequences", "return_alternatives", "return_attention")
+
+# The runtime's errors name a setting as the door that asked for it does (the CLI: its flag); a
+# request names its inputs. A setting that is no input (do_sample) is named as itself.
+SETTING_INPUTS = {"bad_words_ids": "bad_words", "forced_bos_token_id": "tgt_lang",
+                  **{name: name for name in INPUTS}}
+NAMES = {setting: f"input '{name}'" for setting, name in SETTING_INPUTS.items()}
 
 
 @dataclass
@@ -141,16 +133,15 @@ def one_string(name: str, value: np.ndarray | None) -> str | None:
 def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, int | None]:
     """(the source language, the forced first token) a request asks for; InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
-    try:
-        if src_lang is not None:
-            session.check_src_lang(src_lang)
-    except InputError as e:
-        raise InputError(f"input 'src_lang': {e}") from None
-    try:
-        forced = session.target_language(tgt_lang) if session.tokenizer is not None else None
-    except InputError as e:
-        raise InputError(f"input 'tgt_lang': {e}") from None
+    if src_lang is not None:
+        session.check_src_lang(src_lang, NAMES["src_lang"])
+    forced = session.target_language(tgt_lang, NAMES["tgt_lang"]) if session.tokenizer is not None else None
     return src_lang, forced
+
+
+def about(name: str, e: Exception) -> InputError:
+    """The runtime's error `e` as one about the input `name`, unless it names its input itself."""
+    return InputError(str(e) if str(e).startswith("input '") else f"input '{name}': {e}")
 
 
 def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
@@ -167,10 +158,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     if replace:
         if text is None:
             raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        try:
-            session.check_replace_unknowns()
-        except InputError as e:
-            raise InputError(f"input 'replace_unknowns': {e}") from None
+        session.check_replace_unknowns(NAMES["replace_unknowns"])
     attention = one_flag("return_attention", inputs.get("return_attention"))
     if attention and not getattr(session.backend, "has_attention", False):
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
@@ -181,9 +169,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
         rows = []
         for s in strings("text", text):
             try:
-                row = session.encode_text(s, src_lang)
+                row = session.encode_text(s, src_lang, NAMES["src_lang"])
             except InputError as e:
-                raise InputError(f"input 'text': {e}") from None
+                raise about("text", e) from None
             rows.append(session.truncated(row) if truncate and len(row) > session.config["max_len"] else row)
         name, src = "text", session.pad(rows)[0]
     else:
@@ -227,9 +215,10 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     settings = {k: v for k, v in settings.items() if v is not None}
     try:  # the settings' own checks, named by their input
         checked = {k: v for k, v in settings.items() if k not in ("forced_bos_token_id", "max_new_tokens")}
-        gen = session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), **checked)
+        gen = session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), NAMES,
+                                        **checked)
     except InputError as e:
-        raise InputError(f"input '{setting_input(str(e))}': {e}") from None
+        raise about(setting_input(str(e)), e) from None
     prefixes = None
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
@@ -250,12 +239,9 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
 
 
 def setting_input(message: str) -> str:
-    """The input a generation-settings error is about."""
-    for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens",
-                 "return_alternatives", "num_return_sequences", "num_beams"):
-        if name in message:
-            return "bad_words" if name == "bad_words_ids" else name
-    return "max_new_tokens"
+    """The input a generation-settings error is about: the first it names (NAMES), else max_new_tokens."""
+    found = re.search(r"input '(\w+)'", message)
+    return found.group(1) if found else "max_new_tokens"
 
 
 def trim(out: np.ndarray, pad: int) -> np.ndarray:
@@ -329,7 +315,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         try:
             job = parse(session, i, inputs, max_rows)
         except XformError as e:
-            results[i] = request_message(str(e))
+            results[i] = str(e)
             continue
         groups.setdefault(job.key(), []).append(job)
     for jobs in groups.values():
@@ -353,8 +339,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
                                    **{**decode_settings(jobs[0]), "target_prefix": prefixes, **longest})
         except InputError as e:  # a setting out of range for this bundle: every request that asked
             for job in jobs:
-                name = "target_prefix" if "prefix" in str(e) else setting_input(str(e))
-                results[job.index] = request_message(f"input '{name}': {e}")
+                results[job.index] = str(about("target_prefix" if "prefix" in str(e) else setting_input(str(e)), e))
             continue
         except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
             for job in jobs:

@@ -33,6 +33,26 @@ from xform.serving.handler import Job, decode_settings
 
 STREAM_SUFFIX = "-stream"
 
+# Triton 2.51's BLS answers NAME every error of NAME-stream as INTERNAL, whatever its code: a request
+# that NAME relays carries this parameter, and the engine writes the kind of its error (`error`'s
+# request | server | unavailable) into the message, which NAME reads back and removes.
+RELAY = "xform_relay"
+KINDS = ("request", "server", "unavailable")
+
+
+def tagged(message: str, kind: str) -> str:
+    """An engine's error message for the front model: its kind first."""
+    return f"[xform:{kind}] {message}"
+
+
+def untagged(message: str) -> tuple[str, str]:
+    """(kind, message) of an error the engine model answered a relayed request; an error without
+    the engine's tag is Triton's own about the engine (not ready, its stub gone): the server's."""
+    for kind in KINDS:
+        if message.startswith(tagged("", kind)):
+            return kind, message[len(tagged("", kind)):]
+    return "server", message
+
 
 def stream_model(name: str) -> str:
     """The decoupled model that runs NAME's engine."""

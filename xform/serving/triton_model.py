@@ -42,19 +42,28 @@ def error(message, kind="request"):
     return pb_utils.InferenceResponse(error=error)
 
 
-def relayed_kind(message: str) -> str:
-    """The kind of an error the engine model answered (see `error`), from its message: the engine
-    writes server faults as `decoding failed: ...` or `xform: ...` and overload as `overloaded: ...`."""
-    if message.startswith(("decoding failed", "xform:")):
-        return "server"
-    return "unavailable" if message.startswith("overloaded") else "request"
-
-
 class Reply:
-    """A request's response sender, closed once its final response is on its way."""
+    """A request's response sender, closed once its final response is on its way; `relayed`: the
+    request came from the front model, whose BLS loses error codes (inflight.RELAY)."""
 
-    def __init__(self, sender):
-        self.sender, self.closed = sender, False
+    def __init__(self, sender, relayed: bool = False):
+        self.sender, self.closed, self.relayed = sender, False, relayed
+
+    def error(self, message, kind="request"):
+        """The final error response of this request (see `error`), its kind in the message when relayed."""
+        from xform.serving.handler import ServerFault
+        from xform.serving.inflight import tagged
+        kind = "server" if isinstance(message, ServerFault) else kind
+        return error(tagged(message, kind) if self.relayed else message, kind)
+
+
+def relayed(request) -> bool:
+    """Whether the front model relayed this request (its parameter inflight.RELAY)."""
+    from xform.serving.inflight import RELAY
+    try:
+        return bool(json.loads(request.parameters() or "{}").get(RELAY))
+    except (ValueError, AttributeError):
+        return False
 
 
 def tensors_of(request):
@@ -116,14 +125,15 @@ class TritonPythonModel:
 
     # -- front: a plain request through the engine model ----------------------------------------
     def relay(self, inputs, sender):
+        from xform.serving.inflight import RELAY, untagged
         final = None
         try:
             call = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=self.outputs,
-                                             inputs=inputs)
+                                             inputs=inputs, parameters={RELAY: True})
             for r in call.exec(decoupled=True):
                 if r.has_error():  # Triton 2.51's BLS drops the engine's error code: its message tells it
-                    message = r.error().message()
-                    final = error(message, relayed_kind(message))
+                    kind, message = untagged(r.error().message())
+                    final = error(message, kind)
                 elif r.output_tensors():
                     final = pb_utils.InferenceResponse(r.output_tensors())
         except Exception as e:  # noqa: BLE001 - the engine model is gone: this request fails, not the relay
@@ -172,11 +182,11 @@ class TritonPythonModel:
     def start(self, request):
         from xform.errors import XformError
         from xform.runtime.scheduler import OverloadedError
-        from xform.serving.handler import one_flag, parse, request_message
+        from xform.serving.handler import one_flag, parse
         from xform.serving.inflight import TextStream, submit
 
         sender = request.get_response_sender()
-        reply = Reply(sender)
+        reply = Reply(sender, relayed(request))
         try:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
@@ -184,21 +194,21 @@ class TritonPythonModel:
             stream = TextStream(self.session, job, lambda o: self.outbox.put((reply, o))) if streaming else None
             future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
-            sender.send(error(str(e), "unavailable"), flags=FINAL)
+            sender.send(reply.error(str(e), "unavailable"), flags=FINAL)
             return
         except XformError as e:
-            sender.send(error(request_message(str(e))), flags=FINAL)
+            sender.send(reply.error(str(e)), flags=FINAL)
             return
         except Exception as e:  # noqa: BLE001 - this request fails; the others of the call still start
-            sender.send(error(f"xform: {type(e).__name__}: {e}", "server"), flags=FINAL)
+            sender.send(reply.error(f"xform: {type(e).__name__}: {e}", "server"), flags=FINAL)
             return
         self.watcher.add(future, request.is_cancelled)
-        future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, sender))))
+        future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, reply))))
 
-    def finish(self, future, job, sender):
+    def finish(self, future, job, reply):
         from xform.errors import InputError
         from xform.runtime.scheduler import Cancelled
-        from xform.serving.handler import job_outputs, request_message
+        from xform.serving.handler import job_outputs
 
         self.watcher.forget(future)  # waits for a question under way: none is asked after the answer
 
@@ -206,13 +216,13 @@ class TritonPythonModel:
             result = response(job_outputs(self.session, job, future.result()))
         except Cancelled:
             pb_utils.Logger.log_info("xform: a request was cancelled; its rows left the running batch")
-            sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
+            reply.sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
             return
         except InputError as e:
-            result = error(request_message(str(e)))
+            result = reply.error(str(e))
         except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
-            result = error(f"decoding failed: {type(e).__name__}: {e}", "server")
-        sender.send(result, flags=FINAL)
+            result = reply.error(f"decoding failed: {type(e).__name__}: {e}", "server")
+        reply.sender.send(result, flags=FINAL)
 
     def finalize(self):
         if self.role == "engine":
