@@ -43,7 +43,7 @@ EARLY_REF = "xform ort fp32 early"
 BASELINE = "ctranslate2 fp32"
 
 
-def prepare(work: Path, lines: int) -> dict[str, Path]:
+def prepare(work: Path, lines: int, engines: list[str]) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_peers import export_optimum
     from train_marian_synthetic import write_corpus
@@ -66,7 +66,8 @@ def prepare(work: Path, lines: int) -> dict[str, Path]:
     if not (work / "ct2-pad-start" / "model.bin").exists():
         convert_ct2(hf, work / "ct2-pad-start")
     paths["ct2"] = work / "ct2-pad-start"
-    paths["optimum"] = export_optimum(hf, work)
+    if "optimum ort" in engines:
+        paths["optimum"] = export_optimum(hf, work)
     return paths
 
 
@@ -200,7 +201,7 @@ def main() -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
-    paths = prepare(args.work, args.lines)
+    paths = prepare(args.work, args.lines, args.engines.split(","))
     text = paths["file"].read_text().splitlines()
     rows = []
     for beams in map(int, args.beams.split(",")):
@@ -253,8 +254,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_files.json").write_text(json.dumps(summary, indent=1) + "\n")
     md = markdown(summary)
-    (args.out / "bench_files.md").write_text(md)
+    (args.out / "bench_files.md").write_text(md + notes(args.out / "bench_files.md"))
     print(md)
+
+
+def notes(path: Path) -> str:
+    """The written sections after the table (from the first "## " heading on), kept across runs."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find("\n## ")
+    return "" if at < 0 else text[at:]
 
 
 def same(out: list[str], ref: list[str] | None) -> float | None:
