@@ -13,14 +13,20 @@ settings for files, in a process of its own with 2 threads, one engine at a time
   `xform run --input-file`: windows of 8 batches read ahead, sorted by length, batches of at
   most --max-batch-tokens source tokens;
 - CTranslate2 (fp32 and int8): `translate_iterable` with the same token budget
-  (`batch_type="tokens"`, its own read-ahead and sorting), sentencepiece in and out;
+  (`batch_type="tokens"`, its own read-ahead and sorting), sentencepiece in and out; converted
+  and run so that it decodes the model transformers decodes (convert_ct2, ct2_settings: the
+  decoder starts from the <pad> embedding, not CTranslate2's zero vector for Marian);
+- xform "early" (beam rows only): xform with `early_stopping=True`, CTranslate2's stopping rule
+  (patience 1: a sentence stops once num_beams hypotheses are done), beside xform with
+  transformers' default rule; each row names its rule;
 - transformers eager and Optimum `ORTModelForSeq2SeqLM`: `generate` on batches of 16 lines in
   file order, MarianTokenizer in and out, on the first --subset lines only (they are far
   slower; their speed is per sentence all the same).
 
 Greedy and beam 4 (the model's generation_config default); at most --max-new-tokens tokens.
 Reports sentences/s, target tokens/s, peak RSS, and the share of lines whose translation equals
-transformers' (on the subset) and xform fp32's (on the whole file).
+transformers' (on the subset), xform fp32's and xform fp32 early's (on the whole file). The
+written sections after the table in --out's bench_files.md are kept.
 """
 from __future__ import annotations
 
