@@ -13,14 +13,20 @@ settings for files, in a process of its own with 2 threads, one engine at a time
   `xform run --input-file`: windows of 8 batches read ahead, sorted by length, batches of at
   most --max-batch-tokens source tokens;
 - CTranslate2 (fp32 and int8): `translate_iterable` with the same token budget
-  (`batch_type="tokens"`, its own read-ahead and sorting), sentencepiece in and out;
+  (`batch_type="tokens"`, its own read-ahead and sorting), sentencepiece in and out; converted
+  and run so that it decodes the model transformers decodes (convert_ct2, ct2_settings: the
+  decoder starts from the <pad> embedding, not CTranslate2's zero vector for Marian);
+- xform "early" (beam rows only): xform with `early_stopping=True`, CTranslate2's stopping rule
+  (patience 1: a sentence stops once num_beams hypotheses are done), beside xform with
+  transformers' default rule; each row names its rule;
 - transformers eager and Optimum `ORTModelForSeq2SeqLM`: `generate` on batches of 16 lines in
   file order, MarianTokenizer in and out, on the first --subset lines only (they are far
   slower; their speed is per sentence all the same).
 
 Greedy and beam 4 (the model's generation_config default); at most --max-new-tokens tokens.
 Reports sentences/s, target tokens/s, peak RSS, and the share of lines whose translation equals
-transformers' (on the subset) and xform fp32's (on the whole file).
+transformers' (on the subset), xform fp32's and xform fp32 early's (on the whole file). The
+written sections after the table in --out's bench_files.md are kept.
 """
 from __future__ import annotations
 
@@ -35,13 +41,15 @@ import time
 from pathlib import Path
 
 THREADS = 2
-ENGINES = ("xform ort fp32", "xform ort int8", "ctranslate2 fp32", "ctranslate2 int8", "transformers eager",
-           "optimum ort")
+ENGINES = ("xform ort fp32", "xform ort int8", "xform ort fp32 early", "xform ort int8 early", "ctranslate2 fp32",
+           "ctranslate2 int8", "transformers eager", "optimum ort")
 SUBSET_ENGINES = ("transformers eager", "optimum ort")
+EARLY_ENGINES = ("xform ort fp32 early", "xform ort int8 early")  # beam rows only: greedy has no stopping rule
+EARLY_REF = "xform ort fp32 early"
 BASELINE = "ctranslate2 fp32"
 
 
-def prepare(work: Path, lines: int) -> dict[str, Path]:
+def prepare(work: Path, lines: int, engines: list[str]) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_peers import export_optimum
     from train_marian_synthetic import write_corpus
@@ -50,7 +58,6 @@ def prepare(work: Path, lines: int) -> dict[str, Path]:
     if not (hf / "config.json").exists():
         raise SystemExit(f"{hf}: no trained model; run scripts/train_marian_synthetic.py --out {hf} first")
     paths = {"hf": hf, "file": write_corpus(work / f"corpus-{lines}.txt", lines)}
-    import ctranslate2
 
     from xform.errors import BundleError
     from xform.exporter.export import export_bundle
@@ -62,19 +69,78 @@ def prepare(work: Path, lines: int) -> dict[str, Path]:
         except BundleError:
             export_bundle(hf, out, precision=q, force=True)
         paths[f"xform-{q}"] = out
-    if not (work / "ct2" / "model.bin").exists():
-        ctranslate2.converters.TransformersConverter(str(hf)).convert(str(work / "ct2"), force=True)
-    paths["ct2"] = work / "ct2"
-    paths["optimum"] = export_optimum(hf, work)
+    if not (work / "ct2-pad-start" / "model.bin").exists():
+        convert_ct2(hf, work / "ct2-pad-start")
+    paths["ct2"] = work / "ct2-pad-start"
+    if "optimum ort" in engines:
+        paths["optimum"] = export_optimum(hf, work)
     return paths
+
+
+def convert_ct2(hf: Path, out: Path) -> None:
+    """CTranslate2's conversion of the Marian in `hf` with its decoder started from the model's <pad>
+    embedding, as transformers starts it. CTranslate2's MarianMTLoader starts every Marian decoder
+    from a zero vector and drops <pad> from the vocabulary: right for OPUS-MT models (converted from
+    Marian, their <pad> row is zero), not for this one, trained in transformers with tied embeddings
+    (the output layer's gradient moves the <pad> row): docs/bench_files.md says what that changed."""
+    from ctranslate2.converters import transformers as ct2t
+
+    loaders = getattr(ct2t, "_MODEL_LOADERS", None)
+    if not isinstance(loaders, dict) or "MarianConfig" not in loaders:
+        raise SystemExit("ctranslate2.converters.transformers has no _MODEL_LOADERS['MarianConfig'] (this "
+                         "CTranslate2 changed its converter): scripts/bench_files.py needs ctranslate2 4.5 to 4.8")
+
+    class PadStartMarianLoader(ct2t.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2t.BartLoader.get_model_spec(self, model)  # the <pad> row kept
+
+        def set_config(self, config, model, tokenizer):
+            super().set_config(config, model, tokenizer)
+            config.decoder_start_token = tokenizer.pad_token
+
+        def set_decoder(self, spec, decoder):
+            ct2t.BartLoader.set_decoder(self, spec, decoder)  # start_from_zero_embedding stays False
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2t.BartLoader.get_vocabulary(self, model, tokenizer)  # <pad> kept: its id is the start
+
+    stock = loaders["MarianConfig"]
+    loaders["MarianConfig"] = PadStartMarianLoader()
+    try:
+        ct2t.TransformersConverter(str(hf)).convert(str(out), force=True)
+    finally:
+        loaders["MarianConfig"] = stock
+
+
+def ct2_settings(hf: Path, max_new_tokens: int) -> dict:
+    """translate_iterable's settings that decode as transformers' generate does with the model's
+    generation_config: <pad> never generated (its bad_words_ids; the converted vocabulary keeps it),
+    the end token counted in the length that scores are divided by, and one step less where
+    forced_eos_token_id makes transformers' last step an end token (CTranslate2's last step would
+    pick a word instead)."""
+    gen = json.loads((hf / "generation_config.json").read_text())
+    forced = gen.get("forced_eos_token_id") is not None
+    return {"suppress_sequences": [["<pad>"]], "return_end_token": True,
+            "max_decoding_length": max_new_tokens - 1 if forced else max_new_tokens}
+
+
+def stopping_rule(name: str, beams: int) -> str:
+    if beams == 1:
+        return "greedy"
+    if name.startswith("ctranslate2"):
+        return f"patience 1: stops at {beams} finished"
+    return "early_stopping=True" if name in EARLY_ENGINES else "early_stopping=False (default)"
 
 
 def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> list[str]:
     """The engine's translations of `lines`, in order."""
     if name.startswith("xform"):
         import xform
-        session = xform.load(paths["xform-int8" if name.endswith("int8") else "xform-fp32"], threads=THREADS)
-        gen = session.generation_config(args.max_new_tokens, num_beams=beams)
+        session = xform.load(paths["xform-int8" if "int8" in name else "xform-fp32"], threads=THREADS)
+        gen = session.generation_config(args.max_new_tokens, num_beams=beams,
+                                        early_stopping=True if name in EARLY_ENGINES else None)
         out = session.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=args.max_batch_tokens)
         return [t[0] if t else "" for _, t, _ in out]
     if name.startswith("ctranslate2"):
@@ -86,8 +152,8 @@ def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> lis
                                     compute_type="int8" if name.endswith("int8") else "float32")
         tokens = (sp_src.encode(line, out_type=str) + ["</s>"] for line in lines)
         results = tr.translate_iterable(tokens, max_batch_size=args.max_batch_tokens, batch_type="tokens",
-                                        beam_size=beams, max_decoding_length=args.max_new_tokens)
-        return [sp_tgt.decode(r.hypotheses[0]) for r in results]
+                                        beam_size=beams, **ct2_settings(paths["hf"], args.max_new_tokens))
+        return [sp_tgt.decode([t for t in r.hypotheses[0] if t != "</s>"]) for r in results]
     import torch
     from transformers import MarianTokenizer
     torch.set_num_threads(THREADS)
@@ -141,13 +207,15 @@ def main() -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
-    paths = prepare(args.work, args.lines)
+    paths = prepare(args.work, args.lines, args.engines.split(","))
     text = paths["file"].read_text().splitlines()
     rows = []
     for beams in map(int, args.beams.split(",")):
         outs, walls, rss = {}, {}, {}
         for r in range(args.rounds):
             for name in args.engines.split(","):
+                if beams == 1 and name in EARLY_ENGINES:
+                    continue
                 lines = text[:args.subset] if name in SUBSET_ENGINES else text
                 wall, out, peak = run_engine(name, paths, lines, beams, args)
                 walls.setdefault(name, []).append(wall)
@@ -156,21 +224,23 @@ def main() -> None:
                       flush=True)
         ref_sub = outs.get("transformers eager")
         ref_all = outs.get("xform ort fp32")
+        ref_early = outs.get(EARLY_REF)
         for name, out in outs.items():
             wall = statistics.median(walls[name])
             n = len(out)
-            rows.append({"beams": beams, "engine": name, "lines": n, "sentences_per_s": n / wall,
+            rows.append({"beams": beams, "engine": name, "stopping": stopping_rule(name, beams), "lines": n,
+                         "sentences_per_s": n / wall,
                          "target_tokens_per_s": sum(len(t.split()) for t in out) / wall,
                          "peak_rss_mib": rss[name],
                          "same_as_transformers": None if ref_sub is None else
                          sum(a == b for a, b in zip(out, ref_sub)) / len(ref_sub),
-                         "same_as_xform_fp32": None if ref_all is None or n != len(ref_all) else
-                         sum(a == b for a, b in zip(out, ref_all)) / n})
+                         "same_as_xform_fp32": same(out, ref_all),
+                         "same_as_xform_fp32_early": same(out, ref_early)})
         for r in rows:  # against CTranslate2 at fp32, and at the engine's own precision (int8: its int8)
             if r["beams"] != beams:
                 continue
             for key, peer in (("vs_ct2_fp32", BASELINE),
-                              ("vs_ct2_same", "ctranslate2 int8" if r["engine"].endswith("int8") else BASELINE)):
+                              ("vs_ct2_same", "ctranslate2 int8" if "int8" in r["engine"] else BASELINE)):
                 base = next((b for b in rows if b["beams"] == beams and b["engine"] == peer), None)
                 if base is not None:
                     r[key] = r["sentences_per_s"] / base["sentences_per_s"]
@@ -184,12 +254,26 @@ def main() -> None:
                                            "median": statistics.median(out_lengths) if out_lengths else 0,
                                            "max": max(out_lengths, default=0)},
                "command": "python scripts/bench_files.py " + " ".join(sys.argv[1:]),
+               "ctranslate2": {"conversion": "decoder started from the <pad> embedding (convert_ct2)",
+                               **ct2_settings(paths["hf"], args.max_new_tokens)},
                "training": json.loads((paths["hf"] / "training.json").read_text())}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_files.json").write_text(json.dumps(summary, indent=1) + "\n")
     md = markdown(summary)
-    (args.out / "bench_files.md").write_text(md)
+    (args.out / "bench_files.md").write_text(md + notes(args.out / "bench_files.md"))
     print(md)
+
+
+def notes(path: Path) -> str:
+    """The written sections after the table (from the first "## " heading on), kept across runs."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find("\n## ")
+    return "" if at < 0 else text[at:]
+
+
+def same(out: list[str], ref: list[str] | None) -> float | None:
+    """The share of lines equal to `ref`'s (None without a reference of the same length)."""
+    return None if ref is None or len(out) != len(ref) else sum(a == b for a, b in zip(out, ref)) / len(out)
 
 
 def markdown(s: dict) -> str:
@@ -197,15 +281,17 @@ def markdown(s: dict) -> str:
     lines = [f"Command: `{s['command']}`", "",
              f"Machine: {s['machine']}, {s['threads']} threads each. Source words {s['source_words']}; xform fp32 "
              f"output words {s['xform_fp32_output_words']}. Model training: {s['training']}.", "",
-             "| beams | engine | lines | sentences/s | target words/s | vs CTranslate2 fp32 | vs CTranslate2 same "
-             "precision | = transformers (subset) | = xform fp32 | peak RSS MiB |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| beams | engine | stopping rule | lines | sentences/s | target words/s | vs CTranslate2 fp32 "
+             "| vs CTranslate2 same precision | = transformers (subset) | = xform fp32 | = xform fp32 early "
+             "| peak RSS MiB |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     for r in s["rows"]:
-        lines.append(f"| {r['beams']} | {r['engine']} | {r['lines']} | {r['sentences_per_s']:.1f} | "
-                     f"{r['target_tokens_per_s']:.0f} | {ratio(r.get('vs_ct2_fp32'))} | {ratio(r.get('vs_ct2_same'))} | "
-                     f"{pct(r['same_as_transformers'])} | "
-                     f"{pct(r['same_as_xform_fp32'])} | {r['peak_rss_mib']:.0f} |")
+        lines.append(f"| {r['beams']} | {r['engine']} | {r.get('stopping', '-')} | {r['lines']} | "
+                     f"{r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:.0f} | {ratio(r.get('vs_ct2_fp32'))} | "
+                     f"{ratio(r.get('vs_ct2_same'))} | {pct(r['same_as_transformers'])} | "
+                     f"{pct(r['same_as_xform_fp32'])} | {pct(r.get('same_as_xform_fp32_early'))} | "
+                     f"{r['peak_rss_mib']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -54,6 +54,39 @@ def test_beam_tokens_and_scores_equal_transformers(marians, name, beams, penalty
     np.testing.assert_allclose(scores, want_scores, rtol=0, atol=SCORE_ATOL)
 
 
+@pytest.fixture(scope="module")
+def half_trained(tmp_path_factory):
+    """relu-separate-vocab after 100 training steps, not 150: unsure enough that a beam still running
+    when 4 hypotheses have finished sometimes ends better than one of them (on the trained fixtures,
+    early_stopping True and False gave the same tokens on every source tried)."""
+    from tests.marian_fixtures import build_marian
+    from xform.exporter.export import export_bundle
+    d = tmp_path_factory.mktemp("marian") / "half-trained"
+    model = build_marian(d, "relu-separate-vocab", steps=100)
+    return model, export_bundle(d, tmp_path_factory.mktemp("bundle") / "half-trained").path
+
+
+def test_early_stopping_true_is_transformers_where_it_changes_the_result(half_trained):
+    """early_stopping=True (stop once num_beams hypotheses are done: CTranslate2's rule at patience 1)
+    and False (transformers' default: go on while a running beam may still beat the worst finished
+    one) each give transformers' tokens, at 4 beams and length penalty 1 (scripts/bench_files.py's
+    beam rows), on sources where the two rules return different hypotheses."""
+    model, bundle = half_trained
+    session = xform.load(bundle, backend="ort")
+    differ = 0
+    for seed in range(4):
+        src, mask = sources(model.config, [7, 3, 9, 5, 8, 6, 4, 8], seed=seed)
+        got = {}
+        for early in (True, False):
+            kw = dict(num_beams=4, length_penalty=1.0, early_stopping=early, num_return_sequences=4)
+            want, _ = hf_beams(model, src, mask, **kw)
+            got[early] = session.generate(src.numpy(), max_new_tokens=MAX_NEW, **kw)
+            np.testing.assert_array_equal(got[early], want)
+        pad = model.config.pad_token_id
+        differ += sum(list(a[a != pad]) != list(b[b != pad]) for a, b in zip(got[True], got[False]))
+    assert differ > 0
+
+
 def test_beam_search_is_not_greedy_on_these_models(marians):
     """The parity above would be weak if beams always found the greedy answer: they do not."""
     differ = 0
