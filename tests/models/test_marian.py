@@ -86,9 +86,10 @@ def test_refuses_what_it_cannot_express_with_every_reason(tmp_path):
     cfg = marian_config(**CONFIGS["swish-scaled"]).to_dict()
     cfg.update(decoder_attention_heads=2, decoder_ffn_dim=64, activation_function="mish",
                bad_words_ids=[[5, 6]], normalize_before=True)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError) as e:
-        export_bundle(tmp_path, tmp_path / "out")
+        export_bundle(tmp_path / "m", tmp_path / "out")  # -o beside the model: inside it is refused
     msg = str(e.value)
     for fragment in ("decoder_attention_heads (2)", "decoder_ffn_dim (64)", "'mish'", "multi-token", "normalize_before"):
         assert fragment in msg
