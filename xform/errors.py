@@ -31,6 +31,15 @@ class InputError(XformError, ValueError):
     """Bad input to generate / translate: shapes, dtypes, ids outside the vocabulary, lengths."""
 
 
+class SettingError(InputError):
+    """A request setting out of range: `settings` names the settings at fault (GenerationConfig
+    fields, or `target_prefix`), first the first, so each front door names them its own way."""
+
+    def __init__(self, message: str, *settings: str):
+        super().__init__(message)
+        self.settings = settings
+
+
 class ToleranceError(XformError):
     """A numerical check that exceeded its tolerance."""
 

@@ -30,17 +30,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from xform.errors import InputError
+from xform.errors import SettingError
+from xform.runtime.controls import flags
 
 NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added in float32
-FLAGS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "num_beams": "--num-beams",
-         "length_penalty": "--length-penalty", "early_stopping": "--early-stopping",
-         "num_return_sequences": "--num-return-sequences", "do_sample": "--sample", "temperature": "--temperature",
-         "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "forced_bos_token_id": "--forced-bos-id",
-         "repetition_penalty": "--repetition-penalty", "no_repeat_ngram_size": "--no-repeat-ngram-size",
-         "bad_words_ids": "--bad-words", "suppress_tokens": "--suppress-tokens",
-         "return_alternatives": "--alternatives", "target_prefix": "--target-prefix"}
-
 
 # The longest decode unless the bundle or the caller says otherwise: CTranslate2's
 # max_decoding_length. Not the position table's size: a tutorial model's table holds 5,000
@@ -75,17 +68,28 @@ def int_id(value) -> int:
     return int(value)
 
 
+def whole(v: Any, low: int) -> bool:
+    """An integer (not a bool) >= low."""
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+
+
+def number(v: Any) -> bool:
+    """A finite int or float."""
+    return isinstance(v, (int, float)) and bool(np.isfinite(v))
+
+
 def named(param: str, names: Mapping[str, str] | None = None) -> str:
     """A setting as a front door names it in a message: the CLI and the Python API as
     `param (--flag)`; another door by its own `names` (the server: `input 'num_beams'`)."""
     if names is not None:
         return names.get(param, param)
-    return f"{param} ({FLAGS[param]})" if param in FLAGS else param
+    cli = flags()
+    return f"{param} ({cli[param]})" if param in cli else param
 
 
 def flag(param: str, names: Mapping[str, str] | None = None) -> str:
     """A setting named alone: the CLI's flag, or another door's name for it (`names`)."""
-    return FLAGS[param] if names is None else names.get(param, param)
+    return flags()[param] if names is None else names.get(param, param)
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,18 @@ class GenerationConfig:
     names: InitVar[Mapping[str, str] | None] = None
 
     def __post_init__(self, names: Mapping[str, str] | None):
-        problems = []
-        for name in ("bad_words_ids", "suppress_tokens"):  # lists in, tuples kept: the config stays hashable
+        problems: list[tuple[str, str]] = []  # (the setting at fault, the message)
+        self._id_lists(problems, names)
+        self._ranges(problems, names)
+        if not problems:
+            self._combinations(problems, names)
+        if problems:
+            raise SettingError("invalid generation settings:\n  - " + "\n  - ".join(m for _, m in problems),
+                               *(name for name, _ in problems))
+
+    def _id_lists(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+        """bad_words_ids and suppress_tokens checked, kept as tuples: the config stays hashable."""
+        for name in ("bad_words_ids", "suppress_tokens"):
             value = getattr(self, name)
             try:
                 if name == "bad_words_ids":
@@ -130,63 +144,58 @@ class GenerationConfig:
                     value = tuple(int_id(i) for i in value)
             except (TypeError, ValueError) as e:
                 shape = "a list of id sequences" if name == "bad_words_ids" else "a list of ids"
-                problems.append(f"{named(name, names)} must be {shape} (integers >= 0), got {value!r} ({e})")
+                problems.append((name, f"{named(name, names)} must be {shape} (integers >= 0), got {value!r} ({e})"))
                 value = ()
             object.__setattr__(self, name, value)
 
-        def whole(name, low):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-                problems.append(f"{named(name, names)} must be an integer >= {low}, got {v!r}")
+    def _ranges(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+        """Each setting alone: its type and range."""
+        def bad(name: str, message: str) -> None:
+            problems.append((name, f"{named(name, names)} {message}"))
 
-        whole("max_new_tokens", 0)
-        whole("min_new_tokens", 0)
-        whole("num_beams", 1)
-        whole("num_return_sequences", 1)
-        whole("top_k", 0)
-        whole("no_repeat_ngram_size", 0)
-        if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
-                or not self.repetition_penalty > 0 or not np.isfinite(self.repetition_penalty)):
-            problems.append(f"{named('repetition_penalty', names)} must be a number > 0 (1.0: off), got "
-                            f"{self.repetition_penalty!r}")
+        for name, low in (("max_new_tokens", 0), ("min_new_tokens", 0), ("num_beams", 1),
+                          ("num_return_sequences", 1), ("top_k", 0), ("no_repeat_ngram_size", 0)):
+            if not whole(getattr(self, name), low):
+                bad(name, f"must be an integer >= {low}, got {getattr(self, name)!r}")
+        penalty = self.repetition_penalty
+        if isinstance(penalty, bool) or not number(penalty) or not penalty > 0:
+            bad("repetition_penalty", f"must be a number > 0 (1.0: off), got {penalty!r}")
         if not problems and self.min_new_tokens > self.max_new_tokens:
-            problems.append(f"{named('min_new_tokens', names)} {self.min_new_tokens} exceeds "
-                            f"{named('max_new_tokens', names)} {self.max_new_tokens}")
+            bad("min_new_tokens", f"{self.min_new_tokens} exceeds {named('max_new_tokens', names)} "
+                                  f"{self.max_new_tokens}")
         if self.early_stopping not in (True, False, "never"):
-            problems.append(f"{named('early_stopping', names)} must be true, false or never, got "
-                            f"{self.early_stopping!r}")
-        if not isinstance(self.length_penalty, (int, float)) or not np.isfinite(self.length_penalty):
-            problems.append(f"{named('length_penalty', names)} must be a finite number, got {self.length_penalty!r}")
-        if (not isinstance(self.temperature, (int, float)) or not self.temperature > 0
-                or not np.isfinite(self.temperature)):
-            problems.append(f"{named('temperature', names)} must be > 0, got {self.temperature!r}")
+            bad("early_stopping", f"must be true, false or never, got {self.early_stopping!r}")
+        if not number(self.length_penalty):
+            bad("length_penalty", f"must be a finite number, got {self.length_penalty!r}")
+        if not number(self.temperature) or not self.temperature > 0:
+            bad("temperature", f"must be > 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            problems.append(f"{named('top_p', names)} must be in (0, 1], got {self.top_p!r}")
-        if self.forced_bos_token_id is not None and (isinstance(self.forced_bos_token_id, bool) or not isinstance(
-                self.forced_bos_token_id, (int, np.integer)) or self.forced_bos_token_id < 0):
-            problems.append(f"{named('forced_bos_token_id', names)} must be a token id (an integer >= 0), got "
-                            f"{self.forced_bos_token_id!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
-                                      or self.seed < 0):
-            problems.append(f"{named('seed', names)} must be a non-negative integer, got {self.seed!r}")
-        if not problems:
-            if self.do_sample and self.num_beams > 1:
-                problems.append(f"{named('do_sample', names)} with {named('num_beams', names)} {self.num_beams}: "
-                                "beam sampling is not supported; sample with num_beams 1, or search beams without "
-                                "sampling")
-            elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
-                problems.append(f"{named('num_return_sequences', names)} {self.num_return_sequences} exceeds "
-                                f"{named('num_beams', names)} {self.num_beams}: beam search returns at most its beams")
-            elif self.return_alternatives and (self.num_beams > 1 or self.do_sample):
-                problems.append(f"{named('return_alternatives', names)} continues each alternative greedily: not with "
-                                f"{named('num_beams', names)} {self.num_beams} or {named('do_sample', names)}")
-            elif (self.num_beams == 1 and not self.do_sample and not self.return_alternatives
-                  and self.num_return_sequences > 1):
-                problems.append(f"{named('num_return_sequences', names)} {self.num_return_sequences} needs beams "
-                                f"({named('num_beams', names)} >= it), sampling ({flag('do_sample', names)}) or "
-                                f"alternatives ({flag('return_alternatives', names)}); greedy decoding has one answer")
-        if problems:
-            raise InputError("invalid generation settings:\n  - " + "\n  - ".join(problems))
+            bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if self.forced_bos_token_id is not None and not whole(self.forced_bos_token_id, 0):
+            bad("forced_bos_token_id", f"must be a token id (an integer >= 0), got {self.forced_bos_token_id!r}")
+        if self.seed is not None and not whole(self.seed, 0):
+            bad("seed", f"must be a non-negative integer, got {self.seed!r}")
+
+    def _combinations(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+        """Settings that exclude each other: the first such pair."""
+        beams = f"{named('num_beams', names)} {self.num_beams}"
+        sequences = f"{named('num_return_sequences', names)} {self.num_return_sequences}"
+        if self.do_sample and self.num_beams > 1:
+            problems.append(("do_sample", f"{named('do_sample', names)} with {beams}: beam sampling is not "
+                                          "supported; sample with num_beams 1, or search beams without sampling"))
+        elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+            problems.append(("num_return_sequences", f"{sequences} exceeds {beams}: beam search returns at most "
+                                                     "its beams"))
+        elif self.return_alternatives and (self.num_beams > 1 or self.do_sample):
+            problems.append(("return_alternatives", f"{named('return_alternatives', names)} continues each "
+                                                    f"alternative greedily: not with {beams} or "
+                                                    f"{named('do_sample', names)}"))
+        elif (self.num_beams == 1 and not self.do_sample and not self.return_alternatives
+              and self.num_return_sequences > 1):
+            problems.append(("num_return_sequences", f"{sequences} needs beams ({named('num_beams', names)} >= "
+                                                     f"it), sampling ({flag('do_sample', names)}) or alternatives "
+                                                     f"({flag('return_alternatives', names)}); greedy decoding "
+                                                     "has one answer"))
 
     @property
     def strategy(self) -> str:
