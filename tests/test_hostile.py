@@ -1,7 +1,7 @@
 """Untrusted bundles and checkpoints, one table: each case edits a copy of the demo bundle the way
 an attacker or a careless hand would (re-hashing the manifest so the hash check alone does not
 catch it), then `xform run` must exit 1 with a message naming the file and the problem, print no
-traceback, and write nothing. README "What xform refuses" lists the same cases."""
+traceback, and write nothing. docs/cli.md "What xform refuses" lists the same cases."""
 import json
 import os
 import pickle

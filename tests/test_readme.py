@@ -78,14 +78,19 @@ def test_gitignore_holds_what_the_readme_commands_write():
     assert {"demo-bundle", "demo16"} <= set(written), written
     ignored = (README.parent / ".gitignore").read_text().splitlines()
     assert [w for w in written if f"/{w}/" not in ignored] == []
+    files = re.findall(r"> ([\w-]+\.\w+)|--json ([\w-]+\.\w+)", README.read_text())
+    files = sorted({a or b for a, b in files if (a or b) != "FILE"})
+    assert {"numbers.txt", "translations.tsv", "scores.json"} <= set(files), files
+    assert [f for f in files if f"/{f}" not in ignored] == []
 
 
-def test_readme_refuses_only_the_generation_settings_the_importer_refuses():
-    """The M2M100 / BART section's list of refused generation settings is the importer's, and names
-    none of those it records as the bundle's defaults (n-gram blocking, repetition penalty)."""
+def test_models_guide_refuses_only_the_generation_settings_the_importer_refuses():
+    """docs/models.md's M2M100 / BART section's list of refused generation settings is the
+    importer's, and names none of those it records as the bundle's defaults (n-gram blocking,
+    repetition penalty)."""
     from xform.models.bart_family import RECORDED_GENERATION, UNSUPPORTED_GENERATION
 
-    section = README.read_text().split("## M2M100, NLLB, mBART, BART", 1)[1].split("\n## ", 1)[0]
+    section = (README.parent / "docs" / "models.md").read_text().split("## M2M100, NLLB, mBART, BART", 1)[1].split("\n## ", 1)[0]
     refused = re.search(r"Refused by name[^:]*: generation settings xform does not reproduce\s*\((.*?)\)",
                         section, re.S)
     assert refused, "the section no longer says which generation settings are refused"

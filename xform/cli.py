@@ -1039,7 +1039,7 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
     for name in model_names(path.name, opts):
         out.print(f"wrote {path.parent / name} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
     out.print(f"serve it here: xform serve {bundle} (with the same model flags; it starts the tritonserver of the "
-              "nvidia-pytriton wheel, see README \"Serving\")")
+              "nvidia-pytriton wheel, see docs/serving.md)")
     out.print(f"or in NVIDIA's container, with xform installed in its Python: docker run --gpus all -p 8000:8000 "
               f"-v {repo.resolve()}:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver "
               "--model-repository /models")

@@ -7,7 +7,7 @@ it and the runtime binds by it. Pure Python: no torch, no onnx.
 The decoder's self-attention cache is one buffer per layer, key and value, of a fixed capacity
 (`cache_len`) that the runtime owns and updates in place. Every row has its own position
 (`positions`, (batch,): the number of its tokens already in the cache, so rows that joined a
-running batch at different steps decode side by side, DESIGN section 1): a step reads the first
+running batch at different steps decode side by side, docs/design.md "In-flight batching"): a step reads the first
 `positions[r]` positions of row r of `cache_*` (the rest is masked, whatever it holds), attends
 over them and its own new token at position `positions[r]`, and returns only that token's keys
 and values (`new_*`, one position), which the runtime writes at `positions[r]`. No step allocates

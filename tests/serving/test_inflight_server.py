@@ -262,15 +262,15 @@ def test_a_killed_engine_is_reported_and_the_front_answers_with_the_reason(demo_
 
 
 def test_the_readme_grpc_stream_snippet(served, session, capsys):
-    """README "Serving": the tritonclient streaming snippet prints each token's text, then the
-    whole translation."""
+    """docs/serving.md "Streaming": the tritonclient streaming snippet prints each token's text, then
+    the whole translation."""
     from tests.test_readme import README
     server, name = served
     code = re.search(r"<!-- grpc-stream-snippet -->\s*```python\n(.*?)\n```\s*<!-- /grpc-stream-snippet -->",
-                     README.read_text(), re.S).group(1)
+                     (README.parent / "docs" / "serving.md").read_text(), re.S).group(1)
     code = code.replace("localhost:8001", f"127.0.0.1:{server.grpc_port}").replace("demo-bundle-stream",
                                                                                   f"{name}-stream")
-    exec(compile(code, "README.md grpc-stream-snippet", "exec"), {})
+    exec(compile(code, "docs/serving.md grpc-stream-snippet", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
     want = session.translate(["40512"])[0]
     assert lines[-1] == want and "".join(lines[:-1]).strip() == want.strip() and len(lines) > 2

@@ -1,4 +1,4 @@
-"""`xform build-engine`: TensorRT engines from a bundle's ONNX graphs (DESIGN section 5).
+"""`xform build-engine`: TensorRT engines from a bundle's ONNX graphs (docs/cli.md, build-engine).
 
 Strongly typed networks (precision comes from the graph), one optimization profile over batch,
 source length and cache capacity derived from the graph contract and the flags, TF32 cleared unless

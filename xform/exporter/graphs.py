@@ -2,7 +2,7 @@
 
 The wrapper modules only flatten the model's structured inputs and outputs into the tensor lists
 of xform/contract.py; all computation is the model's own. Tracing uses the TorchScript exporter
-(`dynamo=False`), which keeps a zero-length past valid (DESIGN section 3).
+(`dynamo=False`), which keeps a zero-length past valid (docs/design.md "The K/V cache").
 It does not verify (verify.py) or write manifests (export.py).
 """
 from __future__ import annotations

@@ -203,7 +203,7 @@ def reorder_cache(past: list[LayerKV], beam_idx: Tensor) -> list[LayerKV]:
 
 
 def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
-    """A copy for the fp16 graphs (DESIGN section 4): weights and matmuls in fp16; LayerNorm and
+    """A copy for the fp16 graphs (docs/quality.md "Tolerances"): weights and matmuls in fp16; LayerNorm and
     softmax run in fp32 (the modules cast); the output projection (and so a tied embedding
     table, stored once) and the output bias stay fp32, so logits accumulate in fp32."""
     import copy

@@ -1,4 +1,4 @@
-"""The bundle: a deployment directory and its versioned manifest (DESIGN section 2).
+"""The bundle: a deployment directory and its versioned manifest (docs/bundle.md).
 
 A directory and its manifest (xform/manifest.py, which reads, validates and writes the manifest
 itself): `Bundle.open` holds the manifest's paths inside the directory and verifies every file's

@@ -1,10 +1,10 @@
 """The decoder's K/V caches as one object with the operations decoding needs, on the host or a device.
 
-A decode is a set of rows (DESIGN section 1). Every layer's self-attention keys and values are a
-(rows, H, C, Dh) buffer of capacity C, updated in place (contract.py); the encoder's cross
-keys and values are (sources, H, S, Dh), one copy per source however many rows decode it (beams
-and samples of a source are its rows: the decoder graph treats them as extra queries). Both are a
-`RowBuffers`: tensors whose first axis is gathered together.
+A decode is a set of rows (docs/design.md "Rows are the unit of work"). Every layer's
+self-attention keys and values are a (rows, H, C, Dh) buffer of capacity C, updated in place
+(contract.py); the encoder's cross keys and values are (sources, H, S, Dh), one copy per source
+however many rows decode it (beams and samples of a source are its rows: the decoder graph treats
+them as extra queries). Both are a `RowBuffers`: tensors whose first axis is gathered together.
 
     cache.write(p)              # the step's new keys / values (cache.new) into position p, or
                                 # row r's into p[r] (rows at their own positions)

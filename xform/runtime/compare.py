@@ -207,7 +207,7 @@ DECODE_SOURCES = 64  # sources a check decodes when judging by decodes and no te
 GROSS_TOKEN_AGREEMENT = 0.75
 
 
-# DESIGN section 4. One table, read by export verification and by --check. A beam score sums up to
+# docs/quality.md "Tolerances". One table, read by export verification and by --check. A beam score sums up to
 # max_new_tokens log-probs; each moves by at most twice its logits' error (the logit and the
 # log-sum-exp), so a score's tolerance is looser than a logit's.
 TOLERANCES: dict[str, Tolerance] = {

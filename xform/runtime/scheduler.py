@@ -1,4 +1,4 @@
-"""Rows that live their own lives: one running batch that requests join and leave (DESIGN section 1).
+"""Rows that live their own lives: one running batch that requests join and leave (docs/design.md "In-flight batching").
 
 A `Batch` runs the decoder over every row of its requests at once, each row at its own position
 (the decoder graph's per-row `positions`, contract.py). A request's rows join at a step boundary

@@ -1,0 +1,159 @@
+"""Every command and snippet in the README and the guides in docs/ runs somewhere in the suite.
+
+The README's quick starts run here, with small models built by the tests standing in for the
+downloads they name (`path/to/opus-mt-en-de`, `path/to/nllb-200-distilled-600M`, a tutorial's
+`model.pt`); its main and test commands, Python and serving lines in tests/test_readme.py and
+tests/serving; what cannot run here (a GPU, systemd, Kubernetes) is listed in ELSEWHERE with the
+reason, and its xform command line is still parsed by the CLI. A block added to the README or a
+guide without a test that runs it fails `test_every_block_is_accounted_for`.
+"""
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xform.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDES = ["README.md", "docs/cli.md", "docs/models.md", "docs/decoding.md", "docs/quality.md", "docs/serving.md",
+          "docs/python.md", "docs/bundle.md"]
+
+# marked blocks and who runs them
+RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/test_readme.py checks it)",
+       "python-snippet": "tests/test_readme.py", "serve-command": "tests/serving/test_server.py",
+       "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
+       "file-command": "here", "hf-command": "here", "own-model-command": "here"}
+# unmarked blocks, by their first line
+ELSEWHERE = {
+    "curl -s -X POST localhost:8000/v2/models/demo-bundle/infer": "tests/serving/test_server.py",
+    "curl -s -N -X POST localhost:8000/v2/models/demo-bundle-stream/generate_stream":
+        "tests/serving/test_inflight_server.py",
+    "xform export demo -o demo16 --precision fp16": "needs a GPU to run engines: tests/exporter/test_engine.py "
+                                                   "builds the demo's fp16 engines with TensorRT-RTX; "
+                                                   "tests/runtime/test_trt_backend.py runs them on a GPU",
+    "[Unit]": "a systemd unit (no systemd here): its ExecStart is parsed below; "
+              "tests/serving/test_lifecycle.py tests the SIGTERM stop it relies on",
+    "containers:": "a Kubernetes container spec: its args are parsed below; the probes' endpoints are "
+                   "Triton's, tested by tests/serving/test_server.py",
+}
+
+
+def blocks():
+    """(file, language, marker or None, text) of every fenced block."""
+    for name in GUIDES:
+        text = (ROOT / name).read_text()
+        for m in re.finditer(r"(?:<!-- ([\w-]+) -->\s*)?^```(\w*)\n(.*?)^```", text, re.S | re.M):
+            yield name, m.group(2), m.group(1), m.group(3)
+
+
+def test_every_block_is_accounted_for():
+    missing, seen = [], set()
+    for name, lang, marker, text in blocks():
+        first = text.splitlines()[0].strip() if text.strip() else ""
+        if marker in RUN:
+            seen.add(marker)
+        elif lang == "text":
+            continue  # synopses and layouts, not commands
+        elif any(first.startswith(k) for k in ELSEWHERE):
+            seen.add(next(k for k in ELSEWHERE if first.startswith(k)))
+        else:
+            missing.append(f"{name}: ```{lang} block starting {first!r}")
+    assert missing == [], "blocks no test runs (mark them and run them, or list them in ELSEWHERE):\n" + \
+        "\n".join(missing)
+    assert set(RUN) | set(ELSEWHERE) == seen, f"listed but gone from the docs: {set(RUN) | set(ELSEWHERE) - seen}"
+
+
+def marked(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)\n```\s*<!-- /{marker} -->", text, re.S)
+    assert m, f"README has no {marker} block"
+    return m.group(1)
+
+
+def run_lines(block: str, cwd: Path) -> list[str]:
+    """Each line of a README block as a user pastes it: xform commands through the CLI (with a
+    `> FILE` redirect written), anything else through bash. Returns each command's output."""
+    outputs = []
+    for line in block.splitlines():
+        line = line.split("  #")[0].strip()
+        if not line.startswith("xform "):
+            subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=cwd, check=True)
+            continue
+        command, _, redirect = line.partition(" > ")
+        r = CliRunner().invoke(main, shlex.split(command)[1:])
+        assert r.exit_code == 0, (line, r.output)
+        if redirect:
+            (cwd / redirect.strip()).write_text(r.stdout)
+        outputs.append(r.output)
+    return outputs
+
+
+def test_file_quick_start(demo_bundle, tmp_path, monkeypatch):
+    pytest.importorskip("sacrebleu")
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
+    run_lines(marked("file-command"), tmp_path)
+    rows = (tmp_path / "translations.tsv").read_text().split("\n")
+    assert rows[:4] == ["40512\tforty thousand five hundred twelve", "7\tseven", "\t",
+                        "123456\tone hundred twenty three thousand four hundred fifty six"]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100) and scores["lines"] == 4
+
+
+def test_hugging_face_quick_start(tmp_path, monkeypatch):
+    """The README's Marian and NLLB lines, on a small trained Marian with OPUS-MT's tokenizer files
+    and a small NLLB with NllbTokenizer's, saved by transformers where the README's paths point."""
+    pytest.importorskip("transformers")
+    from tests.marian_fixtures import build_text_marian
+    from tests.models.test_multilingual_text import make_model, make_tokenizer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "path/to/opus-mt-en-de").mkdir(parents=True)
+    build_text_marian(tmp_path / "path/to/opus-mt-en-de", seed=0, steps=40, d_model=32, encoder_layers=1,
+                      decoder_layers=2)
+    nllb = tmp_path / "path/to/nllb-200-distilled-600M"
+    nllb.mkdir()
+    tok = make_tokenizer("nllb", tmp_path)
+    make_model("nllb", len(tok)).save_pretrained(nllb)
+    tok.save_pretrained(nllb)
+    outputs = run_lines(marked("hf-command"), tmp_path)
+    assert outputs[1].startswith("The cat sleeps.\t") and "check passed" in outputs[1]
+    assert outputs[3].startswith("Le chat dort.\t") and "check passed" in outputs[3]
+
+
+def test_own_model_quick_start(tmp_path, monkeypatch):
+    """The README's state dict lines, on PyTorch's translation tutorial model with 8 heads and
+    torchtext-style vocabularies (`<unk>`, `<pad>`, `<bos>`, `<eos>` at ids 0-3)."""
+    import torch
+
+    from tests import torch_nn_modules as tn
+    monkeypatch.chdir(tmp_path)
+    specials = ["<unk>", "<pad>", "<bos>", "<eos>"]
+    src = specials + "ein mann fährt fahrrad . eine frau".split()
+    tgt = specials + "a man rides bike . woman".split()
+    (tmp_path / "src_vocab.json").write_text(json.dumps(src))
+    (tmp_path / "tgt_vocab.json").write_text(json.dumps(tgt))
+    torch.manual_seed(0)
+    model = tn.Seq2SeqTransformer(2, 1, 32, 8, len(src), len(tgt), dim_feedforward=40)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    outputs = run_lines(marked("own-model-command"), tmp_path)
+    assert "check passed" in outputs[1] and outputs[1].startswith("ein mann fährt fahrrad .\t")
+
+
+@pytest.mark.parametrize("start", ["[Unit]", "containers:"])
+def test_production_configs_name_a_command_the_cli_takes(start, tmp_path):
+    """The systemd unit's ExecStart and the Kubernetes args are `xform serve` lines whose flags the
+    CLI accepts: run against a missing bundle, the error is the bundle's, not a usage error."""
+    text = next(t for _, _, _, t in blocks() if t.startswith(start))
+    if start == "[Unit]":
+        argv = shlex.split(re.search(r"^ExecStart=\S+ (.*)$", text, re.M).group(1))
+    else:
+        argv = json.loads(re.search(r"args: (\[.*\])", text).group(1))[1:]
+    assert argv[0] == "serve"
+    argv[1] = str(tmp_path / "absent")
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 1 and "absent" in r.output, r.output
