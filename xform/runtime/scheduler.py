@@ -1,18 +1,7 @@
-"""Rows that live their own lives: one running batch that requests join and leave (docs/design.md "In-flight batching").
+"""In-flight batching for a server or a file: a thread that owns one running batch (loop.py,
+docs/design.md "In-flight batching").
 
-A `Batch` runs the decoder over every row of its requests at once, each row at its own position
-(the decoder graph's per-row `positions`, contract.py). A request's rows join at a step boundary
-at position 0 while the others go on at theirs; a request's rows leave when its strategy is done
-with them, and its result is ready that very step. Each request keeps its own strategy
-(decoding.py), so what it decodes is what it decodes alone: greedy, beams (a request's beams stay
-together, the rows of one source next to each other) and sampling.
-
-    batch = Batch(backend, start_id)
-    item = batch.admit(Decode(strategy, src_ids, src_lengths, ...))   # start, or join the running rows
-    finished = batch.step()          # one decoder step over every row; the requests done at it
-
-`Session.decode` runs one request through a Batch to its end: the one decoding loop. The
-`Scheduler` above it owns a running batch for a server or a file: requests are queued from any
+The `Scheduler` above it owns a running batch for a server or a file: requests are queued from any
 thread (`submit` -> a Future; `stream` for tokens as they come), encoded and joined at the next
 step boundary while rows and cache memory allow, and their results delivered as soon as they end.
 Joining needs a backend that can add rows to a running batch (`has_join`: ONNX Runtime);
@@ -29,6 +18,9 @@ from typing import Any, Callable
 import numpy as np
 
 from xform.errors import InputError, XformError
+from xform.runtime.loop import Batch, Decode
+
+__all__ = ["Batch", "Cancelled", "Decode", "OverloadedError", "RequestFuture", "Scheduler", "Ticket"]
 
 
 class OverloadedError(XformError):
@@ -37,153 +29,6 @@ class OverloadedError(XformError):
 
 class Cancelled(XformError):
     """The request was cancelled (its client went away) before it finished."""
-
-
-@dataclass(eq=False)
-class Decode:
-    """One request in a batch: its sources, its strategy, what it returns and whom it tells."""
-
-    strategy: Any  # decoding.Greedy / Sample / Alternatives / BeamSearch
-    src_ids: np.ndarray
-    src_lengths: np.ndarray
-    return_scores: bool = False
-    return_token_scores: bool = False
-    return_attention: bool = False
-    on_step: Callable[[int], None] | None = None  # progress: called with each finished step
-    on_tokens: Callable[[np.ndarray], None] | None = None  # streaming: each step's ids, one per output row
-    step: int = 0
-    tokens: np.ndarray | None = None  # the ids the rows feed at the next step
-    output: Any = None
-    done: bool = False
-    cancelled: bool = False
-    sent: int = 0  # streaming: steps already reported
-
-    @property
-    def rows(self) -> int:
-        return 0 if self.tokens is None else len(self.tokens)
-
-    @property
-    def min_new(self) -> int:
-        return self.strategy.graph_min_new_tokens or 0  # None: the strategy applies it on the host
-
-    def result(self):
-        """What Session.generate returns: ids, then scores, token scores and attention as asked."""
-        s = self.strategy
-        ids, scores = s.result()
-        out: tuple = (ids.astype(np.int64, copy=False),)
-        if self.return_scores or self.return_token_scores:
-            out += (scores,)
-        if self.return_token_scores:
-            out += (s.per_token(),)
-        if self.return_attention:
-            out += (s.attentions(),)
-        return out if len(out) > 1 else out[0]
-
-
-class Batch:
-    """The running rows of the requests admitted over one backend, stepped together."""
-
-    def __init__(self, backend, start_id: int, pad_id: int = 0):
-        self.backend, self.start_id, self.pad_id = backend, start_id, pad_id
-        self.items: list[Decode] = []
-        self.pending: np.ndarray | None = None  # the backend's rows to continue, applied at the next step
-
-    @property
-    def rows(self) -> int:
-        return sum(d.rows for d in self.items)
-
-    @property
-    def group(self) -> int | None:
-        """Rows a source of the running requests (one batch reads its sources in equal groups)."""
-        return self.items[0].strategy.group if self.items else None
-
-    @property
-    def key(self) -> tuple | None:
-        return self.key_of(self.items[0]) if self.items else None
-
-    @staticmethod
-    def key_of(item: Decode) -> tuple:
-        """Requests that may share a batch: the same rows a source, the same ranked candidates."""
-        return item.strategy.group, item.strategy.candidates_wanted
-
-    def can_join(self, item: Decode, first: Decode | None = None) -> bool:
-        """Whether `item` may join the running batch (or, empty, a new one that `first` opens)."""
-        if self.items:
-            key = self.key
-        elif first is not None:
-            key = self.key_of(first)
-        else:
-            return True
-        return getattr(self.backend, "has_join", False) and self.key_of(item) == key
-
-    def admit(self, *items: Decode) -> None:
-        """The requests' sources encoded together (one encoder run, padded to the longest) and
-        their rows added at position 0, in order: a new batch, or at the end of the running one
-        (the pending reorder applied first, so row numbers are current). They share one key."""
-        group = items[0].strategy.group
-        for item in items:
-            if (self.items or item is not items[0]) and not self.can_join(item, items[0]):
-                raise InputError(f"this request ({item.strategy.group} rows a source) cannot join the running "
-                                 f"batch ({self.group or group} rows a source)")
-        if len(items) == 1:
-            src, lengths = items[0].src_ids, items[0].src_lengths
-        else:
-            width = max(i.src_ids.shape[1] for i in items)
-            src = np.concatenate([np.pad(i.src_ids, ((0, 0), (0, width - i.src_ids.shape[1])),
-                                         constant_values=self.pad_id) for i in items])
-            lengths = np.concatenate([i.src_lengths for i in items])
-        if not self.items:
-            self.pending = None
-            self.backend.start(src, lengths, group)
-        else:
-            if self.pending is not None:
-                self.backend.gather(self.pending)
-                self.pending = None
-            self.backend.join(src, lengths, group)
-        for item in items:
-            item.tokens = np.full(item.strategy.rows, self.start_id, np.int64)
-            self.items.append(item)
-
-    def step(self) -> list[Decode]:
-        """One decoder step over every running row; returns the requests that ended at it (their
-        rows leave the backend with the next step's gather, or before the next join)."""
-        items = self.items
-        tokens = np.concatenate([d.tokens for d in items])
-        min_new = items[0].min_new if len(items) == 1 else np.repeat([d.min_new for d in items],
-                                                                      [d.rows for d in items])
-        ranked = {}
-        wanted = items[0].strategy.candidates_wanted  # one value in a batch (Batch.key_of)
-        if wanted and getattr(self.backend, "has_candidates", False):
-            ranked = {"candidates": wanted}
-        needs_logits = any(d.strategy.needs_logits for d in items)
-        nxt, out = self.backend.step(tokens, min_new, needs_logits, self.pending, **ranked)
-        attention = self.backend.attention() if any(d.return_attention for d in items) else None
-        finished, keep_rows, offset = [], [], 0
-        for d in items:
-            rows = slice(offset, offset + d.rows)
-            offset += d.rows
-            part = None if out is None else (tuple(o[rows] for o in out) if isinstance(out, tuple) else out[rows])
-            args: tuple[np.ndarray, ...] = ()
-            if d.return_attention:
-                assert attention is not None  # fetched above: this request returns it
-                # each source's columns start at 0; the batch's may be wider (a longer source joined)
-                args = (attention[rows, :d.src_ids.shape[1]],)
-            tokens, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
-            if d.on_step is not None:
-                d.on_step(d.step)
-            d.step += 1
-            if tokens is None or d.step >= d.strategy.steps_needed or d.cancelled:
-                d.done, d.tokens = True, None
-                if not d.cancelled:
-                    d.output = d.result()
-                finished.append(d)
-                continue
-            keep_rows.append(rows.start + (np.arange(rows.stop - rows.start) if keep is None else keep))
-            d.tokens = np.asarray(tokens, np.int64)
-        self.items = [d for d in items if not d.done]
-        idx = np.concatenate(keep_rows).astype(np.int64) if keep_rows else np.zeros(0, np.int64)
-        self.pending = None if len(idx) == offset and (idx == np.arange(offset)).all() else idx
-        return finished
 
 
 class RequestFuture(Future):

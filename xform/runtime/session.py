@@ -16,7 +16,7 @@ from xform.errors import InputError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
-from xform.runtime.scheduler import Batch, Decode
+from xform.runtime.loop import Batch, Decode
 from xform.runtime.vocab_map import VocabMap
 
 GENERATION_FIELDS = {f.name for f in fields(GenerationConfig)}

@@ -1,0 +1,98 @@
+"""One request and one result: what every front door parses into and gets back.
+
+The CLI's flags (cli), the Python keywords (`Session.request`, the translator's methods) and
+Triton's tensors (serving/handler.py `parse`) each build a `Request` in one place; the decoding
+loop (`Session.run`, the `Scheduler`) runs it and answers a `Result`, named fields instead of a
+tuple whose length depends on what was asked. `Session.generate` keeps its documented tuple
+(`Result.astuple`).
+
+What the request holds is checked where it is built (`Session.request`): sources right-padded
+int64 within the vocabulary, the generation config within the model, the prefixes one a source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xform.runtime.decoding import GenerationConfig
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One decode: its sources (ids; with their texts when they came as text), how to decode
+    them, and what to return."""
+
+    src_ids: np.ndarray  # (B, S) int64, right-padded with the pad id
+    src_lengths: np.ndarray  # (B,) int64
+    generation: GenerationConfig
+    target_prefix: tuple[tuple[int, ...], ...] | None = None  # one id list a source (empty: none)
+    return_scores: bool = False
+    return_token_scores: bool = False
+    return_attention: bool = False
+    # the sources as text, when they came as text: unknown replacement copies source words from
+    # them, a vocabulary map reads their n-grams
+    texts: tuple[str, ...] | None = None
+    replace_unknowns: bool = False  # unknown target tokens become source words (the translator's)
+    vocabulary: np.ndarray | None = None  # target ids a restricted decode may generate (decodes alone)
+
+    @property
+    def batch(self) -> int:
+        return int(self.src_ids.shape[0])
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows the request asks for: sources x beams, or x sequences."""
+        gen = self.generation
+        return self.batch * (gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences)
+
+    @property
+    def wants_scores(self) -> bool:
+        return self.return_scores or self.return_token_scores
+
+    @property
+    def wants_attention(self) -> bool:
+        return self.return_attention or self.replace_unknowns
+
+    def sources(self) -> list[list[int]]:
+        """Each source's ids without padding."""
+        return [[int(i) for i in row[:n]] for row, n in zip(self.src_ids, self.src_lengths)]
+
+    def prefixes(self) -> list[list[int]] | None:
+        return None if self.target_prefix is None else [list(p) for p in self.target_prefix]
+
+
+@dataclass(frozen=True, eq=False)
+class Result:
+    """What a decode returns, `n` hypotheses a source one after another (n: num_return_sequences):
+    `ids` (B x n, length) int64, pad after each row's end-of-sentence; when asked, `scores`
+    (B x n,) float32 (beam search's length-penalized sum of log-probs, else the sum),
+    `token_scores` (B x n, length) float32 (each token's log-prob, 0 in a prefix and after the
+    end) and `attention` (B x n, length, src_len) float32."""
+
+    ids: np.ndarray
+    scores: np.ndarray | None = None
+    token_scores: np.ndarray | None = None
+    attention: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def astuple(self) -> np.ndarray | tuple[np.ndarray, ...]:
+        """What `Session.generate` returns: the ids alone, or the ids then what was asked
+        (scores, token scores, attention), in that order."""
+        out = tuple(a for a in (self.ids, self.scores, self.token_scores, self.attention) if a is not None)
+        return out if len(out) > 1 else out[0]
+
+    def rows(self, start: int, stop: int) -> "Result":
+        """The hypotheses [start, stop)."""
+        def part(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[start:stop]
+        return Result(self.ids[start:stop], part(self.scores), part(self.token_scores), part(self.attention))
+
+    def every(self, n: int) -> "Result":
+        """Each source's best of its n hypotheses."""
+        def best(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[::n]
+        return replace(self, ids=self.ids[::n], scores=best(self.scores), token_scores=best(self.token_scores),
+                       attention=best(self.attention))
