@@ -181,3 +181,15 @@ def signature_for(config: dict[str, Any], kv_dtype: str = "float32", attention: 
     head_dim = config.get("attention_head_dim") or config["d_model"] // config["n_heads"]
     return signature(config["n_decoder_layers"], config["n_heads"], head_dim,
                      config["tgt_vocab_size"], kv_dtype, attention, config["d_model"])
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond start and step (runtime/backend.py): declared, never probed.
+    Here, in the base layer, because the eager backend (models/) declares them too."""
+
+    join: bool = False  # join(): rows of new sources enter a running batch
+    candidates: bool = False  # step(..., candidates=K): beam candidates ranked where the logits are
+    attention: bool = False  # attention(): the decoder returns a layer's cross-attention
+    restriction: bool = False  # restrict(ids): decode over a subset of the target vocabulary
+    max_rows: int | None = None  # the most rows one batch may have (a TensorRT profile's batch)

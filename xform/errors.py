@@ -40,6 +40,10 @@ class SettingError(InputError):
         self.settings = settings
 
 
+class JoinRefused(InputError):
+    """Sources that could not join a running batch, which is untouched: only they fail."""
+
+
 class ToleranceError(XformError):
     """A numerical check that exceeded its tolerance."""
 

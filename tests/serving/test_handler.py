@@ -77,7 +77,7 @@ def test_a_backend_failure_is_the_servers_fault_and_too_many_rows_the_requests(d
     def broken(*args, **kwargs):
         raise RuntimeError("onnxruntime: out of memory")
     assert "max_rows 8" in execute(demo, [{"text": text("1"), "num_beams": i32(9)}], max_rows=8)[0]
-    monkeypatch.setattr(demo, "generate", broken)
+    monkeypatch.setattr(demo.backend, "step", broken)  # requests decode through the Scheduler's loop
     out = execute(demo, [{"text": text("40512")}])
     assert isinstance(out[0], ServerFault) and "decoding failed: RuntimeError" in out[0]
 
@@ -240,20 +240,20 @@ def test_greedy_requests_of_different_lengths_decode_together_cut_to_their_own(d
     each cut to its own): each answer, scores included, is what decoding it alone gives; beam
     requests keep their own batches."""
     calls = []
-    generate = demo.generate
+    start = demo.backend.start
 
-    def counting(*a, **kw):
-        calls.append(kw.get("max_new_tokens"))
-        return generate(*a, **kw)
-    demo.generate = counting
+    def counting(src_ids, *a, **kw):  # the requests decode through the Scheduler: one start a batch
+        calls.append(len(src_ids))
+        return start(src_ids, *a, **kw)
+    demo.backend.start = counting
     try:
         reqs = [{"text": text("123456"), "max_new_tokens": i32(n), "return_scores": np.array([[True]])}
                 for n in (3, 12, 6)]
         reqs.append({"text": text("999999"), "max_new_tokens": i32(4), "num_beams": i32(2)})
         out = execute(demo, reqs)
     finally:
-        demo.generate = generate
-    assert sorted(calls) == [4, 12], calls  # the three greedy requests in one decode
+        del demo.backend.start
+    assert sorted(calls) == [1, 3], calls  # the three greedy requests in one decode, the beams in their own
     for r, n in zip(out, (3, 12, 6)):
         ids, score, tokens = demo.generate(demo.encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
         np.testing.assert_array_equal(r["output_ids"], ids)

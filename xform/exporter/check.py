@@ -28,6 +28,7 @@ from xform.runtime.compare import (
 )
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.open import open_backend, open_session, session_over
+from xform.runtime.request import Request
 from xform.runtime.session import Session
 
 SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
@@ -66,11 +67,11 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     gen = generation or GenerationConfig(max_new_tokens=min(max_new_tokens, cfg["max_len"]))
     beams = None
     if gen.strategy == "beam":  # one search gives the best hypotheses and the scores compared below
-        beams = session.decode(src_ids, src_lengths, gen, return_scores=True)
-        tokens = beams[0][::gen.num_return_sequences]
+        beams = session.run(Request(src_ids, src_lengths, gen, return_scores=True))
+        tokens = beams.ids[::gen.num_return_sequences]
         tokens = tokens[:, : int((tokens != cfg["pad_id"]).any(axis=0).nonzero()[0].max(initial=-1)) + 1]
     else:
-        tokens = session.decode(src_ids, src_lengths, gen.updated(num_return_sequences=1))
+        tokens = session.run(Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
     if tokens.shape[1] == 0:
         raise XformError("--check generated no tokens; raise --new-tokens")
     got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
@@ -85,11 +86,11 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     report.strategy, report.sources = gen.strategy, sources
     ref = None
     if beams is not None:
-        ref = reference.decode(src_ids, src_lengths, gen, return_scores=True)
+        ref = reference.run(Request(src_ids, src_lengths, gen, return_scores=True))
         compare_beams(report, beams, ref, tol.score_atol, tol.score_rtol)
     if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
-        ref_tokens = ref[0][::gen.num_return_sequences] if ref is not None else reference.decode(
-            src_ids, src_lengths, gen.updated(num_return_sequences=1))
+        ref_tokens = ref.ids[::gen.num_return_sequences] if ref is not None else reference.run(
+            Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
         ref_tokens = ref_tokens[:, :max(1, int((ref_tokens != cfg["pad_id"]).any(axis=0).sum()))]
         _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
         _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)

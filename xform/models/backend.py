@@ -1,6 +1,6 @@
 """The eager PyTorch backend: the model itself behind the runtime's numpy backend interface.
 
-It lives in models/ (it needs torch) and is duck-typed to xform.runtime.backend.Backend, so the
+It lives in models/ (it needs torch) and speaks xform.runtime.backend.Backend (a Protocol), so the
 runtime never imports torch. It is the reference `--check` compares other backends with.
 """
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.errors import XformError
+from xform.contract import Capabilities
+from xform.errors import JoinRefused, XformError
 from xform.models.layers import LayerKV
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording
 
@@ -35,6 +36,16 @@ class TorchBackend:
         self.last_attention: np.ndarray | None = None
         self.has_attention = attention_layer is not None
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(attention=self.has_attention)
+
+    def gather(self, rows: np.ndarray) -> None:
+        raise XformError("the torch backend reorders rows in step(beam_idx=...) only")
+
+    def join(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
+        raise JoinRefused("the torch backend cannot add rows to a running batch (capabilities.join)")
+
     @classmethod
     def for_bundle(cls, bundle, device: str = "cpu", threads: int | None = None) -> "TorchBackend":
         """The reference of a bundle (its `reference` checkpoint), with its attention layer; the
@@ -51,7 +62,8 @@ class TorchBackend:
         self.past, self.n_steps = None, 0
 
     @torch.no_grad()
-    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
+        # candidates: capabilities.candidates is False, so the loop never asks for them
         enc = self.enc
         if enc is None:
             raise XformError("step(): no decode is running (start() first)")

@@ -13,20 +13,28 @@ self-attention cache, one row a decoded row: runtime/cache.py) itself:
         # beam_idx (R',) int64 or None: row b continues the cache of row beam_idx[b] (None: itself).
         # R' < R drops rows, whole sources at a time (their `group` rows leave together), and with
         # them the sources' cross K/V and mask. Gathered where the cache lives.
-    backend.max_rows   # optional: the most rows one batch may have (a TensorRT profile's batch)
-    backend.has_attention, backend.attention()   # optional: a bundle exported --with-attention;
-        # the last step's attention output (rows, src_len)
-    backend.has_restriction, backend.restrict(ids)   # optional (ONNX Runtime, --with-vocab-map):
-        # decode the next batches over target ids `ids` only; None: the whole vocabulary again
-    backend.has_candidates, step(..., candidates=K)  # optional: beam candidates ranked by the backend
+    backend.gather(rows)   # row i continues row rows[i] now (before a join: the pending reorder)
+    backend.join(src_ids, src_lengths, group)   # capabilities.join: new sources' rows enter a
+        # running batch at position 0, the others going on at theirs
+    backend.attention()    # capabilities.attention (a bundle exported --with-attention): the last
+        # step's attention output (rows, src_len)
+    backend.restrict(ids)  # capabilities.restriction (ONNX Runtime, --with-vocab-map): decode the
+        # next batches over target ids `ids` only; None: the whole vocabulary again
+    step(..., candidates=K)  # capabilities.candidates: beam candidates ranked by the backend
+    backend.capabilities   # which of the optional abilities above it has, and its row limit
 
-The decoding loop over it is written once, in session.py, for every strategy (decoding.py).
+The decoding loop over it is written once, in loop.py, for every strategy (decoding.py).
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from xform.contract import Capabilities
+from xform.errors import JoinRefused
+
+__all__ = ["INITIAL_CAPACITY", "Backend", "Capabilities", "JoinRefused", "Restricting"]
 
 # The self-attention cache of the graph backends is a fixed-capacity buffer updated in place
 # (contract.py): this many positions at the first step, doubled whenever a decode fills it.
@@ -34,18 +42,28 @@ INITIAL_CAPACITY = 32
 
 
 class Backend(Protocol):
+    """The whole lifecycle the decoding loop (loop.py) uses; the optional parts are named by
+    `capabilities` and called only where it says so."""
+
     name: str
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None: ...
 
-    def step(self, input_ids: np.ndarray, min_new_tokens: int, want_logits: bool = False,
-             beam_idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
+    def step(self, input_ids: np.ndarray, min_new_tokens: int | np.ndarray, want_logits: bool = False,
+             beam_idx: np.ndarray | None = None, candidates: int = 0) -> tuple[np.ndarray, Any]: ...
+
+    def gather(self, rows: np.ndarray) -> None: ...
+
+    def join(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> Any: ...
+
+    def attention(self) -> np.ndarray: ...
 
 
 @runtime_checkable
 class Restricting(Protocol):
-    """A backend that can decode over a subset of the target vocabulary (when has_restriction)."""
-
-    has_restriction: bool
+    """A backend that can decode over a subset of the target vocabulary (capabilities.restriction)."""
 
     def restrict(self, ids: np.ndarray | None) -> None: ...

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from xform.runtime.request import Result
+
 
 @dataclass
 class CheckReport:
@@ -115,11 +117,12 @@ def compare_steps(backend: str, precision: str, got_logits: np.ndarray, ref_logi
         nonfinite=nonfinite, batch=int(active.shape[0]), steps=int(active.shape[1]))
 
 
-def compare_beams(report: CheckReport, got: tuple[np.ndarray, np.ndarray], ref: tuple[np.ndarray, np.ndarray],
+def compare_beams(report: CheckReport, got: Result, ref: Result,
                   score_atol: float, score_rtol: float) -> None:
     """Beam hypotheses (ids, scores) of the backend and of eager PyTorch: the fraction that are
     token-identical, and |score - eager score| <= score_atol + score_rtol * |eager score| on those."""
-    (g_ids, g_scores), (r_ids, r_scores) = got, ref
+    (g_ids, g_scores), (r_ids, r_scores) = (got.ids, got.scores), (ref.ids, ref.scores)
+    assert g_scores is not None and r_scores is not None  # both decodes asked for scores
     width = max(g_ids.shape[1], r_ids.shape[1])
     pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1)  # noqa: E731
     same = (pad(g_ids) == pad(r_ids)).all(axis=1)

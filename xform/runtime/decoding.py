@@ -70,7 +70,7 @@ def int_id(value) -> int:
 
 def whole(v: Any, low: int) -> bool:
     """An integer (not a bool) >= low."""
-    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and bool(v >= low)
 
 
 def number(v: Any) -> bool:

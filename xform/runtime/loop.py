@@ -13,7 +13,7 @@ together, the rows of one source next to each other) and sampling.
 
 `Session.run` runs one request through a Batch to its end; the threaded `Scheduler`
 (scheduler.py) owns a running batch for a server or a file. Joining needs a backend that can add
-rows to a running batch (`has_join`: ONNX Runtime); requests that start together need none.
+rows to a running batch (`capabilities.join`: ONNX Runtime); requests that start together need none.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from xform.errors import InputError
+from xform.runtime.request import Result
 
 
 @dataclass(eq=False)
@@ -39,7 +40,7 @@ class Decode:
     on_tokens: Callable[[np.ndarray], None] | None = None  # streaming: each step's ids, one per output row
     step: int = 0
     tokens: np.ndarray | None = None  # the ids the rows feed at the next step
-    output: Any = None
+    output: Result | None = None
     done: bool = False
     cancelled: bool = False
     sent: int = 0  # streaming: steps already reported
@@ -52,18 +53,13 @@ class Decode:
     def min_new(self) -> int:
         return self.strategy.graph_min_new_tokens or 0  # None: the strategy applies it on the host
 
-    def result(self):
-        """What Session.generate returns: ids, then scores, token scores and attention as asked."""
+    def result(self) -> Result:
+        """The ids, and the scores, token scores and attention asked for."""
         s = self.strategy
         ids, scores = s.result()
-        out: tuple = (ids.astype(np.int64, copy=False),)
-        if self.return_scores or self.return_token_scores:
-            out += (scores,)
-        if self.return_token_scores:
-            out += (s.per_token(),)
-        if self.return_attention:
-            out += (s.attentions(),)
-        return out if len(out) > 1 else out[0]
+        return Result(ids.astype(np.int64, copy=False), scores if self.return_scores or self.return_token_scores
+                      else None, s.per_token() if self.return_token_scores else None,
+                      s.attentions() if self.return_attention else None)
 
 
 class Batch:
@@ -93,14 +89,11 @@ class Batch:
         return item.strategy.group, item.strategy.candidates_wanted
 
     def can_join(self, item: Decode, first: Decode | None = None) -> bool:
-        """Whether `item` may join the running batch (or, empty, a new one that `first` opens)."""
+        """Whether `item` may join the running batch (a backend with capabilities.join), or, the
+        batch empty, start with the requests `first` opens (one encoder run: any backend)."""
         if self.items:
-            key = self.key
-        elif first is not None:
-            key = self.key_of(first)
-        else:
-            return True
-        return getattr(self.backend, "has_join", False) and self.key_of(item) == key
+            return self.backend.capabilities.join and self.key_of(item) == self.key
+        return first is None or self.key_of(item) == self.key_of(first)
 
     def admit(self, *items: Decode) -> None:
         """The requests' sources encoded together (one encoder run, padded to the longest) and
@@ -139,7 +132,7 @@ class Batch:
                                                                       [d.rows for d in items])
         ranked = {}
         wanted = items[0].strategy.candidates_wanted  # one value in a batch (Batch.key_of)
-        if wanted and getattr(self.backend, "has_candidates", False):
+        if wanted and self.backend.capabilities.candidates:
             ranked = {"candidates": wanted}
         needs_logits = any(d.strategy.needs_logits for d in items)
         nxt, out = self.backend.step(tokens, min_new, needs_logits, self.pending, **ranked)

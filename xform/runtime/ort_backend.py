@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, kv_names
-from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
+from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, Capabilities, kv_names
+from xform.errors import BackendUnavailableError, BundleError, InputError, JoinRefused, XformError
 from xform.files import drop_cached
 from xform.manifest import SharedWeight as SharedEntry
 from xform.runtime.backend import INITIAL_CAPACITY
@@ -218,7 +218,10 @@ class OrtBackend:
             self.logits_buf = np.empty((R, self.vocab), np.float32) if self.ops is None else None
         self.attention_buf = np.empty((R, S), np.float32) if self.has_attention else None
 
-    has_join = True  # join(): rows of new sources enter the running batch at position 0
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(join=True, candidates=True, attention=self.has_attention,
+                            restriction=self.has_restriction)
 
     def join(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> slice:
         """Encode new sources and add their Bs x group rows at the end of the running batch, at
@@ -245,8 +248,7 @@ class OrtBackend:
             if self.ops is not None:
                 new.release()
             # nothing of the running batch was touched: only the joiners fail (Scheduler.admit reads it)
-            setattr(e, "batch_changed", False)
-            raise
+            raise JoinRefused(f"the joining sources failed to encode: {type(e).__name__}: {e}") from e
         sources = self.cross.add(Bs, S)
         width = self.cross.shape[2]
         if isinstance(new, HostRows):
@@ -313,7 +315,6 @@ class OrtBackend:
         for name, ptr in zip(names, addresses):
             bind(name, self.ort_device, 0, self.kv_dtype, list(shape), ptr)
 
-    has_candidates = True  # step(..., candidates=K) runs the candidates graph where the logits are
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
         """Each row at its own position (0 after start or join, one more each step). min_new_tokens:

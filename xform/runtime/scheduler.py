@@ -4,7 +4,7 @@ docs/design.md "In-flight batching").
 The `Scheduler` above it owns a running batch for a server or a file: requests are queued from any
 thread (`submit` -> a Future; `stream` for tokens as they come), encoded and joined at the next
 step boundary while rows and cache memory allow, and their results delivered as soon as they end.
-Joining needs a backend that can add rows to a running batch (`has_join`: ONNX Runtime);
+Joining needs a backend that can add rows to a running batch (`capabilities.join`: ONNX Runtime);
 the others decode one request at a time through the same loop.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from xform.errors import InputError, XformError
+from xform.runtime.backend import JoinRefused
 from xform.runtime.loop import Batch, Decode
 
 __all__ = ["Batch", "Cancelled", "Decode", "OverloadedError", "RequestFuture", "Scheduler", "Ticket"]
@@ -41,9 +42,11 @@ class RequestFuture(Future):
 
 @dataclass(eq=False)
 class Ticket:
-    """A queued request: the decode to run and its Future."""
+    """A queued request: the decode to run and its Future (of a named Result, or with `astuple`
+    of what Session.generate returns)."""
 
     decode: Decode
+    astuple: bool = False
     future: RequestFuture = field(init=False)
 
     def __post_init__(self) -> None:
@@ -55,7 +58,7 @@ class Ticket:
             if error is not None:
                 self.future.set_exception(error)
             else:
-                self.future.set_result(result)
+                self.future.set_result(result.astuple() if self.astuple and result is not None else result)
         except InvalidStateError:
             pass
 
@@ -82,7 +85,7 @@ class Scheduler:
             if fits < 1:
                 raise InputError(f"max_cache_mib {max_cache_mib}: one row's cache needs {per_row / 2**20:.2f} MiB")
             max_rows = min(max_rows, fits)
-        limit = getattr(backend, "max_rows", None)
+        limit = backend.capabilities.max_rows
         self.max_rows = min(max_rows, limit) if limit else max_rows
         if self.max_rows < 1 or max_queue < 1:
             raise InputError(f"max_rows {max_rows} and max_queue {max_queue} must be at least 1")
@@ -110,14 +113,20 @@ class Scheduler:
     def submit(self, src_ids, src_lengths=None, *, on_tokens: Callable[[np.ndarray], None] | None = None,
                **settings: Any) -> RequestFuture:
         """Queue one request (any number of sources; the settings of Session.generate); returns a
-        Future of its result. Raises InputError for a bad request, OverloadedError when full.
-        Stop it with `cancel(future)` (Future.cancel() stops nothing once it is queued)."""
+        Future of its result, as Session.generate returns it. Raises InputError for a bad request,
+        OverloadedError when full. Stop it with `cancel(future)` (Future.cancel() stops nothing
+        once it is queued)."""
         decode = self.session.plan(src_ids, src_lengths, **settings)
         decode.on_tokens = on_tokens
+        return self.enqueue(decode, astuple=True)
+
+    def enqueue(self, decode: Decode, astuple: bool = False) -> RequestFuture:
+        """Queue a planned request (Session.decode_item); a Future of its Result (`astuple`: of
+        what Session.generate returns)."""
         if decode.strategy.rows > self.max_rows:
             raise InputError(f"{decode.strategy.rows} rows (sources x beams or samples) exceed the scheduler's "
                              f"max_rows {self.max_rows}")
-        ticket = Ticket(decode)
+        ticket = Ticket(decode, astuple)
         with self.cond:
             if self.closed:
                 raise XformError("the scheduler is closed")
@@ -187,7 +196,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - these requests fail; the batch too if the join changed it
             for t in taken:
                 t.tell(error=e)
-            if joining and getattr(e, "batch_changed", True):
+            if joining and not isinstance(e, JoinRefused):
                 self.fail_running(XformError(f"the running batch failed when requests joined it: {e}"))
             return
         for t in taken:

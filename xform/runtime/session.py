@@ -8,22 +8,29 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from xform.errors import InputError, XformError
+from xform.contract import Capabilities
+from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
+from xform.runtime.request import Request, Result
 from xform.runtime.vocab_map import VocabMap
 
-GENERATION_FIELDS = {f.name for f in fields(GenerationConfig)}
+
+def generation_fields() -> set[str]:
+    """The generation config's fields: the settings `generate` and `request` take."""
+    return {f.name for f in fields(GenerationConfig)}
+
+
 # one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
 Translation = str | tuple[str, float] | tuple[str, float, list[float]]
-# generate()'s arguments that are not generation settings (Session.plan)
-DECODE_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "on_step")
+# a request's options that are not generation settings (Session.request)
+REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
 
 
 class Session:
@@ -42,6 +49,10 @@ class Session:
     @property
     def backend_name(self) -> str:
         return self.backend.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities
 
     def prepare(self, src_ids, src_lengths=None) -> tuple[np.ndarray, np.ndarray]:
         """Check the source batch; derive lengths from the pad id when not given."""
@@ -89,28 +100,77 @@ class Session:
                           **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
         (None keeps a default); checked against the model's max_len and target vocabulary. Errors
-        name the settings by `names` (decoding.named: None, the CLI's flags)."""
-        gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in GENERATION_FIELDS})
+        name the settings by `names` (decoding.named: None, the CLI's flags) and say which they
+        are about (SettingError.settings)."""
+        fields = generation_fields()
+        gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in fields})
         gen = gen.updated(max_new_tokens=max_new_tokens, names=names, **settings)
-        if gen.max_new_tokens > self.config["max_len"]:
-            raise InputError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len "
-                             f"{self.config['max_len']}")
+        max_len = self.config["max_len"]
+        if gen.max_new_tokens > max_len:
+            raise SettingError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {max_len}",
+                               "max_new_tokens")
         vocab = self.config["tgt_vocab_size"]
         if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= vocab:
-            raise InputError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
-                             f"of {vocab}")
+            raise SettingError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
+                               f"of {vocab}", "forced_bos_token_id")
         for name, ids in (("bad_words_ids", [i for w in gen.bad_words_ids for i in w]),
                           ("suppress_tokens", gen.suppress_tokens)):
             outside = sorted({i for i in ids if i >= vocab})
             if outside:
-                raise InputError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
-                                 f"of {vocab}")
+                raise SettingError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
+                                   f"of {vocab}", name)
         return gen
 
     def default_max_new_tokens(self) -> int:
         """The bundle's decode cap (decoding.decode_cap): set at export, else the model's
         max_length - 1, else 256; never beyond max_len."""
         return decode_cap(self.generation_defaults, self.config["max_len"])[0]
+
+    def request(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
+                names: Mapping[str, str] | None = None, texts: Sequence[str] | None = None,
+                replace_unknowns: bool = False, **settings: Any) -> Request:
+        """The Python door: `generate`'s arguments as one checked Request. `settings` are the
+        generation config's fields (decoding.GenerationConfig: any of them) and the request's
+        options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps a default."""
+        options = {k: settings.pop(k) for k in REQUEST_OPTIONS if k in settings}
+        unknown = sorted(set(settings) - generation_fields())
+        if unknown:
+            known = sorted(generation_fields() | set(REQUEST_OPTIONS))
+            raise InputError(f"unknown decoding settings {unknown}; known: {known}")
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        if max_new_tokens is None:
+            max_new_tokens = self.default_max_new_tokens()
+        gen = self.generation_config(max_new_tokens, names, **settings)
+        prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
+        return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
+                       bool(options.get("return_scores")), bool(options.get("return_token_scores")),
+                       bool(options.get("return_attention")), None if texts is None else tuple(texts),
+                       replace_unknowns, options.get("vocabulary"))
+
+    def run(self, request: Request, on_step: Callable[[int], None] | None = None) -> Result:
+        """The one decoding loop, for every strategy and backend: one request through a Batch
+        (loop.py) from its first step to its last. The strategy's row index (`beam_idx`)
+        reorders the backend's rows for beam search and drops finished ones, so the rows run per
+        step fall as sources end."""
+        item = self.decode_item(request, on_step)
+        restricted: Restricting | None = None
+        if request.vocabulary is not None:
+            if request.wants_attention:
+                raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
+                                 "decoder returns no attention")
+            prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
+            restricted = self.restrict(request.vocabulary, request.generation,
+                                       [[int(i) for i in row if i >= 0] for row in prefix])
+        try:
+            batch = Batch(self.backend, self.start_id)
+            batch.admit(item)
+            while not item.done:
+                batch.step()
+            assert item.output is not None  # the request ended uncancelled: its result is made
+            return item.output
+        finally:
+            if restricted is not None:
+                restricted.restrict(None)
 
     def generate(self, src_ids, src_lengths=None, max_new_tokens: int | None = None,
                  min_new_tokens: int | None = None, *,
@@ -122,7 +182,7 @@ class Session:
                  bad_words_ids: list[list[int]] | None = None, suppress_tokens: list[int] | None = None,
                  return_alternatives: bool | None = None, target_prefix: list[list[int]] | None = None,
                  vocabulary=None, return_scores: bool = False, return_token_scores: bool = False,
-                 return_attention: bool = False, on_step: Callable[[int], None] | None = None):
+                 return_attention: bool = False, on_step: Callable[[int], None] | None = None, **more: Any):
         """(B x num_return_sequences, n) int64 generated ids, no start token, pad after end-of-sentence;
         with return_scores, also their scores (float32: beam search's length-penalized sum of
         log-probs, else the sum of log-probs); with return_token_scores, also each token's
@@ -131,7 +191,7 @@ class Session:
         n, src_len): the cross-attention of the decoder layer the bundle was exported with
         (--with-attention), averaged over heads, 0 after the end. Unset settings take
         the bundle's defaults (max_new_tokens: the bundle's cap, decoding.decode_cap: 256 unless
-        the bundle or the model sets one).
+        the bundle or the model sets one). `run(request(...))` gives the same as a named Result.
 
         `target_prefix`: one id list a source (empty allowed): decoding continues after it and the
         returned ids begin with it, as CTranslate2's hypotheses do; max_new_tokens and
@@ -142,21 +202,18 @@ class Session:
         and suppress_tokens act as transformers' processors of those names. `vocabulary` (target
         ids; a bundle exported --with-vocab-map, ort backend): the output projection runs over
         those ids (and end-of-sentence, unknown, forced and prefix ids) only, the others never
-        generated: the full model's tokens with every other id's logit masked."""
-        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        if max_new_tokens is None:
-            max_new_tokens = self.default_max_new_tokens()
-        gen = self.generation_config(max_new_tokens, min_new_tokens=min_new_tokens, num_beams=num_beams,
-                                     length_penalty=length_penalty, early_stopping=early_stopping,
-                                     num_return_sequences=num_return_sequences, do_sample=do_sample,
-                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                     forced_bos_token_id=forced_bos_token_id,
-                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                     bad_words_ids=bad_words_ids, suppress_tokens=suppress_tokens,
-                                     return_alternatives=return_alternatives)
-        return self.decode(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
-                           return_token_scores=return_token_scores, return_attention=return_attention,
-                           vocabulary=vocabulary)
+        generated: the full model's tokens with every other id's logit masked. `more`: any other
+        field of the generation config (a control added to it and to runtime/controls.py)."""
+        request = self.request(src_ids, src_lengths, max_new_tokens, min_new_tokens=min_new_tokens,
+                               num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                               num_return_sequences=num_return_sequences, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               forced_bos_token_id=forced_bos_token_id, repetition_penalty=repetition_penalty,
+                               no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
+                               suppress_tokens=suppress_tokens, return_alternatives=return_alternatives,
+                               target_prefix=target_prefix, vocabulary=vocabulary, return_scores=return_scores,
+                               return_token_scores=return_token_scores, return_attention=return_attention, **more)
+        return self.run(request, on_step).astuple()
 
     def check_prefix(self, target_prefix, batch: int, gen: GenerationConfig) -> list[list[int]] | None:
         """The target prefixes as id lists, checked: one a source, ids in the target vocabulary,
@@ -164,99 +221,78 @@ class Session:
         if target_prefix is None:
             return None
         if isinstance(target_prefix, (str, bytes)) or not hasattr(target_prefix, "__len__"):
-            raise InputError("target_prefix must be a list of id lists, one a source, got "
-                             f"{type(target_prefix).__name__}")
+            raise SettingError("target_prefix must be a list of id lists, one a source, got "
+                               f"{type(target_prefix).__name__}", "target_prefix")
         if len(target_prefix) != batch:
-            raise InputError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
-                             "source (an empty list for none)")
+            raise SettingError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
+                               "source (an empty list for none)", "target_prefix")
         vocab, out = self.config["tgt_vocab_size"], []
         for i, p in enumerate(target_prefix):
             try:
                 ids = [int_id(x) for x in p]
             except (TypeError, ValueError) as e:
-                raise InputError(f"target_prefix[{i}]: expected a list of token ids, got {p!r} ({e})") from None
+                raise SettingError(f"target_prefix[{i}]: expected a list of token ids, got {p!r} ({e})",
+                                   "target_prefix") from None
             outside = [x for x in ids if x >= vocab]
             if outside:
-                raise InputError(f"target_prefix[{i}]: id {outside[0]} is outside the target vocabulary of {vocab}")
+                raise SettingError(f"target_prefix[{i}]: id {outside[0]} is outside the target vocabulary of "
+                                   f"{vocab}", "target_prefix")
             out.append(ids)
         longest = max((len(p) for p in out), default=0)
         if longest >= self.config["max_len"]:
-            raise InputError(f"target_prefix of {longest} tokens leaves no room in the model's max_len "
-                             f"{self.config['max_len']} positions")
+            raise SettingError(f"target_prefix of {longest} tokens leaves no room in the model's max_len "
+                               f"{self.config['max_len']} positions", "target_prefix")
         return out
 
-    def plan(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, **settings: Any) -> Decode:
+    def plan(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
+             on_step: Callable[[int], None] | None = None, **settings: Any) -> Decode:
         """A checked request for a Batch or the Scheduler: the arguments of `generate` but
         `vocabulary` (a restriction holds for a whole batch, so it decodes alone: `generate`)."""
-        options = {k: settings.pop(k) for k in DECODE_OPTIONS if k in settings}
-        unknown = sorted(set(settings) - GENERATION_FIELDS)
-        if unknown:
-            known = sorted(GENERATION_FIELDS | set(DECODE_OPTIONS))
-            raise InputError(f"unknown decoding settings {unknown}; known: {known}")
-        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        if max_new_tokens is None:
-            max_new_tokens = self.default_max_new_tokens()
-        gen = self.generation_config(max_new_tokens, **settings)
-        return self.decode_item(src_ids, src_lengths, gen, **options)
+        if settings.get("vocabulary") is not None:
+            raise InputError("vocabulary: a restriction holds for a whole batch, so it decodes alone (generate)")
+        return self.decode_item(self.request(src_ids, src_lengths, max_new_tokens, **settings), on_step)
 
-    def decode_item(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
-                    on_step: Callable[[int], None] | None = None, *, target_prefix=None,
-                    return_token_scores: bool = False, return_attention: bool = False) -> Decode:
-        """The request `decode` runs: sources checked, the prefix (after a forced first token),
-        max_new_tokens cut to the position table, the strategy made."""
-        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
+    def decode_item(self, request: Request, on_step: Callable[[int], None] | None = None) -> Decode:
+        """The request as the loop runs it: the prefix (after a forced first token), max_new_tokens
+        cut to the position table, the strategy made."""
+        gen, batch = request.generation, request.batch
+        prefix = request.prefixes()
         if gen.forced_bos_token_id is not None and (prefix is not None or gen.return_alternatives):
             # the forced first token (a target language) heads the prefix: what follows it is free
-            prefix = [[gen.forced_bos_token_id] + p for p in (prefix or [[]] * src_ids.shape[0])]
+            prefix = [[gen.forced_bos_token_id] + p for p in (prefix or [[]] * batch)]
             gen = replace(gen, forced_bos_token_id=None)
         room = self.config["max_len"] - max((len(p) for p in prefix or []), default=0)
         if gen.max_new_tokens > room:  # the position table ends there, whatever was asked
             gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
-        want = return_scores or return_token_scores
-        if return_attention and not getattr(self.backend, "has_attention", False):
+        attention = request.wants_attention
+        if attention and not self.capabilities.attention:
             raise InputError("return_attention (--replace-unknowns): this bundle's decoder returns no attention; "
                              "export it with --with-attention")
-        strategy = make_strategy(src_ids.shape[0], gen, self.special, want, prefix, self.start_id,
-                                 src_ids.shape[1] if return_attention else 0)
-        limit = getattr(self.backend, "max_rows", None)
+        strategy = make_strategy(batch, gen, self.special, request.wants_scores, prefix, self.start_id,
+                                 request.src_ids.shape[1] if attention else 0)
+        limit = self.capabilities.max_rows
         if limit is not None and strategy.rows > limit:
-            raise InputError(f"batch {src_ids.shape[0]} x {gen.strategy} width "
-                             f"{strategy.rows // src_ids.shape[0]} (--num-beams / --num-return-sequences) = "
+            raise InputError(f"batch {batch} x {gen.strategy} width "
+                             f"{strategy.rows // batch} (--num-beams / --num-return-sequences) = "
                              f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
                              "with a larger --max-batch or --max-beams")
-        return Decode(strategy, src_ids, src_lengths, return_scores, return_token_scores, return_attention, on_step)
+        return Decode(strategy, request.src_ids, request.src_lengths, request.return_scores,
+                      request.return_token_scores, attention, on_step)
 
     def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
                on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
                return_attention: bool = False, vocabulary=None):
-        """The one decoding loop, for every strategy and backend: one request through a Batch
-        (scheduler.py) from its first step to its last. The strategy's row index (`beam_idx`)
-        reorders the backend's rows for beam search and drops finished ones, so the rows run per
-        step fall as sources end."""
-        item = self.decode_item(src_ids, src_lengths, gen, return_scores, on_step, target_prefix=target_prefix,
-                                return_token_scores=return_token_scores, return_attention=return_attention)
-        restricted: Restricting | None = None
-        if vocabulary is not None:
-            if return_attention:
-                raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
-                                 "decoder returns no attention")
-            prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
-            restricted = self.restrict(vocabulary, gen, [[int(i) for i in row if i >= 0] for row in prefix])
-        try:
-            batch = Batch(self.backend, self.start_id)
-            batch.admit(item)
-            while not item.done:
-                batch.step()
-            return item.output
-        finally:
-            if restricted is not None:
-                restricted.restrict(None)
+        """`generate` with a GenerationConfig made already: what it returns."""
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
+        request = Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
+                          return_scores, return_token_scores, return_attention, vocabulary=vocabulary)
+        return self.run(request, on_step).astuple()
 
     def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
         """Point the backend at `vocabulary` (target ids) and the ids a decode always needs; returns it."""
         backend = self.backend
-        if not (isinstance(backend, Restricting) and backend.has_restriction):
+        if not (isinstance(backend, Restricting) and self.capabilities.restriction):
             raise InputError("vocabulary: a restriction needs the restricted decoder on the ort backend: export the "
                              "bundle with --with-vocab-map and run it with --backend ort")
         try:
@@ -344,6 +380,18 @@ class Session:
             raise XformError("this bundle has no tokenizer; give target ids instead of text")
         return self.tokenizer.target_ids(text)
 
+    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
+        """Bad words given as text, as target id sequences: each phrase as the target tokenizer
+        splits it. A phrase that gives no tokens, or more than max_len (it could never be
+        generated), is refused, named as `flag` (the door's name for the setting)."""
+        ids = [self.target_ids(p) for p in phrases]
+        if any(not w for w in ids):
+            raise InputError(f"{flag}: a phrase gives no target tokens ({list(phrases)})")
+        if any(len(w) > self.config["max_len"] for w in ids):
+            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config['max_len']} "
+                             "(it could never be generated)")
+        return ids
+
     def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
         """The ids of a reference translation as the model would generate them: the forced first
         token (a target language, BART's <s>) if the decode has one, the text's ids,
@@ -426,7 +474,7 @@ class Session:
         restricted decoder (export --with-vocab-map) and a tokenizer."""
         if vocab_map is None:
             return None
-        if not getattr(self.backend, "has_restriction", False):
+        if not self.capabilities.restriction:
             raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
                              "with --with-vocab-map and run it with --backend ort")
         if self.tokenizer is None or not hasattr(self.tokenizer, "target_vocabulary"):
@@ -437,7 +485,7 @@ class Session:
 
     def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
         """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
-        if not getattr(self.backend, "has_attention", False):
+        if not self.capabilities.attention:
             raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
         if getattr(self.tokenizer, "target_unk_id", None) is None:
             raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")

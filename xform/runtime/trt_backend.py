@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xform.contract import DECODER, ENCODER, REORDER, GraphSpec, TensorSpec, kv_names
-from xform.errors import BackendUnavailableError, BundleError, InputError, XformError
+from xform.contract import DECODER, ENCODER, REORDER, Capabilities, GraphSpec, TensorSpec, kv_names
+from xform.errors import BackendUnavailableError, BundleError, InputError, JoinRefused, XformError
 from xform.manifest import EngineEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
@@ -225,6 +225,13 @@ class TrtBackend:
         return self.max_batch
 
     @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(attention=self.has_attention, max_rows=self.max_batch)
+
+    def join(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
+        raise JoinRefused("the TensorRT backend cannot add rows to a running batch (capabilities.join)")
+
+    @property
     def rows(self) -> int:
         return self.cache.rows
 
@@ -239,11 +246,12 @@ class TrtBackend:
             self.bind(self.reorder_ctx, name, ptr)
         self.execute(self.reorder_ctx, f"row gather before step {self.steps}")
 
-    def gather(self, rows: np.ndarray, p: int) -> None:
-        """Row i continues row rows[i]; fewer rows drop the others, and every source none of the
-        remaining rows reads (its cross K/V on the device, its mask through the host: a few bytes)."""
+    def gather(self, rows: np.ndarray) -> None:
+        """Row i continues row rows[i] (before the next step); fewer rows drop the others, and every
+        source none of the remaining rows reads (its cross K/V on the device, its mask through the
+        host: a few bytes)."""
         before, g = self.rows, self.group
-        self.cache.gather(rows, p)
+        self.cache.gather(rows, self.steps)
         if len(rows) < before:
             sources = rows[::g] // g
             if len(sources) < self.cross.rows:
@@ -253,13 +261,14 @@ class TrtBackend:
                 self.h2d(self.enc_bufs["src_mask"], mask[sources])
                 self.mask_shape = (len(sources), self.mask_shape[1])
 
-    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None):
+    def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
+        # candidates: capabilities.candidates is False, so the loop never asks for them
         if self.steps >= self.max_steps:
             raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
                              "rebuild with a larger one")
         p = self.steps
         if beam_idx is not None:
-            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64), p)
+            self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
         if p == self.cache.capacity:
             self.cache.grow(min(2 * p, self.max_steps), p)
         R = self.rows

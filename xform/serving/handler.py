@@ -1,33 +1,26 @@
 """One Triton `execute` call: requests in, one response (outputs or an error) per request out.
 
-Each request holds exactly one of `text` (strings, [b, 1]) or `src_ids` (int64, [b, S]), and may
-hold one value per request of: `max_new_tokens`, `num_beams`, `no_repeat_ngram_size` (int32),
-`repetition_penalty` (fp32), `return_scores`, `truncate` (bool); `src_lang` / `tgt_lang`
-(strings: a multilingual model's language codes); `bad_words` (strings, [b, n]: phrases never
-generated) and `suppress_tokens` (int32, [b, n]: ids never generated), the same in every row; and
-`target_prefix` (strings, [b, 1]: the start of each row's translation); `replace_unknowns`
-(bool: unknown target tokens become the source words of the pieces they attend to, a bundle exported
---with-attention); `return_attention` (bool: the `attention` output, fp32 [b, n, src_len], each
-generated token's cross-attention of the bundle's attention layer). A request that breaks
-the contract gets an error naming the tensor; the others are decoded together: requests with the
-same settings as one padded batch through the Session's one decoding loop, each response
-carrying only its own rows. Rows decode independently of their batch, so a response equals what
-`Session.generate` / `translate` gives for that request alone. With return_scores, a response
-also carries `scores` (fp32 [b, 1]) and `token_scores` (fp32 [b, n], 0 in a prefix and after the end).
-With `num_return_sequences` k > 1 (int32: beams' best k, or with `return_alternatives` (bool)
-the k best continuations of the prefix), `output_ids` / `translation` / `scores` are each row's
-best and `hypothesis_ids` (int64 [b, k, n]), `hypotheses` (strings [b, k]) and, with scores,
-`hypothesis_scores` (fp32 [b, k]) carry all k, best first.
+The tensors are serving/tensors.py's table (docs/serving.md lists it). `parse` is Triton's
+door into the runtime's one Request (runtime/request.py), a bad request getting an error that
+names the input at fault, from that table; `execute` decodes the good ones together through the
+runtime's Scheduler, as the in-flight model does: each request keeps its own strategy and length,
+so each response, carrying only its own rows, equals what `Session.generate` / `translate` gives
+for that request alone. With `num_return_sequences` k > 1, `output_ids` / `translation` /
+`scores` are each row's best and `hypothesis_ids`, `hypotheses` and `hypothesis_scores` all k,
+best first.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from xform.errors import InputError, XformError
+from xform.errors import InputError, SettingError, XformError
+from xform.runtime.controls import CONTROLS, Control
+from xform.runtime.request import Request, Result
+from xform.runtime.scheduler import Scheduler
+from xform.serving import tensors
 
 
 class ServerFault(str):
@@ -35,42 +28,21 @@ class ServerFault(str):
     message is the request's fault (INVALID_ARG, HTTP 400)."""
 
 
-INPUTS = ("text", "src_ids", "max_new_tokens", "num_beams", "src_lang", "tgt_lang", "target_prefix",
-          "repetition_penalty", "no_repeat_ngram_size", "bad_words", "suppress_tokens", "return_scores", "truncate",
-          "replace_unknowns", "num_return_sequences", "return_alternatives", "return_attention")
-
-# The runtime's errors name a setting as the door that asked for it does (the CLI: its flag); a
-# request names its inputs. A setting that is no input (do_sample) is named as itself.
-SETTING_INPUTS = {"bad_words_ids": "bad_words", "forced_bos_token_id": "tgt_lang",
-                  **{name: name for name in INPUTS}}
-NAMES = {setting: f"input '{name}'" for setting, name in SETTING_INPUTS.items()}
-
-
 @dataclass
 class Job:
+    """A parsed request: its place in the call and the one Request every door builds."""
+
     index: int  # the request's position in the call
-    rows: list[list[int]]  # source ids, one list per row of the request
-    settings: dict[str, Any] = field(default_factory=dict)  # generate()'s keywords this request sets
-    prefixes: list[list[int]] | None = None  # target prefix ids, one list per row
-    scores: bool = False
-    texts: list[str] | None = None  # the source texts (None for src_ids)
-    replace: bool = False  # replace_unknowns
-    attention: bool = False  # return_attention
+    request: Request
 
-    # a greedy decode without prefix or forced end-of-sentence: its tokens are a prefix of a
-    # longer decode's, so it may run to its batch's largest max_new_tokens, cut to its own (`cap`)
-    greedy: bool = False
-    cap: int | None = None
+    @property
+    def rows(self) -> list[list[int]]:
+        """Source ids, one list per row of the request."""
+        return self.request.sources()
 
-    def key(self) -> tuple:
-        """Requests with equal keys decode as one batch (a greedy one's max_new_tokens aside)."""
-        def frozen(v):
-            if not isinstance(v, list):
-                return v
-            return tuple(map(tuple, v)) if v and isinstance(v[0], list) else tuple(v)
-        settings = tuple(sorted((k, frozen(v)) for k, v in self.settings.items()
-                                if not (self.greedy and k == "max_new_tokens")))
-        return (self.scores, self.replace, self.attention, self.texts is not None, self.greedy) + settings
+    @property
+    def texts(self) -> list[str] | None:
+        return None if self.request.texts is None else list(self.request.texts)
 
 
 def one(name: str, value: np.ndarray | None, dtype=None):
@@ -81,18 +53,6 @@ def one(name: str, value: np.ndarray | None, dtype=None):
     if flat.size == 0 or (flat != flat[0]).any():
         raise InputError(f"input '{name}': one value per request, found {flat.tolist()}")
     return flat[0]
-
-
-def one_value(name: str, value: np.ndarray | None) -> int | None:
-    v = one(name, value)
-    if v is not None and int(v) < 1:
-        raise InputError(f"input '{name}': must be at least 1, found {int(v)}")
-    return None if v is None else int(v)
-
-
-def one_float(name: str, value: np.ndarray | None) -> float | None:
-    v = one(name, value, np.float64)
-    return None if v is None else float(v)
 
 
 def one_flag(name: str, value: np.ndarray | None) -> bool:
@@ -130,13 +90,40 @@ def one_string(name: str, value: np.ndarray | None) -> str | None:
     return flat[0]
 
 
+def control_value(control: Control, value: np.ndarray | None) -> Any:
+    """A served control's value from its tensor (None where absent), by its kind (runtime/controls.py)."""
+    name = control.tensor or control.name
+    if value is None:
+        return None
+    if control.kind == "int":
+        v = int(one(name, value))
+        if control.least is not None and v < control.least:
+            raise InputError(f"input '{name}': must be at least {control.least}, found {v}")
+        return v
+    if control.kind == "float":
+        return float(one(name, value, np.float64))
+    if control.kind == "bool":
+        return one_flag(name, value) or None  # false: the bundle's default
+    if control.kind == "choice":
+        word, choices = one_string(name, value), control.choices or {}
+        if word is None or word not in choices:
+            raise InputError(f"input '{name}': one of {sorted(choices)}, found {word!r}")
+        return choices[word]
+    ids = one_row(name, value)
+    return [int(i) for i in ids] if ids else None
+
+
 def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, int | None]:
     """(the source language, the forced first token) a request asks for; InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     if src_lang is not None:
-        session.check_src_lang(src_lang, NAMES["src_lang"])
-    forced = session.target_language(tgt_lang, NAMES["tgt_lang"]) if session.tokenizer is not None else None
+        session.check_src_lang(src_lang, NAMES()["src_lang"])
+    forced = session.target_language(tgt_lang, NAMES()["tgt_lang"]) if session.tokenizer is not None else None
     return src_lang, forced
+
+
+def NAMES() -> dict[str, str]:  # noqa: N802 - read like the table it is
+    return tensors.names()
 
 
 def about(name: str, e: Exception) -> InputError:
@@ -144,104 +131,99 @@ def about(name: str, e: Exception) -> InputError:
     return InputError(str(e) if str(e).startswith("input '") else f"input '{name}': {e}")
 
 
-def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
-    """A request's tensors (None where absent) as a Job; InputError names the tensor at fault.
-    `max_rows`: the decoder rows (sources x beams or sequences) one request may ask for, so that no
-    request can make the server allocate beyond it."""
-    src_lang, forced = languages(session, inputs)
+def request_error(e: InputError) -> InputError:
+    """A request error named by the input at fault: the table's input for the settings a
+    SettingError names, else the error as it is."""
+    return about(tensors.input_for(e.settings), e) if isinstance(e, SettingError) else e
+
+
+def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool
+            ) -> tuple[str, np.ndarray, np.ndarray, list[str] | None]:
+    """(the input named, source ids, lengths, texts) of a request's `text` or `src_ids`."""
     text, ids = inputs.get("text"), inputs.get("src_ids")
     if (text is None) == (ids is None):
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
                          f"{'both' if text is not None else 'neither'}")
-    truncate = one_flag("truncate", inputs.get("truncate"))
-    replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
-    if replace:
-        if text is None:
-            raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        session.check_replace_unknowns(NAMES["replace_unknowns"])
-    attention = one_flag("return_attention", inputs.get("return_attention"))
-    if attention and not getattr(session.backend, "has_attention", False):
-        raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
-                         "--with-attention")
+    max_len = session.config["max_len"]
+    texts = None
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
-        rows = []
-        for s in strings("text", text):
+        texts, rows = strings("text", text), []
+        for s in texts:
             try:
-                row = session.encode_text(s, src_lang, NAMES["src_lang"])
+                row = session.encode_text(s, src_lang, NAMES()["src_lang"])
             except InputError as e:
                 raise about("text", e) from None
-            rows.append(session.truncated(row) if truncate and len(row) > session.config["max_len"] else row)
+            rows.append(session.truncated(row) if truncate and len(row) > max_len else row)
         name, src = "text", session.pad(rows)[0]
+        if src.shape[1] > max_len:
+            raise InputError(f"input 'text': {src.shape[1]} source tokens, more than the model's max_len "
+                             f"{max_len} (send truncate=true to cut it)")
     else:
         src = np.asarray(ids)
         if src.dtype != np.int64:
             raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
-        if truncate and src.ndim == 2 and src.shape[1] > session.config["max_len"]:
-            src = np.array([session.truncated([int(i) for i in r if i != session.pad_id]) for r in src], dtype=object)
-            src = session.pad(list(src))[0]
+        if truncate and src.ndim == 2 and src.shape[1] > max_len:
+            src = session.pad([session.truncated([int(i) for i in r if i != session.pad_id]) for r in src])[0]
         name = "src_ids"
-    if name == "text" and src.shape[1] > session.config["max_len"]:
-        raise InputError(f"input 'text': {src.shape[1]} source tokens, more than the model's max_len "
-                         f"{session.config['max_len']} (send truncate=true to cut it)")
     try:
         src, lengths = session.prepare(np.ascontiguousarray(src), None)
     except InputError as e:
         raise InputError(f"input '{name}': {e}") from None
-    rows = [list(map(int, r[:n])) for r, n in zip(src, lengths)]
-    settings: dict[str, Any] = {"max_new_tokens": one_value("max_new_tokens", inputs.get("max_new_tokens")),
-                                "num_beams": one_value("num_beams", inputs.get("num_beams")),
-                                "forced_bos_token_id": forced,
-                                "repetition_penalty": one_float("repetition_penalty", inputs.get("repetition_penalty")),
-                                "num_return_sequences": one_value("num_return_sequences",
-                                                                  inputs.get("num_return_sequences"))}
-    if one_flag("return_alternatives", inputs.get("return_alternatives")):
-        settings["return_alternatives"] = True
-    ngram = one("no_repeat_ngram_size", inputs.get("no_repeat_ngram_size"))
-    if ngram is not None:
-        settings["no_repeat_ngram_size"] = int(ngram)
+    return name, src, lengths, texts
+
+
+def settings_of(session, inputs: dict[str, np.ndarray | None], forced: int | None, batch: int) -> dict[str, Any]:
+    """The request's settings from its control, bad-word and prefix inputs (None: the bundle's default)."""
+    settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in CONTROLS if c.tensor}
+    settings["forced_bos_token_id"] = forced
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
-        settings["bad_words_ids"] = [session.target_ids(w) for w in words]
-        if any(not w for w in settings["bad_words_ids"]):
-            raise InputError(f"input 'bad_words': a phrase gives no target tokens ({words})")
-        if any(len(w) > session.config["max_len"] for w in settings["bad_words_ids"]):
-            raise InputError(f"input 'bad_words': a phrase of more tokens than the model's max_len "
-                             f"{session.config['max_len']} (it could never be generated)")
-    suppress = one_row("suppress_tokens", inputs.get("suppress_tokens"))
-    if suppress:
-        settings["suppress_tokens"] = [int(i) for i in suppress]
-    settings = {k: v for k, v in settings.items() if v is not None}
-    try:  # the settings' own checks, named by their input
-        checked = {k: v for k, v in settings.items() if k not in ("forced_bos_token_id", "max_new_tokens")}
-        gen = session.generation_config(settings.get("max_new_tokens") or session.default_max_new_tokens(), NAMES,
-                                        **checked)
-    except InputError as e:
-        raise about(setting_input(str(e)), e) from None
-    prefixes = None
+        settings["bad_words_ids"] = session.bad_word_ids(words, "input 'bad_words'")
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
         texts = strings("target_prefix", target_prefix)
-        if len(texts) != len(rows):
-            raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {len(rows)} rows")
+        if len(texts) != batch:
+            raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {batch} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
         if any(len(p) >= session.config["max_len"] for p in prefixes):
             raise InputError(f"input 'target_prefix': more tokens than the model's max_len "
                              f"{session.config['max_len']} leaves room for")
-    width = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences
-    if max_rows is not None and len(rows) * width > max_rows:
-        raise InputError(f"input '{'num_beams' if gen.strategy == 'beam' else name}': {len(rows)} rows x "
-                         f"{width} = {len(rows) * width} decoder rows, more than this model's max_rows {max_rows}")
-    return Job(index, rows, settings, prefixes, one_flag("return_scores", inputs.get("return_scores")),
-               strings("text", text) if text is not None else None, replace, attention,
-               greedy=prefixes is None and gen.strategy == "greedy" and not gen.forced_eos)
+        settings["target_prefix"] = prefixes
+    return settings
 
 
-def setting_input(message: str) -> str:
-    """The input a generation-settings error is about: the first it names (NAMES), else max_new_tokens."""
-    found = re.search(r"input '(\w+)'", message)
-    return found.group(1) if found else "max_new_tokens"
+def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
+    """Triton's door: a request's tensors (None where absent) as a Job holding its Request;
+    InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
+    sequences) one request may ask for, so that no request can make the server allocate beyond it."""
+    src_lang, forced = languages(session, inputs)
+    truncate = one_flag("truncate", inputs.get("truncate"))
+    replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
+    if replace:
+        if inputs.get("text") is None:
+            raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
+        session.check_replace_unknowns(NAMES()["replace_unknowns"])
+    attention = one_flag("return_attention", inputs.get("return_attention"))
+    if attention and not session.capabilities.attention:
+        raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
+                         "--with-attention")
+    name, src, lengths, texts = sources(session, inputs, src_lang, truncate)
+    settings = settings_of(session, inputs, forced, len(src))
+    scores = one_flag("return_scores", inputs.get("return_scores"))
+    try:  # the settings' own checks, named by their input
+        request = session.request(src, lengths, settings.pop("max_new_tokens"), names=NAMES(), texts=texts,
+                                  replace_unknowns=replace, return_scores=scores, return_token_scores=scores,
+                                  return_attention=attention, **settings)
+    except InputError as e:
+        raise request_error(e) from None
+    gen = request.generation
+    if max_rows is not None and request.rows > max_rows:
+        width = request.rows // request.batch
+        raise InputError(f"input '{'num_beams' if gen.strategy == 'beam' else name}': {request.batch} rows x "
+                         f"{width} = {request.rows} decoder rows, more than this model's max_rows {max_rows}")
+    return Job(index, request)
 
 
 def trim(out: np.ndarray, pad: int) -> np.ndarray:
@@ -252,104 +234,89 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
     return out[:, :keep]
 
 
-def cut(out, job: Job):
-    """A greedy request's part of a longer decode, cut to its own max_new_tokens: the ids, token
-    scores and attention to that many steps, the score their sum (what decoding it alone gives)."""
-    n = job.cap
-    if not isinstance(out, tuple):
-        return out[:, :n]
-    ids, rest = out[0][:, :n], list(out[1:])
-    if job.scores:  # (scores, token_scores) follow the ids
-        rest[1] = rest[1][:, :n]
-        rest[0] = rest[1].sum(1, dtype=np.float32)
-    if job.replace or job.attention:
-        rest[-1] = rest[-1][:, :n]
-    return (ids, *rest)
-
-
-def job_outputs(session, job: Job, out) -> dict[str, np.ndarray]:
-    """A request's outputs from what Session.generate returned for its rows alone (ids, then
-    scores and token scores when job.scores, then attention when job.replace or job.attention)."""
-    want_attention = job.replace or job.attention
-    attention = out[-1] if want_attention else None
-    out = out[:-1] if want_attention else out
-    out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
-    out, scores, tokens = out if job.scores else (out, None, None)
-    n = len(out) // len(job.rows)  # hypotheses a row: num_return_sequences
-    ids = trim(out, session.pad_id)
+def job_outputs(session, job: Job, result: Result) -> dict[str, np.ndarray]:
+    """A request's outputs from its Result."""
+    request = job.request
+    n = len(result) // request.batch  # hypotheses a row: num_return_sequences
+    ids = trim(result.ids, session.pad_id)
     outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
     if session.tokenizer is not None:
-        texts = session.decode_rows(ids, n, job.rows, job.texts, attention if job.replace else None)
+        texts = session.decode_rows(ids, n, job.rows, job.texts, result.attention if request.replace_unknowns
+                                    else None)
         outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
         if n > 1:
             outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
     if n > 1:
-        outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(len(job.rows), n, -1), np.int64)
-    if job.attention:  # each row's best: (rows, its tokens, src_len)
-        assert attention is not None  # want_attention: the last of `out`
-        outputs["attention"] = np.ascontiguousarray(attention[::n, :ids.shape[1]], np.float32)
-    if job.scores:
-        assert scores is not None and tokens is not None  # job.scores: they follow the ids in `out`
-        outputs["scores"] = scores[::n, None].astype(np.float32)
-        outputs["token_scores"] = np.ascontiguousarray(tokens[::n, :ids.shape[1]], np.float32)
+        outputs["hypothesis_ids"] = np.ascontiguousarray(ids.reshape(request.batch, n, -1), np.int64)
+    if request.return_attention:  # each row's best: (rows, its tokens, src_len)
+        assert result.attention is not None  # asked for: the decode returned it
+        outputs["attention"] = np.ascontiguousarray(result.attention[::n, :ids.shape[1]], np.float32)
+    if request.return_scores:
+        assert result.scores is not None and result.token_scores is not None  # asked for: returned
+        outputs["scores"] = result.scores[::n, None].astype(np.float32)
+        outputs["token_scores"] = np.ascontiguousarray(result.token_scores[::n, :ids.shape[1]], np.float32)
         if n > 1:
-            outputs["hypothesis_scores"] = scores.reshape(-1, n).astype(np.float32)
+            outputs["hypothesis_scores"] = result.scores.reshape(-1, n).astype(np.float32)
     return outputs
-
-
-def decode_settings(job: Job) -> dict[str, Any]:
-    """Session.generate's keywords for a request (its rows padded by the caller)."""
-    return dict(target_prefix=job.prefixes, return_token_scores=job.scores,
-                return_attention=job.replace or job.attention, **job.settings)
 
 
 def execute(session, requests: list[dict[str, np.ndarray | None]],
             vocab_map=None, max_rows: int | None = None) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
     the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message (a
-    ServerFault when the server is at fault, else the request is). With a `vocab_map` (the model's
-    --vocab-map), text requests decode over what their sources allow."""
+    ServerFault when the server is at fault, else the request is). The requests decode together
+    through the runtime's Scheduler (the in-flight model's one running batch, here for one call):
+    each keeps its own strategy and length, so each answer is what it gives alone. With a
+    `vocab_map` (the model's --vocab-map), a text request decodes alone over what its sources allow."""
     results: list[Any] = [None] * len(requests)
-    groups: dict[tuple, list[Job]] = {}
+    jobs: list[Job] = []
     for i, inputs in enumerate(requests):
         try:
-            job = parse(session, i, inputs, max_rows)
+            jobs.append(parse(session, i, inputs, max_rows))
         except XformError as e:
             results[i] = str(e)
-            continue
-        groups.setdefault(job.key(), []).append(job)
-    for jobs in groups.values():
-        longest = {}
-        if jobs[0].greedy:  # the batch decodes to its largest max_new_tokens, each request cut to its own
-            caps = [job.settings.get("max_new_tokens") or session.default_max_new_tokens() for job in jobs]
-            for job, cap in zip(jobs, caps):
-                job.cap = cap if cap < max(caps) else None
-            longest = {"max_new_tokens": max(caps)}
-        rows = [r for job in jobs for r in job.rows]
-        prefixes = None
-        if any(job.prefixes for job in jobs):
-            prefixes = [p for job in jobs for p in (job.prefixes or [[]] * len(job.rows))]
-        try:
-            vocabulary = None
-            if vocab_map is not None and jobs[0].texts is not None:
-                # every job has texts: Job.key keeps text requests apart from src_ids ones
-                vocabulary = session.allowed_ids(vocab_map, [t for job in jobs if job.texts is not None
-                                                             for t in job.texts])
-            out = session.generate(*session.pad(rows), vocabulary=vocabulary,
-                                   **{**decode_settings(jobs[0]), "target_prefix": prefixes, **longest})
-        except InputError as e:  # a setting out of range for this bundle: every request that asked
-            for job in jobs:
-                results[job.index] = str(about("target_prefix" if "prefix" in str(e) else setting_input(str(e)), e))
-            continue
-        except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
-            for job in jobs:
-                results[job.index] = ServerFault(f"decoding failed: {type(e).__name__}: {e}")
-            continue
-        n = (len(out[0]) if isinstance(out, tuple) else len(out)) // len(rows)  # hypotheses a row
-        start = 0
-        for job in jobs:
-            span = slice(start * n, (start + len(job.rows)) * n)
-            part = tuple(o[span] for o in out) if isinstance(out, tuple) else out[span]
-            results[job.index] = job_outputs(session, job, cut(part, job) if job.cap is not None else part)
-            start += len(job.rows)
+    alone = [j for j in jobs if vocab_map is not None and j.request.texts is not None]
+    together = [j for j in jobs if j not in alone]
+    for job, outcome in [*decoded_together(session, together, max_rows), *decoded_alone(session, alone, vocab_map)]:
+        results[job.index] = outcome
     return results
+
+
+def decoded_together(session, jobs: list[Job], max_rows: int | None):
+    """(job, outputs or error) for requests decoded through one Scheduler."""
+    if not jobs:
+        return []
+    rows = max_rows or sum(j.request.rows for j in jobs)
+    scheduler = Scheduler(session, max_rows=max(rows, max(j.request.rows for j in jobs)), max_queue=len(jobs))
+    futures = []
+    out: list[tuple[Job, Any]] = []
+    for job in jobs:
+        try:
+            futures.append((job, scheduler.enqueue(session.decode_item(job.request))))
+        except InputError as e:
+            out.append((job, str(request_error(e))))
+    scheduler.run_until_idle()
+    for job, future in futures:
+        out.append((job, outcome(session, job, future.result)))
+    return out
+
+
+def decoded_alone(session, jobs: list[Job], vocab_map):
+    """(job, outputs or error) for text requests restricted to what their sources allow."""
+    out = []
+    for job in jobs:
+        texts = job.texts or []
+        restricted = replace(job.request, vocabulary=session.allowed_ids(vocab_map, texts))
+        out.append((job, outcome(session, job, lambda r=restricted: session.run(r))))
+    return out
+
+
+def outcome(session, job: Job, result) -> dict[str, np.ndarray] | str:
+    """The job's outputs from `result()`, or its error: the request's (named by its input) or,
+    for anything else, the server's."""
+    try:
+        return job_outputs(session, job, result())
+    except InputError as e:
+        return str(request_error(e))
+    except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server
+        return ServerFault(f"decoding failed: {type(e).__name__}: {e}")

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from xform.errors import InputError
-from xform.serving.handler import Job, decode_settings
+from xform.serving.handler import Job
 
 STREAM_SUFFIX = "-stream"
 
@@ -90,11 +90,12 @@ class TextStream:
 
 
 def submit(scheduler, session, job: Job, stream: TextStream | None = None) -> Future:
-    """The request in the scheduler: a Future of Session.generate's result for its rows alone."""
-    if stream is not None and job.settings.get("num_return_sequences", 1) > 1:
+    """The request in the scheduler: a Future of its Result (what it decodes alone)."""
+    if stream is not None and job.request.generation.num_return_sequences > 1:
         raise InputError("input 'stream': one sequence a row (num_return_sequences 1)")
-    src, lengths = session.pad(job.rows)
-    return scheduler.submit(src, lengths, on_tokens=None if stream is None else stream.feed, **decode_settings(job))
+    decode = session.decode_item(job.request)
+    decode.on_tokens = None if stream is None else stream.feed
+    return scheduler.enqueue(decode)
 
 
 class Watcher:

@@ -7,18 +7,8 @@ REPO/<name>/1/bundle/      a copy of the bundle (self-contained: the repository 
                            a container); with `reference=True` the config names the bundle's
                            absolute path instead (what `xform serve` does: nothing is copied)
 
-Inputs (one of text / src_ids per request): text TYPE_STRING [1], src_ids TYPE_INT64 [-1]
-(ragged across requests), max_new_tokens TYPE_INT32 [1], num_beams TYPE_INT32 [1],
-repetition_penalty TYPE_FP32 [1], no_repeat_ngram_size TYPE_INT32 [1], suppress_tokens TYPE_INT32
-[-1], return_scores and truncate TYPE_BOOL [1], num_return_sequences TYPE_INT32 [1] and
-return_alternatives TYPE_BOOL [1], and with a tokenizer src_lang / tgt_lang
-TYPE_STRING [1] (a multilingual model's language codes), target_prefix TYPE_STRING [1],
-bad_words TYPE_STRING [-1] and replace_unknowns TYPE_BOOL [1] (serving/handler.py says what each does).
-Outputs: output_ids TYPE_INT64 [-1]; scores TYPE_FP32 [1] and token_scores TYPE_FP32 [-1] when
-return_scores is set; translation TYPE_STRING [1] when the bundle has a tokenizer; with
-num_return_sequences k > 1 also hypothesis_ids TYPE_INT64 [-1, -1], hypotheses TYPE_STRING [-1]
-and hypothesis_scores TYPE_FP32 [-1] (k a row, best first). A bundle exported --with-attention adds
-the input return_attention TYPE_BOOL [1] and the output attention TYPE_FP32 [-1, -1].
+Inputs and outputs: serving/tensors.py, the one table config.pbtxt, the handler's parsing and
+docs/serving.md's tensor table come from.
 """
 from __future__ import annotations
 
@@ -31,7 +21,9 @@ from pathlib import Path
 from xform.errors import BundleError, XformError
 from xform.files import atomic_directory, check_target
 from xform.runtime.bundle import Bundle
+from xform.serving import tensors
 from xform.serving.inflight import stream_model
+from xform.serving.tensors import present
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory
@@ -119,39 +111,9 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     the running batch, a `stream` input) or `front` (NAME under inflight scheduling: relays to
     the engine model, loads no bundle)."""
     device = options.device or ("cuda" if options.backend == "trt" else "cpu")
-    inputs = [
-        '  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
-        '  { name: "src_ids" data_type: TYPE_INT64 dims: [ -1 ] optional: true allow_ragged_batch: true }',
-        '  { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
-        '  { name: "num_beams" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
-        '  { name: "repetition_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true }',
-        '  { name: "no_repeat_ngram_size" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
-        '  { name: "suppress_tokens" data_type: TYPE_INT32 dims: [ -1 ] optional: true }',
-        '  { name: "return_scores" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
-        '  { name: "num_return_sequences" data_type: TYPE_INT32 dims: [ 1 ] optional: true }',
-        '  { name: "return_alternatives" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
-        '  { name: "truncate" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',
-    ]
-    if has_tokenizer:  # a multilingual model's languages (NLLB, mBART-50, M2M100); refused by others
-        inputs += ['  { name: "src_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
-                   '  { name: "tgt_lang" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
-                   '  { name: "target_prefix" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
-                   '  { name: "bad_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }',
-                   '  { name: "replace_unknowns" data_type: TYPE_BOOL dims: [ 1 ] optional: true }']
-    if has_attention:  # a bundle exported --with-attention
-        inputs.append('  { name: "return_attention" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
-    if role == "engine":
-        inputs.append('  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
-    outputs = ['  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] }',
-               '  { name: "scores" data_type: TYPE_FP32 dims: [ 1 ] }',
-               '  { name: "token_scores" data_type: TYPE_FP32 dims: [ -1 ] }',
-               '  { name: "hypothesis_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] }',
-               '  { name: "hypothesis_scores" data_type: TYPE_FP32 dims: [ -1 ] }']
-    if has_attention:
-        outputs.append('  { name: "attention" data_type: TYPE_FP32 dims: [ -1, -1 ] }')
-    if has_tokenizer:
-        outputs.append('  { name: "translation" data_type: TYPE_STRING dims: [ 1 ] }')
-        outputs.append('  { name: "hypotheses" data_type: TYPE_STRING dims: [ -1 ] }')
+    engine = role == "engine"
+    inputs = [t.pbtxt(optional=True) for t in present(tensors.inputs(), has_tokenizer, has_attention, engine)]
+    outputs = [t.pbtxt(optional=False) for t in present(tensors.OUTPUTS, has_tokenizer, has_attention, engine)]
     params = {"role": role, "bundle": bundle_param, "backend": options.backend, "device": device,
               "threads": "" if options.threads is None else str(options.threads),
               "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}

@@ -21,7 +21,8 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from xform.serving.handler import INPUTS, execute
+from xform.serving.handler import execute
+from xform.serving.tensors import inputs as tensor_inputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -68,7 +69,7 @@ def relayed(request) -> bool:
 
 def tensors_of(request):
     tensors = {}
-    for name in (*INPUTS, "stream"):
+    for name in (t.name for t in tensor_inputs()):
         t = pb_utils.get_input_tensor_by_name(request, name)
         tensors[name] = None if t is None else t.as_numpy().copy()
     return tensors
