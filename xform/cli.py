@@ -481,43 +481,32 @@ def print_bench(r) -> None:
 
 
 def generation_options(fn):
-    """The decoding flags; unset ones take the bundle's defaults (greedy unless it records others)."""
-    options = [
-        click.option("--num-beams", type=int, default=None,
-                     help="Beam search width (default: the bundle's; a Marian import records its model's)."),
-        click.option("--greedy", is_flag=True, help="Greedy decoding, whatever the bundle's default (--num-beams 1)."),
-        click.option("--length-penalty", type=float, default=None,
-                     help="Beam scores are divided by length ** this (transformers' meaning; default 1.0)."),
-        click.option("--early-stopping", type=click.Choice(["true", "false", "never"]), default=None,
-                     help="Beam search stop rule, as in transformers (default false)."),
-        click.option("--num-return-sequences", type=int, default=None,
-                     help="Hypotheses per source (at most --num-beams; or samples with --sample)."),
-        click.option("--sample", "do_sample", is_flag=True, default=None, help="Sample instead of searching."),
-        click.option("--temperature", type=float, default=None, help="--sample: divide logits by this (> 0)."),
-        click.option("--top-k", type=int, default=None, help="--sample: keep the k most likely tokens (0: all)."),
-        click.option("--top-p", type=float, default=None, help="--sample: keep the smallest set of mass >= p, (0, 1]."),
-        click.option("--seed", type=int, default=None, help="--sample: the same seed gives the same tokens."),
-        click.option("--forced-bos-id", "forced_bos_token_id", type=int, default=None,
-                     help="The first generated token, whatever the model prefers (transformers' forced_bos_token_id: "
-                          "a multilingual model's target-language token; default: the bundle's, if it records one)."),
-        click.option("--repetition-penalty", type=float, default=None,
-                     help="Scores of tokens already in the output are divided by this (multiplied when negative), "
-                          "as transformers' repetition_penalty; > 0, 1.0 off."),
-        click.option("--no-repeat-ngram-size", type=int, default=None,
-                     help="No n-gram of this size occurs twice in an output (transformers' meaning; 0 off)."),
-        click.option("--bad-words", "bad_words", multiple=True, metavar="PHRASE",
-                     help="A word or phrase never generated, split by the target tokenizer; repeat for more."),
-        click.option("--bad-word-ids", "bad_word_ids", multiple=True, metavar="IDS",
-                     help="An id sequence never generated, comma-separated (3,17,5); repeat for more."),
-        click.option("--suppress-tokens", default=None, metavar="IDS",
-                     help="Ids never generated, comma-separated (transformers' suppress_tokens)."),
-        click.option("--alternatives", "return_alternatives", is_flag=True, default=None,
-                     help="The --num-return-sequences best tokens at the first position after the target prefix, "
-                          "each continued greedily (interactive translation's choices)."),
-    ]
+    """The decoding flags, one a control of the controls' table (runtime/controls.py), with
+    --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others)."""
+    from xform.runtime import controls
+
+    options = [click.option("--greedy", is_flag=True,
+                            help="Greedy decoding, whatever the bundle's default (--num-beams 1)."),
+               click.option("--bad-words", "bad_words", multiple=True, metavar="PHRASE",
+                            help="A word or phrase never generated, split by the target tokenizer; repeat for more.")]
+    for c in controls.CONTROLS:
+        if c.option:
+            options.append(control_option(c))
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def control_option(c):
+    """The click option of a control, by its kind."""
+    dest = c.dest or c.name
+    if c.kind == "bool":
+        return click.option(c.flag, dest, is_flag=True, default=None, help=c.help)
+    if c.kind == "choice":
+        return click.option(c.flag, dest, type=click.Choice(list(c.choices or {})), default=None, help=c.help)
+    if c.kind in ("ids", "id_lists"):
+        return click.option(c.flag, dest, multiple=c.kind == "id_lists", default=None, metavar="IDS", help=c.help)
+    return click.option(c.flag, dest, type={"int": int, "float": float}[c.kind], default=None, help=c.help)
 
 
 def id_list(flag: str, value: str) -> list[int]:
@@ -530,21 +519,30 @@ def id_list(flag: str, value: str) -> list[int]:
     return ids
 
 
-def generation_settings(greedy: bool, num_beams, early_stopping, bad_words=(), bad_word_ids=(),
-                        **settings) -> dict:
-    """The flags as generate()'s settings; --bad-words phrases stay text until a tokenizer splits them
-    (`bad_words` in the result)."""
-    if settings.get("suppress_tokens") is not None:
-        settings["suppress_tokens"] = id_list("--suppress-tokens", settings["suppress_tokens"])
-    if bad_word_ids:
-        settings["bad_words_ids"] = [id_list("--bad-word-ids", v) for v in bad_word_ids]
+def generation_settings(greedy: bool, bad_words=(), **flags) -> dict:
+    """The CLI's door: the decoding flags as the generation config's settings (None: the
+    bundle's default); --bad-words phrases stay text until a tokenizer splits them (`bad_words`
+    in the result)."""
+    from xform.runtime import controls
+
+    settings: dict = {}
+    for c in controls.CONTROLS:
+        value = flags.pop(c.dest or c.name, None) if c.option else None
+        if c.kind == "ids" and value is not None:
+            value = id_list(c.flag, value)
+        elif c.kind == "id_lists":
+            value = [id_list(c.flag, v) for v in value] if value else None
+        elif c.kind == "choice" and value is not None:
+            value = (c.choices or {})[value]
+        if c.option:
+            settings[c.name] = value
     settings["bad_words"] = list(bad_words)
-    if greedy and num_beams not in (None, 1):
-        raise click.UsageError(f"--greedy and --num-beams {num_beams} contradict each other")
-    settings["num_beams"] = 1 if greedy else num_beams
+    if greedy and settings.get("num_beams") not in (None, 1):
+        raise click.UsageError(f"--greedy and --num-beams {settings['num_beams']} contradict each other")
+    if greedy:
+        settings["num_beams"] = 1
     if greedy and settings.get("do_sample"):
         raise click.UsageError("--greedy and --sample contradict each other")
-    settings["early_stopping"] = {"true": True, "false": False, "never": "never", None: None}[early_stopping]
     return settings
 
 
@@ -591,13 +589,17 @@ def checked_generation(session, max_new_tokens, settings: dict):
 
 def split_bad_words(session, settings: dict) -> None:
     """--bad-words phrases (settings' `bad_words`, text) as target ids in `bad_words_ids`."""
+    from xform.errors import InputError
+
     bad_words = settings.pop("bad_words")
     if bad_words:
         if session.tokenizer is None:
             raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
-        settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + [session.target_ids(w) for w in bad_words]
-        if any(not w for w in settings["bad_words_ids"]):
-            raise click.UsageError(f"--bad-words: a phrase gives no target tokens ({bad_words})")
+        try:
+            words = session.bad_word_ids(bad_words, "--bad-words")
+        except InputError as e:
+            raise click.UsageError(str(e)) from None
+        settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words
 
 
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
@@ -682,7 +684,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
         iters, json_path, force,
-        greedy, num_beams, early_stopping, **settings) -> None:
+        greedy, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
     Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
@@ -710,7 +712,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                    *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
     if json_path is not None:
         check_json_target(json_path, force, json_inputs)
-    settings = generation_settings(greedy, num_beams, early_stopping, **settings)
+    settings = generation_settings(greedy, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
     if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
@@ -869,7 +871,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
 @generation_options
 @handle_errors
 def evaluate(bundle, source_file, reference_file, against, backend, threads, batch_size, max_new_tokens, src_lang,
-             tgt_lang, json_path, plot_path, force, greedy, num_beams, early_stopping, **settings) -> None:
+             tgt_lang, json_path, plot_path, force, greedy, **settings) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
     import importlib.util
@@ -898,7 +900,7 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
                          f"--source {source_file}; expected one translation a source line")
     session = xform.load(bundle, backend=backend, threads=threads)
     other = other_session(bundle, against, threads) if against is not None else None
-    settings = generation_settings(greedy, num_beams, early_stopping, **settings)
+    settings = generation_settings(greedy, **settings)
     split_bad_words(session, settings)
     if session.tokenizer is not None and settings.get("forced_bos_token_id") is None:
         try:

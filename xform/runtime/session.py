@@ -682,7 +682,7 @@ class Session:
             settings["target_prefix"] = [self.target_ids(p) if isinstance(p, str) else p
                                          for p in settings["target_prefix"]]
         if settings.get("bad_words_ids") is not None:
-            settings["bad_words_ids"] = [self.target_ids(w) if isinstance(w, str) else w
+            settings["bad_words_ids"] = [self.bad_word_ids([w], "bad_words_ids")[0] if isinstance(w, str) else w
                                          for w in settings["bad_words_ids"]]
         src = self.encode_texts(list(texts), src_lang)
         vocab_map = self.vocab_map(vocab_map)

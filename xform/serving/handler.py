@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from xform.errors import InputError, SettingError, XformError
-from xform.runtime.controls import CONTROLS, Control
+from xform.runtime import controls
+from xform.runtime.controls import Control
 from xform.runtime.request import Request, Result
 from xform.runtime.scheduler import Scheduler
 from xform.serving import tensors
@@ -176,7 +177,7 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
 
 def settings_of(session, inputs: dict[str, np.ndarray | None], forced: int | None, batch: int) -> dict[str, Any]:
     """The request's settings from its control, bad-word and prefix inputs (None: the bundle's default)."""
-    settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in CONTROLS if c.tensor}
+    settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
     settings["forced_bos_token_id"] = forced
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xform.runtime.controls import CONTROLS
+from xform.runtime import controls
 
 # where a tensor exists: every model, a bundle with a tokenizer, a bundle exported
 # --with-attention, or only the in-flight engine model (NAME-stream)
@@ -71,12 +71,12 @@ OUTPUTS = [
 def inputs() -> list[Tensor]:
     """Every input a model may have, the served controls among them (read from the controls'
     table at the call, so a control added there is an input here)."""
-    controls = []
-    for c in CONTROLS:
+    served = []
+    for c in controls.CONTROLS:
         if c.tensor is not None:
             dtype, dims = KIND_TYPES[c.kind]
-            controls.append(Tensor(c.tensor, dtype, dims, c.help, setting=c.name))
-    return HEAD + controls + TAIL
+            served.append(Tensor(c.tensor, dtype, dims, c.help, setting=c.name))
+    return HEAD + served + TAIL
 
 
 def present(tensors: list[Tensor], has_tokenizer: bool, has_attention: bool, engine: bool) -> list[Tensor]:
