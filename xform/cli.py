@@ -344,19 +344,27 @@ class CheckedLines:
             self.texts.append(text)
 
 
-def write_translations(results, n: int, report: dict, checked: CheckedLines,
-                       scores: bool | str = False) -> tuple[int, int]:
-    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after), n per source (n empty
-    ones for a failed line, its error on stderr), record them in the report, keep the translated
-    texts --check compares in `checked`; return (failed lines, lines)."""
+def write_translations(results, n: int, report: dict, checked: CheckedLines, scores: bool | str = False,
+                       output=None, echo: bool = True) -> tuple[int, int]:
+    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after; `echo` False: none),
+    n per source (n empty ones for a failed line, its error on stderr); with an `output` file,
+    write the translations alone there, one a line (a failed line's empty). Record them in the
+    report, keep the translated texts --check compares in `checked`; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
+
+    def emit(text: str, target: str, rest: str = "") -> None:
+        if output is not None:
+            output.write(target + "\n")
+        if echo:
+            click.echo(f"{text}\t{target}{rest}")
+
     for count, (label, text, targets, error) in enumerate(results, 1):
         if error is not None:
             errors += 1
             err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
             report["translations"].append({"source": text, "error": error})
             for _ in range(n):  # the output keeps one line per input line
-                click.echo(f"{text}\t" + ("\t\t" if scores == "tokens" else "\t" if scores else ""))
+                emit(text, "", "\t\t" if scores == "tokens" else "\t" if scores else "")
             continue
         if text.strip():
             checked.add(text)
@@ -365,15 +373,31 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines,
                 tgt, score, per_token = tgt
                 report["translations"].append({"source": text, "target": tgt, "score": score,
                                                "token_scores": per_token})
-                click.echo(f"{text}\t{tgt}\t{score:.4f}\t" + " ".join(f"{v:.4f}" for v in per_token))
+                emit(text, tgt, f"\t{score:.4f}\t" + " ".join(f"{v:.4f}" for v in per_token))
             elif scores:
                 tgt, score = tgt
                 report["translations"].append({"source": text, "target": tgt, "score": score})
-                click.echo(f"{text}\t{tgt}\t{score:.4f}")  # plain tab-separated lines, for scripts
+                emit(text, tgt, f"\t{score:.4f}")  # plain tab-separated lines, for scripts
             else:
                 report["translations"].append({"source": text, "target": tgt})
-                click.echo(f"{text}\t{tgt}")
+                emit(text, tgt)
     return errors, count
+
+
+@contextlib.contextmanager
+def output_file(path: Path | None):
+    """The --output file (written atomically: renamed into place when every line is written), or None."""
+    if path is None:
+        yield None
+        return
+    from xform.files import atomic_file
+    stack = contextlib.ExitStack()
+    try:
+        f = stack.enter_context(atomic_file(path))
+    except OSError as e:  # its directory missing or not writable: before any decoding
+        raise XformError(f"--output {path}: {e.strerror or e}") from None
+    with stack:
+        yield f
 
 
 def count_lines(path: Path | None) -> int | None:
@@ -666,6 +690,11 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @click.option("--replace-unknowns", is_flag=True,
               help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of the "
                    "piece it attends to most (a bundle exported --with-attention).")
+@click.option("--output", type=click.Path(path_type=Path), default=None,
+              help="Write the translations to this file, one a line (n a source with --num-return-sequences; a "
+                   "failed line's empty), as marian-decoder and CTranslate2's translate_file do; written atomically. "
+                   "Without it, stdout gets source<TAB>translation lines.")
+@click.option("--echo", is_flag=True, help="With --output: also print source<TAB>translation lines on stdout.")
 @click.option("--benchmark", is_flag=True,
               help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
                    "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
@@ -680,7 +709,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
-        read_ahead,
+        read_ahead, output, echo,
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
         iters, json_path, force,
@@ -706,6 +735,13 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
     if replace_unknowns and not (texts or input_file):
         raise click.UsageError("--replace-unknowns goes with --text / --input-file")
+    if output is not None and not (texts or input_file):
+        raise click.UsageError("--output writes the translations of --text / --input-file: give one")
+    if echo and output is None:
+        raise click.UsageError("--echo goes with --output (without it, stdout gets the translations)")
+    if output is not None and input_file is not None and str(input_file) != "-" and (
+            output.resolve() == input_file.resolve()):
+        raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
@@ -754,7 +790,9 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
                                        prefix_column, replace_unknowns, vocab_map)
-            errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores)
+            with output_file(output) as sink:
+                errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores, sink,
+                                               echo=output is None or echo)
         if errors:
             err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
                       "(their output lines are empty)")

@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from xform.errors import BundleError
 
@@ -108,12 +108,21 @@ def publish_modes(root: Path) -> None:
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write through a temporary file beside `path`, then rename: readers see old or new, never half.
     The file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's 0600."""
+    with atomic_file(path, binary=isinstance(data, bytes)) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """A file to write `path` through, renamed onto it when the block ends without an error (text
+    is UTF-8); on an error (Ctrl-C included) it is removed and `path` is as it was."""
     remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=temp_prefix(path),
+                               suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -17,15 +17,15 @@ def demo(demo_bundle):
 
 @pytest.fixture
 def decoded(demo, monkeypatch):
-    """The source lengths of every batch demo.decode runs, in the order it runs them."""
+    """The source lengths of every batch demo.run decodes (the translator's requests), in the order it runs them."""
     batches = []
-    original = demo.decode
+    original = demo.run
 
-    def spy(src_ids, src_lengths, gen, *args, **kwargs):
-        batches.append((src_ids.shape, [int(n) for n in src_lengths]))
-        return original(src_ids, src_lengths, gen, *args, **kwargs)
+    def spy(request, *args, **kwargs):
+        batches.append((request.src_ids.shape, [int(n) for n in request.src_lengths]))
+        return original(request, *args, **kwargs)
 
-    monkeypatch.setattr(demo, "decode", spy)
+    monkeypatch.setattr(demo, "run", spy)
     return batches
 
 

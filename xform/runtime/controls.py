@@ -80,7 +80,8 @@ CONTROLS: list[Control] = [
             "An id sequence never generated, comma-separated (3,17,5); repeat for more.",
             served_as="bad_words", dest="bad_word_ids", text_flag="--bad-words"),
     Control("suppress_tokens", "--suppress-tokens", "ids",
-            "Ids never generated (transformers' suppress_tokens; on the command line comma-separated).", tensor="suppress_tokens"),
+            "Ids never generated (transformers' suppress_tokens; on the command line comma-separated).",
+            tensor="suppress_tokens"),
     Control("return_alternatives", "--alternatives", "bool",
             "The --num-return-sequences best tokens at the first position after the target prefix, "
             "each continued greedily (interactive translation's choices).", tensor="return_alternatives"),

@@ -15,10 +15,12 @@ import numpy as np
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
-from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.request import Request, Result
+from xform.runtime.translator import Translation, Translator, word_span
+
+__all__ = ["Session", "Translation", "Translator", "word_span"]
 from xform.runtime.vocab_map import VocabMap
 
 
@@ -27,8 +29,6 @@ def generation_fields() -> set[str]:
     return {f.name for f in fields(GenerationConfig)}
 
 
-# one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
-Translation = str | tuple[str, float] | tuple[str, float, list[float]]
 # a request's options that are not generation settings (Session.request)
 REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
 
@@ -45,6 +45,7 @@ class Session:
         self.special = Special.from_config(config)
         # decoding defaults the bundle records (a Marian model's generation_config); greedy if none
         self.generation_defaults = dict(bundle.manifest.generation if bundle is not None else {})
+        self.translator = Translator(self)  # the text above these numbers
 
     @property
     def backend_name(self) -> str:
@@ -283,10 +284,9 @@ class Session:
                on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
                return_attention: bool = False, vocabulary=None):
         """`generate` with a GenerationConfig made already: what it returns."""
-        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
-        request = Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
-                          return_scores, return_token_scores, return_attention, vocabulary=vocabulary)
+        request = self.request_for(src_ids, src_lengths, gen, target_prefix=target_prefix,
+                                   return_scores=return_scores, return_token_scores=return_token_scores,
+                                   return_attention=return_attention, vocabulary=vocabulary)
         return self.run(request, on_step).astuple()
 
     def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
@@ -353,72 +353,6 @@ class Session:
         return {"tokens": tokens, "total": total, "lengths": lengths,
                 "normalized": (total / np.maximum(lengths, 1)).astype(np.float32)}
 
-    def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        if not texts:
-            raise InputError("no text to translate (an empty batch)")
-        return self.pad([self.encode_text(t, src_lang) for t in texts])[0]
-
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer
-        (`flag`: how an error names it, the CLI's flag or a front door's own name)."""
-        if not getattr(self.tokenizer, "languages", None):
-            if src_lang is not None:
-                raise InputError(f"{flag} {src_lang}: this model's tokenizer has no languages")
-            return self.tokenizer.encode(text)
-        return self.tokenizer.encode(text, src_lang, flag)
-
-    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
-        """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
-        any text is read."""
-        self.encode_text("", src_lang, flag)
-
-    def target_ids(self, text: str) -> list[int]:
-        """A text's target ids, nothing added (a prefix, a bad word)."""
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; give target ids instead of text")
-        return self.tokenizer.target_ids(text)
-
-    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
-        """Bad words given as text, as target id sequences: each phrase as the target tokenizer
-        splits it. A phrase that gives no tokens, or more than max_len (it could never be
-        generated), is refused, named as `flag` (the door's name for the setting)."""
-        ids = [self.target_ids(p) for p in phrases]
-        if any(not w for w in ids):
-            raise InputError(f"{flag}: a phrase gives no target tokens ({list(phrases)})")
-        if any(len(w) > self.config["max_len"] for w in ids):
-            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config['max_len']} "
-                             "(it could never be generated)")
-        return ids
-
-    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
-        """The ids of a reference translation as the model would generate them: the forced first
-        token (a target language, BART's <s>) if the decode has one, the text's ids,
-        end-of-sentence. What transformers' tokenizer gives for text_target."""
-        forced = self.target_language(tgt_lang)
-        if forced is None:
-            forced = self.generation_defaults.get("forced_bos_token_id")
-        return ([forced] if forced is not None else []) + self.target_ids(text) + [self.eos_id]
-
-    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
-        """The forced first token for `tgt_lang` (a multilingual model's target language), else
-        the tokenizer's default target language's, else None (the bundle's default applies). A
-        multilingual model with neither, and no recorded forced token, is refused with its languages
-        (`flag`: how the error names tgt_lang)."""
-        languages = getattr(self.tokenizer, "languages", None)
-        if not languages:
-            if tgt_lang is not None:
-                raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
-            return None
-        code = tgt_lang or self.tokenizer.tgt_lang
-        if code is not None:
-            return self.tokenizer.language_id(code, flag)
-        if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language {flag} names; known: "
-                             f"{', '.join(self.tokenizer.codes)}")
-        return None
-
     def pad(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Id rows as a right-padded int64 batch and its lengths."""
         src = np.full((len(rows), max(len(r) for r in rows)), self.pad_id, np.int64)
@@ -426,283 +360,56 @@ class Session:
             src[i, :len(r)] = r
         return src, np.array([len(r) for r in rows], np.int64)
 
-    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
-                        batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
-                        max_rows: int | None = None, on_batch: Callable[[int, int], None] | None = None,
-                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                        src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                        replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None
-                        ) -> Iterator[tuple[str, list | None, str | None]]:
-        """Translate a stream of lines, yielding in input order, for each line: (its text, its
-        translations (num_return_sequences of them) or None, an error or None).
+    def request_for(self, src_ids, src_lengths, gen: GenerationConfig, *, target_prefix=None,
+                    **returns: Any) -> Request:
+        """A Request for a GenerationConfig made already: sources and prefix checked."""
+        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
+        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
+        return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)), **returns)
 
-        Lines are read `read_ahead` batches' worth at a time (a window; memory holds one); a
-        window is sorted by source length, cut into batches (`batch_type` examples: `batch_size`
-        lines, default 32; tokens: at most `max_batch_tokens` padded source tokens, see
-        batching.Batching; `max_rows`: decoder rows, lines x beams or samples, default
-        batching.DEFAULT_MAX_ROWS), decoded, and its results yielded in input order. A blank line
-        translates to nothing without decoding; a line that cannot be translated (not UTF-8, a
-        word outside a vocabulary without <unk>, longer than max_len) gets its error and the
-        other lines are translated. `on_batch(lines, tokens)`, when given, is called as lines
-        are done: how many, and the target tokens generated for them. `on_warning(index, message)`,
-        when given, hears of a line (0-based) most of whose tokens are unknown to the source
-        vocabulary: it is translated, but likely not in the model's language or tokenization.
-        With return_scores, each translation is a (text, score) pair, the score as generate()
-        returns it; with return_scores "tokens", a (text, score, token log-probs) triple. A line
-        may be a (source, target prefix) pair, or, with `prefix_column`, a line
-        `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
-        is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
-        word of the piece it attends to most (a bundle exported --with-attention; CTranslate2's
-        replace_unknowns). With a `vocab_map` (a VocabMap or its file; a bundle exported
-        --with-vocab-map), each batch decodes over the target ids its sources allow. A line of
-        more source tokens than max_len fails alone, or with `truncate` is cut to max_len (its
-        first max_len - 1 tokens and end-of-sentence, as CTranslate2's max_input_length does) and
-        reported through `on_warning`. Bad settings raise InputError at once."""
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)  # checked now
-        if src_lang is not None:
-            self.check_src_lang(src_lang)  # an unknown language is refused at the call
-        if replace_unknowns:
-            self.check_replace_unknowns()
-        vocab_map = self.vocab_map(vocab_map)
-        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
-                                      prefix_column, replace_unknowns, vocab_map)
+    # -- text: the translator's (translator.py), kept here for today's calls ----------------------
+    def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
+        """Translator.translate: translations in input order, num_return_sequences a text."""
+        return self.translator.translate(texts, max_new_tokens, **settings)
 
-    def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
-        """A vocabulary map (or the path of one) checked against this bundle: it needs the
-        restricted decoder (export --with-vocab-map) and a tokenizer."""
-        if vocab_map is None:
-            return None
-        if not self.capabilities.restriction:
-            raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
-                             "with --with-vocab-map and run it with --backend ort")
-        if self.tokenizer is None or not hasattr(self.tokenizer, "target_vocabulary"):
-            raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
-        if not isinstance(vocab_map, VocabMap):
-            vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
-        return vocab_map
+    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None,
+                        **options: Any) -> Iterator[tuple[str, list | None, str | None]]:
+        """Translator.translate_lines: (text, translations or None, error or None) a line."""
+        return self.translator.translate_lines(lines, gen, batch_size, **options)
 
-    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
-        """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
-        if not self.capabilities.attention:
-            raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
-        if getattr(self.tokenizer, "target_unk_id", None) is None:
-            raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
+    def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
+        return self.translator.encode_texts(texts, src_lang)
 
-    def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
-                          on_batch: Callable[[int, int], None] | None = None,
-                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                          src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                          replace_unknowns: bool = False, vocab_map: VocabMap | None = None):
-        def encoded():
-            for index, line in enumerate(lines):
-                prefix_text = None
-                if isinstance(line, tuple):
-                    line, prefix_text = line
-                elif prefix_column:  # source<TAB>prefix, split before decoding: the tab is one byte
-                    line, _, prefix_text = line.partition(b"\t" if isinstance(line, bytes) else "\t")
-                    if isinstance(prefix_text, bytes):
-                        prefix_text = prefix_text.rstrip(b"\r\n").decode("utf-8", "replace")
-                    prefix_text = prefix_text.rstrip("\r\n")
-                text, ids, error = self.encode_line(line, src_lang)
-                prefix: list[int] = []
-                if prefix_text and ids is not None:
-                    try:
-                        prefix = self.target_ids(prefix_text)
-                    except InputError as e:
-                        ids, error = None, f"target prefix: {e}"
-                if ids is not None and len(ids) > self.config["max_len"]:
-                    if truncate:
-                        n = len(ids)
-                        ids = self.truncated(ids)
-                        if on_warning is not None:
-                            on_warning(index, f"{n} source tokens cut to the model's max_len {len(ids)} (--truncate)")
-                    else:
-                        error = (f"{len(ids)} source tokens (end-of-sentence included), more than the "
-                                 f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
-                        ids = None
-                if ids is not None and on_warning is not None:
-                    warning = self.unknown_warning(ids)
-                    if warning:
-                        on_warning(index, warning)
-                yield text, ids, error, prefix
+    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        return self.translator.encode_text(text, src_lang, flag)
 
-        for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
-            yield from self.translate_window(window, gen, batching, on_batch, return_scores, replace_unknowns,
-                                             vocab_map)
+    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
+        self.translator.check_src_lang(src_lang, flag)
 
-    def translate_window(self, window: list[tuple[str, list[int] | None, str | None, list[int]]],
-                         gen: GenerationConfig, batching: Batching, on_batch: Callable[[int, int], None] | None = None,
-                         return_scores: bool | str = False, replace_unknowns: bool = False,
-                         vocab_map: VocabMap | None = None):
-        """The window's (text, translations or None, error or None) in input order; its sources
-        decoded in batches of like length."""
-        todo = [(i, ids) for i, (_, ids, _, _) in enumerate(window) if ids is not None]
-        done: dict[int, list[Translation]] = {}
-        per_line = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences  # decoder rows a line
-        for batch in plan([len(ids) for _, ids in todo], batching, per_line):
-            rows = [todo[j][0] for j in batch]
-            prefixes = [window[i][3] for i in rows]
-            texts = [window[i][0] for i in rows]
-            done.update(zip(rows, self.translate_batch([todo[j][1] for j in batch], gen, on_batch, return_scores,
-                                                       prefixes if any(prefixes) else None, texts, replace_unknowns,
-                                                       vocab_map)))
-        if on_batch is not None and len(todo) < len(window):
-            on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
-        n = gen.num_return_sequences
-        # nothing decoded: log-probability 0
-        nothing: Translation = ("", 0.0, []) if return_scores == "tokens" else ("", 0.0) if return_scores else ""
-        blank = [nothing] * n
-        for i, (text, ids, error, _) in enumerate(window):
-            yield text, done[i] if ids is not None else None if error else blank, error
+    def target_ids(self, text: str) -> list[int]:
+        return self.translator.target_ids(text)
 
-    def encode_line(self, line: str | bytes, src_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
-        if isinstance(line, bytes):
-            raw = line.rstrip(b"\r\n")
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return raw.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
-        line = line.rstrip("\r\n")
-        if not line.strip():
-            return line, None, None
-        try:
-            ids = self.encode_text(line, src_lang)
-        except InputError as e:
-            return line, None, str(e)
-        return line, ids, None
+    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
+        return self.translator.bad_word_ids(phrases, flag)
+
+    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
+        return self.translator.encode_target(text, tgt_lang)
+
+    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
+        return self.translator.target_language(tgt_lang, flag)
 
     def truncated(self, ids: list[int]) -> list[int]:
-        """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
-        n = self.config["max_len"]
-        return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
+        return self.translator.truncated(ids)
 
-    def unknown_warning(self, ids: list[int]) -> str | None:
-        """A warning when more than half of an encoded source's text tokens are unknown, else None."""
-        unknown, total = self.tokenizer.unknown(ids)
-        if total and unknown * 2 > total:
-            return (f"{unknown} of its {total} source tokens are unknown to the vocabulary: is it in the model's "
-                    "source language, and does export's 'text in' line show the right tokenization?")
-        return None
+    def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
+        return self.translator.vocab_map(vocab_map)
 
-    def translate_batch(self, sources: list[list[int]], gen: GenerationConfig,
-                        on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
-                        target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
-                        replace_unknowns: bool = False, vocab_map: VocabMap | None = None) -> list[list[Translation]]:
-        """Decode source id rows together: for each, its num_return_sequences translations (with
-        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). Given the
-        sources' `texts`: with replace_unknowns, unknown target tokens are replaced by the source
-        words of the pieces they attend to; with a vocab_map, the batch decodes over the target ids its
-        sources' n-grams allow."""
-        vocabulary = None
-        if vocab_map is not None:
-            if texts is None:
-                raise XformError("a vocabulary map chooses a batch's target ids from its sources' texts: none given")
-            vocabulary = self.allowed_ids(vocab_map, texts)
-        result = self.decode(*self.pad(sources), gen, return_scores=bool(return_scores), target_prefix=target_prefix,
-                             return_token_scores=return_scores == "tokens", return_attention=replace_unknowns,
-                             vocabulary=vocabulary)
-        rows = result[0] if isinstance(result, tuple) else result
-        if on_batch is not None:
-            on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
-        n = gen.num_return_sequences
-        decoded = self.decode_rows(rows, n, sources, texts, result[-1] if replace_unknowns else None)
-        out: list[Translation]
-        if return_scores == "tokens":
-            scores, tokens = result[1], result[2]
-            out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
-                   for t, sc, tk, r in zip(decoded, scores, tokens, rows)]
-        elif return_scores:
-            out = [(t, float(sc)) for t, sc in zip(decoded, result[1])]
-        else:
-            out = list(decoded)
-        return [out[i * n:(i + 1) * n] for i in range(len(sources))]
+    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
+        self.translator.check_replace_unknowns(flag)
 
     def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
-        """The target ids a vocabulary map allows a batch of source texts."""
-        return vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
+        return self.translator.allowed_ids(vocab_map, texts)
 
     def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
                     texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
-        """Text of generated rows, n a source; with `attention`, each unknown target token written
-        as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
-        if attention is None:
-            return [self.tokenizer.decode(r) for r in rows]
-        if sources is None:
-            raise XformError("unknown tokens are replaced by source pieces: the rows' source ids are needed")
-        return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
-                                                                   texts[k // n] if texts else None))
-                for k, r in enumerate(rows)]
-
-    def unknown_replacements(self, ids: np.ndarray, attention: np.ndarray, source: list[int],
-                             text: str | None = None) -> dict[int, str]:
-        """For each unknown target token of `ids` (its position), the source word whose token it
-        attends to most, among the source's text tokens (not its language code or end-of-sentence):
-        all the word's pieces (a sentencepiece word: from the piece that starts it to the next
-        word's), as written in the source `text` when given (a word the vocabulary lacks is copied
-        whole), else the vocabulary's pieces. Unknowns in a row aligned to one word copy it once."""
-        unk = self.tokenizer.target_unk_id
-        where = np.flatnonzero(ids == unk)
-        if not len(where):
-            return {}
-        framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
-        body = [i not in framing for i in source] + [False] * (attention.shape[1] - len(source))
-        if not any(body):
-            return {}
-        weights = np.where(np.array(body)[None, :], attention[where], -1.0)
-        pieces = None
-        if text is not None and hasattr(self.tokenizer, "source_pieces"):
-            pieces = self.tokenizer.source_pieces(text)
-            pieces = pieces if len(pieces) == len(source) else None  # a truncated source: the vocabulary's
-        if pieces is None:
-            pieces = [self.tokenizer.source_piece(i) for i in source]
-        marked = getattr(self.tokenizer, "spm_words", False)
-        out: dict[int, str] = {}
-        previous = None
-        for t, j in zip(where.tolist(), weights.argmax(1).tolist()):
-            span = word_span(pieces, body, j) if marked else (j, j + 1)
-            out[t] = "" if previous == (t - 1, span) else "".join(pieces[span[0]:span[1]])
-            previous = (t, span)
-        return out
-
-    def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
-                  tgt_lang: str | None = None, replace_unknowns: bool = False,
-                  vocab_map: "VocabMap | str | Path | None" = None, **settings: Any) -> list[str]:
-        """Translations in input order; with num_return_sequences n, n per text, one after another.
-        `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...);
-        `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
-        "fr_XX", M2M100's "fr"), the target's becoming the forced first token."""
-        if settings.get("forced_bos_token_id") is None:
-            settings["forced_bos_token_id"] = self.target_language(tgt_lang)
-        elif tgt_lang is not None:
-            raise InputError("tgt_lang and forced_bos_token_id both name the first token: give one")
-        # text where ids go: a prefix or a bad word as the target tokenizer splits it
-        if settings.get("target_prefix") is not None:
-            settings["target_prefix"] = [self.target_ids(p) if isinstance(p, str) else p
-                                         for p in settings["target_prefix"]]
-        if settings.get("bad_words_ids") is not None:
-            settings["bad_words_ids"] = [self.bad_word_ids([w], "bad_words_ids")[0] if isinstance(w, str) else w
-                                         for w in settings["bad_words_ids"]]
-        src = self.encode_texts(list(texts), src_lang)
-        vocab_map = self.vocab_map(vocab_map)
-        if vocab_map is not None:
-            settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
-        if replace_unknowns:
-            self.check_replace_unknowns()
-            out, attention = self.generate(src, max_new_tokens=max_new_tokens, return_attention=True, **settings)
-            sources = [[int(i) for i in row if i != self.pad_id] for row in src]
-            return self.decode_rows(out, len(out) // len(src), sources, list(texts), attention)
-        out = self.generate(src, max_new_tokens=max_new_tokens, **settings)
-        return [self.tokenizer.decode(row) for row in out]
-
-
-def word_span(pieces: list[str], body: list[bool], j: int) -> tuple[int, int]:
-    """[start, end) of the sentencepiece word holding piece j: back to the piece that starts it
-    (U+2581 first), on to the next such piece, within the text's pieces (`body`)."""
-    start, end = j, j + 1
-    while start > 0 and body[start - 1] and not pieces[start].startswith("\u2581"):
-        start -= 1
-    while end < len(pieces) and body[end] and not pieces[end].startswith("\u2581"):
-        end += 1
-    return start, end
+        return self.translator.decode_rows(rows, n, sources, texts, attention)

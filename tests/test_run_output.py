@@ -1,0 +1,35 @@
+"""`xform run --input-file F --output O`: one translation a line, written atomically; the
+source<TAB>translation echo on stdout only when asked (and, without --output, as before)."""
+from click.testing import CliRunner
+
+import xform
+from xform.cli import main
+
+
+def test_output_is_one_translation_a_line(demo_bundle, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("40512\n7\n\n123456\n")
+    out = tmp_path / "out.txt"
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    want = xform.load(demo_bundle).translate(["40512", "7", "123456"])
+    assert out.read_text().splitlines() == [want[0], want[1], "", want[2]]
+    assert r.stdout == ""
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(out), "--echo"])
+    assert r.exit_code == 0 and r.stdout.splitlines()[0] == f"40512\t{want[0]}"
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src)])
+    assert r.stdout.splitlines()[1] == f"7\t{want[1]}"  # without --output: as before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary left
+
+
+def test_output_refusals(demo_bundle, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("7\n")
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(src)])
+    assert r.exit_code == 2 and "is --input-file" in r.output and src.read_text() == "7\n"
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--check", "--output", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--output writes the translations" in r.output
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--echo"])
+    assert r.exit_code == 2 and "--echo goes with --output" in r.output
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--output", str(tmp_path / "no" / "o")])
+    assert r.exit_code == 1 and "--output" in r.output
