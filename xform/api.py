@@ -19,9 +19,12 @@ def torch_backend(bundle, device: str, threads: int | None):
 
 
 def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None,
-         threads: int | None = None) -> Session:
-    """device: cpu or cuda; by default cpu for torch and ort, cuda for trt."""
-    return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend)
+         threads: int | None = None, cache_capacity: int | None = None) -> Session:
+    """device: cpu or cuda; by default cpu for torch and ort, cuda for trt. `cache_capacity`:
+    the positions the graph backends' self-attention cache starts with (doubled when full;
+    default backend.INITIAL_CAPACITY)."""
+    return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend,
+                        cache_capacity=cache_capacity)
 
 
 def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, **kw):

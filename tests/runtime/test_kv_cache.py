@@ -18,20 +18,12 @@ from xform.models.checkpoint import save_checkpoint
 from xform.models.transformer import greedy_decode
 
 
-@pytest.fixture
-def capacity(monkeypatch):
-    def set_to(n: int) -> None:
-        monkeypatch.setattr(ort_backend, "INITIAL_CAPACITY", n)
-    return set_to
-
-
 @pytest.mark.parametrize("initial", [1, 3])
-def test_greedy_through_growth_equals_the_uncached_reference(tiny_bundle, capacity, initial):
-    capacity(initial)
+def test_greedy_through_growth_equals_the_uncached_reference(tiny_bundle, initial):
     model = make_model("seed-002")
     src, lens = padded_batch(model.cfg, [13, 2, 9, 5], seed=7)
     n = model.cfg.max_len  # to the model's limit: the capacity is capped there
-    session = xform.load(tiny_bundle, backend="ort")
+    session = xform.load(tiny_bundle, backend="ort", cache_capacity=initial)
     got = session.generate(src, max_new_tokens=n, min_new_tokens=n)
     ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), n, n).numpy()
     np.testing.assert_array_equal(got, ref)
@@ -43,9 +35,8 @@ def test_greedy_through_growth_equals_the_uncached_reference(tiny_bundle, capaci
     np.testing.assert_allclose(logits, torch_logits, rtol=0, atol=1e-4)
 
 
-def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bundle, capacity):
-    capacity(4)
-    session = xform.load(tiny_bundle, backend="ort")
+def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bundle):
+    session = xform.load(tiny_bundle, backend="ort", cache_capacity=4)
     model = make_model("seed-002")
     src, lens = padded_batch(model.cfg, [6, 3], seed=2)
     backend = session.backend
@@ -65,28 +56,27 @@ def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bu
         assert new[:, :, 4].any() and not new[:, :, 5:].any()
 
 
-def test_beams_through_growth_equal_transformers(marians, capacity):
+def test_beams_through_growth_equal_transformers(marians):
     from tests.marian_fixtures import sources
     from tests.runtime.test_beam_search import MAX_NEW, hf_beams
 
-    capacity(2)  # reordered in place after every step, grown at steps 2, 4, 8
+    capacity = 2  # reordered in place after every step, grown at steps 2, 4, 8
     for name, (_, model, bundle) in sorted(marians.items()):
         src, mask = sources(model.config, [7, 3, 9, 5], seed=4)
         kw = dict(num_beams=4, length_penalty=1.0, early_stopping=False, num_return_sequences=2)
         want, want_scores = hf_beams(model, src, mask, **kw)
-        got, scores = xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=MAX_NEW,
+        got, scores = xform.load(bundle, backend="ort", cache_capacity=capacity).generate(src.numpy(), max_new_tokens=MAX_NEW,
                                                                    return_scores=True, **kw)
         np.testing.assert_array_equal(got, want, err_msg=name)
         np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-4, err_msg=name)
 
 
-def test_sampling_through_growth_equals_the_default_capacity(tiny_bundle, capacity):
+def test_sampling_through_growth_equals_the_default_capacity(tiny_bundle):
     model = make_model("seed-002")
     src, _ = padded_batch(model.cfg, [5, 8, 2], seed=5)
     kw = dict(max_new_tokens=20, do_sample=True, top_k=10, seed=3, num_return_sequences=2)
     want = xform.load(tiny_bundle, backend="ort").generate(src, **kw)
-    capacity(1)
-    np.testing.assert_array_equal(xform.load(tiny_bundle, backend="ort").generate(src, **kw), want)
+    np.testing.assert_array_equal(xform.load(tiny_bundle, backend="ort", cache_capacity=1).generate(src, **kw), want)
 
 
 def test_a_table_both_graphs_hold_is_mapped_once(tmp_path):

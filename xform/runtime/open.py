@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from xform.errors import XformError
+from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.session import Session
 from xform.runtime.tokenizer import load_tokenizer
@@ -23,17 +24,21 @@ def default_device(backend: str) -> str:
 
 
 def open_backend(bundle: Bundle, backend: str, device: str | None = None, threads: int | None = None,
-                 torch_factory: Callable | None = None):
-    """The backend object; `torch_factory(bundle, device, threads)` makes the eager one."""
+                 torch_factory: Callable | None = None, cache_capacity: int | None = None):
+    """The backend object; `torch_factory(bundle, device, threads)` makes the eager one;
+    `cache_capacity` the graph backends' first cache capacity (None: INITIAL_CAPACITY)."""
+    capacity = INITIAL_CAPACITY if cache_capacity is None else cache_capacity
+    if capacity < 1:
+        raise XformError(f"cache_capacity must be at least 1, got {capacity}")
     device = device or default_device(backend)
     if device not in DEVICES:
         raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
     if backend == "ort":
         from xform.runtime.ort_backend import OrtBackend
-        return OrtBackend(bundle, device, threads)
+        return OrtBackend(bundle, device, threads, initial_capacity=capacity)
     if backend == "trt":
         from xform.runtime.trt_backend import TrtBackend
-        return TrtBackend(bundle, device)
+        return TrtBackend(bundle, device, initial_capacity=capacity)
     if backend == "torch" and torch_factory is not None:
         return torch_factory(bundle, device, threads)
     if backend == "torch":
@@ -49,8 +54,9 @@ def session_over(bundle: Bundle, backend) -> Session:
 
 
 def open_session(bundle: str | Path | Bundle, backend: str = "ort", device: str | None = None,
-                 threads: int | None = None, torch_factory: Callable | None = None) -> Session:
+                 threads: int | None = None, torch_factory: Callable | None = None,
+                 cache_capacity: int | None = None) -> Session:
     """Open (and verify) a bundle directory, or take an opened Bundle, and make its Session."""
     if not isinstance(bundle, Bundle):
         bundle = Bundle.open(bundle)
-    return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory))
+    return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory, cache_capacity))

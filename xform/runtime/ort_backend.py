@@ -75,7 +75,9 @@ def session(ort, path, opts, providers):
 class OrtBackend:
     name = "ort"
 
-    def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None):
+    def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
+                 initial_capacity: int = INITIAL_CAPACITY):
+        self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
         ort = self.ort = import_onnxruntime()
         providers = providers_for(device)
         self.ort_device = "cuda" if device == "cuda" else "cpu"
@@ -175,7 +177,7 @@ class OrtBackend:
         Bs, S = src_ids.shape
         H, D = self.kv_heads, self.head_dim
         self.binding = None
-        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, INITIAL_CAPACITY, D)
+        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.initial_capacity, D)
         if self.ops is None:  # the last decode's buffers go before the encoder allocates
             self.cache.release()
             self.cross.release()

@@ -71,7 +71,9 @@ class DeviceBuffer:
 class TrtBackend:
     name = "trt"
 
-    def __init__(self, bundle: Bundle, device: str = "cuda", flavor: str = "auto"):
+    def __init__(self, bundle: Bundle, device: str = "cuda", flavor: str = "auto",
+                 initial_capacity: int = INITIAL_CAPACITY):
+        self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
         if device != "cuda":
             raise XformError(f"the trt backend runs on an NVIDIA GPU: use --device cuda, not {device!r}")
         installed = importable_flavors()
@@ -209,7 +211,7 @@ class TrtBackend:
         H, D = self.kv_heads, self.head_dim
         self.group, self.steps = group, 0
         self.cross.reset((Bs, H, S, D), zero=False)  # the encoder writes it whole
-        self.cache.reset((R, H, min(INITIAL_CAPACITY, self.max_steps), D))  # masked positions hold zeros
+        self.cache.reset((R, H, min(self.initial_capacity, self.max_steps), D))  # masked positions hold zeros
         self.h2d(self.enc_bufs["src_ids"], src_ids)
         self.h2d(self.enc_bufs["src_lengths"], src_lengths)
         self.bind(self.enc_ctx, "src_ids", self.enc_bufs["src_ids"].ptr, (Bs, S))
