@@ -100,7 +100,7 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
     """A fake control: a field of GenerationConfig and a row of the controls' table, nothing else.
     The CLI's flag, the Python keyword and the Triton input each bring its value to the strategy;
     config.pbtxt and the docs' table list the input."""
-    import xform.cli
+    import xform.cli.decode
     from xform.serving.repository import ModelOptions, config_pbtxt
     fake = dataclasses.make_dataclass("FakeGenerationConfig", [("fake_control", int, 0)],
                                       bases=(decoding.GenerationConfig,), frozen=True)
@@ -115,8 +115,8 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
         return make(batch, gen, *args)
     monkeypatch.setattr(session_module, "make_strategy", spy)
     try:
-        cli = importlib.reload(xform.cli)  # the commands' options are made from the table at import
-        r = CliRunner().invoke(cli.main, ["run", str(demo_bundle), "--text", SOURCE, "--fake-control", "7"])
+        importlib.reload(xform.cli.decode)  # `run`'s options are made from the table when it registers
+        r = CliRunner().invoke(xform.cli.main, ["run", str(demo_bundle), "--text", SOURCE, "--fake-control", "7"])
         assert r.exit_code == 0, r.output
         assert seen == [7]
         demo.generate(demo.encode_texts([SOURCE]), fake_control=8)
@@ -130,7 +130,7 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
         assert "| `fake_control` | in | TYPE_INT32 | [1] |" in tensors.markdown()
     finally:
         monkeypatch.undo()
-        importlib.reload(xform.cli)
+        importlib.reload(xform.cli.decode)
 
 
 def test_the_docs_tensor_table_is_the_tables():

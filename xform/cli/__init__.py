@@ -1,0 +1,62 @@
+"""The `xform` command line: thin click commands over the library, one module a command group.
+
+Each command turns flags into one library call and prints a summary. Errors: an XformError is a
+message on stderr and exit 1 (no traceback), a failed check is exit 1, bad usage is exit 2 (click),
+Ctrl-C is exit 130.
+
+    build.py     export, build-engine             decode.py    run, score
+    evaluate.py  eval                             serving.py   triton, serve
+    options.py   the flags and helpers the commands share (decoding flags from runtime/controls.py)
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from xform import __version__
+from xform.errors import XformError
+from xform.manifest import VERSION as BUNDLE_VERSION
+
+out = Console(highlight=False, soft_wrap=True)
+
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command Ctrl-C stopped
+
+
+def handle_errors(fn):
+    """The one place where library errors become exit codes; Ctrl-C is exit 130 with one line,
+    not click's "Aborted!" and exit 1."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except XformError as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}")
+            sys.exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            sys.exit(INTERRUPTED)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=__version__, prog_name="xform",
+                      message=f"%(prog)s %(version)s (bundle format {BUNDLE_VERSION})")
+def main() -> None:
+    """Export encoder-decoder Transformers to ONNX / TensorRT and run them, checked against PyTorch."""
+    import logging
+
+    from rich.logging import RichHandler
+    logging.basicConfig(level=logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=err, show_time=False, show_path=False)])
+
+
+# the commands register themselves on `main` as they are imported
+from xform.cli import build, decode, evaluate, serving  # noqa: E402,F401

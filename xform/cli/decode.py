@@ -1,0 +1,443 @@
+"""`xform run` and `xform score`: translate, check, benchmark; score given translations."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from xform.cli import err, handle_errors, main, out
+from xform.cli.options import (
+    check_json_target,
+    check_readable,
+    checked_batching,
+    checked_generation,
+    count_lines,
+    generation_options,
+    generation_settings,
+    progress_bar,
+    split_bad_words,
+    write_json,
+)
+from xform.errors import XformError
+
+
+def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
+    """(label, line) for each --text (with --target-prefix, a (text, prefix) pair), then each line of
+    --input-file read lazily as bytes (so a non-UTF-8 line fails alone)."""
+    for i, t in enumerate(texts, 1):
+        yield f"--text {i}", (t, prefixes[i - 1]) if prefixes else t
+    if input_file is not None and str(input_file) == "-":  # standard input, as a pipe's end
+        for n, line in enumerate(sys.stdin.buffer, 1):
+            yield f"<stdin>:{n}", line
+    elif input_file is not None:
+        with open(input_file, "rb") as f:
+            for n, line in enumerate(f, 1):
+                yield f"{input_file}:{n}", line
+
+
+def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
+                     src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
+                     replace_unknowns: bool = False, vocab_map=None):
+    """(label, text, translations or None, error or None) for each (label, line), in input order."""
+    labels: list[str] = []
+
+    def lines():
+        for label, line in labelled:
+            labels.append(label)
+            yield line
+
+    warned = []
+
+    def on_warning(index: int, message: str) -> None:
+        warned.append(index)
+        if len(warned) <= MAX_WARNINGS:
+            err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(message)}")
+
+    results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
+                                      max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
+                                      max_rows=batching.max_rows,
+                                      on_batch=on_batch, on_warning=on_warning, return_scores=scores,
+                                      src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
+                                      replace_unknowns=replace_unknowns, vocab_map=vocab_map)
+    for i, (text, targets, error) in enumerate(results):
+        yield labels[i], text, targets, error
+    if len(warned) > MAX_WARNINGS:
+        err.print(f"[bold yellow]warning:[/] {len(warned)} warnings in all (the first {MAX_WARNINGS} are above)")
+
+
+MAX_WARNINGS = 10  # lines named one by one; the rest are counted
+
+
+@dataclasses.dataclass
+class CheckedLines:
+    """The first `limit` translated lines (not blank), which --check compares, and how many there were."""
+    limit: int
+    texts: list[str] = dataclasses.field(default_factory=list)
+    translated: int = 0
+
+    def add(self, text: str) -> None:
+        self.translated += 1
+        if len(self.texts) < self.limit:
+            self.texts.append(text)
+
+
+def write_translations(results, n: int, report: dict, checked: CheckedLines, scores: bool | str = False,
+                       output=None, echo: bool = True) -> tuple[int, int]:
+    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after; `echo` False: none),
+    n per source (n empty ones for a failed line, its error on stderr); with an `output` file,
+    write the translations alone there, one a line (a failed line's empty). Record them in the
+    report, keep the translated texts --check compares in `checked`; return (failed lines, lines)."""
+    report["translations"], errors, count = [], 0, 0
+
+    def emit(text: str, target: str, rest: str = "") -> None:
+        if output is not None:
+            output.write(target + "\n")
+        if echo:
+            click.echo(f"{text}\t{target}{rest}")
+
+    for count, (label, text, targets, error) in enumerate(results, 1):
+        if error is not None:
+            errors += 1
+            err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
+            report["translations"].append({"source": text, "error": error})
+            for _ in range(n):  # the output keeps one line per input line
+                emit(text, "", "\t\t" if scores == "tokens" else "\t" if scores else "")
+            continue
+        if text.strip():
+            checked.add(text)
+        for tgt in targets:
+            if scores == "tokens":
+                tgt, score, per_token = tgt
+                report["translations"].append({"source": text, "target": tgt, "score": score,
+                                               "token_scores": per_token})
+                emit(text, tgt, f"\t{score:.4f}\t" + " ".join(f"{v:.4f}" for v in per_token))
+            elif scores:
+                tgt, score = tgt
+                report["translations"].append({"source": text, "target": tgt, "score": score})
+                emit(text, tgt, f"\t{score:.4f}")  # plain tab-separated lines, for scripts
+            else:
+                report["translations"].append({"source": text, "target": tgt})
+                emit(text, tgt)
+    return errors, count
+
+
+@contextlib.contextmanager
+def output_file(path: Path | None):
+    """The --output file (written atomically: renamed into place when every line is written), or None."""
+    if path is None:
+        yield None
+        return
+    from xform.files import atomic_file
+    stack = contextlib.ExitStack()
+    try:
+        f = stack.enter_context(atomic_file(path))
+    except OSError as e:  # its directory missing or not writable: before any decoding
+        raise XformError(f"--output {path}: {e.strerror or e}") from None
+    with stack:
+        yield f
+
+
+def print_check(report) -> None:
+    from xform.runtime.compare import GROSS_TOKEN_AGREEMENT
+    t = Table(title=f"check: {report.backend} ({report.precision}, {report.strategy}) vs eager PyTorch, "
+                    "teacher-forced on its best hypothesis")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_column("tolerance", justify="right")
+    by_decodes = report.judged_by == "decodes"
+    gross = report.gross_only  # random sources: a reduced precision is judged for gross breakage only
+    t.add_row("sources", "random token ids" if report.sources == "random" else "given sentences",
+              "gross breakage only" if gross else "")
+    if by_decodes:  # a reduced precision is judged by its translations; logit errors are reported
+        t.add_row("decodes alike (edits)", f"{report.decode_agreement:.2%} of {report.decodes_compared}",
+                  "reported" if gross else f">= {report.min_decode_agreement:.0%}")
+        t.add_row("decodes identical", f"{report.decodes_identical:.2%}", "reported")
+        t.add_row("log-prob drop", f"{report.logprob_drop:.4f} nats/tok", f"<= {report.max_logprob_drop:g}")
+        if report.bleu_vs_eager is not None:
+            t.add_row("BLEU / chrF vs eager", f"{report.bleu_vs_eager:.1f} / {report.chrf_vs_eager:.1f}", "reported")
+    t.add_row("max abs logit error", f"{report.max_abs_err:.3e}",
+              "reported" if by_decodes else f"atol {report.atol:g}, rtol {report.rtol:g}")
+    t.add_row("max rel logit error", f"{report.max_rel_err:.3e}", "")
+    t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}",
+              "reported" if by_decodes else f"at rtol {report.rtol:g}")
+    t.add_row("token agreement", f"{report.token_agreement:.2%} of {report.tokens_compared}",
+              f">= {GROSS_TOKEN_AGREEMENT if gross else report.min_token_agreement:.0%}")
+    t.add_row("first divergence (row, step)", str(report.first_divergence) if report.first_divergence else "none", "")
+    t.add_row("non-finite values", "yes" if report.nonfinite else "no", "none")
+    if report.beam_hypotheses_identical is not None:
+        t.add_row("beam hypotheses = eager's", f"{report.beam_hypotheses_identical:.2%} of {report.beam_hypotheses}",
+                  "reported" if gross else f">= {report.min_token_agreement:.0%}")
+        t.add_row("max abs beam score error", f"{report.beam_score_max_abs_err:.3e}",
+                  "reported" if by_decodes else report.beam_score_tolerance)
+    out.print(t)
+    out.print("[bold green]check passed[/]" if report.passed else "[bold red]check FAILED[/]")
+
+
+def print_bench(r) -> None:
+    t = Table(title=f"benchmark: {r.backend} {r.precision}, {r.strategy}, batch {r.batch}, src_len {r.src_len}, "
+                    f"{r.new_tokens} new tokens, median of {r.iters}")
+    for col in ("tokens/s", "latency p50 ms", "p90 ms", "p99 ms", "peak RSS MiB"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{r.tokens_per_s:,.1f}", f"{r.latency_ms_p50:.2f}", f"{r.latency_ms_p90:.2f}",
+              f"{r.latency_ms_p99:.2f}", f"{r.peak_rss_mib:,.0f}")
+    out.print(t)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["torch", "ort", "trt"]), default="ort", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Default: cpu for torch and ort, cuda for trt.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
+@click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
+@click.option("--input-file", type=click.Path(path_type=Path),
+              help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
+                   "line gives a blank translation). '-' reads standard input; a named pipe or <(command) "
+                   "is read as a file.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
+                   "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
+@click.option("--batch-type", type=click.Choice(["examples", "tokens"]), default=None,
+              help="Batches of --batch-size lines (examples, the default) or of --max-batch-tokens source tokens "
+                   "(tokens, implied by --max-batch-tokens).")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=None,
+              help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs alone).")
+@click.option("--max-batch-rows", "max_rows", type=click.IntRange(min=1), default=None,
+              help="Decoder rows per batch, lines x beams (or samples), whatever the batch type (default 256): "
+                   "bounds a batch's logits and K/V cache, so memory does not grow with a window of short lines.")
+@click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Batches' worth of lines read, sorted by length and decoded before their results are written.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="Stop after this many generated tokens (default: the bundle's cap, which export prints: 256 "
+                   "unless the model or export --max-new-tokens sets one; never beyond max_len).")
+@click.option("--check", is_flag=True,
+              help="Compare with eager PyTorch step by step; exit 1 beyond tolerance. With --text / --input-file it "
+                   "compares the first --check-lines translated lines (and says how many), else random sources.")
+@click.option("--check-lines", type=click.IntRange(min=1), default=32, show_default=True,
+              help="--check: translated lines compared (eager PyTorch decodes them as one batch: memory grows "
+                   "with N).")
+@click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
+@click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
+@click.option("--src-lang", default=None,
+              help="A multilingual model's source language code (NLLB: fra_Latn, mBART-50: fr_XX, M2M100: fr; "
+                   "default: its tokenizer's).")
+@click.option("--tgt-lang", default=None,
+              help="A multilingual model's target language code: its token is forced first (--forced-bos-id).")
+@click.option("--truncate", is_flag=True,
+              help="Cut a line of more source tokens than the model's max_len to it (first max_len - 1 tokens and "
+                   "end-of-sentence), with a warning naming the line; without it such a line fails alone.")
+@click.option("--scores", is_flag=True,
+              help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
+                   "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
+@click.option("--token-scores", is_flag=True,
+              help="--scores, and each generated token's log-probability after it (a fourth column, "
+                   "space-separated; in --json as token_scores).")
+@click.option("--target-prefix", "target_prefixes", multiple=True, metavar="TEXT",
+              help="The start of the translation of the --text of the same rank: decoding continues after it "
+                   "(repeat once per --text; '' for none).")
+@click.option("--prefix-column", is_flag=True,
+              help="Each --input-file line is source<TAB>target prefix (an empty prefix is none).")
+@click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+              help="CTranslate2's vocabulary map (source n-gram TAB target tokens; an empty n-gram: always allowed): "
+                   "each batch decodes over the target tokens its sources allow (a bundle exported "
+                   "--with-vocab-map; ort backend).")
+@click.option("--replace-unknowns", is_flag=True,
+              help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of the "
+                   "piece it attends to most (a bundle exported --with-attention).")
+@click.option("--output", type=click.Path(path_type=Path), default=None,
+              help="Write the translations to this file, one a line (n a source with --num-return-sequences; a "
+                   "failed line's empty), as marian-decoder and CTranslate2's translate_file do; written atomically. "
+                   "Without it, stdout gets source<TAB>translation lines.")
+@click.option("--echo", is_flag=True, help="With --output: also print source<TAB>translation lines on stdout.")
+@click.option("--benchmark", is_flag=True,
+              help="Time the decode the flags choose (greedy by default, or the bundle's; --num-beams, --sample) on "
+                   "--batch random sources of --src-len tokens, exactly --new-tokens steps each: tokens/s, "
+                   "per-step latency percentiles and peak RSS.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--src-len", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON.")
+@click.option("--force", is_flag=True, help="Replace an existing --json report (only a report xform wrote).")
+@generation_options
+@handle_errors
+def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
+        read_ahead, output, echo,
+        max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
+        target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
+        iters, json_path, force,
+        greedy, **settings) -> None:
+    """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
+
+    Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
+    flags say otherwise."""
+    import xform
+    import xform.api
+    from xform.errors import InputError
+
+    if input_file is not None and str(input_file) != "-":
+        check_readable("--input-file", input_file)
+    scores = "tokens" if token_scores else scores
+    if scores and not (texts or input_file):
+        raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
+                               "(the translations it scores)")
+    if target_prefixes and len(target_prefixes) != len(texts):
+        raise click.UsageError(f"--target-prefix is given {len(target_prefixes)} times for {len(texts)} --text: give "
+                               "one per --text ('' for none)")
+    if prefix_column and input_file is None:
+        raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
+    if replace_unknowns and not (texts or input_file):
+        raise click.UsageError("--replace-unknowns goes with --text / --input-file")
+    if output is not None and not (texts or input_file):
+        raise click.UsageError("--output writes the translations of --text / --input-file: give one")
+    if echo and output is None:
+        raise click.UsageError("--echo goes with --output (without it, stdout gets the translations)")
+    if output is not None and input_file is not None and str(input_file) != "-" and (
+            output.resolve() == input_file.resolve()):
+        raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
+    if not (texts or input_file or check or benchmark):
+        raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
+    json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
+                   *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
+    if json_path is not None:
+        check_json_target(json_path, force, json_inputs)
+    settings = generation_settings(greedy, **settings)
+    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
+    session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
+        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
+    if (src_lang or tgt_lang) and session.tokenizer is None:
+        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
+                               "languages (give --forced-bos-id for the target language's token id)")
+    if texts or input_file or src_lang or tgt_lang:
+        try:
+            if settings.get("forced_bos_token_id") is None and session.tokenizer is not None:
+                settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+            if src_lang is not None:
+                session.check_src_lang(src_lang)
+        except InputError as e:
+            raise click.UsageError(str(e)) from None
+    if replace_unknowns:
+        try:
+            session.check_replace_unknowns()
+        except InputError as e:
+            raise click.UsageError(f"{bundle}: {e}") from None
+    if vocab_map is not None:
+        if not (texts or input_file):
+            raise click.UsageError("--vocab-map goes with --text / --input-file")
+        if not vocab_map.is_file():
+            raise XformError(f"--vocab-map {vocab_map}: no such file")
+        if not getattr(session.backend, "has_restriction", False):
+            raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
+                                   "it with --with-vocab-map and run it with --backend ort")
+        vocab_map = session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+    split_bad_words(session, settings)
+    gen = checked_generation(session, max_new_tokens, settings)
+    report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
+                    "generation": gen.to_dict()}
+    failed = False
+    checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
+    if texts or input_file:
+        with progress_bar(input_file is not None, "lines", "translated",
+                          lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
+            lines = input_lines(texts, input_file, target_prefixes)
+            results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
+                                       prefix_column, replace_unknowns, vocab_map)
+            with output_file(output) as sink:
+                errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores, sink,
+                                               echo=output is None or echo)
+        if errors:
+            err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
+                      "(their output lines are empty)")
+            failed = True
+    if check:
+        with err.status("checking against eager PyTorch"):
+            check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
+                                    min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
+            rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
+                              generation=check_gen, src_lang=src_lang)
+        if checked.texts:
+            out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
+                      "--check-lines N for more)" if len(checked.texts) < checked.translated else
+                      f"check on all {checked.translated} translated lines")
+        print_check(rep)
+        report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts),
+                           "lines_translated": checked.translated}
+        failed = failed or not rep.passed
+    if benchmark:
+        from rich.progress import Progress
+
+        from xform.runtime.bench import benchmark as run_benchmark
+
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
+            res = run_benchmark(session, batch, src_len, new_tokens, warmup, iters,
+                                on_iter=lambda i: progress.advance(task),
+                                generation=gen.updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens))
+        print_bench(res)
+        report["benchmark"] = res.to_dict()
+    if json_path is not None:
+        write_json(json_path, report, force, json_inputs)
+    if failed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--source", "source_file", required=True, type=click.Path(path_type=Path),
+              help="Source sentences, one a line.")
+@click.option("--target", "target_file", required=True, type=click.Path(path_type=Path),
+              help="Their translations, one a line, in the same order.")
+@click.option("--backend", type=click.Choice(["torch", "ort", "trt"]), default="ort", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--src-lang", default=None, help="A multilingual model's source language code (NLLB's fra_Latn).")
+@click.option("--tgt-lang", default=None, help="A multilingual model's target language code: the targets' first token.")
+@click.option("--tokens", "per_token", is_flag=True,
+              help="Append each target token's log-probability (space-separated, end-of-sentence last).")
+@handle_errors
+def score(bundle, source_file, target_file, backend, device, threads, batch_size, src_lang, tgt_lang,
+          per_token) -> None:
+    """Score given translations: for each pair, the log-likelihood of the target under BUNDLE,
+    teacher-forced. Prints `total<TAB>per-token<TAB>tokens<TAB>source<TAB>target` a line (what users
+    filter parallel data and rerank by); with --tokens, a sixth column of each token's log-prob."""
+    import xform
+    from xform.errors import InputError
+
+    for flag, path in (("--source", source_file), ("--target", target_file)):
+        check_readable(flag, path)
+    sources = source_file.read_text(encoding="utf-8").splitlines()
+    targets = target_file.read_text(encoding="utf-8").splitlines()
+    if len(sources) != len(targets):
+        raise XformError(f"--source {source_file} has {len(sources)} lines, --target {target_file} {len(targets)}: "
+                         "expected one translation a source")
+    session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    if session.tokenizer is None:
+        raise XformError(f"{bundle}: this bundle has no tokenizer to read text; score token ids with Session.score")
+    try:
+        session.encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
+        if src_lang is not None:
+            session.check_src_lang(src_lang)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+    with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
+        for start in range(0, len(sources), batch_size):
+            src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
+            src_ids = session.encode_texts(src, src_lang)
+            tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
+            result = session.score(src_ids, tgt_ids)
+            for i, (s_text, t_text) in enumerate(zip(src, tgt)):
+                line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"
+                        f"{s_text}\t{t_text}")
+                if per_token:
+                    line += "\t" + " ".join(f"{v:.4f}" for v in result["tokens"][i][:int(result["lengths"][i])])
+                click.echo(line)
+            if advance is not None:
+                advance(len(src), int(result["lengths"].sum()))

@@ -1,0 +1,156 @@
+"""`xform eval`: a file translated and scored with sacreBLEU, against references or a second system."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from xform.cli import handle_errors, main, out
+from xform.cli.options import (
+    check_json_target,
+    checked_generation,
+    generation_options,
+    generation_settings,
+    progress_bar,
+    split_bad_words,
+    write_json,
+)
+from xform.errors import XformError
+
+
+@main.command("eval")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--source", "source_file", required=True, type=click.Path(path_type=Path),
+              help="Source sentences, one a line.")
+@click.option("--reference", "reference_file", type=click.Path(path_type=Path), default=None,
+              help="Their reference translations, one a line (optional with --against: then the other system's "
+                   "translations are the reference).")
+@click.option("--against", default=None, metavar="eager|BUNDLE",
+              help="A second system decoding the same file with the same settings: eager PyTorch from BUNDLE's "
+                   "reference weights, or another bundle (fp32 against int8, say).")
+@click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None)
+@click.option("--src-lang", default=None, help="A multilingual model's source language code.")
+@click.option("--tgt-lang", default=None, help="A multilingual model's target language code.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help="Write the figures as JSON (bleu, chrf, signature, lines, speed, each system, every sentence's "
+                   "chrF difference).")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="With --against: a PNG histogram of the sentence chrF differences (needs matplotlib).")
+@click.option("--force", is_flag=True, help="Replace an existing --json report or --plot image xform wrote.")
+@generation_options
+@handle_errors
+def evaluate(bundle, source_file, reference_file, against, backend, threads, batch_size, max_new_tokens, src_lang,
+             tgt_lang, json_path, plot_path, force, greedy, **settings) -> None:
+    """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
+    and/or side by side with a second system (--against eager or another bundle)."""
+    import importlib.util
+
+    import xform
+    from xform.errors import InputError
+    from xform.exporter import evaluate as ev
+
+    ev.sacrebleu_module()  # missing: say so before any decoding
+    if reference_file is None and against is None:
+        raise click.UsageError("nothing to compare with: give --reference, --against, or both")
+    if plot_path is not None and against is None:
+        raise click.UsageError("--plot draws the differences between two systems: give --against")
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise XformError("--plot needs matplotlib: pip install matplotlib")
+    inputs = [("BUNDLE", bundle), ("--source", source_file), *([("--reference", reference_file)] if reference_file
+                                                               else [])]
+    if json_path is not None:
+        check_json_target(json_path, force, inputs)
+    if plot_path is not None:
+        check_plot_target(plot_path, force, inputs)
+    sources = ev.read_lines("--source", source_file)
+    references = ev.read_lines("--reference", reference_file) if reference_file is not None else None
+    if references is not None and len(references) != len(sources):
+        raise XformError(f"--reference {reference_file}: {len(references)} lines for the {len(sources)} of "
+                         f"--source {source_file}; expected one translation a source line")
+    session = xform.load(bundle, backend=backend, threads=threads)
+    other = other_session(bundle, against, threads) if against is not None else None
+    settings = generation_settings(greedy, **settings)
+    split_bad_words(session, settings)
+    if session.tokenizer is not None and settings.get("forced_bos_token_id") is None:
+        try:
+            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+        except InputError as e:
+            raise click.UsageError(str(e)) from None
+    gen = checked_generation(session, max_new_tokens, settings)
+    systems = []
+    for name, s in [(str(bundle), session), *([(against, other)] if other is not None else [])]:
+        with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
+            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance))
+    report = ev.evaluate(systems, references, str(source_file), str(reference_file) if reference_file else None)
+    print_eval(report)
+    if plot_path is not None:
+        write_plot(report, plot_path, force, inputs)
+    if json_path is not None:
+        write_json(json_path, {"bundle": str(bundle), "backend": backend, "generation": gen.to_dict(),
+                               **report.to_dict()}, force, inputs)
+
+
+def other_session(bundle: Path, against: str, threads: int | None):
+    """The second system of `xform eval`: eager PyTorch over BUNDLE's reference weights, or a bundle."""
+    import xform
+    from xform.models.backend import TorchBackend
+    from xform.runtime.bundle import Bundle
+    from xform.runtime.open import open_session
+
+    if against == "eager":
+        opened = Bundle.open(bundle)
+        if not opened.file(opened.manifest.reference_dir).is_dir():
+            raise XformError(f"--against eager: {bundle} holds no reference weights ({opened.manifest.reference_dir})")
+        return open_session(opened, "torch", threads=threads, torch_factory=TorchBackend.for_bundle)
+    if not Path(against).is_dir():
+        raise XformError(f"--against {against}: expected eager or a bundle directory")
+    return xform.load(against, backend="ort", threads=threads)
+
+
+def check_plot_target(path: Path, force: bool, inputs) -> None:
+    from xform.files import check_target
+
+    def not_our_plot(p: Path) -> str | None:
+        return None if p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" else "is not a PNG plot"
+    check_target(path, force, "plot", not_our_plot, inputs, flag="--plot")
+
+
+def write_plot(report, path: Path, force: bool, inputs) -> None:
+    import os
+    import tempfile
+
+    from xform.exporter.evaluate import plot
+    check_plot_target(path, force, inputs)
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".png")
+    os.close(fd)
+    try:
+        plot(report, Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def print_eval(report) -> None:
+    ref = report.reference or f"{report.systems[1].name}'s translations"
+    t = Table(title=f"{report.source}: translations scored against {ref}")
+    for col in ("system", "BLEU", "chrF", "lines", "lines/s"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for s in report.systems:
+        t.add_row(escape(s.name), "-" if s.bleu is None else f"{s.bleu:.2f}", "-" if s.chrf is None else
+                  f"{s.chrf:.2f}", str(len(s.translations)), f"{s.lines_per_s:,.1f}")
+    out.print(t)
+    out.print(f"BLEU {report.bleu_signature}")
+    out.print(f"chrF {report.chrf_signature}")
+    if report.identical is not None:
+        a, b = report.systems[0].name, report.systems[1].name
+        out.print(f"identical translations: {report.identical:.2%} of {len(report.systems[0].translations)} lines")
+        for w in report.worst:
+            out.print(f"line {w['line']}: chrF {w['chrf_delta']:+.1f}\n  {escape(a)}: {escape(w[a])}\n  "
+                      f"{escape(b)}: {escape(w[b])}" + (f"\n  reference: {escape(w['reference'])}"
+                                                         if "reference" in w else ""))

@@ -1,0 +1,211 @@
+"""The flags and helpers the commands share: the decoding flags (from the controls' table,
+runtime/controls.py), batching, progress, reports written as JSON."""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from xform.cli import err, out
+from xform.errors import XformError
+
+REPORT_KEYS = ("bundle", "backend", "generation")  # what every `run --json` report holds
+
+
+def not_our_report(path: Path) -> str | None:
+    """None when `path` is an empty file or a `run --json` report, which --force may replace."""
+    if not path.is_file():
+        return "is not a file"
+    if path.stat().st_size == 0:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    return None if isinstance(data, dict) and all(k in data for k in REPORT_KEYS) else "is not a report xform wrote"
+
+
+def check_json_target(path: Path, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    from xform.files import check_target
+    check_target(path, force, "report", not_our_report, inputs, flag="--json")
+
+
+def write_json(path: Path, data: dict, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    from xform.files import atomic_write
+
+    check_json_target(path, force, inputs)  # again: the file may have appeared while this run decoded
+    atomic_write(path, json.dumps(data, indent=2) + "\n")
+
+
+def check_readable(flag: str, path: Path) -> None:
+    """Refuse a path that is no file of lines to read: missing, a directory, unreadable. A named
+    pipe or a process substitution's /dev/fd/N is read as a file is."""
+    import os
+
+    if path.is_dir():
+        raise XformError(f"{flag} {path}: is a directory; expected a file of lines (or - for standard input)")
+    if not path.exists():
+        raise XformError(f"{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise XformError(f"{flag} {path}: not readable (permission denied)")
+
+
+def count_lines(path: Path | None) -> int | None:
+    """The lines of a regular file, as reading it yields them (a last line without a newline
+    counts), counted in 1 MiB blocks before the run; None for standard input or a pipe, whose
+    lines are unknown until read."""
+    if path is None or str(path) == "-" or not path.is_file():
+        return None
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
+@contextlib.contextmanager
+def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | None]):
+    """An advance(items, tokens) drawing a progress bar on stderr (items done of `total()`, `?`
+    when unknown, target tokens per second, time elapsed and left), and at the end one line kept
+    on stderr, `<done> N <unit> in T s (X <unit>/s, Y tokens/s)`; or None: shown only when asked,
+    stderr is a terminal and stdout is not (the bar would garble lines printed on the same
+    terminal). `total` is called only when the bar is shown."""
+    if not (show and err.is_terminal and not out.is_terminal):
+        yield None
+        return
+    import rich.progress as rp
+
+    columns = (rp.SpinnerColumn(), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+               rp.TextColumn("{task.fields[rate]:,.0f} tokens/s"), rp.TimeElapsedColumn(), rp.TextColumn("left"),
+               rp.TimeRemainingColumn())
+    start, counts = time.perf_counter(), [0, 0]
+    with rp.Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task(done, total=total(), rate=0.0)
+
+        def advance(items: int, tokens: int) -> None:
+            counts[0] += items
+            counts[1] += tokens
+            progress.update(task, advance=items, rate=counts[1] / max(time.perf_counter() - start, 1e-9))
+
+        yield advance
+    seconds = max(time.perf_counter() - start, 1e-9)
+    err.print(f"{done} {counts[0]:,} {unit} in {seconds:.2f} s ({counts[0] / seconds:,.1f} {unit}/s, "
+              f"{counts[1] / seconds:,.0f} tokens/s)")
+
+
+def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows=None):
+    """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
+    combinations are usage errors."""
+    from xform.errors import InputError
+    from xform.runtime.batching import Batching
+
+    if batch_type is None:
+        batch_type = "examples" if max_batch_tokens is None else "tokens"
+    try:
+        return Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def generation_options(fn):
+    """The decoding flags, one a control of the controls' table (runtime/controls.py), with
+    --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others)."""
+    from xform.runtime import controls
+
+    options = [click.option("--greedy", is_flag=True,
+                            help="Greedy decoding, whatever the bundle's default (--num-beams 1)."),
+               click.option("--bad-words", "bad_words", multiple=True, metavar="PHRASE",
+                            help="A word or phrase never generated, split by the target tokenizer; repeat for more.")]
+    for c in controls.CONTROLS:
+        if c.option:
+            options.append(control_option(c))
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def control_option(c):
+    """The click option of a control, by its kind."""
+    dest = c.dest or c.name
+    if c.kind == "bool":
+        return click.option(c.flag, dest, is_flag=True, default=None, help=c.help)
+    if c.kind == "choice":
+        return click.option(c.flag, dest, type=click.Choice(list(c.choices or {})), default=None, help=c.help)
+    if c.kind in ("ids", "id_lists"):
+        return click.option(c.flag, dest, multiple=c.kind == "id_lists", default=None, metavar="IDS", help=c.help)
+    return click.option(c.flag, dest, type={"int": int, "float": float}[c.kind], default=None, help=c.help)
+
+
+def id_list(flag: str, value: str) -> list[int]:
+    try:
+        ids = [int(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated token ids (3,17,5), got {value!r}", param_hint=flag)
+    if not ids:
+        raise click.BadParameter("expected at least one token id", param_hint=flag)
+    return ids
+
+
+def generation_settings(greedy: bool, bad_words=(), **flags) -> dict:
+    """The CLI's door: the decoding flags as the generation config's settings (None: the
+    bundle's default); --bad-words phrases stay text until a tokenizer splits them (`bad_words`
+    in the result)."""
+    from xform.runtime import controls
+
+    settings: dict = {}
+    for c in controls.CONTROLS:
+        value = flags.pop(c.dest or c.name, None) if c.option else None
+        if c.kind == "ids" and value is not None:
+            value = id_list(c.flag, value)
+        elif c.kind == "id_lists":
+            value = [id_list(c.flag, v) for v in value] if value else None
+        elif c.kind == "choice" and value is not None:
+            value = (c.choices or {})[value]
+        if c.option:
+            settings[c.name] = value
+    settings["bad_words"] = list(bad_words)
+    if greedy and settings.get("num_beams") not in (None, 1):
+        raise click.UsageError(f"--greedy and --num-beams {settings['num_beams']} contradict each other")
+    if greedy:
+        settings["num_beams"] = 1
+    if greedy and settings.get("do_sample"):
+        raise click.UsageError("--greedy and --sample contradict each other")
+    return settings
+
+
+def checked_generation(session, max_new_tokens, settings: dict):
+    """The GenerationConfig for these flags over the bundle's defaults; bad combinations are usage errors."""
+    from xform.errors import InputError
+    try:
+        gen = session.generation_config(max_new_tokens or session.default_max_new_tokens(), **settings)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+    ignored = [flag for key, flag in SAMPLING_FLAGS.items() if settings.get(key) is not None]
+    if ignored and not gen.do_sample:  # they would change nothing: a user who typed them expects a sample
+        raise click.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
+                               f"sampling, and this decode "
+                               f"{'searches with beams' if gen.num_beams > 1 else 'is greedy'}: add --sample")
+    return gen
+
+
+def split_bad_words(session, settings: dict) -> None:
+    """--bad-words phrases (settings' `bad_words`, text) as target ids in `bad_words_ids`."""
+    from xform.errors import InputError
+
+    bad_words = settings.pop("bad_words")
+    if bad_words:
+        if session.tokenizer is None:
+            raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
+        try:
+            words = session.bad_word_ids(bad_words, "--bad-words")
+        except InputError as e:
+            raise click.UsageError(str(e)) from None
+        settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words
+
+
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}

@@ -1,0 +1,170 @@
+"""`xform triton` and `xform serve`: a bundle as a Triton model, and the server that runs it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from xform.cli import err, handle_errors, main, out
+from xform.errors import XformError
+
+
+def triton_model_options(fn):
+    """The flags of a Triton model (xform triton, xform serve), as ModelOptions."""
+    options = [
+        click.option("--name", default=None, help="Model name (default: the bundle directory's name)."),
+        click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
+                     help="trt needs engines (xform build-engine) and a GPU."),
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+                     help="Default: cpu for ort, cuda for trt."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Intra-op threads per instance (ort; default: all cores)."),
+        click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Triton's max_batch_size: sources decoded together."),
+        click.option("--max-queue-delay-us", type=click.IntRange(min=0), default=1000, show_default=True,
+                     help="How long Triton's dynamic batcher waits to fill a batch."),
+        click.option("--scheduling", type=click.Choice(["inflight", "dynamic"]), default=None,
+                     help="inflight (the default on ort): requests join one running batch step by step, leave "
+                          "when they end, and may stream (models NAME and NAME-stream); dynamic (the default with "
+                          "--backend trt or --vocab-map): Triton's dynamic batcher forms batches decoded to their "
+                          "longest request."),
+        click.option("--max-rows", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="The most decoder rows (sources x beams) one request may ask for; inflight, also the "
+                          "most the running batch holds: it bounds the cache and the logits."),
+        click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="inflight: requests that may wait for rows; more are refused as overloaded."),
+        click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),
+        click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Model instances (processes) decoding in parallel."),
+        click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+                     help="CTranslate2's vocabulary map: every text request decodes over the target tokens its "
+                          "sources allow (a bundle exported --with-vocab-map; ort)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def model_options(**kw):
+    from xform.serving.repository import ModelOptions
+    return ModelOptions(**kw)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "repo", required=True, type=click.Path(path_type=Path),
+              help="Triton model repository (created if missing; other models in it are kept).")
+@triton_model_options
+@click.option("--reference", is_flag=True, help="Name the bundle's absolute path instead of copying it.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing model of that name (only a Triton model xform wrote, or an empty directory).")
+@handle_errors
+def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) -> None:
+    """Write BUNDLE as a Triton Inference Server model (Python backend) into a model repository."""
+    from xform.serving.repository import model_names, write_model
+
+    opts = model_options(**options)
+    path = write_model(bundle, repo, opts, reference=reference, force=force)
+    for name in model_names(path.name, opts):
+        out.print(f"wrote {path.parent / name} (config.pbtxt, 1/model.py{'' if reference else ', 1/bundle'})")
+    out.print(f"serve it here: xform serve {bundle} (with the same model flags; it starts the tritonserver of the "
+              "nvidia-pytriton wheel, see docs/serving.md)")
+    out.print(f"or in NVIDIA's container, with xform installed in its Python: docker run --gpus all -p 8000:8000 "
+              f"-v {repo.resolve()}:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver "
+              "--model-repository /models")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.option("--prepare", is_flag=True,
+              help="Only prepare what serving needs (the nvidia-pytriton stub's numpy<2 environment, once, in "
+                   "~/.cache/xform) and exit: run it when building an image, so the first serve needs no network.")
+@click.option("--wheel-dir", type=click.Path(path_type=Path), default=None,
+              help="Take the stub environment's numpy<2 from this directory of wheels, not the package index.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the endpoints listen on.")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds a stop lets requests in flight finish (new ones are refused) before tritonserver and "
+                   "its stubs are killed; set it below your supervisor's own (Kubernetes' "
+                   "terminationGracePeriodSeconds, systemd's TimeoutStopSec).")
+@triton_model_options
+@handle_errors
+def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
+          metrics_port: int, grace: float, **options) -> None:
+    """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
+
+    tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel. Exit codes: 0
+    stopped by a signal (SIGINT, SIGTERM, SIGHUP); 1 tritonserver did not start, died, or a model's
+    stub died (the message says which and where Triton's log is kept); 2 bad flags.
+    """
+    from xform.serving.lifecycle import Stopper
+    from xform.serving.server import find_triton
+
+    if wheel_dir is not None and not wheel_dir.is_dir():
+        raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
+    if prepare:
+        if bundle is not None:
+            raise click.UsageError("--prepare prepares the server, not a bundle: give no BUNDLE")
+        install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+        where = f" (stub environment {install.backend_dir.parent})" if install.backend_dir is not None else ""
+        out.print(f"ready to serve: {install.source} tritonserver {install.binary}{where}")
+        return
+    if bundle is None:
+        raise click.UsageError("missing BUNDLE (or --prepare)")
+    with Stopper() as stopper:  # from the first moment: a stop while starting stops what was started
+        serve_bundle(bundle, wheel_dir, host, (http_port, grpc_port, metrics_port), grace, options, stopper)
+
+
+def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[int, int, int], grace: float,
+                 options: dict, stopper) -> None:
+    """`xform serve`'s run: write the models, start tritonserver, watch it until a stop or a death,
+    stop it (always), and say how it ended."""
+    import tempfile
+
+    from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
+    from xform.serving.repository import model_names, write_model
+    from xform.serving.server import ServerError, StopRequested, TritonServer, find_triton
+
+    with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
+        opts = model_options(**options)
+        model = write_model(bundle, Path(tmp) / "models", opts, reference=True)
+        names = model_names(model.name, opts)
+        server = stopper.server = TritonServer(Path(tmp) / "models", names, host, *ports,
+                                               log_path=Path(tmp) / "tritonserver.log", bls_threads=opts.bls_threads,
+                                               grace=grace)
+        outcome, what = STOPPED, ""
+        try:
+            with err.status(f"starting tritonserver for {model.name}"):
+                server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+                if not stopper.requested:
+                    server.start(should_stop=lambda: stopper.requested)
+            if not stopper.requested:
+                print_endpoints(server, model.name, names)
+                outcome, what = watch(server, stopper)
+        except StopRequested:
+            pass
+        except ServerError as e:
+            outcome, what = "failed", str(e).split("; its log", 1)[0].split("\n", 1)[0]
+        finally:
+            code = server.stop()
+        if outcome != STOPPED:
+            kept = keep_log(server)
+            cause = first_error(server)
+            raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
+                             f"{f'; Triton log kept at {kept}' if kept else ''}")
+    out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
+              f"(exit code {code})")
+
+
+def print_endpoints(server, name: str, names: list[str]) -> None:
+    process = server.process
+    out.print(f"serving model [bold]{name}[/] ({server.install.source} tritonserver, pid {process.pid}); Ctrl-C "
+              "stops it")
+    out.print(f"  HTTP    {server.http_url}/v2/models/{name}/infer")
+    out.print(f"  gRPC    {server.host}:{server.grpc_port}")
+    if len(names) > 1:
+        out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
+                  f"to {names[1]})")
+    out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")
