@@ -133,6 +133,13 @@ class HostCache(HostRows):
         self.new = []
 
 
+def grown_capacity(filled: int, limit: int) -> int:
+    """The capacity a full cache grows to before writing position `filled`: double, capped at
+    `limit` (the positions a decode may reach), never less than one more position. Both graph
+    backends grow by it."""
+    return min(2 * filled, max(limit, filled + 1))
+
+
 class Rows(Protocol):
     """What HostRows and DeviceRows share: tensors (rows, H, L, Dh) gathered together along rows."""
 

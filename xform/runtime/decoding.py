@@ -40,6 +40,16 @@ from xform.runtime.generation import (  # noqa: F401 - decoding's names before g
 from xform.runtime.processors import NEG, Processors, Special, log_softmax  # noqa: F401 - decoding's names
 
 
+def graph_min_new_tokens(min_new_tokens: int, offset: np.ndarray) -> int | None:
+    """min_new_tokens as the graphs count it (from position 0, the prefix included), or None
+    when the rows' prefixes (`offset`: their lengths) differ and it must be applied on the host."""
+    if min_new_tokens == 0:
+        return 0
+    if len(offset) == 0 or (offset == offset[0]).all():
+        return min_new_tokens + (int(offset[0]) if len(offset) else 0)
+    return None
+
+
 def prefix_at(table: np.ndarray, rows: np.ndarray, step: int) -> np.ndarray:
     """Each of `rows`' prefix token at `step`, -1 where its prefix has ended (prefix_table's padding)."""
     return table[rows, step] if step < table.shape[1] else np.full(len(rows), -1, np.int64)
@@ -92,13 +102,8 @@ class Greedy:
 
     @property
     def graph_min_new_tokens(self) -> int | None:
-        """min_new_tokens as the graphs count it (from position 0), or None when rows' prefixes
-        differ in length and it must be applied on the host."""
-        if self.gen.min_new_tokens == 0:
-            return 0
-        if (self.offset == self.offset[0]).all():
-            return self.gen.min_new_tokens + int(self.offset[0])
-        return None
+        """min_new_tokens as the graphs count it (graph_min_new_tokens)."""
+        return graph_min_new_tokens(self.gen.min_new_tokens, self.offset)
 
     def history(self, rows: np.ndarray, step: int) -> np.ndarray | None:
         """The decoder input of `rows` (original rows) so far: start id, prefix, generated ids."""
@@ -248,9 +253,7 @@ class BeamSearch:
         self.start_id = start_id
         table, offset = prefix_table(prefix, batch, 1)
         self.prefix, self.offset = table, offset  # by source
-        uniform = (offset == offset[0]).all() if batch else True
-        self.graph_min_new_tokens = (0 if gen.min_new_tokens == 0 else
-                                     gen.min_new_tokens + int(offset[0]) if uniform else None)
+        self.graph_min_new_tokens = graph_min_new_tokens(gen.min_new_tokens, offset)
         self.host = self.procs.host or self.graph_min_new_tokens is None
         self.needs_logits = True
         n = self.steps_needed = table.shape[1] + gen.max_new_tokens

@@ -34,7 +34,7 @@ from xform.files import drop_cached
 from xform.manifest import SharedWeight as SharedEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows
+from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows, grown_capacity
 from xform.runtime.cuda import CudaOps, import_cudart
 from xform.runtime.decoding import log_softmax
 
@@ -328,7 +328,7 @@ class OrtBackend:
             self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
         top = int(self.positions.max())
         if top == self.cache.capacity:
-            self.cache.grow(min(2 * top, max(self.max_len, top + 1)), top)
+            self.cache.grow(grown_capacity(top, self.max_len), top)
             self.bind_rows()
         self.ids[:, 0] = input_ids
         self.min_new[:] = min_new_tokens

@@ -22,7 +22,7 @@ from xform.errors import BackendUnavailableError, BundleError, InputError, JoinR
 from xform.manifest import EngineEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import DeviceCache, DeviceRows
+from xform.runtime.cache import DeviceCache, DeviceRows, grown_capacity
 from xform.runtime.cuda import CudaOps, cuda_check, import_cudart
 from xform.runtime.gpu import TRT_FLAVORS as FLAVORS
 from xform.runtime.gpu import TRT_INSTALL_HINT, gpu_info, importable_flavors
@@ -272,7 +272,7 @@ class TrtBackend:
         if beam_idx is not None:
             self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
         if p == self.cache.capacity:
-            self.cache.grow(min(2 * p, self.max_steps), p)
+            self.cache.grow(grown_capacity(p, self.max_steps), p)
         R = self.rows
         self.h2d(self.dec_bufs["input_ids"], input_ids.astype(np.int64, copy=False).reshape(R, 1))
         # every row at step p: a TensorRT decode starts all its rows together (no join)
