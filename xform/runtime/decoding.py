@@ -25,6 +25,8 @@ sorts a whole vocabulary. Ties are broken by the lower flat index, as a stable s
 """
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
 from xform.runtime.generation import (  # noqa: F401 - decoding's names before generation.py
@@ -38,6 +40,42 @@ from xform.runtime.generation import (  # noqa: F401 - decoding's names before g
     whole,
 )
 from xform.runtime.processors import NEG, Processors, Special, log_softmax  # noqa: F401 - decoding's names
+
+
+class Strategy(Protocol):
+    """What the loop (loop.py) asks of a strategy: its rows, what to feed next, its result."""
+
+    gen: GenerationConfig
+    group: int  # rows a source
+    prefix: np.ndarray  # the target prefix table, -1 after a row's prefix
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def steps_needed(self) -> int: ...
+
+    @property
+    def needs_logits(self) -> bool: ...
+
+    @property
+    def graph_min_new_tokens(self) -> int | None: ...
+
+    @property
+    def candidates_wanted(self) -> int: ...
+
+    @property
+    def out(self) -> np.ndarray | None:
+        """The ids each row took so far (streaming), or None where they are decided at the end (beams)."""
+
+    def advance(self, step: int, next_ids: np.ndarray, logits: Any,
+                attention: np.ndarray | None = None) -> tuple[np.ndarray | None, np.ndarray | None]: ...
+
+    def result(self) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+    def per_token(self) -> np.ndarray: ...
+
+    def attentions(self) -> np.ndarray: ...
 
 
 def graph_min_new_tokens(min_new_tokens: int, offset: np.ndarray) -> int | None:
@@ -273,6 +311,7 @@ class BeamSearch:
         self.running_attn = np.zeros((B, k, n, attention_len), np.float32)
         self.seqs_attn = np.zeros((B, k, n, attention_len), np.float32)
         self.top_mask = np.arange(self.K) < k
+        self.out = None  # the tokens of beams are decided at the end: nothing to stream
         self.sources = np.arange(B)  # the original source of each one still searched
         self.vocab = special.vocab
         self.final: tuple[np.ndarray, ...] = (self.seqs.copy(), self.scores.copy(), self.lengths.copy(),
@@ -438,6 +477,9 @@ class BeamSearch:
 
 
 def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                  prefix=None, start_id: int = 0, attention_len: int = 0):
-    kind = {"greedy": Greedy, "sample": Sample, "beam": BeamSearch, "alternatives": Alternatives}[gen.strategy]
-    return kind(batch, gen, special, want_scores, prefix, start_id, attention_len)
+                  prefix=None, start_id: int = 0, attention_len: int = 0) -> Strategy:
+    args = (batch, gen, special, want_scores, prefix, start_id, attention_len)
+    if gen.strategy == "beam":
+        return BeamSearch(*args)
+    kinds: dict[str, type[Greedy]] = {"greedy": Greedy, "sample": Sample, "alternatives": Alternatives}
+    return kinds[gen.strategy](*args)

@@ -18,11 +18,12 @@ rows to a running batch (`capabilities.join`: ONNX Runtime); requests that start
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from xform.errors import InputError
+from xform.runtime.decoding import Strategy
 from xform.runtime.request import Result
 
 
@@ -30,7 +31,7 @@ from xform.runtime.request import Result
 class Decode:
     """One request in a batch: its sources, its strategy, what it returns and whom it tells."""
 
-    strategy: Any  # decoding.Greedy / Sample / Alternatives / BeamSearch
+    strategy: Strategy  # decoding.Greedy / Sample / Alternatives / BeamSearch
     src_ids: np.ndarray
     src_lengths: np.ndarray
     return_scores: bool = False
@@ -147,18 +148,18 @@ class Batch:
                 assert attention is not None  # fetched above: this request returns it
                 # each source's columns start at 0; the batch's may be wider (a longer source joined)
                 args = (attention[rows, :d.src_ids.shape[1]],)
-            tokens, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
+            fed, keep = d.strategy.advance(d.step, nxt[rows], part, *args)
             if d.on_step is not None:
                 d.on_step(d.step)
             d.step += 1
-            if tokens is None or d.step >= d.strategy.steps_needed or d.cancelled:
+            if fed is None or d.step >= d.strategy.steps_needed or d.cancelled:
                 d.done, d.tokens = True, None
                 if not d.cancelled:
                     d.output = d.result()
                 finished.append(d)
                 continue
             keep_rows.append(rows.start + (np.arange(rows.stop - rows.start) if keep is None else keep))
-            d.tokens = np.asarray(tokens, np.int64)
+            d.tokens = np.asarray(fed, np.int64)
         self.items = [d for d in items if not d.done]
         idx = np.concatenate(keep_rows).astype(np.int64) if keep_rows else np.zeros(0, np.int64)
         self.pending = None if len(idx) == offset and (idx == np.arange(offset)).all() else idx

@@ -231,12 +231,13 @@ class Scheduler:
 
     def report(self, d: Decode) -> None:
         """Streaming: the ids each of the request's output rows took at the steps not yet sent."""
-        if d.on_tokens is None or d.cancelled or not hasattr(d.strategy, "out"):
+        out = d.strategy.out
+        if d.on_tokens is None or d.cancelled or out is None:
             return
         ticket = self.running.get(id(d))
         while d.sent < d.step:
             try:
-                d.on_tokens(d.strategy.out[:, d.sent].copy())
+                d.on_tokens(out[:, d.sent].copy())
             except Exception as e:  # noqa: BLE001 - a listener that fails (a client gone) ends its request only
                 d.cancelled = True
                 if ticket is not None:

@@ -191,9 +191,11 @@ class Translator:
                                                             **settings))
         batch = Batch(self.session.backend, self.session.start_id)
         batch.admit(decode)
+        out = decode.strategy.out
+        assert out is not None  # greedy and sampling keep their tokens as they go
         while not decode.done:
             batch.step()
-            token = int(decode.strategy.out[0, decode.step - 1])
+            token = int(out[0, decode.step - 1])
             last = decode.done or token == self.eos_id
             yield GenerationStepResult(decode.step - 1, token, self.tokenizer.decode([token]), last)
             if last:
