@@ -101,3 +101,20 @@ def control(name: str) -> Control:
 def flags() -> dict[str, str]:
     """How the CLI names each control in a message, by its field name (and the request options)."""
     return {**{c.name: c.text_flag or c.flag for c in CONTROLS}, **REQUEST_FLAGS}
+
+
+# CTranslate2's names of the decoding options that mean what a generation setting means (the translator's)
+CT2_NAMES = {"beam_size": "num_beams", "num_hypotheses": "num_return_sequences",
+             "max_decoding_length": "max_new_tokens", "min_decoding_length": "min_new_tokens",
+             "sampling_topk": "top_k", "sampling_topp": "top_p", "sampling_temperature": "temperature"}
+
+
+def ct2_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2's option names as generation settings; the generation config's own names pass
+    through. sampling_topk > 1 samples (CTranslate2's rule: 1, its default, is greedy)."""
+    settings = {CT2_NAMES.get(k, k): v for k, v in options.items() if v is not None}
+    if "top_k" in settings and "do_sample" not in settings:
+        settings["do_sample"] = settings["top_k"] != 1
+        if settings["top_k"] == 1:
+            del settings["top_k"]
+    return settings

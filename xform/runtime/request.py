@@ -11,7 +11,7 @@ int64 within the vocabulary, the generation config within the model, the prefixe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -96,3 +96,31 @@ class Result:
             return None if a is None else a[::n]
         return replace(self, ids=self.ids[::n], scores=best(self.scores), token_scores=best(self.token_scores),
                        attention=best(self.attention))
+
+
+@dataclass(frozen=True)
+class TranslationResult:
+    """One source's translations, best first (CTranslate2's TranslationResult): `hypotheses` as
+    text (CTranslate2: token lists), `scores` when asked (else empty)."""
+
+    hypotheses: list[str]
+    scores: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScoringResult:
+    """A target's log-likelihood (CTranslate2's ScoringResult): `tokens` its target ids
+    (CTranslate2: token strings), `log_probs` each one's log-probability."""
+
+    tokens: list[int]
+    log_probs: list[float]
+
+
+@dataclass(frozen=True)
+class GenerationStepResult:
+    """One token as it is generated (CTranslate2's GenerationStepResult)."""
+
+    step: int
+    token_id: int
+    token: str
+    is_last: bool

@@ -18,7 +18,8 @@ from xform.runtime.backend import Backend, Restricting
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.request import Request, Result
-from xform.runtime.translator import Translation, Translator, word_span
+from xform.runtime.translator import Translation, Translator
+from xform.runtime.unknowns import word_span
 
 __all__ = ["Session", "Translation", "Translator", "word_span"]
 from xform.runtime.vocab_map import VocabMap

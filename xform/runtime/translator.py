@@ -13,7 +13,6 @@ today's calls.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -22,9 +21,11 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan, windows
+from xform.runtime.controls import ct2_settings as generation_settings
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.loop import Batch
-from xform.runtime.request import Request
+from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TranslationResult
+from xform.runtime.unknowns import unknown_replacements
 from xform.runtime.vocab_map import VocabMap
 
 if TYPE_CHECKING:
@@ -32,51 +33,6 @@ if TYPE_CHECKING:
 
 # one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
 Translation = str | tuple[str, float] | tuple[str, float, list[float]]
-
-# CTranslate2's names of the decoding options that mean what a generation setting means
-CT2_NAMES = {"beam_size": "num_beams", "num_hypotheses": "num_return_sequences",
-             "max_decoding_length": "max_new_tokens", "min_decoding_length": "min_new_tokens",
-             "sampling_topk": "top_k", "sampling_topp": "top_p", "sampling_temperature": "temperature"}
-
-
-@dataclass(frozen=True)
-class TranslationResult:
-    """One source's translations, best first (CTranslate2's TranslationResult): `hypotheses` as
-    text (CTranslate2: token lists), `scores` when asked (else empty)."""
-
-    hypotheses: list[str]
-    scores: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ScoringResult:
-    """A target's log-likelihood (CTranslate2's ScoringResult): `tokens` its target ids
-    (CTranslate2: token strings), `log_probs` each one's log-probability."""
-
-    tokens: list[int]
-    log_probs: list[float]
-
-
-@dataclass(frozen=True)
-class GenerationStepResult:
-    """One token as it is generated (CTranslate2's GenerationStepResult)."""
-
-    step: int
-    token_id: int
-    token: str
-    is_last: bool
-
-
-def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
-    """CTranslate2's option names as generation settings; the generation config's own names pass
-    through. sampling_topk > 1 samples (CTranslate2's rule: 1, its default, is greedy)."""
-    settings = {CT2_NAMES.get(k, k): v for k, v in options.items() if v is not None}
-    if "top_k" in settings and "do_sample" not in settings:
-        settings["do_sample"] = settings["top_k"] != 1
-        if settings["top_k"] == 1:
-            del settings["top_k"]
-    return settings
-
 
 class Translator:
     """Text in, text out, over a Session (`xform.load(...).translator`)."""
@@ -528,48 +484,7 @@ class Translator:
             return [self.tokenizer.decode(r) for r in rows]
         if sources is None:
             raise XformError("unknown tokens are replaced by source pieces: the rows' source ids are needed")
-        return [self.tokenizer.decode(r, self.unknown_replacements(r, attention[k], sources[k // n],
+        framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
+        return [self.tokenizer.decode(r, unknown_replacements(self.tokenizer, framing, r, attention[k], sources[k // n],
                                                                    texts[k // n] if texts else None))
                 for k, r in enumerate(rows)]
-
-    def unknown_replacements(self, ids: np.ndarray, attention: np.ndarray, source: list[int],
-                             text: str | None = None) -> dict[int, str]:
-        """For each unknown target token of `ids` (its position), the source word whose token it
-        attends to most, among the source's text tokens (not its language code or end-of-sentence):
-        all the word's pieces (a sentencepiece word: from the piece that starts it to the next
-        word's), as written in the source `text` when given (a word the vocabulary lacks is copied
-        whole), else the vocabulary's pieces. Unknowns in a row aligned to one word copy it once."""
-        unk = self.tokenizer.target_unk_id
-        where = np.flatnonzero(ids == unk)
-        if not len(where):
-            return {}
-        framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
-        body = [i not in framing for i in source] + [False] * (attention.shape[1] - len(source))
-        if not any(body):
-            return {}
-        weights = np.where(np.array(body)[None, :], attention[where], -1.0)
-        pieces = None
-        if text is not None and hasattr(self.tokenizer, "source_pieces"):
-            pieces = self.tokenizer.source_pieces(text)
-            pieces = pieces if len(pieces) == len(source) else None  # a truncated source: the vocabulary's
-        if pieces is None:
-            pieces = [self.tokenizer.source_piece(i) for i in source]
-        marked = getattr(self.tokenizer, "spm_words", False)
-        out: dict[int, str] = {}
-        previous = None
-        for t, j in zip(where.tolist(), weights.argmax(1).tolist()):
-            span = word_span(pieces, body, j) if marked else (j, j + 1)
-            out[t] = "" if previous == (t - 1, span) else "".join(pieces[span[0]:span[1]])
-            previous = (t, span)
-        return out
-
-
-def word_span(pieces: list[str], body: list[bool], j: int) -> tuple[int, int]:
-    """[start, end) of the sentencepiece word holding piece j: back to the piece that starts it
-    (U+2581 first), on to the next such piece, within the text's pieces (`body`)."""
-    start, end = j, j + 1
-    while start > 0 and body[start - 1] and not pieces[start].startswith("\u2581"):
-        start -= 1
-    while end < len(pieces) and body[end] and not pieces[end].startswith("\u2581"):
-        end += 1
-    return start, end
