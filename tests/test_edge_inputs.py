@@ -101,13 +101,13 @@ def test_bad_batching_flags_are_usage_errors(demo_bundle, flags, fragment):
 def test_max_batch_tokens_implies_token_batches(demo_bundle, monkeypatch):
     from xform.runtime.session import Session
 
-    shapes, decode = [], Session.decode
+    shapes, run_request = [], Session.run
 
-    def spy(self, src_ids, *args, **kwargs):
-        shapes.append(src_ids.shape)
-        return decode(self, src_ids, *args, **kwargs)
+    def spy(self, request, *args, **kwargs):
+        shapes.append(request.src_ids.shape)
+        return run_request(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(Session, "decode", spy)
+    monkeypatch.setattr(Session, "run", spy)
     r = run(demo_bundle, "--text", "12", "--text", "40512", "--max-batch-tokens", "6")
     assert r.exit_code == 0 and r.stdout == "12\ttwelve\n40512\tforty thousand five hundred twelve\n"
     assert shapes == [(1, 6), (1, 3)]  # 2 x 6 tokens would exceed 6: longest first, one a batch
@@ -118,14 +118,14 @@ def test_a_progress_bar_only_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    import xform.cli
+    import xform.cli.options
 
     f = tmp_path / "in.txt"
     f.write_text("12\n\n40512\n7\n")
     r = run(demo_bundle, "--input-file", str(f))
     assert r.exit_code == 0 and r.stderr == ""  # stderr is no terminal here: quiet
     terminal = StringIO()
-    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
+    monkeypatch.setattr(xform.cli.options, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
                                                    highlight=False))
     r = run(demo_bundle, "--input-file", str(f))
     assert r.exit_code == 0 and r.stdout.splitlines()[2] == "40512\tforty thousand five hundred twelve"
@@ -145,7 +145,7 @@ def test_score_shows_progress_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    import xform.cli
+    import xform.cli.options
 
     (tmp_path / "s.txt").write_text("12\n7\n40512\n")
     (tmp_path / "t.txt").write_text("twelve\nseven\nforty thousand five hundred twelve\n")
@@ -154,7 +154,7 @@ def test_score_shows_progress_on_a_terminal(demo_bundle, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0 and r.stderr == "" and len(r.stdout.splitlines()) == 3
     terminal = StringIO()
-    monkeypatch.setattr(xform.cli, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
+    monkeypatch.setattr(xform.cli.options, "err", Console(file=terminal, force_terminal=True, width=140, color_system=None,
                                                    highlight=False))
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0 and len(r.stdout.splitlines()) == 3
