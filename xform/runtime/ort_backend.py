@@ -82,7 +82,7 @@ class OrtBackend:
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
         self.bundle, self.threads, self.providers = bundle, threads, providers
-        # beam steps through the fused graph (decoder + candidates, beam_step.py) when the bundle has it
+        # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
         self.fused_beams = bundle.has_graph(DECODER_BEAM)
         # a decoder-step graph's session prepacks its own copy of the decoder's weights, so each one
         # opens at its first use: a beam search never opens the plain decoder, a greedy decode never
