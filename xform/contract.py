@@ -40,6 +40,16 @@ d_model), `out_bias`): the logits of a per-batch target vocabulary, the rest of 
 never computed (vocabulary restriction, CTranslate2's vocabulary map). It returns no next_ids:
 the host chooses among the subset.
 
+A sixth graph, `decoder_beam` (ONNX Runtime only; exported into every bundle since issue 30, and
+optional: a bundle from before runs its beams through the decoder and candidates graphs), is a
+beam step in one graph: the
+decoder's inputs and `num_candidates`, the decoder's layers and output projection, then the
+candidates graph's log-softmax, suppression and TopK. Only `cand_logprobs` / `cand_ids` (rows,
+num_candidates), the new K/V (and `attention` with --with-attention) leave it: the (rows, vocab)
+logits live inside one session run, in its arena, and are never a graph output. Its weights are the
+decoder's bytes (its external data points into the decoder's file; `shared_weights` maps them once
+for both sessions). Greedy decoding and TensorRT use the decoder graph.
+
 Axes: a str is a named dynamic axis (`batch`, `src_batch`, `src_len`, `cache_len`, `candidates`,
 `vocab_subset`), an int is fixed.
 """
@@ -55,8 +65,11 @@ DECODER = "decoder"
 REORDER = "reorder"
 CANDIDATES = "candidates"
 RESTRICTED = "decoder_restricted"
+DECODER_BEAM = "decoder_beam"
 GRAPHS = (ENCODER, DECODER, REORDER, CANDIDATES)  # every bundle's
-OPTIONAL_GRAPHS = (RESTRICTED,)  # a bundle exported --with-vocab-map
+# RESTRICTED: a bundle exported --with-vocab-map; DECODER_BEAM: every bundle from the fused beam
+# step on (older bundles run beams through DECODER + CANDIDATES)
+OPTIONAL_GRAPHS = (RESTRICTED, DECODER_BEAM)
 WEIGHTLESS = (REORDER, CANDIDATES)  # nothing to quantize
 # the additive mask of a position attention must not see (src_mask's padding): finite, so that
 # 0 x MASK_VALUE stays 0 and a fully masked row gives a uniform softmax, not NaN; exp(MASK_VALUE -
@@ -173,7 +186,12 @@ def signature(n_decoder_layers: int, n_heads: int, head_dim: int, tgt_vocab_size
         outputs=(TensorSpec("logits", "float32", ("batch", "vocab_subset")),
                  *(kv(n, 1) for n in kv_names("new", n_decoder_layers))),
     )
-    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates, RESTRICTED: restricted}
+    beam = GraphSpec(  # the decoder ending in the candidates: no (rows, vocab) output
+        inputs=(*decoder.inputs[:3], TensorSpec("num_candidates", "int64", (1,)), *decoder.inputs[3:]),
+        outputs=(*candidates.outputs, *(t for t in decoder.outputs if t.name not in ("logits", "next_ids"))),
+    )
+    return {ENCODER: encoder, DECODER: decoder, REORDER: reorder, CANDIDATES: candidates, RESTRICTED: restricted,
+            DECODER_BEAM: beam}
 
 
 def signature_for(config: dict[str, Any], kv_dtype: str = "float32", attention: bool = False) -> dict[str, GraphSpec]:

@@ -45,14 +45,16 @@ def test_every_variant_exports_and_decodes_with_parity(variant_bundles, variant)
 def test_manifest_records_the_contract(tiny_bundle):
     manifest = json.loads((tiny_bundle / "manifest.json").read_text())
     assert manifest["version"] == 4 and manifest["precision"] == "fp32" and manifest["opset"] == 17
+    # decoder_beam.onnx (the fused beam step) has no data file: its weights are decoder.onnx.data's
     assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "encoder.onnx.data", "decoder.onnx.data", "reorder.onnx", "candidates.onnx",
-                                      "reference/config.json", "reference/model.safetensors"}
+                                      "decoder_beam.onnx", "reference/config.json", "reference/model.safetensors"}
     assert manifest["model"]["source"]["kind"] == "xform-checkpoint"
     assert len(manifest["model"]["source"]["sha256"]) == 64
     for k in ("torch", "onnx", "xform"):
         assert manifest["versions"][k]
     v = manifest["verification"]
     assert v["greedy_tokens_identical"] and v["decoder_past0_max_abs_err"] < 1e-4 and v["decoder_past2_group2_max_abs_err"] < 1e-4
+    assert v["decoder_beam_max_abs_err"] < 1e-4
 
 
 def test_graphs_have_contract_names_and_dynamic_axes(tiny_bundle):

@@ -19,8 +19,9 @@ import onnx
 import torch
 
 from xform import __version__
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
+from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
 from xform.errors import ToleranceError, XformError
+from xform.exporter.beam_graph import share_decoder_data
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, check_target
@@ -110,9 +111,9 @@ def unshare_quantized_weights(path: Path) -> None:
 
 def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[SharedWeight]:
     """Initializers the decoder and another graph hold with identical bytes (the encoder: a shared
-    embedding table; the restricted decoder: every decoder layer): where the decoder's copy lies,
-    for the runtime to map once and give every session that holds it (manifest `shared_weights`;
-    ort_backend.py). Only tensors of at least `min_bytes`."""
+    embedding table; the restricted decoder and the fused beam step: every decoder layer): where
+    the decoder's copy lies, for the runtime to map once and give every session that holds it
+    (manifest `shared_weights`; ort_backend.py). Only tensors of at least `min_bytes`."""
     import hashlib
 
     import numpy as np
@@ -136,7 +137,7 @@ def shared_weights(directory: Path, min_bytes: int = 1 << 20) -> list[SharedWeig
                 digests[location, offset] = hashlib.sha256(f.read(length)).hexdigest()
         return digests[location, offset]
 
-    others = {g: external(g) for g in (ENCODER, RESTRICTED) if (directory / f"{g}.onnx").is_file()}
+    others = {g: external(g) for g in (ENCODER, RESTRICTED, DECODER_BEAM) if (directory / f"{g}.onnx").is_file()}
     out: list[SharedWeight] = []
     for name, (location, offset, length, dtype, dims) in external(DECODER).items():
         graphs = {DECODER: name}
@@ -225,16 +226,19 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     graph_model = to_fp16(model) if precision == "fp16" else model
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
     tol = tolerance_for(precision)
-    graphs = GRAPHS + ((RESTRICTED,) if vocab_map else ())
+    # the fused beam step after the decoder: its weights are the decoder's bytes (beam_graph.py)
+    graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
     with atomic_directory(out, force, not_ours) as tmp:
         for graph in graphs:
             progress(f"exporting {graph} ({precision})")
-            layer = attention_layer if graph == DECODER else None
+            layer = attention_layer if graph in (DECODER, DECODER_BEAM) else None
             if precision == "int8" and graph not in WEIGHTLESS:
                 export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
                 quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
             else:
                 export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer, exporter)
+            if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
+                share_decoder_data(tmp / f"{graph}.onnx", tmp / f"{DECODER}.onnx")
             check_graph(tmp / f"{graph}.onnx")
         if vocab_map:  # the rows the restricted decoder's projection takes, gathered per batch
             from safetensors.numpy import save_file
@@ -288,6 +292,8 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None) -
     backend = OrtBackend(bundle, "cpu")
     sessions = {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
                 CANDIDATES: backend.candidates}
+    if bundle.has_graph(DECODER_BEAM):
+        sessions[DECODER_BEAM] = backend.graph_session(DECODER_BEAM)
     if bundle.has_graph(RESTRICTED):
         sessions[RESTRICTED] = backend.restricted_session()
     figures = verify_graphs(model, sessions, {g: bundle.graph_spec(g) for g in sessions}, tol,

@@ -19,7 +19,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, GRAPHS, REORDER, RESTRICTED, GraphSpec
+from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, GRAPHS, REORDER, RESTRICTED, GraphSpec
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording, reorder_cache
 
 DEFAULT_OPSET = 17
@@ -97,26 +97,43 @@ class CandidatesGraph(nn.Module):
         self.model = model
 
     def forward(self, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor, positions: Tensor):
-        # suppression as a (V,) additive bias, so the one (R, V) pass after the log-softmax is an Add
-        # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base); the
-        # per-row end-of-sentence limit touches the (R,) end-of-sentence column only
-        cfg = self.model.cfg
-        blocked = self.model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
-        bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
-        scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
-        # one more candidate than asked, then end-of-sentence struck from the rows still short of
-        # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
-        # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
-        k = num_candidates[0]
-        vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)  # type: ignore[arg-type]
-        early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
-        vals = vals.masked_fill((ids == cfg.eos_id) & early, float("-inf"))
-        top, order = torch.topk(vals, k, dim=-1)  # type: ignore[arg-type]  # (R, K) each; K stays a graph input
-        return top, ids.gather(1, order)
+        return rank_candidates(self.model, logits, num_candidates, min_new_tokens, positions)
+
+
+def rank_candidates(model: Seq2SeqTransformer, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor,
+                    positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The candidates graph's computation, also the tail of the fused beam step (beam_graph.py):
+    each row's num_candidates best log-probs after Seq2SeqTransformer.suppress, and their ids."""
+    # suppression as a (V,) additive bias, so the one (R, V) pass after the log-softmax is an Add
+    # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base); the
+    # per-row end-of-sentence limit touches the (R,) end-of-sentence column only
+    cfg = model.cfg
+    blocked = model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
+    bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
+    scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
+    # one more candidate than asked, then end-of-sentence struck from the rows still short of
+    # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
+    # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
+    k = num_candidates[0]
+    vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)  # type: ignore[arg-type]
+    early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
+    vals = vals.masked_fill((ids == cfg.eos_id) & early, float("-inf"))
+    top, order = torch.topk(vals, k, dim=-1)  # type: ignore[arg-type]  # (R, K) each; K stays a graph input
+    return top, ids.gather(1, order)
 
 
 MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph,
            RESTRICTED: RestrictedGraph}
+
+
+def graph_module(model: Seq2SeqTransformer, graph: str, attention_layer: int | None = None) -> nn.Module:
+    """The module traced into `graph` (the decoder graphs with their attention output, if any)."""
+    if graph == DECODER:
+        return DecoderGraph(model, attention_layer)
+    if graph == DECODER_BEAM:
+        from xform.exporter.beam_graph import BeamStepGraph
+        return BeamStepGraph(model, attention_layer)
+    return MODULES[graph](model)
 
 
 def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_len: int = 5,
@@ -130,6 +147,9 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
     lengths = torch.full((batch,), src_len, dtype=torch.long)
     if graph == ENCODER:
         return src, lengths
+    if graph == DECODER_BEAM:  # the decoder's inputs, num_candidates after the positions
+        dec = example_inputs(model, DECODER, batch, src_len, past_len, cache_len, group)
+        return (*dec[:3], torch.tensor([3]), *dec[3:])
     if graph == CANDIDATES:
         rows = batch * group
         logits = torch.randn(rows, cfg.tgt_vocab_size, generator=g)
@@ -160,7 +180,7 @@ def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: P
     trace goes to a file in a scratch directory beside `path`, never to memory: a graph over
     protobuf's 2 GB (an NLLB-200-sized embedding table) is written by the exporter as external data
     there, and is moved into the bundle's layout piece by piece rather than loaded whole."""
-    module = DecoderGraph(model, attention_layer) if graph == DECODER else MODULES[graph](model)
+    module = graph_module(model, graph, attention_layer)
     module.eval()
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.trace.") as scratch:
         traced = Path(scratch) / path.name

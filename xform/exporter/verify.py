@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, REORDER, RESTRICTED, GraphSpec
+from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, REORDER, RESTRICTED, GraphSpec
 from xform.errors import ToleranceError
 from xform.exporter.graphs import EncoderGraph
 from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, greedy_decode, recording
@@ -119,6 +119,9 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
         raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
     figures["reorder_exact"] = True
     figures["candidates_max_abs_err"] = verify_candidates(model, sessions[CANDIDATES], specs[CANDIDATES], tol)
+    if DECODER_BEAM in sessions:
+        figures["decoder_beam_max_abs_err"] = verify_beam_step(
+            model, sessions[DECODER_BEAM], specs[DECODER_BEAM], tol, enc_in, cross, enc_ref[-1], attention_layer)
     return figures
 
 
@@ -185,6 +188,77 @@ def verify_candidates(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: 
                              "min_new_tokens": row_min_new, "positions": positions})
     return max(worst, compare_outputs(CANDIDATES, spec.output_names, got, [ref.values, ref.indices], tol,
                                       f"{logits.shape[0]} rows at positions {positions.tolist()}, {k} candidates"))
+
+
+def verify_beam_step(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: Tolerance, enc_in, cross, src_mask,
+                     attention_layer: int | None, group: int = 2) -> float:
+    """The fused beam step (decoder + candidates in one graph) against eager decoding of each row
+    alone: `group` rows a source reading its one encoding, every row at its own position over a
+    cache with noise past it, end-of-sentence still suppressed in the odd rows. Asked for a few
+    candidates: ids exactly, log-probs, new K/V (and attention) within the tolerance. Asked for the
+    whole vocabulary: each row's whole suppressed log-softmax, so a normalization or suppression
+    error anywhere fails, not only one that reaches the top few (which ids are -inf is exact at
+    every precision)."""
+    cfg = model.cfg
+    B, V = VERIFY_BATCH, cfg.tgt_vocab_size
+    R = B * group
+    positions = torch.tensor([(3 * r + 2) % 7 for r in range(R)])  # 2, 5, 1, 4, 0, 3: not the trace's
+    capacity = int(positions.max()) + VERIFY_SPARE
+    g = torch.Generator().manual_seed(13)
+    ids = torch.randint(3, V, (R, 1), generator=g)
+    min_new = positions + torch.arange(R) % 2  # odd rows may not end yet
+    cache = [3 * torch.randn(R, cfg.n_heads, capacity, cfg.head_dim, generator=g)
+             for _ in range(2 * cfg.n_decoder_layers)]
+    scores, rest = [], []
+    with torch.no_grad():
+        enc = model.encode(*enc_in)
+        for r in range(R):
+            p, s = int(positions[r]), r // group
+            one = EncoderOutput([(k[s:s + 1], v[s:s + 1]) for k, v in enc.cross_kv], enc.src_mask[s:s + 1])
+            prefix = torch.randint(3, V, (1, p), generator=g)
+            past = model.decode(prefix, one)[1] if p else None
+            with recording(model, attention_layer) as attention:
+                logits, present = model.decode(ids[r:r + 1], one, past)
+            scores.append(model.suppress(torch.log_softmax(logits[:, -1], -1), p, int(min_new[r])))
+            rest.append([*[t[:, :, -1:] for kv in present for t in kv], *[a[:, -1] for a in attention]])
+            for i, t in enumerate(t for kv in present for t in kv):
+                cache[i][r, :, :p] = t[0, :, :p]
+    lp = torch.cat(scores, 0)  # (R, V): what the graph ranks
+    ref_rest = [torch.cat(parts, 0) for parts in zip(*rest)]
+    base = {t.name: v.numpy().astype(t.dtype) for t, v in
+            zip(spec.inputs, (ids, min_new, positions, torch.zeros(1), *cache, *cross, src_mask))}
+    where = (f"{R} rows over {B} sources at positions {positions.tolist()}, cache_len {capacity}, "
+             f"min_new_tokens {min_new.tolist()}")
+    k = min(5, V)
+    got = session.run(None, {**base, "num_candidates": np.array([k], np.int64)})
+    top = torch.topk(lp, k, dim=-1)
+    worst = compare_outputs(DECODER_BEAM, spec.output_names, got, [top.values, top.indices, *ref_rest], tol,
+                            f"{where}, {k} candidates")
+    got = session.run(None, {**base, "num_candidates": np.array([V], np.int64)})
+    return max(worst, compare_distribution(got[0], got[1], lp.numpy(), tol, f"{where}, all {V} ids"))
+
+
+def compare_distribution(values: np.ndarray, ids: np.ndarray, ref: np.ndarray, tol: Tolerance, where: str) -> float:
+    """Candidates over the whole vocabulary (`values`, `ids`: (rows, V), best first) against the
+    (rows, V) log-probs `ref`: the ids a permutation of the vocabulary in each row, the values
+    ranked, the same ids suppressed (-inf) and the rest within the tolerance."""
+    rows, V = ref.shape
+    full = np.full((rows, V), np.nan, np.float32)
+    if ids.shape != (rows, V) or ((ids < 0) | (ids >= V)).any():
+        raise ToleranceError(f"{DECODER_BEAM} ({where}): candidate ids of shape {ids.shape} are not the vocabulary")
+    np.put_along_axis(full, ids, values, 1)
+    if np.isnan(full).any():
+        raise ToleranceError(f"{DECODER_BEAM} ({where}): a row's candidates repeat an id")
+    if not (values[:, 1:] <= values[:, :-1]).all():
+        raise ToleranceError(f"{DECODER_BEAM} ({where}): candidates are not ranked best first")
+    blocked, want = np.isneginf(full), np.isneginf(ref)
+    if (blocked != want).any():
+        r, i = np.argwhere(blocked != want)[0]
+        raise ToleranceError(f"{DECODER_BEAM} ({where}): row {r} id {i} is {'' if blocked[r, i] else 'not '}"
+                             f"suppressed, eager {'does' if want[r, i] else 'does not'} suppress it "
+                             f"({int((blocked != want).sum())} such ids)")
+    return compare_outputs(DECODER_BEAM, ["cand_logprobs"], [np.where(want, 0, full)],
+                           [torch.from_numpy(np.where(want, 0, ref))], tol, where)
 
 
 def verify_greedy(model: Seq2SeqTransformer, session, max_new_tokens: int = 12) -> dict:

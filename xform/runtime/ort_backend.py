@@ -28,7 +28,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from xform.contract import CANDIDATES, DECODER, ENCODER, MASK_VALUE, REORDER, RESTRICTED, Capabilities, kv_names
+from xform.contract import (
+    CANDIDATES,
+    DECODER,
+    DECODER_BEAM,
+    ENCODER,
+    MASK_VALUE,
+    REORDER,
+    RESTRICTED,
+    Capabilities,
+    kv_names,
+)
 from xform.errors import BackendUnavailableError, BundleError, InputError, JoinRefused, XformError
 from xform.files import drop_cached
 from xform.manifest import SharedWeight as SharedEntry
@@ -84,14 +94,17 @@ class OrtBackend:
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
         self.bundle, self.threads, self.providers = bundle, threads, providers
-        sessions = {}
-        for graph in (DECODER, ENCODER, REORDER, CANDIDATES):  # the decoder first: its prepacking pages tables in
-            sessions[graph] = self.open_session(graph)
-            if graph == DECODER and self.ort_device == "cpu":
-                for w in self.shared:
-                    w.page_out()
-        self.encoder, self.decoder, self.reorder = sessions[ENCODER], sessions[DECODER], sessions[REORDER]
-        self.candidates = sessions[CANDIDATES]
+        # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
+        self.fused_beams = bundle.has_graph(DECODER_BEAM)
+        # a decoder-step graph's session prepacks its own copy of the decoder's weights, so each one
+        # opens at its first use: a beam search never opens the plain decoder, a greedy decode never
+        # the fused one. The one the bundle's own defaults decode with opens now, first (its
+        # prepacking pages tables in: graph_session pages them out again)
+        self.sessions: dict[str, Any] = {}
+        beams = int(bundle.manifest.generation.get("num_beams") or 1) > 1
+        for graph in (DECODER_BEAM if beams and self.fused_beams else DECODER, ENCODER, REORDER):
+            self.graph_session(graph)
+        self.encoder, self.reorder = self.sessions[ENCODER], self.sessions[REORDER]
         spec = bundle.graph_spec(DECODER)
         n = bundle.config["n_decoder_layers"]
         self.cache_names, self.new_names = kv_names("cache", n), kv_names("new", n)
@@ -112,7 +125,10 @@ class OrtBackend:
         else:  # no rows until start()
             self.cache = HostCache(len(self.cache_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
             self.cross = HostRows(len(self.cross_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
-        self.binding: Any | None = None  # the decoder's IOBinding, from start() on
+        self.live = False  # a decode is running: from a start() that succeeded on
+        # each decoder-step graph's IOBinding over the current rows, made at its next run (step_binding)
+        self.bound: dict[str, Any] = {}
+        self.cand_bufs: tuple[np.ndarray, np.ndarray] | None = None  # the fused step's outputs, (rows, K)
         # vocabulary restriction (a bundle exported --with-vocab-map): the restricted decoder and
         # the output table, loaded at the first restriction; the ids of the current one
         self.restricted: Any | None = None
@@ -125,6 +141,27 @@ class OrtBackend:
         self.device_logits: Any = None
         self.has_restriction = bundle.has_graph(RESTRICTED)
 
+    @property
+    def decoder(self):
+        """The decoder graph's session (opened at its first use)."""
+        return self.graph_session(DECODER)
+
+    @property
+    def candidates(self):
+        """The candidates graph's session: beams of bundles without the fused graph, or with it off."""
+        return self.graph_session(CANDIDATES)
+
+    def graph_session(self, graph: str):
+        """The session of `graph`, opened at its first use; after a decoder-step graph's prepacking
+        read the shared tables whole, their pages are dropped again (SharedWeight.page_out)."""
+        if graph not in self.sessions:
+            self.sessions[graph] = self.open_session(graph)
+            if graph in (DECODER, DECODER_BEAM) and self.ort_device == "cpu":
+                for w in self.shared:
+                    if graph in w.graphs:
+                        w.page_out()
+        return self.sessions[graph]
+
     def open_session(self, graph: str):
         ort = self.ort
         opts = ort.SessionOptions()
@@ -132,7 +169,7 @@ class OrtBackend:
         if self.threads:
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
-        if graph not in (DECODER, RESTRICTED):
+        if graph not in (DECODER, RESTRICTED, DECODER_BEAM):
             # a pool per session (ONNX Runtime's global pool would fail every other session in
             # the process that does not opt into it: docs/design.md, "Thread pools"). Graphs run
             # between decoder steps, or once: their pool's threads must not spin after their
@@ -176,7 +213,7 @@ class OrtBackend:
         """The encoder on the Bs sources; the decoder then runs Bs x group rows over them."""
         Bs, S = src_ids.shape
         H, D = self.kv_heads, self.head_dim
-        self.binding = None
+        self.live = False
         cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.initial_capacity, D)
         if self.ops is None:  # the last decode's buffers go before the encoder allocates
             self.cache.release()
@@ -192,7 +229,7 @@ class OrtBackend:
         self.encode(src_ids, src_lengths, self.cross.addresses(), self.mask)
         self.group = group
         self.buffers(Bs * group, S)
-        self.binding = (self.restricted_session() if self.subset is not None else self.decoder).io_binding()
+        self.live = True
         self.bind_rows()
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray, addresses: list[int], mask: np.ndarray) -> None:
@@ -229,7 +266,7 @@ class OrtBackend:
         """Encode new sources and add their Bs x group rows at the end of the running batch, at
         position 0, while the other rows go on at theirs (in-flight batching); a longer source
         widens every source's cross K/V and mask (padding, masked). Returns the new rows."""
-        if self.binding is None or self.rows == 0:
+        if not self.live or self.rows == 0:
             self.start(src_ids, src_lengths, group)
             return slice(0, self.rows)
         if group != self.group:
@@ -278,32 +315,52 @@ class OrtBackend:
         return self.cache.shape[0]
 
     def bind_rows(self) -> None:
-        """Bind everything whose address or shape follows the rows (after start, a gather, a growth)."""
-        dec, R = self.binding, self.rows
-        assert dec is not None  # start() and join() bind rows to the decoder's binding they made
+        """Follow the rows (after start, a gather, a growth): the per-row views, and every
+        decoder-step graph bound anew at its next run (step_binding)."""
+        R = self.rows
         self.ids, self.next_ids = self.ids_buf[:R], self.next_buf[:R]
         self.positions, self.min_new = self.positions_buf[:R], self.min_new_buf[:R]
+        self.logits = None if self.logits_buf is None else self.logits_buf[:R]
+        if self.attention_buf is not None:  # has_attention: (rows, src_len), on the host on every device
+            self.attention_rows = self.attention_buf[:R]
+        self.bound = {}
+
+    def step_binding(self, graph: str):
+        """The IOBinding of the decoder-step graph `graph` (DECODER, RESTRICTED or DECODER_BEAM)
+        over the current rows: made at its first run after bind_rows, then reused."""
+        dec = self.bound.get(graph)
+        if dec is not None:
+            return dec
+        dec = self.bound[graph] = (self.restricted_session() if graph == RESTRICTED
+                                   else self.graph_session(graph)).io_binding()
+        R = self.rows
         for name, a in (("input_ids", self.ids), ("positions", self.positions), ("src_mask", self.mask)):
             bind_host(dec, "input", name, a)
-        self.logits = None if self.logits_buf is None else self.logits_buf[:R]
-        if self.subset is not None:  # the restricted decoder: the subset's rows of the table in, its logits out
+        if graph == RESTRICTED:  # the restricted decoder: the subset's rows of the table in, its logits out
             bind_host(dec, "input", "out_weight", self.sub_weight)
             bind_host(dec, "input", "out_bias", self.sub_bias)
             self.sub_logits, self.device_logits = self.sub_logits_buf[:R], None
             bind_host(dec, "output", "logits", self.sub_logits)
             self.bind_kv(dec)
-            return
+            return dec
         bind_host(dec, "input", "min_new_tokens", self.min_new)
-        bind_host(dec, "output", "next_ids", self.next_ids)
-        if self.attention_buf is not None:  # has_attention: (rows, src_len), on the host on every device
-            self.attention_rows = self.attention_buf[:R]
+        if self.attention_buf is not None:
             bind_host(dec, "output", "attention", self.attention_rows)
-        if self.logits is not None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
-            bind_host(dec, "output", "logits", self.logits)
+        if graph == DECODER_BEAM:  # only (rows, K) candidates leave it, into host buffers on every device
+            assert self.cand_bufs is not None  # beam_step() sized them before binding
+            bind_host(dec, "input", "num_candidates", self.num_candidates)
+            bind_host(dec, "output", "cand_logprobs", self.cand_bufs[0][:R])
+            bind_host(dec, "output", "cand_ids", self.cand_bufs[1][:R])
         else:
-            self.device_logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32, "cuda", 0)
-            dec.bind_ortvalue_output("logits", self.device_logits)
+            bind_host(dec, "output", "next_ids", self.next_ids)
+            if self.logits is not None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
+                bind_host(dec, "output", "logits", self.logits)
+            else:
+                self.device_logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32,
+                                                                                    "cuda", 0)
+                dec.bind_ortvalue_output("logits", self.device_logits)
         self.bind_kv(dec)
+        return dec
 
     def bind_kv(self, dec) -> None:
         """The cross K/V and the cache in, the new position's K/V out."""
@@ -317,12 +374,11 @@ class OrtBackend:
         for name, ptr in zip(names, addresses):
             bind(name, self.ort_device, 0, self.kv_dtype, list(shape), ptr)
 
-
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
         """Each row at its own position (0 after start or join, one more each step). min_new_tokens:
         an int for every row or one per row. With candidates K: the second value is each row's K
         best (log-probs (R, K), ids (R, K)) instead of the logits."""
-        if self.binding is None:
+        if not self.live:
             raise XformError("step(): no decode is running (start() or join() first; or the last start failed)")
         if beam_idx is not None:
             self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
@@ -332,7 +388,10 @@ class OrtBackend:
             self.bind_rows()
         self.ids[:, 0] = input_ids
         self.min_new[:] = min_new_tokens
-        dec, subset = self.binding, self.subset
+        subset = self.subset
+        if candidates and subset is None and self.fused_beams:
+            return self.beam_step(candidates)
+        dec = self.step_binding(DECODER if subset is None else RESTRICTED)
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
@@ -354,6 +413,27 @@ class OrtBackend:
             out = self.next_ids.copy(), (self.logits.copy() if self.logits is not None else self.device_logits.numpy())
         self.positions += 1
         return out
+
+    def beam_step(self, k: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """A beam step through the fused graph (decoder + candidates): only each row's k best
+        log-probs and ids come back, (rows, k) each; the (rows, vocab) logits never leave the
+        session run. The next ids are the best candidates (the suppressed argmax)."""
+        R = self.rows
+        if self.cand_bufs is None or self.cand_bufs[0].shape[1] != k or len(self.cand_bufs[0]) < R:
+            n = max(R, len(self.ids_buf))
+            self.cand_bufs = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
+            self.num_candidates = np.array([k], np.int64)
+            self.bound.pop(DECODER_BEAM, None)
+        dec = self.step_binding(DECODER_BEAM)
+        if self.ops is not None:
+            self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
+            dec.synchronize_inputs()
+        self.graph_session(DECODER_BEAM).run_with_iobinding(dec)
+        dec.synchronize_outputs()
+        self.cache.write(self.positions)
+        self.positions += 1
+        lp, ids = self.cand_bufs[0][:R].copy(), self.cand_bufs[1][:R].copy()
+        return ids[:, 0].copy(), (lp, ids)
 
     def restricted_outputs(self, subset: npt.NDArray[np.int64], want_logits: bool, candidates: int):
         """What the decoder and candidates graphs give, from the logits of `subset` on the host: the
@@ -383,7 +463,7 @@ class OrtBackend:
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
         averaged over heads. Only for a bundle exported --with-attention."""
-        if not self.has_attention or self.binding is None:
+        if not self.has_attention or not self.live:
             raise XformError("no attention to return: this bundle was exported without --with-attention, or no "
                              "decode is running")
         return self.attention_rows.copy()
