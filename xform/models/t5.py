@@ -192,10 +192,14 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
         t = tok.get(key, default)
         return t.get("content") if isinstance(t, dict) else t
 
-    spec: dict[str, Any] = {"kind": "t5", "eos_token": token("eos_token", "</s>"), "unk_token": token("unk_token", "<unk>"),
-                            "pad_token": token("pad_token", "<pad>"), "legacy": tok.get("legacy", True) is not False,
-                            "extra_ids": int(tok.get("extra_ids", 100))}
-    if SPM_FILE in have:
+    if tok.get("legacy") is False and SPM_FILE in have and "tokenizer.json" not in have:
+        raise bart_family.UnsupportedTokenizer(
+            f"{directory / 'tokenizer_config.json'}: legacy false (T5Tokenizer's non-legacy handling of the text "
+            "after special tokens) is not one xform reproduces from spiece.model: the bundle takes token ids")
+    spec: dict[str, Any] = {"kind": "t5", "unk_token": token("unk_token", "<unk>"),
+                            "extra_ids": int(tok.get("extra_ids", 100)),
+                            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
+    if SPM_FILE in have and tok.get("legacy") is not False:
         proc, _ = tokenizer_files.spm_pieces(directory / SPM_FILE)
         pieces = [proc.IdToPiece(i) for i in range(proc.GetPieceSize())]
         size, files = proc.GetPieceSize() + spec["extra_ids"], [SPM_FILE]
