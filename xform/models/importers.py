@@ -24,8 +24,8 @@ from xform.models.transformer import Seq2SeqTransformer
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian, M2M100 / NLLB, mBART, BART, T5 / Flan-T5 / MADLAD-400 or mT5 directory, or a state dict file "
-         "(.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
+         "a Hugging Face Marian, M2M100 / NLLB, mBART, BART, T5 / Flan-T5 / MADLAD-400 or mT5 directory, or a state "
+         "dict file (.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
 TORCH_NN = "torch-nn-transformer"
 # keys xform itself names its parameters with, to recognise a bare xform state dict
 XFORM_KEYS = ("src_embed.weight", "encoder_layers.0.self_attn.q_proj.weight")

@@ -56,6 +56,7 @@ class RelativePositionBias(nn.Module):
         """queries (..., Tq) and keys (..., Tk) int64 positions, broadcastable on the leading axes."""
         distance = keys.unsqueeze(-2) - queries.unsqueeze(-1)  # (..., Tq, Tk)
         index = distance.clamp(-self.max_distance, self.max_distance) + self.max_distance
-        bias = self.weight.float()[self.buckets[index]]  # (..., Tq, Tk, H): two Gathers
+        buckets: Tensor = self.buckets  # type: ignore[assignment]  # a buffer
+        bias = self.weight.float()[buckets[index]]  # (..., Tq, Tk, H): two Gathers
         n = bias.dim()  # a permutation with non-negative axes: ONNX's Transpose takes no negative ones
         return bias.permute(*range(n - 3), n - 1, n - 3, n - 2)  # (..., H, Tq, Tk)

@@ -190,7 +190,8 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
 
     def token(key: str, default: str) -> str:
         t = tok.get(key, default)
-        return t.get("content") if isinstance(t, dict) else t
+        t = t.get("content") if isinstance(t, dict) else t
+        return t if isinstance(t, str) else default
 
     if tok.get("legacy") is False and SPM_FILE in have and "tokenizer.json" not in have:
         raise bart_family.UnsupportedTokenizer(

@@ -40,7 +40,8 @@ class T5Tokenizer:
             try:
                 from tokenizers import Tokenizer
             except ImportError:
-                raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: pip install tokenizers") from None
+                raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: "
+                                  "pip install tokenizers") from None
             name = data["fast"]
             if not isinstance(name, str) or Path(name).name != name or not (d / name).is_file():
                 raise BundleError(f"{source}: fast must name a file in tokenizer/, found {name!r}")

@@ -170,8 +170,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
         for s in strings("text", text):
             try:
                 # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-                row = session.encode_text(s, src_lang, NAMES["src_lang"], one_string("tgt_lang", inputs.get("tgt_lang")),
-                                          NAMES["tgt_lang"])
+                row = session.encode_text(s, src_lang, NAMES["src_lang"],
+                                          one_string("tgt_lang", inputs.get("tgt_lang")), NAMES["tgt_lang"])
             except InputError as e:
                 raise about("text", e) from None
             rows.append(session.truncated(row) if truncate and len(row) > session.config["max_len"] else row)
