@@ -2,7 +2,7 @@
 
 T5 v1.1 / mT5 / MADLAD activations grow past fp16's 65,504 in the feed-forward output and the
 residual stream. This builds a small gated T5 (transformers, random weights) and makes one encoder
-feed-forward write values of that size into the residual stream (its output projection x 3e5; RMS
+feed-forward write values of that size into the residual stream (its output projection x 5e4; RMS
 norms make the rest of the model indifferent to the scale in fp32), then compares, against the
 fp32 model, three fp16 treatments in eager PyTorch on the CPU:
   plain:  everything fp16 but norms, softmax and the output projection (xform's fp16 plan);
@@ -12,7 +12,7 @@ fp32 model, three fp16 treatments in eager PyTorch on the CPU:
           fp32_ffn_output; transformers' _keep_in_fp32_modules = ["wo"]), xform's choice.
 and then exports the chosen one through `export_bundle(precision="fp16")`, which verifies it.
 
-    python scripts/t5_fp16.py [--scale 3e5] [--out /tmp/t5-fp16]
+    python scripts/t5_fp16.py [--scale 5e4] [--out /tmp/t5-fp16]
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def greedy(model, src, n=16):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", type=float, default=3e5)
+    ap.add_argument("--scale", type=float, default=5e4)
     ap.add_argument("--out", type=Path, default=Path("/tmp/t5-fp16"))
     args = ap.parse_args()
     from xform.exporter.export import export_bundle
@@ -108,10 +108,10 @@ def main() -> None:
                       "logit_scale": float(np.abs(ref).max()),
                       "greedy_tokens_equal_fp32": float((tokens == ref_tokens).mean()) if tokens.shape == ref_tokens.shape
                       else 0.0}
+    print(json.dumps({"residual_peak_fp32": peak, "treatments": rows}, indent=1))
     bundle = export_bundle(args.out / "hf", args.out / "fp16", precision="fp16")
     verification = {k: v for k, v in bundle.manifest.verification.items() if k.endswith("_err")}
-    print(json.dumps({"residual_peak_fp32": peak, "treatments": rows, "exported_fp16_verification": verification},
-                     indent=1))
+    print(json.dumps({"exported_fp16_verification": verification}, indent=1))
 
 
 if __name__ == "__main__":

@@ -249,9 +249,10 @@ def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
     for module in half.modules():  # norm and position bias parameters are tiny: keep them exact
         if isinstance(module, (*NORMS, RelativePositionBias)):
             module.float()
-    if model.cfg.fp32_ffn_output:
-        for layer in (*half.encoder_layers, *half.decoder_layers):
-            cast(EncoderLayer, layer).ffn.fc2.float()
+    if model.cfg.fp32_ffn_output:  # from the fp32 weights: a value past fp16's range must not become inf
+        for layer, source in zip((*half.encoder_layers, *half.decoder_layers),
+                                 (*model.encoder_layers, *model.decoder_layers)):
+            cast(EncoderLayer, layer).ffn.fc2.float().load_state_dict(cast(EncoderLayer, source).ffn.fc2.state_dict())
     return half.eval()
 
 
