@@ -4,10 +4,11 @@ Pure Python, at the bottom of the layers: the models build from it, and the runt
 bundle manifest's config with the same `problems()` (xform/manifest.py). The config expresses the
 variants the seed tutorials, torch.nn.Transformer and Marian use: where each sublayer's LayerNorm sits (post, pre, or
 pre_normed_residual; one position for all sublayers or one per sublayer), a final LayerNorm, ReLU /
-GELU / SiLU, biases on or off separately, an attention width other than d_model, embedding
-scaling and normalization, tied or separate embeddings, positions, special ids. (A position
-offset, as BART's learned table and M2M100's sinusoids have, is taken out at import: row i of
-xform's table is the vector of position i.)
+GELU / SiLU, gated or plain feed-forward, LayerNorm or RMS norm, biases on or off separately, an
+attention width other than d_model, attention and output scaling, embedding scaling and
+normalization, tied or separate embeddings, positions (a table, or T5's bucketed relative bias),
+special ids. (A position offset, as BART's learned table and M2M100's sinusoids have, is taken out
+at import: row i of xform's table is the vector of position i.)
 It does not own weights (see checkpoint.py) or graph names (see xform/contract.py).
 """
 from __future__ import annotations
@@ -27,8 +28,19 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 NORM_POSITIONS = ("post", "pre", "pre_normed_residual")
 # sinusoidal: sin on even, cos on odd channels (Vaswani, the tutorials);
 # sinusoidal_split: sin on the first half, cos on the second (Marian / fairseq);
-# learned: a trained table of max_len rows.
-POSITIONS = ("sinusoidal", "sinusoidal_split", "learned")
+# learned: a trained table of max_len rows;
+# relative: no position vectors; a learned bias per head and bucket of key - query distance, added
+# to every self-attention's scores (T5: bidirectional buckets in the encoder, causal in the decoder;
+# models/position_bias.py)
+POSITIONS = ("sinusoidal", "sinusoidal_split", "learned", "relative")
+# layer: LayerNorm (mean and variance, weight and bias); rms: T5's RMS norm (no mean, no bias)
+NORM_KINDS = ("layer", "rms")
+# Fields added after bundle format 4: a config at their defaults is written without them, so the
+# manifests and bundles of every earlier family stay byte-identical, and a manifest without them
+# reads as the defaults (what every model exported before them was).
+LATER_FIELDS: dict[str, Any] = {"norm_kind": "layer", "ffn_gated": False, "scale_attention": True,
+                                "scale_output": False, "relative_attention_buckets": 32,
+                                "relative_attention_max_distance": 128, "fp32_ffn_output": False}
 # Upper bounds no real model reaches: a config beyond them (a hostile manifest's) is refused before
 # anything is allocated from it.
 LIMITS = {"src_vocab_size": 1 << 22, "tgt_vocab_size": 1 << 22, "d_model": 1 << 16, "n_heads": 1 << 10,
@@ -81,6 +93,20 @@ class TransformerConfig:
     decoder_start_id: int | None = None
     max_len: int = 256
     dropout: float = 0.0
+    # LATER_FIELDS, described there and here
+    norm_kind: str = "layer"
+    # the feed-forward's hidden is act(fc1(x)) * gate(x) (T5 v1.1's gated-gelu) instead of act(fc1(x))
+    ffn_gated: bool = False
+    # attention scores scaled by head_dim ** -0.5 (T5's are not: the scale is folded into its init)
+    scale_attention: bool = True
+    # the decoder's output scaled by d_model ** -0.5 before the projection (T5's tied output)
+    scale_output: bool = False
+    # positions "relative": buckets per direction pair and the distance from which all share one
+    relative_attention_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    # reduced-precision graphs keep the feed-forward output projection and the residual stream in
+    # fp32 (T5: its activations overflow fp16 there; transformers' _keep_in_fp32_modules ["wo"])
+    fp32_ffn_output: bool = False
     # ids greedy decoding never picks, besides the pad id (Marian's single-token bad_words_ids)
     banned_ids: tuple[int, ...] = ()
 
@@ -112,6 +138,16 @@ class TransformerConfig:
             p.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         elif self.positions.startswith("sinusoidal") and "d_model" in ok and ok["d_model"] % 2:
             p.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        elif self.positions == "relative":
+            buckets, distance = self.relative_attention_buckets, self.relative_attention_max_distance
+            if not (is_int(buckets) and 4 <= buckets <= 1 << 12):
+                p.append(f"relative_attention_buckets is {buckets!r}, expected an integer in [4, {1 << 12}]")
+            elif not (is_int(distance) and buckets // 2 < distance <= 1 << 20):
+                # the bucketing divides by log(max_distance / (buckets // 2)) (causal): it must be > 0
+                p.append(f"relative_attention_max_distance is {distance!r}, expected an integer in "
+                         f"[{buckets // 2 + 1}, {1 << 20}] (more than half the buckets)")
+        if self.norm_kind not in NORM_KINDS:
+            p.append(f"norm_kind must be one of {NORM_KINDS}, got {self.norm_kind!r}")
         if self.activation not in ACTIVATIONS:
             p.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.norm_position not in NORM_POSITIONS:
@@ -121,7 +157,8 @@ class TransformerConfig:
             if v is not None and not (isinstance(v, tuple) and len(v) == n and all(x in NORM_POSITIONS for x in v)):
                 p.append(f"{name} must be None or a tuple of {n} of {NORM_POSITIONS}, got {v!r}")
         for name in ("final_norm", "norm_bias", "attn_bias", "ffn_bias", "output_bias", "scale_embedding",
-                     "embedding_norm", "share_embeddings", "tie_output"):
+                     "embedding_norm", "share_embeddings", "tie_output", "ffn_gated", "scale_attention", "scale_output",
+                     "fp32_ffn_output"):
             if not isinstance(getattr(self, name), bool):
                 p.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         eps = self.layer_norm_eps
@@ -171,7 +208,14 @@ class TransformerConfig:
         return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, less the LATER_FIELDS at their defaults (the relative-position ones also
+        when positions are not relative)."""
+        d = dataclasses.asdict(self)
+        relative = self.positions == "relative"
+        for name, default in LATER_FIELDS.items():
+            if d[name] == default and not (relative and name.startswith("relative_")):
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "config", complete: bool = False) -> "TransformerConfig":
@@ -183,7 +227,7 @@ class TransformerConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown TransformerConfig keys {unknown}; known: {sorted(known)}")
-        missing = sorted(known - set(d))
+        missing = sorted(known - set(d) - set(LATER_FIELDS))
         if complete and missing:
             raise ConfigError(f"{source}: missing TransformerConfig keys {missing}")
         for key in ("banned_ids", "encoder_norm_positions", "decoder_norm_positions"):

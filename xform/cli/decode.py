@@ -42,8 +42,9 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
 
 def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
                      src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                     replace_unknowns: bool = False, vocab_map=None):
-    """(label, text, translations or None, error or None) for each (label, line), in input order."""
+                     replace_unknowns: bool = False, vocab_map=None, tgt_lang: str | None = None):
+    """(label, text, translations or None, error or None) for each (label, line), in input order.
+    `tgt_lang` reaches the sources only where the model writes it there (MADLAD-400's <2xx>)."""
     labels: list[str] = []
 
     def lines():
@@ -63,7 +64,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
                                       max_rows=batching.max_rows,
                                       on_batch=on_batch, on_warning=on_warning, return_scores=scores,
                                       src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
-                                      replace_unknowns=replace_unknowns, vocab_map=vocab_map)
+                                      replace_unknowns=replace_unknowns, vocab_map=vocab_map, tgt_lang=tgt_lang)
     for i, (text, targets, error) in enumerate(results):
         yield labels[i], text, targets, error
     if len(warned) > MAX_WARNINGS:
@@ -348,7 +349,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                           lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
             results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
-                                       prefix_column, replace_unknowns, vocab_map)
+                                       prefix_column, replace_unknowns, vocab_map, tgt_lang)
             with output_file(output) as sink:
                 errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores, sink,
                                                echo=output is None or echo)
@@ -430,7 +431,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
         for start in range(0, len(sources), batch_size):
             src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-            src_ids = session.encode_texts(src, src_lang)
+            src_ids = session.encode_texts(src, src_lang, tgt_lang)
             tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
             result = session.score(src_ids, tgt_ids)
             for i, (s_text, t_text) in enumerate(zip(src, tgt)):

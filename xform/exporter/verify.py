@@ -2,7 +2,8 @@
 
 Encoder: batch 3, a source length unlike the trace's, padded rows. Decoder: past length 0 (the
 first step) and past length > 0, in a cache with spare positions full of noise, one row a source
-and two rows a source (beams sharing their source's encoding),
+and two rows a source (beams sharing their source's encoding), and rows at different positions (a
+relative position bias's model: sources, and one row's position, past its max distance),
 checked output by output against the general `decode` (the past as a list). Then whole greedy decoding
 through the runtime against the uncached oracle, tokens exactly. Any excess raises ToleranceError.
 """
@@ -22,6 +23,14 @@ VERIFY_BATCH = 3
 VERIFY_SRC_LEN = 7
 VERIFY_STEPS = ((0, 1), (4, 1), (2, 2))  # (past length, decoder rows per source: beams share their source)
 VERIFY_SPARE = 3  # cache positions past the valid ones, filled with noise the decoder must mask
+
+
+def verify_src_len(cfg) -> int:
+    """VERIFY_SRC_LEN, or for a relative position bias a length whose distances pass its max distance
+    (the last, shared bucket), within max_len."""
+    if cfg.positions != "relative":
+        return VERIFY_SRC_LEN
+    return max(VERIFY_SRC_LEN, min(cfg.relative_attention_max_distance + 3, cfg.max_len))
 
 
 def sample_sources(cfg, batch: int, src_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -59,14 +68,15 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
     """Run the graphs on ORT against eager (the decoder's `attention` too, when it has one);
     returns the figures for the manifest."""
     cfg = model.cfg
-    src, lengths = sample_sources(cfg, VERIFY_BATCH, VERIFY_SRC_LEN)
+    src_len = verify_src_len(cfg)
+    src, lengths = sample_sources(cfg, VERIFY_BATCH, src_len)
     enc_in = (torch.from_numpy(src), torch.from_numpy(lengths))
     with torch.no_grad():
         enc_ref = EncoderGraph(model)(*enc_in)
     enc_out = sessions[ENCODER].run(None, {"src_ids": src, "src_lengths": lengths})
     figures = {"encoder_max_abs_err": compare_outputs(
         ENCODER, specs[ENCODER].output_names, enc_out, list(enc_ref), tol,
-        f"batch {VERIFY_BATCH}, src_len {VERIFY_SRC_LEN}, padded")}
+        f"batch {VERIFY_BATCH}, src_len {src_len}, padded")}
     cross = list(enc_ref[:-1])
     for past_len, group in VERIFY_STEPS:
         rows = VERIFY_BATCH * group
@@ -92,7 +102,7 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
                  zip(specs[DECODER].inputs, (ids, min_new, torch.full((rows,), past_len), *cache, *cross, enc_ref[-1]))}
         got = sessions[DECODER].run(None, feeds)
         name = f"past{past_len}{'_group' + str(group) if group > 1 else ''}"
-        where = (f"{rows} rows over {VERIFY_BATCH} sources, src_len {VERIFY_SRC_LEN}, past_len {past_len}, "
+        where = (f"{rows} rows over {VERIFY_BATCH} sources, src_len {src_len}, past_len {past_len}, "
                  f"cache_len {past_len + VERIFY_SPARE}")
         figures[f"decoder_{name}_max_abs_err"] = compare_outputs(DECODER, specs[DECODER].output_names, got, ref, tol,
                                                                  where)
@@ -133,6 +143,8 @@ def verify_mixed_positions(model: Seq2SeqTransformer, session, spec: GraphSpec, 
     cfg = model.cfg
     B = VERIFY_BATCH
     positions = torch.tensor([(3 * r + 2) % 7 for r in range(B)])  # 2, 5, 1, ... and a 0 from B = 3 on
+    if cfg.positions == "relative":  # a row whose distances pass the bias's max distance
+        positions[0] = min(cfg.relative_attention_max_distance + 2, cfg.max_len - 1)
     capacity = int(positions.max()) + VERIFY_SPARE
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(3, cfg.tgt_vocab_size, (B, 1), generator=g)

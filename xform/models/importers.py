@@ -24,8 +24,8 @@ from xform.models.transformer import Seq2SeqTransformer
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian, M2M100 / NLLB, mBART or BART directory, or a state dict file "
-         "(.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
+         "a Hugging Face Marian, M2M100 / NLLB, mBART, BART, T5 / Flan-T5 / MADLAD-400 or mT5 directory, or a state "
+         "dict file (.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
 TORCH_NN = "torch-nn-transformer"
 # keys xform itself names its parameters with, to recognise a bare xform state dict
 XFORM_KEYS = ("src_embed.weight", "encoder_layers.0.self_attn.q_proj.weight")
@@ -58,7 +58,7 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
         return load_xform_dir(bundled_path(str(ref)), f"bundled:{ref}")
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; MODEL is {KNOWN}")
-    from xform.models import bart_family, marian
+    from xform.models import bart_family, marian, t5
     if marian.is_marian_dir(path):
         model, source = marian.load_marian(path)
         return with_tokenizer(path, model, source, marian.tokenizer_spec, marian.TEXT_FILES,
@@ -68,15 +68,21 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
         return with_tokenizer(path, model, source, bart_family.tokenizer_spec,
                               bart_family.TEXT_FILES[str(bart_family.model_type(path))],
                               bart_family.generation_defaults(path))
+    if t5.is_t5_dir(path):
+        model, source = t5.load_t5(path)
+        return with_tokenizer(path, model, source, t5.tokenizer_spec, t5.TEXT_FILES, t5.generation_defaults(path))
     cfg_file = path / CONFIG_FILE
     if cfg_file.is_file():
         try:
             model_type = json.loads(cfg_file.read_text()).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             model_type = None
+        if model_type in t5.REFUSED_TYPES:
+            raise CheckpointError(f"{cfg_file}: model_type {model_type!r}: {t5.REFUSED_TYPES[model_type]}")
         if model_type is not None:
             raise CheckpointError(f"{cfg_file}: a Hugging Face config of model_type {model_type!r}; xform imports "
-                                  "model_type marian, m2m_100 (M2M100, NLLB), mbart, bart and xform checkpoints")
+                                  "model_type marian, m2m_100 (M2M100, NLLB), mbart, bart, t5 (T5, Flan-T5, "
+                                  "MADLAD-400), mt5 and xform checkpoints")
     return load_xform_dir(path, "xform-checkpoint")
 
 

@@ -2,7 +2,13 @@
 
 Shapes: B batch, S source length, T target (new) length, P past length, H heads, Dh head dim,
 D d_model. Attention is `(Q * scale) @ K^T + additive mask -> softmax -> @ V` on 4-D
-[B, H, *, Dh] tensors, the form TensorRT fuses. Masks are additive float tensors (0 or MASK_VALUE).
+[B, H, *, Dh] tensors, the form TensorRT fuses. Masks are additive float tensors (0 or MASK_VALUE),
+with a relative position bias (position_bias.py) already added where the config has one.
+
+Dtypes: the residual stream has the dtype of the feed-forward's output projection (`fc2`) and
+every other weight the compute dtype; each projection casts its input to its weight's dtype, so an
+fp16 model whose `fc2` stays fp32 (config `fp32_ffn_output`, T5) keeps an fp32 residual stream.
+In an fp32 model every such cast is a no-op and traces to nothing.
 """
 from __future__ import annotations
 
@@ -70,7 +76,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, inner, bias=cfg.attn_bias)
         self.v_proj = nn.Linear(d, inner, bias=cfg.attn_bias)
         self.out_proj = nn.Linear(inner, d, bias=cfg.attn_bias)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5 if cfg.scale_attention else None  # T5: no scaling
         self.dropout = cfg.dropout
         # when a list: each attention's probabilities averaged over heads are appended to it,
         # (B, T, S) from `attend`, (R, S) from `attend_shared` (alignments: the decoder graph's
@@ -82,10 +88,16 @@ class Attention(nn.Module):
         return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     def project_kv(self, x: Tensor) -> LayerKV:
+        x = x.to(self.k_proj.weight.dtype)
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
 
+    def query(self, x: Tensor) -> Tensor:
+        """The scaled queries (B, T, inner), before the heads are split."""
+        q = self.q_proj(x.to(self.q_proj.weight.dtype))
+        return q if self.scale is None else q * self.scale
+
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        q = self.split_heads(self.q_proj(x)) * self.scale  # (B, H, T, Dh)
+        q = self.split_heads(self.query(x))  # (B, H, T, Dh)
         scores = (q @ k.transpose(-2, -1)).float()  # (B, H, T, S); softmax always in fp32
         if mask is not None:
             scores = scores + mask
@@ -105,7 +117,7 @@ class Attention(nn.Module):
         copies. With g = 1 the ops are exactly `attend`'s."""
         R, T, _ = x.shape
         Bs = k.shape[0]
-        q = self.q_proj(x).view(Bs, -1, self.n_heads, self.head_dim).transpose(1, 2) * self.scale  # (Bs, H, g, Dh)
+        q = self.query(x).view(Bs, -1, self.n_heads, self.head_dim).transpose(1, 2)  # (Bs, H, g, Dh)
         scores = (q @ k.transpose(-2, -1)).float() + mask  # (Bs, H, g, S)
         probs = scores.softmax(dim=-1)
         if self.record is not None:
@@ -117,15 +129,19 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
-    def attend_cache(self, x: Tensor, cache: LayerKV, new: LayerKV, cache_mask: Tensor) -> Tensor:
+    def attend_cache(self, x: Tensor, cache: LayerKV, new: LayerKV, cache_mask: Tensor,
+                     new_bias: Tensor | None = None) -> Tensor:
         """One new position attending over a fixed-capacity cache and itself, without joining them:
-        x (B, 1, D); cache keys / values (B, H, C, Dh), of which cache_mask (1, 1, 1, C) (additive,
-        fp32) leaves the valid positions; new keys / values (B, H, 1, Dh). The same softmax as
-        `attend` over cat(valid cache, new), computed as two score blocks so no step copies the
-        cache. Masked positions get probability exactly 0, and 0 x any finite value is 0."""
-        q = self.split_heads(self.q_proj(x)) * self.scale  # (B, H, 1, Dh)
+        x (B, 1, D); cache keys / values (B, H, C, Dh), of which cache_mask (B or 1, 1 or H, 1, C)
+        (additive, fp32: a relative position bias included) leaves the valid positions; new keys /
+        values (B, H, 1, Dh), whose score gets `new_bias` (B or 1, H, 1, 1) when given. The same
+        softmax as `attend` over cat(valid cache, new), computed as two score blocks so no step
+        copies the cache. Masked positions get probability exactly 0, and 0 x any finite value is 0."""
+        q = self.split_heads(self.query(x))  # (B, H, 1, Dh)
         s_cache = (q @ cache[0].transpose(-2, -1)).float() + cache_mask  # (B, H, 1, C)
         s_new = (q @ new[0].transpose(-2, -1)).float()  # (B, H, 1, 1)
+        if new_bias is not None:
+            s_new = s_new + new_bias
         probs = torch.cat([s_cache, s_new], dim=-1).softmax(dim=-1)
         C = cache[0].shape[2]
         p_cache, p_new = probs[..., :C], probs[..., C:]
@@ -134,18 +150,25 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """fc2(act(fc1(x))), or with `ffn_gated` fc2(act(fc1(x)) * gate(x)) (T5 v1.1's gated-gelu: its
+    wi_0, wi_1 and wo). The result has fc2's dtype: the residual stream's."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias) if cfg.ffn_gated else None
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.ffn_bias)
         self.act = activation_fn(cfg.activation)
         self.dropout = cfg.dropout
 
     def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.fc1.weight.dtype)
         h = self.act(self.fc1(x))
+        if self.gate is not None:
+            h = h * self.gate(x)
         if self.training and self.dropout:
             h = F.dropout(h, self.dropout)
-        return self.fc2(h)
+        return self.fc2(h.to(self.fc2.weight.dtype))
 
 
 class LayerNorm(nn.LayerNorm):
@@ -160,7 +183,27 @@ class LayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
 
 
-def layer_norm(cfg: TransformerConfig) -> LayerNorm:
+class RMSNorm(nn.Module):
+    """T5's layer norm: x / sqrt(mean(x^2) + eps) x weight, no mean and no bias; computed in fp32
+    whatever the weights' dtype (as T5LayerNorm accumulates), the result in the input's dtype."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+NORMS = (LayerNorm, RMSNorm)  # kept in fp32 in fp16 models (transformer.to_fp16)
+
+
+def layer_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
+    if cfg.norm_kind == "rms":
+        return RMSNorm(cfg.d_model, cfg.layer_norm_eps)
     return LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
 
 
@@ -176,9 +219,9 @@ class Sublayer(nn.Module):
 
     def forward(self, x: Tensor, f) -> Tensor:
         if self.position == "post":
-            return self.norm(x + self.drop(f(x)))
+            return self.norm(x + self.drop(f(x)).to(x.dtype))
         h = self.norm(x)
-        return (h if self.position == "pre_normed_residual" else x) + self.drop(f(h))
+        return (h if self.position == "pre_normed_residual" else x) + self.drop(f(h)).to(x.dtype)
 
     def drop(self, y: Tensor) -> Tensor:
         return F.dropout(y, self.dropout) if self.training and self.dropout else y
@@ -223,16 +266,17 @@ class DecoderLayer(nn.Module):
         return self.blocks(x, self_attn, cross_attn), present[0]
 
     def step(self, x: Tensor, cache: LayerKV, cache_mask: Tensor, cross: LayerKV,
-             cross_mask: Tensor) -> tuple[Tensor, LayerKV]:
+             cross_mask: Tensor, new_bias: Tensor | None = None) -> tuple[Tensor, LayerKV]:
         """One new token a row (R, 1, D) against a fixed-capacity cache (Attention.attend_cache)
         and its source's cross keys / values, held once per source (Attention.attend_shared);
         returns the layer's output and the token's own keys and values (R, H, 1, Dh), for the
-        caller to store at its position."""
+        caller to store at its position. `new_bias`: the relative position bias of the token's
+        score against itself, when the model has one (`cache_mask` holds the cache's)."""
         new: list[LayerKV] = []
 
         def self_attn(h):
             new.append(self.self_attn.project_kv(h))
-            return self.self_attn.attend_cache(h, cache, new[0], cache_mask)
+            return self.self_attn.attend_cache(h, cache, new[0], cache_mask, new_bias)
 
         cross_attn = lambda h: self.cross_attn.attend_shared(h, cross[0], cross[1], cross_mask)  # noqa: E731
         return self.blocks(x, self_attn, cross_attn), new[0]

@@ -168,8 +168,8 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
 class WeightMap:
     """Their state dict mapped onto xform's names, with every problem gathered: the embedding
     aliases (tied tables saved under one or several names, which must agree), named parameters,
-    and at the end whatever was neither used nor expected. Shared by the Marian and BART-family
-    importers."""
+    and at the end whatever was neither used nor expected. Shared by the Marian, BART-family and
+    T5 importers."""
 
     def __init__(self, theirs: dict[str, torch.Tensor]):
         self.theirs = theirs
@@ -177,8 +177,9 @@ class WeightMap:
         self.used: set[str] = set()
         self.problems: list[str] = []
 
-    def embeddings(self, cfg: TransformerConfig) -> None:
-        for name, candidates in embedding_aliases(cfg).items():
+    def embeddings(self, cfg: TransformerConfig, aliases: dict[str, list[str]] | None = None) -> None:
+        """The embedding tables by their aliases (Marian's names unless `aliases` gives others)."""
+        for name, candidates in (aliases or embedding_aliases(cfg)).items():
             present = [c for c in candidates if c in self.theirs]
             if not present:
                 self.problems.append(f"missing {' or '.join(candidates)}")

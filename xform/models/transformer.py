@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from xform.config import TransformerConfig
-from xform.models.layers import MASK_VALUE, DecoderLayer, EncoderLayer, LayerKV, Positions, layer_norm
+from xform.models.layers import MASK_VALUE, NORMS, DecoderLayer, EncoderLayer, LayerKV, Positions, layer_norm
+from xform.models.position_bias import RelativePositionBias
 
 
 @dataclass
@@ -34,8 +35,12 @@ class Seq2SeqTransformer(nn.Module):
         d = cfg.d_model
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
-        self.src_pos = Positions(cfg)
-        self.tgt_pos = Positions(cfg)
+        relative = cfg.positions == "relative"
+        # position vectors added to the embeddings, or (relative) a bias added to self-attention scores
+        self.src_pos = None if relative else Positions(cfg)
+        self.tgt_pos = None if relative else Positions(cfg)
+        self.src_bias = RelativePositionBias(cfg, bidirectional=True) if relative else None
+        self.tgt_bias = RelativePositionBias(cfg, bidirectional=False) if relative else None
         self.src_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
         self.tgt_embed_norm = layer_norm(cfg) if cfg.embedding_norm else None
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
@@ -48,25 +53,34 @@ class Seq2SeqTransformer(nn.Module):
             self.lm_head.weight = self.tgt_embed.weight
         self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         self.embed_scale = d ** 0.5 if cfg.scale_embedding else 1.0
+        self.output_scale = d ** -0.5 if cfg.scale_output else None  # T5's tied output
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for name, p in self.named_parameters():
             if name.split(".")[0] in ("src_embed", "tgt_embed"):
                 nn.init.normal_(p, std=self.cfg.d_model ** -0.5)
-            elif p.dim() > 1:
+            elif p.dim() > 1 and name.split(".")[0] not in ("src_bias", "tgt_bias"):
                 nn.init.xavier_uniform_(p)
         self.eval()
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The dtype of the residual stream and K/V: the dtype of the layers' weights."""
+        """The dtype of the layers' weights and the K/V."""
         return cast(DecoderLayer, self.decoder_layers[0]).ffn.fc1.weight.dtype
 
-    def embed(self, table: nn.Embedding, pos: Positions, ids: Tensor, offset: Tensor | int,
+    @property
+    def residual_dtype(self) -> torch.dtype:
+        """The dtype of the residual stream: the feed-forward output projection's (fp32 in an fp16
+        model with `fp32_ffn_output`, the compute dtype otherwise)."""
+        return cast(DecoderLayer, self.decoder_layers[0]).ffn.fc2.weight.dtype
+
+    def embed(self, table: nn.Embedding, pos: Positions | None, ids: Tensor, offset: Tensor | int,
               norm: nn.Module | None) -> Tensor:
-        dt = self.compute_dtype  # a table kept in fp32 for the output projection is cast here
-        x = table(ids).to(dt) * self.embed_scale + pos(offset, ids.shape[1]).to(dt)  # (B, T, D)
+        dt = self.residual_dtype  # a table kept in fp32 for the output projection is cast here
+        x = table(ids).to(dt) * self.embed_scale  # (B, T, D)
+        if pos is not None:
+            x = x + pos(offset, ids.shape[1]).to(dt)
         if norm is not None:
             x = norm(x)
         if self.training and self.cfg.dropout:
@@ -79,6 +93,9 @@ class Seq2SeqTransformer(nn.Module):
         valid = torch.arange(S, device=src_ids.device).unsqueeze(0) < src_lengths.unsqueeze(1)  # (B, S)
         src_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32)  # (B, S)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        if self.src_bias is not None:
+            at = torch.arange(S, device=src_ids.device)
+            attn_mask = attn_mask + self.src_bias(at, at).unsqueeze(0)  # (B, H, S, S)
         x = self.embed(self.src_embed, self.src_pos, src_ids, 0, self.src_embed_norm)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)
@@ -100,11 +117,14 @@ class Seq2SeqTransformer(nn.Module):
         T = tokens.shape[1]
         past_len = past[0][0].shape[2] if past is not None else 0
         x = self.embed(self.tgt_embed, self.tgt_pos, tokens, past_len, self.tgt_embed_norm)
-        self_mask = None
+        self_mask: Tensor | None = None
+        queries = torch.arange(T, device=tokens.device) + past_len
+        keys = torch.arange(past_len + T, device=tokens.device)
         if T > 1:  # causal within the new tokens; a single new token sees the whole past
-            q = torch.arange(T, device=tokens.device).unsqueeze(1) + past_len
-            k = torch.arange(past_len + T, device=tokens.device).unsqueeze(0)
-            self_mask = torch.where(k <= q, 0.0, MASK_VALUE).to(torch.float32)  # (T, P + T)
+            self_mask = torch.where(keys[None] <= queries[:, None], 0.0, MASK_VALUE).to(torch.float32)  # (T, P + T)
+        if self.tgt_bias is not None:
+            bias = self.tgt_bias(queries, keys).unsqueeze(0)  # (1, H, T, P + T)
+            self_mask = bias if self_mask is None else bias + self_mask
         cross_mask = enc.src_mask[:, None, None, :]  # (B, 1, 1, S), fp32: added to fp32 scores
         present: list[LayerKV] = []
         for i, layer in enumerate(self.decoder_layers):
@@ -131,18 +151,25 @@ class Seq2SeqTransformer(nn.Module):
                     ) -> tuple[Tensor, list[LayerKV]]:
         """decode_step's decoder layers: the last layer's output (R, 1, D), before the final norm
         and the output projection, and the new keys / values."""
-        dt = self.compute_dtype
-        pos = self.tgt_pos.weight.index_select(0, positions).unsqueeze(1)  # (R, 1, D): a Gather
-        x = self.tgt_embed(tokens).to(dt) * self.embed_scale + pos.to(dt)
+        dt = self.residual_dtype
+        x = self.tgt_embed(tokens).to(dt) * self.embed_scale
+        if self.tgt_pos is not None:
+            x = x + self.tgt_pos.weight.index_select(0, positions).unsqueeze(1).to(dt)  # (R, 1, D): a Gather
         if self.tgt_embed_norm is not None:
             x = self.tgt_embed_norm(x)
         C = cache[0][0].shape[2]
-        valid = torch.arange(C, device=tokens.device).unsqueeze(0) < positions.unsqueeze(1)  # (R, C)
+        at = torch.arange(C, device=tokens.device)
+        valid = at.unsqueeze(0) < positions.unsqueeze(1)  # (R, C)
         cache_mask = torch.where(valid, 0.0, MASK_VALUE).to(torch.float32)[:, None, None, :]  # (R, 1, 1, C)
+        new_bias = None
+        if self.tgt_bias is not None:  # each row's bias from its own position
+            query = positions.unsqueeze(1)  # (R, 1)
+            cache_mask = cache_mask + self.tgt_bias(query, at.unsqueeze(0))  # (R, H, 1, C)
+            new_bias = self.tgt_bias(query, query)  # (R, H, 1, 1)
         cross_mask = enc.src_mask[:, None, None, :]
         new: list[LayerKV] = []
         for i, layer in enumerate(self.decoder_layers):
-            x, kv = cast(DecoderLayer, layer).step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask)
+            x, kv = cast(DecoderLayer, layer).step(x, cache[i], cache_mask, enc.cross_kv[i], cross_mask, new_bias)
             new.append(kv)
         return x, new
 
@@ -154,6 +181,8 @@ class Seq2SeqTransformer(nn.Module):
         x, new = self.step_hidden(tokens, enc, cache, positions)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if self.output_scale is not None:
+            x = x * self.output_scale
         return nn.functional.linear(x[:, 0].float(), out_weight, out_bias), new
 
     def output_table(self) -> tuple[Tensor, Tensor]:
@@ -166,6 +195,8 @@ class Seq2SeqTransformer(nn.Module):
         """The final decoder norm and the output projection: (B, T, D) -> logits (B, T, V) in fp32."""
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if self.output_scale is not None:  # T5 scales the output of its tied projection
+            x = x * self.output_scale
         # 2-D so the export is Gemm(transB=1) reading the embedding table itself: a tied table is
         # stored once in the graph (a 3-D matmul makes constant folding store a transposed copy).
         # The output projection is in fp32 at every precision: logits accumulate in fp32.
@@ -205,7 +236,9 @@ def reorder_cache(past: list[LayerKV], beam_idx: Tensor) -> list[LayerKV]:
 def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
     """A copy for the fp16 graphs (docs/quality.md "Tolerances"): weights and matmuls in fp16; LayerNorm and
     softmax run in fp32 (the modules cast); the output projection (and so a tied embedding
-    table, stored once) and the output bias stay fp32, so logits accumulate in fp32."""
+    table, stored once) and the output bias stay fp32, so logits accumulate in fp32. With the
+    config's `fp32_ffn_output` (T5) the feed-forward output projections stay fp32 too, and with them
+    the residual stream (docs/design.md, "T5 in fp16"); a relative position bias table stays fp32."""
     import copy
 
     half = copy.deepcopy(model).half()
@@ -213,9 +246,13 @@ def to_fp16(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
     if model.output_bias is not None:
         assert half.output_bias is not None  # a copy of `model`
         half.output_bias.data = model.output_bias.detach().clone().float()
-    for norm in half.modules():  # LayerNorm parameters are tiny: keep them exact
-        if isinstance(norm, nn.LayerNorm):
-            norm.float()
+    for module in half.modules():  # norm and position bias parameters are tiny: keep them exact
+        if isinstance(module, (*NORMS, RelativePositionBias)):
+            module.float()
+    if model.cfg.fp32_ffn_output:  # from the fp32 weights: a value past fp16's range must not become inf
+        for layer, source in zip((*half.encoder_layers, *half.decoder_layers),
+                                 (*model.encoder_layers, *model.decoder_layers)):
+            cast(EncoderLayer, layer).ffn.fc2.float().load_state_dict(cast(EncoderLayer, source).ffn.fc2.state_dict())
     return half.eval()
 
 

@@ -378,11 +378,12 @@ class Session:
         """Translator.translate_lines: (text, translations or None, error or None) a line."""
         return self.translator.translate_lines(lines, gen, batch_size, **options)
 
-    def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
-        return self.translator.encode_texts(texts, src_lang)
+    def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
+        return self.translator.encode_texts(texts, src_lang, tgt_lang)
 
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        return self.translator.encode_text(text, src_lang, flag)
+    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
+                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
+        return self.translator.encode_text(text, src_lang, flag, tgt_lang, tgt_flag)
 
     def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
         self.translator.check_src_lang(src_lang, flag)

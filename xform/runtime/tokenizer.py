@@ -4,7 +4,8 @@ Kind `xform-vocab`: for source and target each, a token list split into characte
 whitespace-separated words, or a sentencepiece model whose ids are the model's. Kind
 `marian-spm`: Marian's sentencepiece models and vocabularies, tokenized as transformers'
 MarianTokenizer does (language-code prefix, pieces, <unk> fallback, end-of-sentence appended).
-Kinds `fairseq-spm` (NLLB, mBART-50, M2M100) and `byte-bpe` (BART): below. sentencepiece and
+Kinds `fairseq-spm` (NLLB, mBART-50, M2M100) and `byte-bpe` (BART): below; `t5` (T5, mT5,
+MADLAD-400): t5_tokenizer.py. sentencepiece and
 tokenizers are imported only for the kinds that use them. No torch.
 """
 from __future__ import annotations
@@ -514,5 +515,8 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
         return FairseqSpmTokenizer(data, config, path.parent, str(path))
     if kind == "byte-bpe":
         return ByteBpeTokenizer(data, config, path.parent, str(path))
-    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm, fairseq-spm or "
-                      "byte-bpe")
+    if kind == "t5":
+        from xform.runtime.t5_tokenizer import T5Tokenizer
+        return T5Tokenizer(data, config, path.parent, str(path))
+    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm, fairseq-spm, "
+                      "byte-bpe or t5")

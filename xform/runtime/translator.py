@@ -99,7 +99,7 @@ class Translator:
         tokens = batch_type == "tokens"
         lines = self.translate_lines(source, gen, None if tokens else max_batch_size, batch_type=batch_type,
                                      max_batch_tokens=max_batch_size if tokens else None, read_ahead=read_ahead,
-                                     return_scores=return_scores, src_lang=src_lang)
+                                     return_scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang)
         for i, (_, translations, error) in enumerate(lines):
             if error is not None or translations is None:
                 raise InputError(f"line {i}: {error}")
@@ -127,7 +127,7 @@ class Translator:
         """The log-likelihood of each target given its source, teacher-forced (Session.score)."""
         if len(source) != len(target):
             raise InputError(f"{len(source)} sources for {len(target)} targets: one target a source")
-        src = self.encode_texts(list(source), src_lang)
+        src = self.encode_texts(list(source), src_lang, tgt_lang)
         tgt, lengths = self.session.pad([self.encode_target(t, tgt_lang) for t in target])
         scored = self.session.score(src, tgt)
         return [ScoringResult([int(i) for i in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
@@ -187,7 +187,7 @@ class Translator:
                                          for p in settings["target_prefix"]]
         if settings.get("bad_words_ids") is not None:
             settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        src = self.encode_texts(texts, src_lang)
+        src = self.encode_texts(texts, src_lang, tgt_lang)
         vocab_map = self.vocab_map(vocab_map)
         if vocab_map is not None:
             settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
@@ -210,16 +210,25 @@ class Translator:
                                 result.attention if replace_unknowns else None)
 
     # -- text policy ----------------------------------------------------------------------------
-    def encode_texts(self, texts: list[str], src_lang: str | None = None) -> np.ndarray:
+    def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         if not texts:
             raise InputError("no text to translate (an empty batch)")
-        return self.session.pad([self.encode_text(t, src_lang) for t in texts])[0]
+        return self.session.pad([self.encode_text(t, src_lang, tgt_lang=tgt_lang) for t in texts])[0]
 
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
+                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
         """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer
-        (`flag`: how an error names it, the CLI's flag or a front door's own name)."""
+        (`flag`: how an error names it, the CLI's flag or a front door's own name). `tgt_lang`
+        matters only where the target language is written into the source (MADLAD-400's <2xx>
+        token: the tokenizer's `target_in_source`); elsewhere it is the forced first target token
+        (target_language)."""
+        if getattr(self.tokenizer, "target_in_source", False):
+            if src_lang is not None:
+                raise InputError(f"{flag} {src_lang}: this model takes no source language (its target language "
+                                 f"goes into the source: {tgt_flag})")
+            return self.tokenizer.encode(text, tgt_lang, tgt_flag)
         if not getattr(self.tokenizer, "languages", None):
             if src_lang is not None:
                 raise InputError(f"{flag} {src_lang}: this model's tokenizer has no languages")
@@ -268,6 +277,10 @@ class Translator:
             if tgt_lang is not None:
                 raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
             return None
+        if getattr(self.tokenizer, "target_in_source", False):  # MADLAD: a source token, not a first target token
+            if tgt_lang is not None:
+                self.tokenizer.language_token(tgt_lang, flag)  # an unknown code is refused here
+            return None
         code = tgt_lang or self.tokenizer.tgt_lang
         if code is not None:
             return self.tokenizer.language_id(code, flag)
@@ -281,8 +294,8 @@ class Translator:
                         max_rows: int | None = None, on_batch: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
                         src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                        replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None
-                        ) -> Iterator[tuple[str, list | None, str | None]]:
+                        replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None,
+                        tgt_lang: str | None = None) -> Iterator[tuple[str, list | None, str | None]]:
         """Translate a stream of lines, yielding in input order, for each line: (its text, its
         translations (num_return_sequences of them) or None, an error or None).
 
@@ -307,17 +320,19 @@ class Translator:
         --with-vocab-map), each batch decodes over the target ids its sources allow. A line of
         more source tokens than max_len fails alone, or with `truncate` is cut to max_len (its
         first max_len - 1 tokens and end-of-sentence, as CTranslate2's max_input_length does) and
-        reported through `on_warning`. Bad settings raise InputError at once."""
+        reported through `on_warning`. `tgt_lang`: a target language written into each source
+        (MADLAD-400's <2xx>; a forced first token is the caller's `gen`). Bad settings raise
+        InputError at once."""
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)  # checked now
-        if src_lang is not None:
-            self.check_src_lang(src_lang)  # an unknown language is refused at the call
+        if src_lang is not None or tgt_lang is not None:  # an unknown language is refused at the call
+            self.encode_text("", src_lang, tgt_lang=tgt_lang)
         if replace_unknowns:
             self.check_replace_unknowns()
         vocab_map = self.vocab_map(vocab_map)
         return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
-                                      prefix_column, replace_unknowns, vocab_map)
+                                      prefix_column, replace_unknowns, vocab_map, tgt_lang)
 
     def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
         """A vocabulary map (or the path of one) checked against this bundle: it needs the
@@ -344,7 +359,8 @@ class Translator:
                           on_batch: Callable[[int, int], None] | None = None,
                           on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
                           src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                          replace_unknowns: bool = False, vocab_map: VocabMap | None = None):
+                          replace_unknowns: bool = False, vocab_map: VocabMap | None = None,
+                          tgt_lang: str | None = None):
         def encoded():
             for index, line in enumerate(lines):
                 prefix_text = None
@@ -355,7 +371,7 @@ class Translator:
                     if isinstance(prefix_text, bytes):
                         prefix_text = prefix_text.rstrip(b"\r\n").decode("utf-8", "replace")
                     prefix_text = prefix_text.rstrip("\r\n")
-                text, ids, error = self.encode_line(line, src_lang)
+                text, ids, error = self.encode_line(line, src_lang, tgt_lang)
                 prefix: list[int] = []
                 if prefix_text and ids is not None:
                     try:
@@ -407,7 +423,8 @@ class Translator:
         for i, (text, ids, error, _) in enumerate(window):
             yield text, done[i] if ids is not None else None if error else blank, error
 
-    def encode_line(self, line: str | bytes, src_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
+    def encode_line(self, line: str | bytes, src_lang: str | None = None,
+                    tgt_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
         if isinstance(line, bytes):
             raw = line.rstrip(b"\r\n")
             try:
@@ -418,7 +435,7 @@ class Translator:
         if not line.strip():
             return line, None, None
         try:
-            ids = self.encode_text(line, src_lang)
+            ids = self.encode_text(line, src_lang, tgt_lang=tgt_lang)
         except InputError as e:
             return line, None, str(e)
         return line, ids, None

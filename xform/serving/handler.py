@@ -138,8 +138,8 @@ def request_error(e: InputError) -> InputError:
     return about(tensors.input_for(e.settings), e) if isinstance(e, SettingError) else e
 
 
-def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool
-            ) -> tuple[str, np.ndarray, np.ndarray, list[str] | None]:
+def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool,
+            tgt_lang: str | None = None) -> tuple[str, np.ndarray, np.ndarray, list[str] | None]:
     """(the input named, source ids, lengths, texts) of a request's `text` or `src_ids`."""
     text, ids = inputs.get("text"), inputs.get("src_ids")
     if (text is None) == (ids is None):
@@ -153,7 +153,8 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
         texts, rows = strings("text", text), []
         for s in texts:
             try:
-                row = session.encode_text(s, src_lang, NAMES()["src_lang"])
+                # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
+                row = session.encode_text(s, src_lang, NAMES()["src_lang"], tgt_lang, NAMES()["tgt_lang"])
             except InputError as e:
                 raise about("text", e) from None
             rows.append(session.truncated(row) if truncate and len(row) > max_len else row)
@@ -210,7 +211,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     if attention and not session.capabilities.attention:
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
                          "--with-attention")
-    name, src, lengths, texts = sources(session, inputs, src_lang, truncate)
+    tgt_lang = one_string("tgt_lang", inputs.get("tgt_lang"))  # MADLAD writes it into the source
+    name, src, lengths, texts = sources(session, inputs, src_lang, truncate, tgt_lang)
     settings = settings_of(session, inputs, forced, len(src))
     scores = one_flag("return_scores", inputs.get("return_scores"))
     try:  # the settings' own checks, named by their input
