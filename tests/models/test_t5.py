@@ -8,6 +8,7 @@ beams 2 and 4); teacher-forced logits agree within the fp32 tolerance; each mapp
 breaks that; fp16 and int8 exports verify.
 """
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -268,3 +269,25 @@ def test_unmappable_configs_are_refused_by_name(t5, tmp_path, changes, fragment)
         resolve_model(d)
     result = CliRunner().invoke(main, ["export", str(d), "-o", str(tmp_path / "out")])
     assert result.exit_code != 0 and fragment.split("'")[0] in result.output
+
+
+@pytest.mark.parametrize("kind,precision", [("t5", "fp32"), ("mt5", "fp16")])
+def test_tensorrt_rtx_builds_the_t5_engines(t5, tmp_path, kind, precision):
+    """TensorRT-RTX (it builds without a GPU) parses and builds every graph of a T5 bundle: the
+    relative position bias's bucket table Gather, the RMS norms, and in fp16 the fp32 feed-forward
+    outputs beside fp16 layers; the manifest records each engine against its graph's hash."""
+    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install -e '.[dev]')")
+    from xform.exporter.engine import build_engines
+    from xform.runtime.bundle import Bundle
+
+    _, directory, fp32 = t5[kind]
+    path = fp32 if precision == "fp32" else export_bundle(directory, tmp_path / precision, precision=precision).path
+    if precision == "fp32":
+        path = tmp_path / "b"
+        shutil.copytree(fp32, path)
+    engines = build_engines(path, "tensorrt_rtx", max_batch=4, max_new_tokens=12, opt_batch=2, opt_src_len=9)
+    manifest = Bundle.open(path).manifest
+    for graph in ("encoder", "decoder", "reorder"):
+        e = manifest.engines[f"{graph}.tensorrt_rtx"]
+        assert e == engines[f"{graph}.tensorrt_rtx"] and e.tensorrt_version == trt.__version__
+        assert (path / e.file).stat().st_size > 0
