@@ -234,3 +234,26 @@ def test_a_bad_sample_file_is_refused_by_line(task_model, tmp_path, content, fra
     with pytest.raises(XformError, match=re.escape(fragment)):
         export_bundle(checkpoint, tmp_path / "b", precision="int8", sample_file=tmp_path / "s.txt")
     assert not (tmp_path / "b").exists()
+
+
+def test_no_judgement_records_the_figures_refuses_nothing_and_run_warns(tmp_path, monkeypatch):
+    """--no-judgement (a speed benchmark's int8 of random weights): the damaged quantization that is
+    refused above exports, its figures recorded and the manifest saying it was not judged; `run`
+    warns on stderr; fp32 and a sample file do not go with it."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    monkeypatch.setattr(export, "quantize_graph", damage_weight_scales(4.0))
+    r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "b"), "--precision", "int8",
+                                  "--no-judgement"])
+    assert r.exit_code == 0, r.output
+    assert "judged on not judged (--no-judgement" in " ".join(r.output.split())
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["tolerance"]["judged_on"].startswith("not judged (--no-judgement")
+    assert manifest["verification"]["check"]["logprob_drop"] > 0.1  # the figures that refuse it when judged
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "b"), "--text", "12"])
+    assert r.exit_code == 0 and "int8 export not judged (--no-judgement" in " ".join(r.stderr.split())
+    for extra in (["--precision", "fp32"], ["--precision", "int8", "--sample-file", str(tmp_path / "s.txt")]):
+        (tmp_path / "s.txt").write_text("12\n")
+        r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "c"), *extra, "--no-judgement"])
+        assert r.exit_code != 0 and "--no-judgement goes with --precision fp16 / int8" in r.output

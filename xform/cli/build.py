@@ -80,6 +80,9 @@ from xform.models.vocab import TOKENIZE, VocabFiles
                    "tokenizer; at most 256 used): the export is judged on their translations against eager "
                    "PyTorch. Without it, random token ids, on which fp16 / int8 are judged for gross breakage "
                    "only (a warning says so).")
+@click.option("--no-judgement", "no_judgement", is_flag=True,
+              help="fp16 / int8 for a speed benchmark on random weights: the check's figures are recorded, "
+                   "nothing is refused; the manifest says the export was not judged and `run` warns.")
 @click.option("--attention-layer", type=int, default=None,
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
                    "-1, the last).")
@@ -87,7 +90,7 @@ from xform.models.vocab import TOKENIZE, VocabFiles
 def export(model: str, output: Path, precision: str, opset: int | None, exporter: str, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
-           attention_layer: int | None, sample_file: Path | None, **hparams) -> None:
+           attention_layer: int | None, sample_file: Path | None, no_judgement: bool, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
@@ -119,6 +122,7 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
+                               judge=not no_judgement,
                                progress=lambda msg: status.update(msg))
     v = result.manifest.verification or {}
     c = v["check"]

@@ -21,6 +21,7 @@ from xform.cli.options import (
     generation_settings,
     progress_bar,
     split_bad_words,
+    warn_unjudged,
     write_json,
 )
 from xform.errors import XformError
@@ -311,6 +312,7 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     settings = generation_settings(greedy, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    warn_unjudged(session)
     if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
         raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
     if (src_lang or tgt_lang) and session.tokenizer is None:

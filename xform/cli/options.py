@@ -98,6 +98,14 @@ def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | Non
               f"{counts[1] / seconds:,.0f} tokens/s)")
 
 
+def warn_unjudged(session) -> None:
+    """A bundle exported --no-judgement (a speed benchmark's) says so on stderr: its quality is unknown."""
+    judged_on = session.bundle.manifest.tolerance.get("judged_on", "") if session.bundle is not None else ""
+    if judged_on.startswith("not judged"):
+        err.print(f"[bold yellow]warning:[/] {session.bundle.path}: {session.bundle.manifest.precision} export "
+                  f"{judged_on}; export it with --sample-file to judge its translations")
+
+
 def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows=None):
     """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
     combinations are usage errors."""

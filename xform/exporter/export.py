@@ -164,7 +164,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript",
-                  sample_file: Path | None = None) -> ExportResult:
+                  sample_file: Path | None = None, judge: bool = True) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
@@ -172,11 +172,16 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     torchscript (the default) or dynamo (torch.export + onnxscript; opset 18 or newer, its default).
     `sample_file` (--sample-file): sentences of the user's (or ids, one source a line, for a model
     without a tokenizer) the check judges the export on; without one, random sources, on which a
-    reduced precision is judged for gross breakage only.
+    reduced precision is judged for gross breakage only. `judge` False (--no-judgement, fp16 / int8
+    only): the reduced precision's check figures are recorded but refuse nothing, for speed
+    benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18)."""
     out = Path(out)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
+    if not judge and (precision == "fp32" or sample_file is not None):
+        raise XformError("--no-judgement goes with --precision fp16 / int8 and no --sample-file (fp32 graphs are "
+                         "always verified; a sample file is there to judge)")
     if exporter not in EXPORTERS:
         raise XformError(f"--exporter {exporter!r}: choose from {', '.join(EXPORTERS)}")
     least = DYNAMO_MIN_OPSET if exporter == "dynamo" else MIN_OPSET
@@ -269,20 +274,24 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             versions=versions)
         manifest.write(tmp)
         progress("verifying against eager PyTorch on onnxruntime")
-        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file)
+        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge)
         c = manifest.verification["check"]
         manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} ({c['batch']} sources)"
-                                           if sample_file else "random sources"
+                                           if sample_file else UNJUDGED if not judge else "random sources"
                                            + (" (gross breakage only)" if precision != "fp32" else ""))
         manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)
 
 
-def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None) -> dict:
+UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
+
+
+def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, judge: bool = True) -> dict:
     """Graph by graph against eager; greedy tokens against the oracle (fp32: identical); then the
     teacher-forced check of `xform run --check`, which must pass: on the sample file's sources when
-    given, else on random ones (for a reduced precision: judged for gross breakage only)."""
+    given, else on random ones (for a reduced precision: judged for gross breakage only; with
+    `judge` False recorded, not judged)."""
     import onnxruntime
 
     from xform.exporter.check import check, read_sample
@@ -307,6 +316,10 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None) -
     figures["check"] = report.to_dict()
     on = (f"on {report.batch} sources of --sample-file {sample_file}" if sample_file is not None
           else f"on {report.batch} random sources, judged for gross breakage only")
+    if not judge:
+        log.warning("%s export not judged (--no-judgement): its figures are recorded, its quality is unknown",
+                    bundle.precision)
+        return figures
     if not report.passed and report.judged_by == "decodes":
         raise ToleranceError(
             f"{bundle.precision} graphs translate unlike eager PyTorch ({on}): whole decodes "
