@@ -3,11 +3,20 @@
     pip install -e ".[bench]"
     python scripts/bench_peers.py [--work /tmp/xform-bench] [--iters 5] [--out docs] [--beams 4]
     python scripts/bench_peers.py --model nllb-600m [--work /tmp/xform-nllb] [--beams 4]
+    python scripts/bench_peers.py --model madlad-3b [--layers 4] [--work /tmp/xform-madlad] [--beams 4]
 
 `--model nllb-600m` takes an NLLB-200-distilled-600M-shaped M2M100 instead (d_model 1024, 12+12
 layers, 16 heads, FFN 4096, vocabulary 256,206; scripts/nllb_scale.py's), with a synthetic
 M2M100Tokenizer vocabulary (t4 .. t256097, 100 language tokens, 8 made-up words: what CTranslate2's
 converter reads), at batch 1 and 16 only; files are named bench_peers_nllb*.
+
+`--model madlad-3b` takes a MADLAD-400-3B-shaped T5 (google/madlad400-3b-mt's config: d_model
+1024, 16 heads of d_kv 128, gated-gelu FFN 8192, untied output, vocabulary 256,000, 32 relative
+buckets up to 128, decoder start 0, pad 1, eos 2) with `--layers` encoder and decoder layers
+(default 4 of its 32: the 3B model's 12 GB of fp32 weights do not export within 24 GiB), random
+weights and a placeholder sentencepiece model of 12 pieces (CTranslate2's converter names the ids
+past them <extra_id_N>); xform, transformers and CTranslate2 only, batch 1 and 16; files are named
+bench_peers_madlad*.
 
 Builds the model locally (d_model 512, 6+6 layers, 8 heads, FFN 2048, vocab 32000), gives it a
 synthetic vocabulary (t0 .. t31999) so that every engine sees the same ids, and times, interleaved
@@ -44,10 +53,15 @@ NEW_TOKENS = 64
 # (the last PIECES content ids are the placeholder sentencepiece model's pieces, which xform's import
 # requires the vocabulary to hold: random sources stop short of them)
 PIECES = 9
-MODELS = {"marian-base": (32000, 31999, 0, 1, 2, 31999 - PIECES), "nllb-600m": (256206, 1, 2, 3, 4, 256098 - PIECES)}
+MODELS = {"marian-base": (32000, 31999, 0, 1, 2, 31999 - PIECES), "nllb-600m": (256206, 1, 2, 3, 4, 256098 - PIECES),
+          "madlad-3b": (256000, 1, 2, 0, 3 + PIECES, 256000)}
+LAYERS = 4  # madlad-3b's encoder and decoder depth (--layers)
 MODEL = "marian-base"
 VOCAB, PAD, EOS, UNK, FIRST, END = MODELS[MODEL]
-TITLES = {"marian-base": "Marian Transformer-base", "nllb-600m": "NLLB-200-distilled-600M-shaped M2M100"}
+TITLES = {"marian-base": "Marian Transformer-base", "nllb-600m": "NLLB-200-distilled-600M-shaped M2M100",
+          "madlad-3b": "MADLAD-400-3B-shaped T5"}
+HF_CLASSES = {"marian-base": "MarianMTModel", "nllb-600m": "M2M100ForConditionalGeneration",
+              "madlad-3b": "T5ForConditionalGeneration"}
 WORKLOADS = {"batch 1": (1, 32, False), "batch 16": (16, 32, False), "batch 16 ragged": (16, 32, True)}
 FP32_ENGINES = ("xform ort fp32", "xform torch", "transformers eager", "optimum ort", "ctranslate2 fp32")
 ENGINES = ("xform ort fp32", "xform ort int8", "xform torch", "transformers eager", "optimum ort",
@@ -61,7 +75,7 @@ def set_model(name: str) -> None:
     global MODEL, VOCAB, PAD, EOS, UNK, FIRST, END
     MODEL = name
     VOCAB, PAD, EOS, UNK, FIRST, END = MODELS[name]
-    if name == "nllb-600m":
+    if name != "marian-base":
         WORKLOADS.pop("batch 16 ragged", None)
 
 
@@ -69,6 +83,8 @@ def build_model(work: Path) -> Path:
     """The model, random weights, saved with a synthetic tokenizer."""
     if MODEL == "nllb-600m":
         return build_nllb(work)
+    if MODEL == "madlad-3b":
+        return build_madlad(work)
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -148,6 +164,42 @@ def build_nllb(work: Path) -> Path:
     return hf
 
 
+def build_madlad(work: Path) -> Path:
+    """MADLAD-400-3B's widths at LAYERS layers a stack, random weights; a placeholder sentencepiece
+    model with MADLAD's special ids (<unk> 0, <pad> 1, </s> 2) and no extra ids, read as T5Tokenizer."""
+    import sentencepiece as spm
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    hf = work / f"madlad-3b-{LAYERS}-layers"
+    if (hf / "config.json").exists():
+        return hf
+    torch.manual_seed(0)
+    cfg = T5Config(vocab_size=VOCAB, d_model=1024, d_kv=128, d_ff=8192, num_heads=16, num_layers=LAYERS,
+                   num_decoder_layers=LAYERS, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                   relative_attention_num_buckets=32, relative_attention_max_distance=128, n_positions=512,
+                   decoder_start_token_id=0, pad_token_id=PAD, eos_token_id=EOS)
+    T5ForConditionalGeneration(cfg).eval().save_pretrained(hf)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buf, vocab_size=12,
+                                   unk_id=UNK, pad_id=PAD, eos_id=EOS, bos_id=-1, minloglevel=2)
+    (hf / "spiece.model").write_bytes(buf.getvalue())
+    # the fast tokenizer's file too, built with `tokenizers` as transformers' converter lays it out
+    # (CTranslate2's converter loads the fast tokenizer; converting it needs a protobuf sentencepiece's
+    # generated module may refuse)
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    proc = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    tok = Tokenizer(models.Unigram([(proc.id_to_piece(i), proc.get_score(i)) for i in range(proc.get_piece_size())],
+                                   unk_id=UNK, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
+    tok.add_special_tokens(["<unk>", "<pad>", "</s>"])
+    tok.save(str(hf / "tokenizer.json"))
+    (hf / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer", "extra_ids": 0,
+                                                          "legacy": True, "model_max_length": 512}))
+    return hf
+
+
 def convert_ct2(hf: Path, work: Path) -> Path:
     out = work / "ct2"
     if not (out / "model.bin").exists():
@@ -165,7 +217,8 @@ def export_xform(hf: Path, work: Path, precision: str) -> Path:
     try:
         Bundle.open(out)  # reused while this xform reads it; an older bundle format is re-exported
     except BundleError:
-        export_bundle(hf, out, precision=precision, force=True)
+        # random weights: a reduced precision's figures are recorded, not judged (--no-judgement)
+        export_bundle(hf, out, precision=precision, force=True, judge=precision == "fp32")
     return out
 
 
@@ -182,8 +235,7 @@ def make_engine(name: str, paths: dict[str, Path], beams: int = 1):
         import torch
         import transformers
         torch.set_num_threads(THREADS)
-        cls = "M2M100ForConditionalGeneration" if MODEL == "nllb-600m" else "MarianMTModel"
-        model = getattr(transformers, cls).from_pretrained(paths["hf"]).eval()
+        model = getattr(transformers, HF_CLASSES[MODEL]).from_pretrained(paths["hf"]).eval()
         return lambda src, lens: hf_generate(model, src, lens, beams)
     if name == "optimum ort":
         import onnxruntime
@@ -210,7 +262,11 @@ def hf_generate(model, src, lens, beams=1):
     return out[:, 1:].numpy()
 
 
-def token(i: int) -> str:
+def token(i: int, vocabulary: list[str] | None = None) -> str:
+    """The token CTranslate2 reads for id i: the converted vocabulary's where it is given (T5: the
+    ids past the tokenizer's are its <extra_id_N>), else the synthetic vocabulary's."""
+    if vocabulary is not None:
+        return vocabulary[i]
     return {EOS: "</s>", UNK: "<unk>", PAD: "<pad>"}.get(i, f"t{i}")
 
 
@@ -224,7 +280,8 @@ def ct2_vocabulary(model: Path) -> dict[str, int]:
 
 
 def ct2_generate(translator, src, lens, beams=1, ids=None):
-    batch = [[token(int(i)) for i in row[:n]] for row, n in zip(src, lens)]
+    names = list(ids) if MODEL == "madlad-3b" and ids is not None else None  # ids in vocabulary order
+    batch = [[token(int(i), names) for i in row[:n]] for row, n in zip(src, lens)]
     res = translator.translate_batch(batch, beam_size=beams, max_decoding_length=NEW_TOKENS,
                                      min_decoding_length=NEW_TOKENS, max_batch_size=len(batch))
     return np.array([[ids[t] for t in r.hypotheses[0]] for r in res])
@@ -357,6 +414,7 @@ def chart(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
+    global LAYERS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/xform-bench"))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
@@ -365,8 +423,13 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--beams", type=int, default=1, help="beam search width for every engine (1: greedy)")
     ap.add_argument("--model", choices=list(MODELS), default="marian-base")
+    ap.add_argument("--layers", type=int, default=LAYERS, help="madlad-3b: encoder and decoder layers (of 32)")
     args = ap.parse_args()
     set_model(args.model)
+    if args.model == "madlad-3b":
+        LAYERS = args.layers
+        if args.engines == ",".join(ENGINES):
+            args.engines = ",".join(e for e in ENGINES if e not in ("xform torch", "optimum ort"))
     if args.beams > 1:  # beam search: batch 1 and 16; eager PyTorch through xform is no peer here
         for w in ("batch 16 ragged",):
             WORKLOADS.pop(w, None)
@@ -386,7 +449,7 @@ def main() -> None:
     command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
     summary["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = ("bench_peers" + ("_nllb" if MODEL == "nllb-600m" else "")
+    stem = ("bench_peers" + {"nllb-600m": "_nllb", "madlad-3b": "_madlad"}.get(MODEL, "")
             + ("" if args.beams == 1 else f"_beam{args.beams}"))
     (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(summary, command))
