@@ -148,3 +148,23 @@ def test_triton_tgt_lang_writes_the_source_token(bundles):
     assert job.rows[0] == reference("<2pt> the dog runs fast").input_ids
     with pytest.raises(InputError, match="known: de, pt, zh_Latn"):
         parse(session, 0, {"text": text, "tgt_lang": np.array([b"xx"], dtype=object)})
+
+
+def test_eval_tgt_lang_writes_the_source_token(bundles, tmp_path):
+    """`xform eval --tgt-lang` decodes as `run --tgt-lang` does: run's translations as the reference
+    score 100 BLEU; those of another language's token do not."""
+    import json
+    _, madlad = bundles["madlad"]
+    texts = ["the dog runs fast", "a cat sleeps", "I love pizza"]
+    (tmp_path / "src.txt").write_text("\n".join(texts) + "\n")
+    runner = CliRunner()
+    for lang in ("de", "pt"):
+        r = runner.invoke(main, ["run", str(madlad), "--input-file", str(tmp_path / "src.txt"), "--tgt-lang", lang,
+                                 "--max-new-tokens", "6", "--output", str(tmp_path / f"{lang}.txt")])
+        assert r.exit_code == 0, r.output
+    assert (tmp_path / "de.txt").read_text() != (tmp_path / "pt.txt").read_text()  # the token changes the output
+    r = runner.invoke(main, ["eval", str(madlad), "--source", str(tmp_path / "src.txt"), "--reference",
+                             str(tmp_path / "de.txt"), "--tgt-lang", "de", "--max-new-tokens", "6",
+                             "--json", str(tmp_path / "e.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "e.json").read_text())["systems"][0]["chrf"] == 100.0

@@ -85,7 +85,7 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     systems = []
     for name, s in [(str(bundle), session), *([(against, other)] if other is not None else [])]:
         with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
-            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance))
+            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang))
     report = ev.evaluate(systems, references, str(source_file), str(reference_file) if reference_file else None)
     print_eval(report)
     if plot_path is not None:

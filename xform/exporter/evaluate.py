@@ -78,13 +78,14 @@ class EvalReport:
 
 
 def translate_file(name: str, session: Session, lines: list[str], gen: GenerationConfig, src_lang: str | None,
-                   batch_size: int, on_batch: Callable[[int, int], None] | None = None) -> System:
+                   batch_size: int, on_batch: Callable[[int, int], None] | None = None,
+                   tgt_lang: str | None = None) -> System:
     """Each line's best translation (a blank line: blank); a line that cannot be translated is refused
-    with its number."""
+    with its number. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>)."""
     start = time.perf_counter()
     out = []
     for n, (_, targets, error) in enumerate(session.translate_lines(lines, gen, batch_size, src_lang=src_lang,
-                                                                    on_batch=on_batch), 1):
+                                                                    on_batch=on_batch, tgt_lang=tgt_lang), 1):
         if error is not None:
             raise XformError(f"--source line {n}: {error}")
         out.append(targets[0] if targets else "")
