@@ -52,7 +52,8 @@ def test_the_dynamo_bundle_records_its_exporter_and_verifies(demo_pair):
     m = json.loads((dyn / "manifest.json").read_text())
     assert m["opset"] == 18 and m["versions"]["exporter"] == "dynamo" and m["versions"]["onnxscript"]
     assert json.loads((ts / "manifest.json").read_text())["versions"]["exporter"] == "torchscript"
-    assert set(m["graphs"]) == {"encoder", "decoder", "reorder", "candidates", "decoder_restricted"}
+    assert set(m["graphs"]) == {"encoder", "decoder", "reorder", "candidates", "decoder_restricted",
+                                 "decoder_beam"}
     v = m["verification"]
     assert v["check"]["passed"] and v["greedy_tokens_identical"]
     assert any(k.startswith("restricted_") for k in v)

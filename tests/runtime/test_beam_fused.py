@@ -297,3 +297,26 @@ def test_export_records_and_verifies_the_fused_graph(marians):
     assert "decoder_beam_max_abs_err" in m.verification
     assert m.graphs[DECODER_BEAM].signature.output_names[:2] == ["cand_logprobs", "cand_ids"]
     assert "logits" not in m.graphs[DECODER_BEAM].signature.output_names
+
+
+def test_log_probs_are_judged_at_twice_the_logits_tolerance_at_the_logits_scale():
+    """A log-prob is a logit less the log-sum-exp, each off by at most the logits' error: fp32
+    log-probs of a wide model (MADLAD's 2,048 widths, 256,000 ids moved them by 1.8e-4) pass within
+    twice the logits' tolerance at the logits' scale, and fail past it; other outputs keep theirs."""
+    from xform.exporter.verify import compare_outputs
+    from xform.runtime.compare import TOLERANCES
+    tol = TOLERANCES["fp32"]
+    ref = np.array([[-2.0, -9.0], [-1.0, -14.0]], np.float32)
+    logit_scale = np.array([[40.0], [10.0]])
+    allowed = 2 * (tol.atol + tol.rtol * logit_scale)  # (2, 1): 1.8e-4, 2.2e-4
+    for factor, passes in ((0.9, True), (1.2, False)):
+        got = ref + (factor * allowed).astype(np.float32)
+        run = lambda lp: compare_outputs("decoder_beam", ["cand_logprobs"], [got], [torch.from_numpy(ref)],
+                                         tol, "test", lp)
+        if passes:
+            assert run({"cand_logprobs": logit_scale}) > 1e-4
+        else:
+            with pytest.raises(ToleranceError, match="cand_logprobs .*atol 0.0002 "):
+                run({"cand_logprobs": logit_scale})
+        with pytest.raises(ToleranceError, match="atol 0.0001 "):  # not named log-probs: the logits' own
+            run(None)

@@ -81,11 +81,14 @@ class CheckReport:
         return d
 
 
-def excess(got: np.ndarray, ref: np.ndarray, rtol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """|got - ref|, the same relative to scale, and |got - ref| - rtol * scale, all in float64."""
+def excess(got: np.ndarray, ref: np.ndarray, rtol: float,
+           scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """|got - ref|, the same relative to scale, and |got - ref| - rtol * scale, all in float64. The
+    scale is the reference's largest |value| along the last axis unless given."""
     g, r = got.astype(np.float64), ref.astype(np.float64)
     diff = np.abs(g - r)
-    scale = np.abs(r).max(axis=-1, keepdims=True) if r.ndim and r.shape[-1] else np.zeros_like(r)
+    if scale is None:
+        scale = np.abs(r).max(axis=-1, keepdims=True) if r.ndim and r.shape[-1] else np.zeros_like(r)
     return diff, diff / np.maximum(scale, np.finfo(np.float32).tiny), diff - rtol * scale
 
 
