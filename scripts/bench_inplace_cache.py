@@ -5,7 +5,8 @@
 
 Marian-base shaped (d_model 512, 8 heads, head_dim 64), one layer's self-attention sublayer (the
 q/k/v projections, the attention, the output projection), 2 threads, rows at mixed positions
-(uniform in [0, capacity), a fixed seed) or all at one position (--fill):
+(uniform in [0, capacity - steps), a fixed seed) or all at one position (--fill), each step one
+position further; the cache as the runtime holds it (zeros, each row's filled positions written):
 
 - `standard`: the decoder graph's attention as exported today (Attention.attend_cache traced: the
   whole capacity scored, unfilled positions masked), its new keys / values returned into bound
@@ -14,11 +15,11 @@ q/k/v projections, the attention, the output projection), 2 threads, rows at mix
   (one buffer: the kernel writes row r's new keys / values at positions[r] and attends over
   positions[0..positions[r]] only; seqlens_k = positions, total_sequence_length = capacity).
 
-Both produce the same output (checked each run, max abs difference printed) and leave the same
-cache. `--core`: the attention alone (no projections, which are the same work in both). `--op
-dmmha`: com.microsoft DecoderMaskedMultiHeadAttention instead, whose one past_sequence_length
-for every row needs --fill. Prints ms per step, the best of --repeat timings of --steps steps each,
-the variants interleaved.
+Both produce the same output and leave the same cache (the largest difference of either is
+printed: rounding, under 2e-6). `--core`: the attention alone (no projections, which are the same
+work in both). `--op dmmha`: com.microsoft DecoderMaskedMultiHeadAttention instead, whose one
+past_sequence_length for every row needs --fill. Prints ms per step, the best of --repeat timings
+of --steps steps each, the variants interleaved.
 """
 from __future__ import annotations
 
