@@ -1,5 +1,6 @@
-"""Where a decode's time goes, on the ONNX Runtime backend: encoder, decoder graph, candidates graph,
-cache writes and gathers, and the host's strategy (beam search in numpy), per step.
+"""Where a decode's time goes, on the ONNX Runtime backend: encoder, decoder graph (the fused beam
+graph for beams, when the bundle has it), candidates graph, cache writes, growth and gathers, and
+the host's strategy (beam search in numpy), per step.
 
     python scripts/profile_decode.py BUNDLE [--batch 16] [--beams 4] [--src-len 32] [--new-tokens 64]
                                      [--threads 2] [--iters 3] [--expanded]
@@ -58,8 +59,15 @@ def main() -> None:
     else:
         start = b.start
     b.encoder.run_with_iobinding = timed(t, "encoder graph", b.encoder.run_with_iobinding)
-    b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
-    b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)
+    if args.beams > 1 and getattr(b, "fused_beams", False):  # beam steps run the fused graph (decoder_beam)
+        fused = b.graph_session("decoder_beam")
+        fused.run_with_iobinding = timed(t, "decoder graph", fused.run_with_iobinding)
+    else:
+        b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
+        b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)
+    from xform.runtime import cache
+    cache.HostCache.write = timed(t, "cache writes", cache.HostCache.write)  # type: ignore[method-assign]
+    cache.HostCache.grow = timed(t, "cache growth", cache.HostCache.grow)  # type: ignore[method-assign]
     b.gather = timed(t, "row gathers (beams, compaction)", b.gather)
     b.start = timed(t, "start (encoder, buffers)", start)
     b.step = timed(t, "backend step", b.step)
@@ -80,9 +88,10 @@ def main() -> None:
     print(f"{args.bundle}: batch {args.batch} x beams {args.beams} = {rows} rows, src_len {args.src_len}, "
           f"{args.new_tokens} steps, {args.threads} threads{', expanded encodings' if args.expanded else ''}")
     print(f"wall {wall * 1e3:.0f} ms (median of {args.iters}), {args.batch * args.new_tokens / wall:.1f} tokens/s")
-    other = t["backend step"] - t["decoder graph"] - t["candidates graph"] - t["row gathers (beams, compaction)"]
+    other = t["backend step"] - sum(t[k] for k in ("decoder graph", "candidates graph", "cache writes", "cache growth",
+                                                   "row gathers (beams, compaction)"))
     parts = {k: v for k, v in t.items() if k != "backend step"}
-    parts["cache writes, binding, copies"] = other
+    parts["the rest of the step: binding, copies"] = other
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {k:34s} {v * 1e3:9.1f} ms  {v / wall:6.1%}  ({v / args.new_tokens * 1e3:.2f} ms a step)")
 
