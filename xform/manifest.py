@@ -157,6 +157,14 @@ class TokenizerEntry:
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "notes": list(self.notes)}
 
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "TokenizerEntry":
+        t = _Reader(where, data, "tokenizer")
+        notes = t.sequence("notes")
+        if not all(isinstance(n, str) for n in notes):
+            raise t.fail("notes", "a list of strings")
+        return cls(t.text("file"), tuple(notes))
+
 
 @dataclass(frozen=True)
 class EngineEntry:
@@ -271,16 +279,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "Manifest":
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise BundleError(f"{where}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
-        version = data.get("version")
-        if is_int(version) and version in OLD_VERSIONS:
-            raise BundleError(f"{where}: manifest version {version}, exported by an earlier xform whose decoder graph "
-                              f"{OLD_VERSIONS[version]} and needs version {VERSION}: re-export it "
-                              "(xform export ... --force)")
-        if not is_int(version) or version != VERSION:
-            raise BundleError(f"{where}: manifest version {version!r} is not one this xform knows [{VERSION}]; "
-                              "re-export the bundle or upgrade xform")
+        _check_version(data, where)
         r = _Reader(where, data, "manifest")
         precision = r.text("precision")
         if precision not in PRECISIONS:
@@ -291,50 +290,16 @@ class Manifest:
         except ConfigError as e:
             raise BundleError(f"{where}: implausible model config: {'; '.join(e.problems)}") from None
         layer = r.integer("attention_layer", 0, config.n_decoder_layers - 1, optional=True)
-        graphs = {}
-        for name, entry in r.mapping("graphs").items():
-            g = _Reader(where, entry, f"graphs.{name}")
-            try:
-                spec = GraphSpec.from_dict(g.mapping("signature"))
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise BundleError(f"{where}: malformed signature of the {name} graph ({type(e).__name__}: {e})"
-                                  ) from None
-            graphs[name] = GraphEntry(g.text("file"), spec)
-        missing = [g for g in GRAPHS if g not in graphs]
-        if missing:
-            raise BundleError(f"{where}: no {', '.join(missing)} graph; re-export the bundle")
-        try:
-            kv = cache_dtype(graphs[DECODER].signature)
-        except StopIteration:
-            raise BundleError(f"{where}: the decoder graph's signature has no K/V cache input") from None
-        expected = signature_for(config.to_dict(), kv, attention=layer is not None)
-        unknown = [g for g in graphs if g not in expected]
-        if unknown:
-            raise BundleError(f"{where}: unknown graphs {unknown}; known: {list(expected)}")
-        for name, entry in graphs.items():
-            if entry.signature != expected[name]:
-                raise BundleError(f"{where}: the {name} graph's signature is not the one its config implies")
+        graphs = _read_graphs(r, where, config, layer)
         table = r.mapping("output_table", optional=True)
         if (RESTRICTED in graphs) != bool(table):
             raise BundleError(f"{where}: the {RESTRICTED} graph and output_table go together")
         tokenizer = r.mapping("tokenizer", optional=True)
-        tok = None
-        if tokenizer is not None:
-            t = _Reader(where, tokenizer, "tokenizer")
-            notes = t.sequence("notes")
-            if not all(isinstance(n, str) for n in notes):
-                raise t.fail("notes", "a list of strings")
-            tok = TokenizerEntry(t.text("file"), tuple(notes))
+        tok = TokenizerEntry.from_json(tokenizer, where) if tokenizer is not None else None
         shared = [SharedWeight.from_json(w, where, f"shared_weights[{i}]", graphs)
                   for i, w in enumerate(r.sequence("shared_weights"))]
         engines = {k: EngineEntry.from_json(e, where, f"engines.{k}") for k, e in r.mapping("engines").items()}
-        generation = r.mapping("generation", optional=True) or {}
-        for key in GENERATION_INTS:
-            v = generation.get(key)
-            hi = config.tgt_vocab_size - 1 if key == "forced_bos_token_id" else MAX_DIM
-            if v is not None and not (is_int(v) and 0 <= v <= hi):
-                raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
-                                  f"{_show(v)}")
+        generation = _read_generation(r, where, config)
         manifest = cls(
             precision=precision, opset=r.integer("opset", 7, 99), config=config, graphs=graphs,
             reference_dir=_Reader(where, r.mapping("reference"), "reference").text("dir"),
@@ -394,3 +359,57 @@ def not_ours(directory: Path) -> str | None:
         return (f"is a bundle holding files xform did not write ({', '.join(foreign[:4])}"
                 f"{', ...' if len(foreign) > 4 else ''})")
     return None
+
+
+def _check_version(data: Any, where: str) -> None:
+    """An xform manifest of the version this xform reads, or a message saying what to do."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BundleError(f"{where}: not an xform manifest (expected \"format\": \"{FORMAT}\")")
+    version = data.get("version")
+    if is_int(version) and version in OLD_VERSIONS:
+        raise BundleError(f"{where}: manifest version {version}, exported by an earlier xform whose decoder graph "
+                          f"{OLD_VERSIONS[version]} and needs version {VERSION}: re-export it "
+                          "(xform export ... --force)")
+    if not is_int(version) or version != VERSION:
+        raise BundleError(f"{where}: manifest version {version!r} is not one this xform knows [{VERSION}]; "
+                          "re-export the bundle or upgrade xform")
+
+
+def _read_graphs(r: "_Reader", where: str, config: TransformerConfig, layer: int | None) -> dict[str, GraphEntry]:
+    """The graphs, each signature the one the config implies."""
+    graphs = {}
+    for name, entry in r.mapping("graphs").items():
+        g = _Reader(where, entry, f"graphs.{name}")
+        try:
+            spec = GraphSpec.from_dict(g.mapping("signature"))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BundleError(f"{where}: malformed signature of the {name} graph ({type(e).__name__}: {e})"
+                              ) from None
+        graphs[name] = GraphEntry(g.text("file"), spec)
+    missing = [g for g in GRAPHS if g not in graphs]
+    if missing:
+        raise BundleError(f"{where}: no {', '.join(missing)} graph; re-export the bundle")
+    try:
+        kv = cache_dtype(graphs[DECODER].signature)
+    except StopIteration:
+        raise BundleError(f"{where}: the decoder graph's signature has no K/V cache input") from None
+    expected = signature_for(config.to_dict(), kv, attention=layer is not None)
+    unknown = [g for g in graphs if g not in expected]
+    if unknown:
+        raise BundleError(f"{where}: unknown graphs {unknown}; known: {list(expected)}")
+    for name, entry in graphs.items():
+        if entry.signature != expected[name]:
+            raise BundleError(f"{where}: the {name} graph's signature is not the one its config implies")
+    return graphs
+
+
+def _read_generation(r: "_Reader", where: str, config: TransformerConfig) -> dict[str, Any]:
+    """The decoding defaults, their token ids within the vocabulary."""
+    generation = r.mapping("generation", optional=True) or {}
+    for key in GENERATION_INTS:
+        v = generation.get(key)
+        hi = config.tgt_vocab_size - 1 if key == "forced_bos_token_id" else MAX_DIM
+        if v is not None and not (is_int(v) and 0 <= v <= hi):
+            raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
+                              f"{_show(v)}")
+    return generation

@@ -240,17 +240,8 @@ def remove_unreferenced_engines(engine_dir: Path, manifest: Manifest) -> None:
             p.unlink(missing_ok=True)
 
 
-def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
-                  options: BuildOptions | None = None, force: bool = False,
-                  progress: Callable[[str, str, int, int], None] | None = None,
-                  **range_flags) -> dict[str, EngineEntry]:
-    """Build the encoder and decoder engines of a bundle and record them in its manifest."""
-    bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
-    if bundle.precision == "int8":
-        raise XformError(f"{bundle.path}: an int8 bundle holds ONNX Runtime's dynamic quantization, which TensorRT "
-                         "does not build; build engines from an fp32 or fp16 export (xform export --precision fp16)")
-    trt, flavor = import_tensorrt(flavor)
-    options = options or BuildOptions()
+def check_build(options: BuildOptions, flavor: str) -> dict | None:
+    """The build options checked against what they may be and this machine; its GPU, if any."""
     if not 0 <= options.builder_optimization_level <= 5:
         raise XformError(f"--builder-opt-level {options.builder_optimization_level}: expected 0 to 5")
     if options.workspace_mib < 1:
@@ -262,6 +253,30 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
             "(pip install tensorrt-rtx), which builds ahead of time without a GPU")
     if options.timing_cache is not None and flavor != "tensorrt":
         log.warning("--timing-cache: %s has no timing cache (its timing cache calls are no-ops); ignored", flavor)
+    return gpu
+
+
+def engine_target(gpu: dict | None, flavor: str) -> dict:
+    """What the engines run on: TensorRT's the GPU they were built on, TensorRT-RTX's any RTX GPU."""
+    if gpu and flavor == "tensorrt":
+        return {"gpu": gpu["name"], "compute_capability": gpu["compute_capability"]}
+    return {"gpu": gpu["name"] if gpu else None,
+            "compute_capability": "portable (TensorRT-RTX ahead-of-time default: every supported "
+                                  "RTX GPU of compute capability 8.0 or newer)"}
+
+
+def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
+                  options: BuildOptions | None = None, force: bool = False,
+                  progress: Callable[[str, str, int, int], None] | None = None,
+                  **range_flags) -> dict[str, EngineEntry]:
+    """Build the encoder and decoder engines of a bundle and record them in its manifest."""
+    bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
+    if bundle.precision == "int8":
+        raise XformError(f"{bundle.path}: an int8 bundle holds ONNX Runtime's dynamic quantization, which TensorRT "
+                         "does not build; build engines from an fp32 or fp16 export (xform export --precision fp16)")
+    trt, flavor = import_tensorrt(flavor)
+    options = options or BuildOptions()
+    gpu = check_build(options, flavor)
     ranges = ranges or profile_ranges(bundle.config, **range_flags)
     engine_dir = bundle.path / ENGINE_DIR
     # the candidates graph runs on ONNX Runtime only: its TopK width is a runtime input, which
@@ -276,10 +291,7 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
         cb = (lambda phase, done, total, g=graph: progress(g, phase, done, total)) if progress else None
         built[graph] = build_engine(trt, bundle.graph_file(graph), bundle.graph_spec(graph),
                                     ranges.for_graph(graph), options, flavor, cb)
-    target = ({"gpu": gpu["name"], "compute_capability": gpu["compute_capability"]} if gpu and flavor == "tensorrt"
-              else {"gpu": gpu["name"] if gpu else None,
-                    "compute_capability": "portable (TensorRT-RTX ahead-of-time default: every supported "
-                                          "RTX GPU of compute capability 8.0 or newer)"})
+    target = engine_target(gpu, flavor)
     engine_dir.mkdir(exist_ok=True)
     manifest = bundle.manifest
     # A new engine gets a new file name (its content hash), so the manifest on disk always names

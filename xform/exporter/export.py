@@ -177,6 +177,58 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18)."""
     out = Path(out)
+    opset, versions = export_options(precision, opset, exporter, judge, sample_file)
+    inputs = [("MODEL", model_ref)] if Path(model_ref).exists() else []
+    inputs += [("--src-vocab", vocab.src), ("--tgt-vocab", vocab.tgt)] if vocab is not None else []
+    if sample_file is not None:
+        if not Path(sample_file).is_file():
+            raise XformError(f"--sample-file {sample_file}: no such file")
+        inputs.append(("--sample-file", sample_file))
+    check_target(out, force, "bundle", not_ours, inputs)  # before any work, and nothing of theirs is touched
+    progress("loading model")
+    loaded, notes = with_vocab(loaded or resolve_model(model_ref, arch, hparams), vocab, model_ref)
+    model, cfg = loaded.model.eval(), loaded.model.cfg
+    generation = generation_defaults(loaded, max_new_tokens)
+    attention_layer = decoder_layer(attention_layer, cfg.n_decoder_layers)
+    specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
+    tol = tolerance_for(precision)
+    # the fused beam step after the decoder: its weights are the decoder's bytes (beam_graph.py)
+    graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
+    with atomic_directory(out, force, not_ours) as tmp:
+        graph_model = to_fp16(model) if precision == "fp16" else model
+        for graph in graphs:
+            progress(f"exporting {graph} ({precision})")
+            write_graph(graph_model, graph, specs[graph], tmp, precision, opset,
+                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter)
+        write_files(tmp, model, loaded, vocab_map)
+        manifest = Manifest(
+            precision=precision, opset=opset, precision_plan=PRECISION_PLANS[precision], config=cfg,
+            source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
+            output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
+            # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
+            attention_layer=attention_layer, reference_dir=REFERENCE_DIR,
+            # decoding defaults of run / translate / generate; greedy unless the model ships others
+            generation=generation,
+            tokenizer=TokenizerEntry("tokenizer.json", tuple(notes)) if loaded.tokenizer is not None else None,
+            tolerance=tolerance_record(tol), versions=versions)
+        manifest.write(tmp)
+        progress("verifying against eager PyTorch on onnxruntime")
+        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge)
+        c = manifest.verification["check"]
+        manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} ({c['batch']} sources)"
+                                           if sample_file else UNJUDGED if not judge else "random sources"
+                                           + (" (gross breakage only)" if precision != "fp32" else ""))
+        manifest.write(tmp)
+    log.info("exported %s", out)
+    return ExportResult(out, manifest)
+
+
+UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
+
+
+def export_options(precision: str, opset: int | None, exporter: str, judge: bool,
+                   sample_file: Path | None) -> tuple[int, dict]:
+    """The flags checked before any work: the opset to write and the versions to record."""
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
     if not judge and (precision == "fp32" or sample_file is not None):
@@ -199,92 +251,80 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             raise XformError("--exporter dynamo needs onnxscript: pip install 'xform[dynamo]' "
                              "(or pip install onnxscript)") from None
         versions["onnxscript"] = onnxscript.__version__
-    inputs = [("MODEL", model_ref)] if Path(model_ref).exists() else []
-    inputs += [("--src-vocab", vocab.src), ("--tgt-vocab", vocab.tgt)] if vocab is not None else []
-    if sample_file is not None:
-        if not Path(sample_file).is_file():
-            raise XformError(f"--sample-file {sample_file}: no such file")
-        inputs.append(("--sample-file", sample_file))
-    check_target(out, force, "bundle", not_ours, inputs)  # before any work, and nothing of theirs is touched
-    progress("loading model")
-    loaded = loaded or resolve_model(model_ref, arch, hparams)
-    model, cfg = loaded.model.eval(), loaded.model.cfg
+    return opset, versions
+
+
+def with_vocab(loaded: LoadedModel, vocab: VocabFiles | None, model_ref) -> tuple[LoadedModel, list]:
+    """The model with the tokenizer of --src-vocab / --tgt-vocab (a model without its own), and
+    the notes the manifest keeps about it."""
+    if vocab is None:
+        return loaded, []
+    if loaded.tokenizer is not None:
+        raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models "
+                         "without one")
+    tokenizer, files, notes = vocab_tokenizer(vocab, loaded.model.cfg.to_dict())
+    return dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files), notes
+
+
+def generation_defaults(loaded: LoadedModel, max_new_tokens: int | None) -> dict:
+    """The decoding defaults the bundle records: the model's (greedy when it ships none), with
+    --max-new-tokens."""
     generation = dict(loaded.generation or {"num_beams": 1, "source": "xform default (greedy)"})
     if max_new_tokens is not None:
-        if not 1 <= max_new_tokens <= cfg.max_len:
-            raise XformError(f"--max-new-tokens {max_new_tokens}: expected 1 to the model's max_len {cfg.max_len}")
+        max_len = loaded.model.cfg.max_len
+        if not 1 <= max_new_tokens <= max_len:
+            raise XformError(f"--max-new-tokens {max_new_tokens}: expected 1 to the model's max_len {max_len}")
         generation["max_new_tokens"] = max_new_tokens
-    if vocab is not None:
-        if loaded.tokenizer is not None:
-            raise XformError(f"{model_ref}: has its own tokenizer; --src-vocab / --tgt-vocab are for models "
-                             "without one")
-        tokenizer, files, notes = vocab_tokenizer(vocab, cfg.to_dict())
-        loaded = dataclasses.replace(loaded, tokenizer=tokenizer, tokenizer_files=files)
+    return generation
+
+
+def decoder_layer(attention_layer: int | None, n: int) -> int | None:
+    """--attention-layer as a layer index (negative counts from the last)."""
+    if attention_layer is None:
+        return None
+    if not -n <= attention_layer < n:
+        raise XformError(f"--attention-layer {attention_layer}: this model has {n} decoder layers "
+                         f"(0 to {n - 1}, or -1 for the last)")
+    return attention_layer % n
+
+
+def write_graph(graph_model, graph: str, spec, tmp: Path, precision: str, opset: int, layer: int | None,
+                exporter: str) -> None:
+    """One graph into the bundle being written: exported (int8: then quantized), checked."""
+    if precision == "int8" and graph not in WEIGHTLESS:
+        export_graph(graph_model, graph, spec, tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
+        quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
     else:
-        notes = []
-    if attention_layer is not None:
-        n = cfg.n_decoder_layers
-        if not -n <= attention_layer < n:
-            raise XformError(f"--attention-layer {attention_layer}: this model has {n} decoder layers "
-                             f"(0 to {n - 1}, or -1 for the last)")
-        attention_layer %= n
-    graph_model = to_fp16(model) if precision == "fp16" else model
-    specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
-    tol = tolerance_for(precision)
-    # the fused beam step after the decoder: its weights are the decoder's bytes (beam_graph.py)
-    graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
-    with atomic_directory(out, force, not_ours) as tmp:
-        for graph in graphs:
-            progress(f"exporting {graph} ({precision})")
-            layer = attention_layer if graph in (DECODER, DECODER_BEAM) else None
-            if precision == "int8" and graph not in WEIGHTLESS:
-                export_graph(graph_model, graph, specs[graph], tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
-                quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
-            else:
-                export_graph(graph_model, graph, specs[graph], tmp / f"{graph}.onnx", opset, layer, exporter)
-            if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
-                share_decoder_data(tmp / f"{graph}.onnx", tmp / f"{DECODER}.onnx")
-            check_graph(tmp / f"{graph}.onnx")
-        if vocab_map:  # the rows the restricted decoder's projection takes, gathered per batch
-            from safetensors.numpy import save_file
-            weight, bias = model.output_table()
-            save_file({"weight": weight.numpy(), "bias": bias.numpy()}, str(tmp / OUTPUT_TABLE))
-        save_checkpoint(model, tmp / REFERENCE_DIR)
-        if loaded.tokenizer is not None:
-            (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
-            if loaded.tokenizer_files:
-                (tmp / "tokenizer").mkdir()
-                for f, name in loaded.tokenizer_files:
-                    shutil.copyfile(f, tmp / "tokenizer" / name)
-        manifest = Manifest(
-            precision=precision, opset=opset, precision_plan=PRECISION_PLANS[precision], config=cfg,
-            source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
-            output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
-            # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
-            attention_layer=attention_layer, reference_dir=REFERENCE_DIR,
-            # decoding defaults of run / translate / generate; greedy unless the model ships others
-            generation=generation,
-            tokenizer=TokenizerEntry("tokenizer.json", tuple(notes)) if loaded.tokenizer is not None else None,
-            tolerance={"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
-                       "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
-                       "judged_by": "decodes" if tol.by_decodes else "logits",
-                       **({"min_decode_agreement": tol.min_decode_agreement,
-                           "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
-                       "reason": tol.reason},
-            versions=versions)
-        manifest.write(tmp)
-        progress("verifying against eager PyTorch on onnxruntime")
-        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge)
-        c = manifest.verification["check"]
-        manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} ({c['batch']} sources)"
-                                           if sample_file else UNJUDGED if not judge else "random sources"
-                                           + (" (gross breakage only)" if precision != "fp32" else ""))
-        manifest.write(tmp)
-    log.info("exported %s", out)
-    return ExportResult(out, manifest)
+        export_graph(graph_model, graph, spec, tmp / f"{graph}.onnx", opset, layer, exporter)
+    if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
+        share_decoder_data(tmp / f"{graph}.onnx", tmp / f"{DECODER}.onnx")
+    check_graph(tmp / f"{graph}.onnx")
 
 
-UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
+def write_files(tmp: Path, model, loaded: LoadedModel, vocab_map: bool) -> None:
+    """The bundle's files beside its graphs: the output table (--with-vocab-map), the reference
+    weights, the tokenizer."""
+    if vocab_map:  # the rows the restricted decoder's projection takes, gathered per batch
+        from safetensors.numpy import save_file
+        weight, bias = model.output_table()
+        save_file({"weight": weight.numpy(), "bias": bias.numpy()}, str(tmp / OUTPUT_TABLE))
+    save_checkpoint(model, tmp / REFERENCE_DIR)
+    if loaded.tokenizer is not None:
+        (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
+        if loaded.tokenizer_files:
+            (tmp / "tokenizer").mkdir()
+            for f, name in loaded.tokenizer_files:
+                shutil.copyfile(f, tmp / "tokenizer" / name)
+
+
+def tolerance_record(tol) -> dict:
+    """The manifest's record of the tolerance the export was judged by."""
+    return {"atol": tol.atol, "rtol": tol.rtol, "min_token_agreement": tol.min_token_agreement,
+            "beam_score_atol": tol.score_atol, "beam_score_rtol": tol.score_rtol,
+            "judged_by": "decodes" if tol.by_decodes else "logits",
+            **({"min_decode_agreement": tol.min_decode_agreement,
+                "max_logprob_drop": tol.max_logprob_drop} if tol.by_decodes else {}),
+            "reason": tol.reason}
 
 
 def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, judge: bool = True) -> dict:

@@ -123,22 +123,26 @@ def verify_graphs(model: Seq2SeqTransformer, sessions: dict, specs: dict[str, Gr
                 f"{where}, {len(subset)} of {cfg.tgt_vocab_size} ids")
     figures["decoder_mixed_positions_max_abs_err"] = verify_mixed_positions(
         model, sessions[DECODER], specs[DECODER], tol, enc_in, cross, enc_ref[-1], attention_layer)
-    # beam search's cache reorder: rows permuted, one continued twice, one dropped
-    n = cache[0].shape[0]
-    beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
-    beam_idx[-1] = beam_idx[0]
-    feeds = {t.name: v for t, v in zip(specs[REORDER].inputs, (beam_idx, *[
-        x.numpy().astype(specs[REORDER].inputs[1].dtype) for x in cache]))}  # the last past_len's cache
-    got = sessions[REORDER].run(None, feeds)
-    want = [x[beam_idx] for x in list(feeds.values())[1:]]
-    if not all(np.array_equal(g, w) for g, w in zip(got, want)):
-        raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
-    figures["reorder_exact"] = True
+    figures["reorder_exact"] = verify_reorder(sessions[REORDER], specs[REORDER], cache)  # the last past_len's
     figures["candidates_max_abs_err"] = verify_candidates(model, sessions[CANDIDATES], specs[CANDIDATES], tol)
     if DECODER_BEAM in sessions:
         figures["decoder_beam_max_abs_err"] = verify_beam_step(
             model, sessions[DECODER_BEAM], specs[DECODER_BEAM], tol, enc_in, cross, enc_ref[-1], attention_layer)
     return figures
+
+
+def verify_reorder(session, spec: GraphSpec, cache: list[torch.Tensor]) -> bool:
+    """Beam search's cache reorder: rows permuted, one continued twice, one dropped; exactly."""
+    n = cache[0].shape[0]
+    beam_idx = np.array([(2 * i + 1) % n for i in range(n - 1)], np.int64)
+    beam_idx[-1] = beam_idx[0]
+    feeds = {t.name: v for t, v in zip(spec.inputs, (beam_idx, *[x.numpy().astype(spec.inputs[1].dtype)
+                                                                  for x in cache]))}
+    got = session.run(None, feeds)
+    want = [x[beam_idx] for x in list(feeds.values())[1:]]
+    if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+        raise ToleranceError("the reorder graph does not gather the cache by beam_idx on onnxruntime")
+    return True
 
 
 def verify_mixed_positions(model: Seq2SeqTransformer, session, spec: GraphSpec, tol: Tolerance, enc_in, cross,
