@@ -134,6 +134,16 @@ class TransformerConfig:
         elif head is None and "d_model" in ok and "n_heads" in ok and ok["d_model"] % ok["n_heads"]:
             p.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
                      "unless attention_head_dim is given")
+        p += self.position_problems(ok) + self.kind_problems()
+        if self.share_embeddings is True and self.src_vocab_size != self.tgt_vocab_size:
+            p.append("share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                     f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+        p += self.id_problems(ok)
+        return p
+
+    def position_problems(self, ok: dict[str, int]) -> list[str]:
+        """The positions' kind and, for relative positions, the buckets and their distance."""
+        p: list[str] = []
         if self.positions not in POSITIONS:
             p.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         elif self.positions.startswith("sinusoidal") and "d_model" in ok and ok["d_model"] % 2:
@@ -146,6 +156,11 @@ class TransformerConfig:
                 # the bucketing divides by log(max_distance / (buckets // 2)) (causal): it must be > 0
                 p.append(f"relative_attention_max_distance is {distance!r}, expected an integer in "
                          f"[{buckets // 2 + 1}, {1 << 20}] (more than half the buckets)")
+        return p
+
+    def kind_problems(self) -> list[str]:
+        """The enumerated choices, the flags and the two floats."""
+        p: list[str] = []
         if self.norm_kind not in NORM_KINDS:
             p.append(f"norm_kind must be one of {NORM_KINDS}, got {self.norm_kind!r}")
         if self.activation not in ACTIVATIONS:
@@ -167,9 +182,11 @@ class TransformerConfig:
         drop = self.dropout
         if not (isinstance(drop, (int, float)) and not isinstance(drop, bool) and 0.0 <= drop < 1.0):
             p.append(f"dropout must be in [0, 1), got {drop!r}")
-        if self.share_embeddings is True and self.src_vocab_size != self.tgt_vocab_size:
-            p.append("share_embeddings needs src_vocab_size == tgt_vocab_size, got "
-                     f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+        return p
+
+    def id_problems(self, ok: dict[str, int]) -> list[str]:
+        """The special ids within the vocabularies, the banned ids, eos and pad apart."""
+        p: list[str] = []
         tgt, src = ok.get("tgt_vocab_size"), ok.get("src_vocab_size")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
                "decoder_start_id": self.start_id}
