@@ -391,8 +391,30 @@ class BeamSearch:
             self.running_attn = np.take_along_axis(top_seq_attn, nxt[:, :, None, None], 1)
         parent = np.take_along_axis(top_beam, nxt, 1)
         # the finished hypotheses: merge the new ones (of the top k) by length-penalized score
-        just = hits & self.top_mask[None, :]
         length = np.maximum(t + 1, 1)
+        self.merge_finished(top_lp, top_seq, top_seq_tok if self.want_scores else None,
+                            top_seq_attn if attention is not None else None, hits, length)
+        self.improvable &= self.can_improve(length, t) | ~free
+        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
+        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them,
+        # or it reached its length limit
+        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
+                  | last[:, 0])
+        if frozen.all() or hits.all():
+            return None, None
+        beam_idx = np.arange(B)[:, None] * k + parent  # (B, k): the row each next row continues
+        tokens = self.running[:, :, step]
+        if frozen.any():
+            self.retire(frozen)
+            beam_idx, tokens = beam_idx[~frozen], tokens[~frozen]
+        return tokens.reshape(-1), beam_idx.reshape(-1)
+
+    def merge_finished(self, top_lp: np.ndarray, top_seq: np.ndarray, top_seq_tok: np.ndarray | None,
+                       top_seq_attn: np.ndarray | None, hits: np.ndarray, length: np.ndarray) -> None:
+        """The hypotheses that ended this step (of the top k candidates) merged into the finished
+        ones by length-penalized score; none while a source's search may not take more."""
+        B, k, K, gen = len(self.sources), self.k, self.K, self.gen
+        just = hits & self.top_mask[None, :]
         fin_lp = (top_lp / (length ** gen.length_penalty).astype(np.float32)).astype(np.float32)
         full = self.finished.all(axis=1, keepdims=True) & (gen.early_stopping is True)
         fin_lp = fin_lp + full.astype(np.float32) * NEG
@@ -407,32 +429,23 @@ class BeamSearch:
         self.scores = np.take_along_axis(m_scores, keep, 1)
         self.lengths = np.take_along_axis(m_len, keep, 1)
         self.finished = np.take_along_axis(m_fin, keep, 1)
-        if self.want_scores:
+        if top_seq_tok is not None:
             self.seqs_tok = np.take_along_axis(np.concatenate([self.seqs_tok, top_seq_tok], 1), keep[:, :, None], 1)
-        if attention is not None:
+        if top_seq_attn is not None:
             self.seqs_attn = np.take_along_axis(np.concatenate([self.seqs_attn, top_seq_attn], 1),
                                                 keep[:, :, None, None], 1)
-        # can a running beam still beat the worst finished one?
+
+    def can_improve(self, length: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """(B, 1): whether a running beam can still beat the worst finished hypothesis
+        (transformers' is_early_stop_heuristic_unsatisfied)."""
+        gen = self.gen
         if gen.early_stopping == "never" and gen.length_penalty > 0.0:
             best_len = np.full_like(t, gen.max_new_tokens)
         else:
             best_len = length
         best_running = self.running_scores[:, :1] / (best_len ** gen.length_penalty).astype(np.float32)
         worst = np.where(self.finished, self.scores.min(axis=1, keepdims=True), NEG)
-        self.improvable &= (best_running > worst).any(axis=1, keepdims=True) | ~free
-        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
-        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them,
-        # or it reached its length limit
-        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
-                  | last[:, 0])
-        if frozen.all() or hits.all():
-            return None, None
-        beam_idx = np.arange(B)[:, None] * k + parent  # (B, k): the row each next row continues
-        tokens = self.running[:, :, step]
-        if frozen.any():
-            self.retire(frozen)
-            beam_idx, tokens = beam_idx[~frozen], tokens[~frozen]
-        return tokens.reshape(-1), beam_idx.reshape(-1)
+        return np.asarray((best_running > worst).any(axis=1, keepdims=True))
 
     def retire(self, which: np.ndarray) -> None:
         """Store the sources `which` (of those still searched) in the result; keep searching the others."""
