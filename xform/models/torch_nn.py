@@ -114,6 +114,31 @@ def describe(state: dict[str, torch.Tensor], keys) -> str:
     return ", ".join(f"{k} {tuple(state[k].shape)}" for k in keys)
 
 
+def position_tables(state: dict[str, torch.Tensor], keys: list[str], d: int, source: str) -> list[str]:
+    """The position table (or one a side, source first) among `keys`: a (max_len, d) buffer or
+    parameter with 'pos' in its name, or of shape (max_len, 1, d) / (1, max_len, d)."""
+    def is_pos(k):
+        t = state[k]
+        return t.shape[-1] == d and ("pos" in k.lower() or k.rsplit(".", 1)[-1] in ("pe", "P")
+                                     or (t.dim() == 3 and 1 in t.shape[:2]))
+
+    cands = [k for k in keys if is_pos(k)]
+    if not cands:
+        raise CheckpointError(f"{source}: no position table found (a buffer or parameter with 'pos' in its name, "
+                              "or "
+                              f"of shape (max_len, 1, {d}) / (1, max_len, {d})); name it with --positions KEY, or "
+                              "pass --positions sinusoidal if your code computes the paper's sinusoids unsaved")
+    if len(cands) > 2:
+        raise CheckpointError(f"{source}: several position tables: {describe(state, cands)}; "
+                              "name the one to use with --positions KEY")
+    if len(cands) == 2:  # one per side: source first
+        cands.sort(key=lambda k: (not SRC_HINT.search(k), k))
+        if not SRC_HINT.search(cands[0]) or not TGT_HINT.search(cands[1]):
+            raise CheckpointError(f"{source}: two position tables and no src / tgt in their names tell which is "
+                                  f"which: {describe(state, cands)}; name one with --positions KEY")
+    return cands
+
+
 def find_roles(state: dict[str, torch.Tensor], rest: list[str], d: int, opts: dict[str, Any],
                source: str) -> dict[str, Any]:
     """Which of the keys outside the stacks are the embeddings, the output Linear and positions."""
@@ -127,28 +152,9 @@ def find_roles(state: dict[str, torch.Tensor], rest: list[str], d: int, opts: di
         roles["pos"] = [module_key(state, pos_ref, "--positions", source)]
     taken = set(v for r, v in roles.items() if r != "pos") | set(roles.get("pos", []))
 
-    def is_pos(k):
-        t = state[k]
-        return t.shape[-1] == d and ("pos" in k.lower() or k.rsplit(".", 1)[-1] in ("pe", "P")
-                                     or (t.dim() == 3 and 1 in t.shape[:2]))
-
     if "pos" not in roles and pos_ref != "sinusoidal":
-        cands = [k for k in rest if k not in taken and is_pos(k)]
-        if not cands:
-            raise CheckpointError(f"{source}: no position table found (a buffer or parameter with 'pos' in its name, "
-                                  "or "
-                                  f"of shape (max_len, 1, {d}) / (1, max_len, {d})); name it with --positions KEY, or "
-                                  "pass --positions sinusoidal if your code computes the paper's sinusoids unsaved")
-        if len(cands) > 2:
-            raise CheckpointError(f"{source}: several position tables: {describe(state, cands)}; "
-                                  "name the one to use with --positions KEY")
-        if len(cands) == 2:  # one per side: source first
-            cands.sort(key=lambda k: (not SRC_HINT.search(k), k))
-            if not SRC_HINT.search(cands[0]) or not TGT_HINT.search(cands[1]):
-                raise CheckpointError(f"{source}: two position tables and no src / tgt in their names tell which is "
-                                      f"which: {describe(state, cands)}; name one with --positions KEY")
-        roles["pos"] = cands
-        taken |= set(cands)
+        roles["pos"] = position_tables(state, [k for k in rest if k not in taken], d, source)
+        taken |= set(roles["pos"])
     tables = [k for k in rest if k not in taken and state[k].dim() == 2 and state[k].shape[1] == d
               and k.endswith("weight")]
     if "gen" not in roles:
