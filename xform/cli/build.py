@@ -124,6 +124,15 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
                                judge=not no_judgement,
                                progress=lambda msg: status.update(msg))
+    print_export(result, precision, exporter)
+    print_text_report(result.path, result.manifest)
+    cap, why = decode_cap_of(result.manifest)
+    out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {why}. Change it with "
+              "xform export --max-new-tokens N, or per run with xform run --max-new-tokens N")
+
+
+def print_export(result, precision: str, exporter: str) -> None:
+    """What was exported, what was assumed, and how it verified."""
     v = result.manifest.verification or {}
     c = v["check"]
     source = result.manifest.source
@@ -146,10 +155,6 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                  if c.get("bleu_vs_eager") is not None else "")
               + f"; judged on {result.manifest.tolerance.get('judged_on', 'random sources')}"
               + ("; greedy tokens identical to the uncached reference" if v.get("greedy_tokens_identical") else ""))
-    print_text_report(result.path, result.manifest)
-    cap, why = decode_cap_of(result.manifest)
-    out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {why}. Change it with "
-              "xform export --max-new-tokens N, or per run with xform run --max-new-tokens N")
 
 
 @main.command("build-engine")
