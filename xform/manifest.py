@@ -113,7 +113,7 @@ class GraphEntry:
 @dataclass(frozen=True)
 class SharedWeight:
     """An initializer several graphs hold with the same bytes: a region of one bundle file the
-    runtime maps once (ort_backend.SharedWeight). `graphs`: graph -> initializer name."""
+    runtime maps once (ort_files.SharedWeight). `graphs`: graph -> initializer name."""
     file: str
     offset: int
     dtype: str

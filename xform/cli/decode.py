@@ -281,30 +281,10 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     flags say otherwise."""
     import xform
     import xform.api
-    from xform.errors import InputError
 
-    if input_file is not None and str(input_file) != "-":
-        check_readable("--input-file", input_file)
+    check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
+                    output, echo, check, benchmark)
     scores = "tokens" if token_scores else scores
-    if scores and not (texts or input_file):
-        raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
-                               "(the translations it scores)")
-    if target_prefixes and len(target_prefixes) != len(texts):
-        raise click.UsageError(f"--target-prefix is given {len(target_prefixes)} times for {len(texts)} --text: give "
-                               "one per --text ('' for none)")
-    if prefix_column and input_file is None:
-        raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
-    if replace_unknowns and not (texts or input_file):
-        raise click.UsageError("--replace-unknowns goes with --text / --input-file")
-    if output is not None and not (texts or input_file):
-        raise click.UsageError("--output writes the translations of --text / --input-file: give one")
-    if echo and output is None:
-        raise click.UsageError("--echo goes with --output (without it, stdout gets the translations)")
-    if output is not None and input_file is not None and str(input_file) != "-" and (
-            output.resolve() == input_file.resolve()):
-        raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
-    if not (texts or input_file or check or benchmark):
-        raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
     json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
                    *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
     if json_path is not None:
@@ -313,33 +293,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
     warn_unjudged(session)
-    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
-        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
-    if (src_lang or tgt_lang) and session.tokenizer is None:
-        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
-                               "languages (give --forced-bos-id for the target language's token id)")
-    if texts or input_file or src_lang or tgt_lang:
-        try:
-            if settings.get("forced_bos_token_id") is None and session.tokenizer is not None:
-                settings["forced_bos_token_id"] = session.target_language(tgt_lang)
-            if src_lang is not None:
-                session.check_src_lang(src_lang)
-        except InputError as e:
-            raise click.UsageError(str(e)) from None
-    if replace_unknowns:
-        try:
-            session.check_replace_unknowns()
-        except InputError as e:
-            raise click.UsageError(f"{bundle}: {e}") from None
-    if vocab_map is not None:
-        if not (texts or input_file):
-            raise click.UsageError("--vocab-map goes with --text / --input-file")
-        if not vocab_map.is_file():
-            raise XformError(f"--vocab-map {vocab_map}: no such file")
-        if not getattr(session.backend, "has_restriction", False):
-            raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
-                                   "it with --with-vocab-map and run it with --backend ort")
-        vocab_map = session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+    vocab_map = text_settings(session, bundle, backend, settings, bool(texts or input_file), src_lang, tgt_lang,
+                              replace_unknowns, vocab_map)
     split_bad_words(session, settings)
     gen = checked_generation(session, max_new_tokens, settings)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
@@ -360,35 +315,107 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                       "(their output lines are empty)")
             failed = True
     if check:
-        with err.status("checking against eager PyTorch"):
-            check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
-                                    min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
-            rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
-                              generation=check_gen, src_lang=src_lang)
-        if checked.texts:
-            out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
-                      "--check-lines N for more)" if len(checked.texts) < checked.translated else
-                      f"check on all {checked.translated} translated lines")
-        print_check(rep)
-        report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts),
-                           "lines_translated": checked.translated}
-        failed = failed or not rep.passed
+        failed = not run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report) or failed
     if benchmark:
-        from rich.progress import Progress
-
-        from xform.runtime.bench import benchmark as run_benchmark
-
-        with Progress(console=err, transient=True) as progress:
-            task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
-            res = run_benchmark(session, batch, src_len, new_tokens, warmup, iters,
-                                on_iter=lambda i: progress.advance(task),
-                                generation=gen.updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens))
-        print_bench(res)
-        report["benchmark"] = res.to_dict()
+        report["benchmark"] = run_benchmark(session, backend, gen, batch, src_len, new_tokens, warmup, iters)
     if json_path is not None:
         write_json(json_path, report, force, json_inputs)
     if failed:
         sys.exit(1)
+
+
+def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
+                    output, echo, check, benchmark) -> None:
+    """run's flags that go together, before anything is loaded."""
+    if input_file is not None and str(input_file) != "-":
+        check_readable("--input-file", input_file)
+    if (scores or token_scores) and not (texts or input_file):
+        raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
+                               "(the translations it scores)")
+    if target_prefixes and len(target_prefixes) != len(texts):
+        raise click.UsageError(f"--target-prefix is given {len(target_prefixes)} times for {len(texts)} --text: give "
+                               "one per --text ('' for none)")
+    if prefix_column and input_file is None:
+        raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
+    if replace_unknowns and not (texts or input_file):
+        raise click.UsageError("--replace-unknowns goes with --text / --input-file")
+    if output is not None and not (texts or input_file):
+        raise click.UsageError("--output writes the translations of --text / --input-file: give one")
+    if echo and output is None:
+        raise click.UsageError("--echo goes with --output (without it, stdout gets the translations)")
+    if output is not None and input_file is not None and str(input_file) != "-" and (
+            output.resolve() == input_file.resolve()):
+        raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
+    if not (texts or input_file or check or benchmark):
+        raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
+
+
+def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, src_lang, tgt_lang,
+                  replace_unknowns: bool, vocab_map):
+    """The languages (the target's forced first token into `settings`), replace-unknowns and the
+    vocabulary map checked against the loaded bundle; the map, read."""
+    from xform.errors import InputError
+
+    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
+        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
+    if (src_lang or tgt_lang) and session.tokenizer is None:
+        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
+                               "languages (give --forced-bos-id for the target language's token id)")
+    try:
+        if (has_text or src_lang or tgt_lang) and settings.get("forced_bos_token_id") is None \
+                and session.tokenizer is not None:
+            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+        if src_lang is not None:
+            session.check_src_lang(src_lang)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+    if replace_unknowns:
+        try:
+            session.check_replace_unknowns()
+        except InputError as e:
+            raise click.UsageError(f"{bundle}: {e}") from None
+    if vocab_map is None:
+        return None
+    if not has_text:
+        raise click.UsageError("--vocab-map goes with --text / --input-file")
+    if not vocab_map.is_file():
+        raise XformError(f"--vocab-map {vocab_map}: no such file")
+    if not session.capabilities.restriction:
+        raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
+                               "it with --with-vocab-map and run it with --backend ort")
+    return session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+
+
+def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report: dict) -> bool:
+    """run --check: the translated lines (else sources of its own) against eager PyTorch."""
+    import xform
+
+    with err.status("checking against eager PyTorch"):
+        check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
+                                min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
+        rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
+                          generation=check_gen, src_lang=src_lang)
+    if checked.texts:
+        out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
+                  "--check-lines N for more)" if len(checked.texts) < checked.translated else
+                  f"check on all {checked.translated} translated lines")
+    print_check(rep)
+    report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts), "lines_translated": checked.translated}
+    return rep.passed
+
+
+def run_benchmark(session, backend: str, gen, batch, src_len, new_tokens, warmup, iters) -> dict:
+    """run --benchmark: fixed-length decodes of random sources, timed."""
+    from rich.progress import Progress
+
+    from xform.runtime.bench import benchmark
+
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
+        res = benchmark(session, batch, src_len, new_tokens, warmup, iters, on_iter=lambda i: progress.advance(task),
+                        generation=gen.updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens))
+    print_bench(res)
+    return res.to_dict()
 
 
 @main.command()

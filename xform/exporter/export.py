@@ -178,13 +178,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     `opset` None: the exporter's default (17 / 18)."""
     out = Path(out)
     opset, versions = export_options(precision, opset, exporter, judge, sample_file)
-    inputs = [("MODEL", model_ref)] if Path(model_ref).exists() else []
-    inputs += [("--src-vocab", vocab.src), ("--tgt-vocab", vocab.tgt)] if vocab is not None else []
-    if sample_file is not None:
-        if not Path(sample_file).is_file():
-            raise XformError(f"--sample-file {sample_file}: no such file")
-        inputs.append(("--sample-file", sample_file))
-    check_target(out, force, "bundle", not_ours, inputs)  # before any work, and nothing of theirs is touched
+    # before any work, and nothing of theirs is touched
+    check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
     progress("loading model")
     loaded, notes = with_vocab(loaded or resolve_model(model_ref, arch, hparams), vocab, model_ref)
     model, cfg = loaded.model.eval(), loaded.model.cfg
@@ -252,6 +247,17 @@ def export_options(precision: str, opset: int | None, exporter: str, judge: bool
                              "(or pip install onnxscript)") from None
         versions["onnxscript"] = onnxscript.__version__
     return opset, versions
+
+
+def export_inputs(model_ref, vocab: VocabFiles | None, sample_file: Path | None) -> list[tuple[str, Path]]:
+    """The files the export reads, by flag: the target may not be (or hold) any of them."""
+    inputs = [("MODEL", Path(model_ref))] if Path(model_ref).exists() else []
+    inputs += [("--src-vocab", vocab.src), ("--tgt-vocab", vocab.tgt)] if vocab is not None else []
+    if sample_file is not None:
+        if not Path(sample_file).is_file():
+            raise XformError(f"--sample-file {sample_file}: no such file")
+        inputs.append(("--sample-file", Path(sample_file)))
+    return inputs
 
 
 def with_vocab(loaded: LoadedModel, vocab: VocabFiles | None, model_ref) -> tuple[LoadedModel, list]:

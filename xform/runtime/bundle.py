@@ -69,7 +69,7 @@ class Bundle:
         """Every file against its sha256. Hashing reads the shared weights too: their bytes are
         dropped from the page cache afterwards, so that this process (or another xform on the same
         bundle) does not leave them cached for a running session's lookups to map wholesale
-        (ort_backend.SharedWeight.page_out)."""
+        (ort_files.SharedWeight.page_out)."""
         files = self.manifest.files
         for name in names if names is not None else list(files):
             if name not in files:

@@ -22,7 +22,6 @@ onnxruntime is imported when a backend is made, never at `import xform`; `onnxru
 """
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import numpy as np
@@ -39,36 +38,13 @@ from xform.contract import (
     Capabilities,
     kv_names,
 )
-from xform.errors import BackendUnavailableError, BundleError, InputError, JoinRefused, XformError
-from xform.files import drop_cached
-from xform.manifest import SharedWeight as SharedEntry
+from xform.errors import BundleError, InputError, JoinRefused, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows, grown_capacity
 from xform.runtime.cuda import CudaOps, import_cudart
 from xform.runtime.decoding import log_softmax
-
-
-def import_onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError as e:
-        raise BackendUnavailableError(f"the ort backend needs onnxruntime: pip install onnxruntime ({e})") from None
-    return onnxruntime
-
-
-def providers_for(device: str) -> list[str]:
-    ort = import_onnxruntime()
-    available = ort.get_available_providers()
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if device == "cuda":
-        if "CUDAExecutionProvider" not in available:
-            raise BackendUnavailableError(
-                f"--device cuda needs onnxruntime-gpu with a CUDA GPU; this onnxruntime offers {available}. "
-                "Install it with: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    raise XformError(f"unknown device {device!r}; expected cpu or cuda")
+from xform.runtime.ort_files import SharedWeight, import_onnxruntime, providers_for
 
 
 def session(ort, path, opts, providers):
@@ -515,30 +491,3 @@ def bind_host(binding, kind: str, name: str, array: np.ndarray) -> None:
     """Bind a contiguous numpy array in place (ONNX Runtime reads or writes its memory)."""
     bind = binding.bind_input if kind == "input" else binding.bind_output
     bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-
-
-class SharedWeight:
-    """One manifest `shared_weights` entry (validated by Manifest.from_json and Bundle.validate), mapped read-only from
-    the bundle's file once for every session that holds it."""
-
-    def __init__(self, ort, bundle: Bundle, entry: SharedEntry):
-        self.path = bundle.file(entry.file)
-        self.offset, self.nbytes = entry.offset, entry.nbytes
-        start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
-        with open(self.path, "rb") as f:
-            self.map = mmap.mmap(f.fileno(), self.offset + self.nbytes - start, access=mmap.ACCESS_READ, offset=start)
-        self.array = np.frombuffer(self.map, entry.dtype, offset=self.offset - start,
-                                   count=int(np.prod(entry.shape))).reshape(entry.shape)
-        self.value = ort.OrtValue.ortvalue_from_numpy(self.array)  # the sessions read this memory
-        self.graphs = entry.graphs
-
-    def page_out(self) -> None:
-        """Drop the pages that loading made resident (ONNX Runtime reads a table whole to prepack
-        the output projection from it) and let lookups page in only the rows they touch: no
-        read-ahead, and the file's cached pages of this range evicted so that a fault maps one
-        page, not the 16 around it. Linux only; elsewhere the pages simply stay."""
-        if not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        self.map.madvise(mmap.MADV_DONTNEED)
-        self.map.madvise(mmap.MADV_RANDOM)
-        drop_cached(self.path, self.offset, self.nbytes)

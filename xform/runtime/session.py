@@ -18,6 +18,7 @@ from xform.runtime.backend import Backend, Restricting
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.request import Request, Result
+from xform.runtime.tokenizer import Tokenizer
 from xform.runtime.translator import Translation, Translator
 from xform.runtime.unknowns import word_span
 
@@ -35,7 +36,7 @@ REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "ret
 
 
 class Session:
-    def __init__(self, backend: Backend, config: dict[str, Any], tokenizer=None, bundle=None):
+    def __init__(self, backend: Backend, config: dict[str, Any], tokenizer: Tokenizer | None = None, bundle=None):
         self.backend = backend
         self.config = config
         self.tokenizer = tokenizer
@@ -306,7 +307,7 @@ class Session:
         needed = {self.eos_id, *[i for p in prefix or [] for i in p]}
         if gen.forced_bos_token_id is not None:
             needed.add(gen.forced_bos_token_id)
-        unk = getattr(self.tokenizer, "target_unk_id", None)
+        unk = self.tokenizer.target_unk_id if self.tokenizer is not None else None
         if unk is not None:
             needed.add(unk)
         backend.restrict(np.union1d(ids, np.array(sorted(needed), np.int64)))

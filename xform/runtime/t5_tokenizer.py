@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from xform.errors import BundleError, InputError
-from xform.runtime.tokenizer import clean_up_spaces, join_spm_pieces, load_spm, target_pieces
+from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 
 
-class T5Tokenizer:
+class T5Tokenizer(Tokenizer):
     spm_words = True  # source pieces mark word starts with U+2581
     target_in_source = True  # a target language (MADLAD's <2xx>) is written into the source text
     tgt_lang = None  # no default target language: the text may carry its own <2xx>

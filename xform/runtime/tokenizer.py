@@ -4,13 +4,14 @@ Kind `xform-vocab`: for source and target each, a token list split into characte
 whitespace-separated words, or a sentencepiece model whose ids are the model's. Kind
 `marian-spm`: Marian's sentencepiece models and vocabularies, tokenized as transformers'
 MarianTokenizer does (language-code prefix, pieces, <unk> fallback, end-of-sentence appended).
-Kinds `fairseq-spm` (NLLB, mBART-50, M2M100) and `byte-bpe` (BART): below; `t5` (T5, mT5,
-MADLAD-400): t5_tokenizer.py. sentencepiece and
+Kinds `fairseq-spm` (NLLB, mBART-50, M2M100) and `byte-bpe` (BART): fairseq_tokenizer.py; `t5`
+(T5, mT5, MADLAD-400): t5_tokenizer.py. Every kind keeps the `Tokenizer` contract. sentencepiece and
 tokenizers are imported only for the kinds that use them. No torch.
 """
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,78 @@ def join_spm_pieces(pieces: list[str]) -> str:
 def load_spm(path: Path, source: str):
     """A bundle's sentencepiece model (xform.files.load_spm, naming the tokenizer file that uses it)."""
     return files.load_spm(path, BundleError, f"{source}:")
+
+
+class Tokenizer(ABC):
+    """The contract every kind keeps with the request path (translator.py, unknowns.py): text to
+    source ids, target ids back to text, the pieces unknown-word replacement copies, and the
+    model's languages. The defaults are a one-pair model's; multilingual kinds override them."""
+
+    languages: list[str] = []  # a multilingual model's language tokens; empty for one pair
+    target_in_source = False  # the target language is written into the source (MADLAD's <2xx>)
+    tgt_lang: str | None = None  # the default target language
+    skip: set = set()  # ids left out of decoded text besides pad / eos / bos
+
+    @abstractmethod
+    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        """Source ids of a text, framed as the model was trained; `lang`: the language a
+        multilingual kind needs (`flag` names it in errors)."""
+
+    @abstractmethod
+    def target_ids(self, text: str) -> list[int]:
+        """A text's target ids, nothing added (a prefix, a bad word)."""
+
+    @abstractmethod
+    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
+        """Text of generated ids; `replacements`: text for the unknown tokens at those positions."""
+
+    @abstractmethod
+    def target_vocabulary(self) -> dict[str, int]:
+        """Target token -> id (vocabulary maps name tokens)."""
+
+    @abstractmethod
+    def source_pieces(self, text: str, lang: str | None = None) -> list[str]:
+        """The source's pieces as written in the text, one per source id."""
+
+    @abstractmethod
+    def source_piece(self, i: int) -> str:
+        """A source id's piece, as the vocabulary holds it."""
+
+    @abstractmethod
+    def unknown(self, ids: list[int]) -> tuple[int, int]:
+        """(unknown tokens, tokens) of source ids, for the warning about unknown words."""
+
+    @abstractmethod
+    def describe(self) -> list[str]:
+        """Lines saying how text goes in and out, with a sample."""
+
+    @property
+    def spm_words(self) -> bool:
+        """Whether source pieces mark word starts with U+2581 (a word spans several pieces)."""
+        return False
+
+    @property
+    def target_unk_id(self) -> int | None:
+        """The target's unknown token (None: replace-unknowns has nothing to replace)."""
+        return None
+
+    @property
+    def codes(self) -> list[str]:
+        """The language codes --src-lang / --tgt-lang take."""
+        return []
+
+    def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
+        """The forced first target token of a language."""
+        raise InputError(f"{flag} {code}: this model's tokenizer has no languages")
+
+    def language_token(self, code: str, flag: str = "--tgt-lang") -> str:
+        """The source token that asks for a target language (MADLAD)."""
+        raise InputError(f"{flag} {code}: this model's tokenizer has no languages")
+
+    def no_language(self, lang: str | None, flag: str) -> None:
+        """Refuse a language given to a kind that has none."""
+        if lang is not None:
+            raise InputError(f"{flag} {lang}: this model's tokenizer has no languages")
 
 
 class VocabSide:
@@ -137,7 +210,7 @@ class VocabSide:
         return ("" if self.unit == "char" else " ").join(pieces)
 
 
-class VocabTokenizer:
+class VocabTokenizer(Tokenizer):
     def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
         if data.get("kind") != "xform-vocab":
             raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
@@ -157,7 +230,8 @@ class VocabTokenizer:
         """Whether source pieces mark word starts with U+2581 (a word spans several pieces)."""
         return self.src.unit == "spm"
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        self.no_language(lang, flag)
         return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
 
     def target_ids(self, text: str) -> list[int]:
@@ -183,7 +257,7 @@ class VocabTokenizer:
     def source_piece(self, i: int) -> str:
         return self.src.piece(i)
 
-    def source_pieces(self, text: str) -> list[str]:
+    def source_pieces(self, text: str, lang: str | None = None) -> list[str]:
         """The source text's pieces as written, one per id of encode(text) (framing: empty)."""
         body = self.src.spm.encode(text, out_type=str) if self.src.unit == "spm" else self.src.split(text)
         return [""] * len(self.prefix) + list(body) + [""]
@@ -208,7 +282,7 @@ class VocabTokenizer:
                 f"sample: {sample!r} -> {' '.join(self.src.piece(i) for i in ids)} (ids {' '.join(map(str, ids))})"]
 
 
-class SpmTokenizer:
+class SpmTokenizer(Tokenizer):
     """Marian's tokenizer: sentencepiece pieces mapped through vocab.json (target_vocab.json for
     the target side when the vocabularies are separate)."""
 
@@ -250,7 +324,8 @@ class SpmTokenizer:
         self.unk_id = self.encoder[unk]
         self.special = {config["pad_id"], config["eos_id"], self.unk_id, config.get("decoder_start_id")}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+        self.no_language(lang, flag)
         match = self.LANGUAGE_CODE.match(text)
         code = [match.group(0)] if match else []
         pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)
@@ -276,7 +351,7 @@ class SpmTokenizer:
         """Target piece -> id (a vocabulary map's target tokens)."""
         return {t: i for i, t in self.decoder.items()}
 
-    def source_pieces(self, text: str) -> list[str]:
+    def source_pieces(self, text: str, lang: str | None = None) -> list[str]:
         """The source text's pieces as written, one per id of encode(text) (end-of-sentence: empty)."""
         match = self.LANGUAGE_CODE.match(text)
         code = [match.group(0)] if match else []
@@ -304,133 +379,6 @@ class SpmTokenizer:
                 f"(ids {' '.join(map(str, ids))})"]
 
 
-class FairseqSpmTokenizer:
-    """NLLB's, mBART-50's and M2M100's tokenizers, as transformers' slow classes tokenize:
-    sentencepiece pieces, each mapped to the model's id by fairseq's offset (spm id + 1; spm's
-    unknown to `<unk>`) or through vocab.json (M2M100); the source framed by its language code and
-    end-of-sentence; language codes and the other added tokens by the ids tokenizer_config.json
-    gives them. `encode(text, src_lang)`; `language_id(code)` is the target's forced first token."""
-
-    spm_words = True  # source pieces mark word starts with U+2581
-
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
-        self.cfg = config
-        self.clean = bool(data.get("clean_up_tokenization_spaces"))
-        d = root / "tokenizer"
-        name = data.get("model")
-        if not isinstance(name, str) or Path(name).name != name:
-            raise BundleError(f"{source}: model must name a file in tokenizer/, found {name!r}")
-        self.spm = load_spm(d / name, source)
-        special, languages = data.get("special"), data.get("languages")
-        if not isinstance(special, dict) or not all(
-                isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in special.items()):
-            raise BundleError(f"{source}: special must be an object token -> id")
-        if not isinstance(languages, list) or not all(isinstance(t, str) and t in special for t in languages):
-            raise BundleError(f"{source}: languages must list tokens of special")
-        self.special: dict[str, int] = special
-        self.languages: list[str] = languages  # keys of special: strings
-        unk = data.get("unk_token", "<unk>")
-        unk_id = self.special.get(unk) if isinstance(unk, str) else None
-        if unk_id is None:
-            raise BundleError(f"{source}: no id for the unknown token {data.get('unk_token')!r}")
-        self.unk_id: int = unk_id
-        self.vocab = None
-        if data.get("vocab"):
-            self.vocab = read_json_object(d / data["vocab"], BundleError, "a vocabulary token -> id")
-            self.pieces = {i: t for t, i in self.vocab.items()}
-        self.offset = int(data.get("offset", 1))
-        self.template = data.get("source", ["lang", "text", "eos"])
-        if sorted(self.template) != ["eos", "lang", "text"]:
-            raise BundleError(f"{source}: source must order lang, text and eos, found {self.template!r}")
-        self.src_lang, self.tgt_lang = data.get("src_lang"), data.get("tgt_lang")
-        rows = config["src_vocab_size"]
-        bad = sorted(t for t, i in self.special.items() if not 0 <= i < rows)
-        if bad or self.spm.GetPieceSize() + self.offset > rows and self.vocab is None:
-            raise BundleError(f"{source}: token ids outside the model's vocabulary of {rows} "
-                              f"(for {bad[:3] or 'pieces'})")
-        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
-
-    @property
-    def codes(self) -> list[str]:
-        """The language codes as users type them: M2M100's token "__fr__" is the code "fr"."""
-        return [t[2:-2] if len(t) > 4 and t.startswith("__") and t.endswith("__") else t for t in self.languages]
-
-    def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
-        if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"
-            code = f"__{code}__"
-        if code not in self.languages:
-            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.codes)}")
-        return self.special[code]
-
-    def piece_ids(self, text: str) -> list[int]:
-        pieces = self.spm.encode(text, out_type=str)
-        if self.vocab is not None:
-            return [self.vocab.get(p, self.unk_id) for p in pieces]
-        ids = []
-        for p in pieces:
-            i = self.spm.PieceToId(p)
-            ids.append(i + self.offset if i and not self.spm.IsUnknown(i) else self.unk_id)
-        return ids
-
-    def target_ids(self, text: str) -> list[int]:
-        """Target ids of a text: its pieces (the language token and end-of-sentence are the session's)."""
-        return self.piece_ids(text)
-
-    def encode(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        """Source ids of a text in `src_lang` (else the default source language); `flag`: how an
-        error names the source language (the CLI's flag, or a front door's own name)."""
-        lang = src_lang or self.src_lang
-        if lang is None:
-            raise InputError(f"this model needs the source language ({flag}); known: {', '.join(self.codes)}")
-        parts = {"lang": [self.language_id(lang, flag)], "text": self.piece_ids(text),
-                 "eos": [self.cfg["eos_id"]]}
-        return [i for part in self.template for i in parts[part]]
-
-    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
-        pieces = [p for p in target_pieces(ids, self.cfg["eos_id"], self.skip, self.source_piece, replacements) if p]
-        text = join_spm_pieces(pieces) if replacements else self.spm.decode_pieces(pieces)
-        return clean_up_spaces(text) if self.clean else text
-
-    @property
-    def target_unk_id(self) -> int | None:
-        return self.unk_id
-
-    def target_vocabulary(self) -> dict[str, int]:
-        """Piece -> id, special tokens and language codes included (one vocabulary both sides)."""
-        if self.vocab is not None:
-            return {**self.vocab, **self.special}
-        pieces = {self.spm.IdToPiece(i): i + self.offset for i in range(1, self.spm.GetPieceSize())}
-        return {**pieces, **self.special}
-
-    def source_pieces(self, text: str, src_lang: str | None = None) -> list[str]:
-        """The source text's pieces as written, one per id of encode(text) (framing: empty)."""
-        parts = {"lang": [""], "text": self.spm.encode(text, out_type=str), "eos": [""]}
-        return [p for part in self.template for p in parts[part]]
-
-    def source_piece(self, i: int) -> str:
-        """A model id's piece (one vocabulary for source and target)."""
-        if self.vocab is not None:
-            return self.pieces.get(i, "")
-        return self.spm.IdToPiece(i - self.offset) if 0 <= i - self.offset < self.spm.GetPieceSize() else ""
-
-    def unknown(self, ids: list[int]) -> tuple[int, int]:
-        body = ids[1:-1] if self.template[0] == "lang" else ids[:-2]
-        return sum(i == self.unk_id for i in body), len(body)
-
-    def describe(self) -> list[str]:
-        sample = "Hello, world."
-        lang = self.src_lang or self.languages[0]
-        ids = self.encode(sample, lang)
-        names = {i: t for t, i in self.special.items()}
-        pieces = [names.get(i) or self.source_piece(i) for i in ids]
-        frame = " ".join("<src_lang>" if p == "lang" else "..." if p == "text" else "</s>" for p in self.template)
-        return [f"text in: {self.spm.GetPieceSize()} sentencepiece pieces "
-                f"({'vocab.json' if self.vocab else 'ids + 1'}), framed as {frame}; "
-                f"{len(self.languages)} languages: --src-lang / --tgt-lang (default source {self.src_lang}, target "
-                f"{self.tgt_lang})",
-                f"sample: {sample!r} ({lang}) -> {' '.join(pieces)} (ids {' '.join(map(str, ids))})"]
-
-
 def clean_up_spaces(text: str) -> str:
     """transformers' clean_up_tokenization (spaces before punctuation and English contractions)."""
     for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
@@ -439,70 +387,7 @@ def clean_up_spaces(text: str) -> str:
     return text
 
 
-class ByteBpeTokenizer:
-    """BART's tokenizer: GPT-2's byte-level BPE from vocab.json and merges.txt, through the
-    `tokenizers` library, the source framed as `<s> ... </s>`; special tokens skipped on decode."""
-
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
-        try:
-            from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-        except ImportError:
-            raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: pip install tokenizers") from None
-        d = root / "tokenizer"
-        for key in ("vocab", "merges"):
-            name = data.get(key)
-            if not isinstance(name, str) or Path(name).name != name or not (d / name).is_file():
-                raise BundleError(f"{source}: {key} must name a file in tokenizer/, found {name!r}")
-        try:
-            self.bpe = Tokenizer(models.BPE.from_file(str(d / data["vocab"]), str(d / data["merges"])))
-        except Exception as e:  # tokenizers raises its own exception type for a bad file
-            raise BundleError(f"{d}: unreadable byte-level BPE files ({e})") from None
-        self.bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(data.get("add_prefix_space")))
-        self.bpe.decoder = decoders.ByteLevel()
-        self.special = data.get("special") or {}
-        self.cfg, self.clean = config, bool(data.get("clean_up_tokenization_spaces"))
-        rows = config["src_vocab_size"]
-        if self.bpe.get_vocab_size() > rows:
-            raise BundleError(f"{source}: the BPE vocabulary has {self.bpe.get_vocab_size()} ids, but the model's "
-                              f"embedding has {rows} rows")
-        self.bos = self.special.get(data.get("bos_token", "<s>"))
-        self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
-        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
-
-    def encode(self, text: str) -> list[int]:
-        return [self.bos] + self.bpe.encode(text).ids + [self.cfg["eos_id"]]
-
-    def target_ids(self, text: str) -> list[int]:
-        """Target ids of a text: its BPE ids (the forced <s> and end-of-sentence are the session's)."""
-        return self.bpe.encode(text).ids
-
-    def source_pieces(self, text: str) -> list[str]:
-        """The source's BPE tokens, one per id of encode(text) (framing: empty)."""
-        return [""] + self.bpe.encode(text).tokens + [""]
-
-    def target_vocabulary(self) -> dict[str, int]:
-        return {**self.bpe.get_vocab(), **self.special}
-
-    def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
-        """Text of generated ids (`replacements` unused: a byte-level BPE spells any text, so no
-        unknown tokens to replace)."""
-        text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)],
-                               skip_special_tokens=False)
-        return clean_up_spaces(text) if self.clean else text
-
-    def unknown(self, ids: list[int]) -> tuple[int, int]:
-        return sum(i == self.unk_id for i in ids[1:-1]), len(ids) - 2
-
-    def describe(self) -> list[str]:
-        sample = "Hello, world."
-        ids = self.encode(sample)
-        return [f"text in: byte-level BPE (vocab.json, merges.txt) of {self.bpe.get_vocab_size()} tokens, framed as "
-                f"<s> ... </s>",
-                f"sample: {sample!r} -> {' '.join(self.bpe.id_to_token(i) or str(i) for i in ids)} "
-                f"(ids {' '.join(map(str, ids))})"]
-
-
-def load_tokenizer(path: Path, config: dict[str, Any]):
+def load_tokenizer(path: Path, config: dict[str, Any]) -> "Tokenizer":
     """The bundle's tokenizer, by the kind its tokenizer.json names."""
     path = Path(path)
     data = read_json_object(path, BundleError, "a tokenizer")
@@ -512,8 +397,10 @@ def load_tokenizer(path: Path, config: dict[str, Any]):
     if kind == "marian-spm":
         return SpmTokenizer(data, config, path.parent, str(path))
     if kind == "fairseq-spm":
+        from xform.runtime.fairseq_tokenizer import FairseqSpmTokenizer
         return FairseqSpmTokenizer(data, config, path.parent, str(path))
     if kind == "byte-bpe":
+        from xform.runtime.fairseq_tokenizer import ByteBpeTokenizer
         return ByteBpeTokenizer(data, config, path.parent, str(path))
     if kind == "t5":
         from xform.runtime.t5_tokenizer import T5Tokenizer

@@ -25,7 +25,8 @@ from xform.runtime.controls import ct2_settings as generation_settings
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.loop import Batch
 from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TranslationResult
-from xform.runtime.unknowns import unknown_replacements
+from xform.runtime.tokenizer import Tokenizer
+from xform.runtime.unknowns import decode_rows, unknown_warning
 from xform.runtime.vocab_map import VocabMap
 
 if TYPE_CHECKING:
@@ -45,7 +46,14 @@ class Translator:
         return self.session.config
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
+        return self.session.tokenizer
+
+    @property
+    def text(self) -> Tokenizer:
+        """The tokenizer, for what needs text: a bundle without one is refused."""
+        if self.session.tokenizer is None:
+            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
         return self.session.tokenizer
 
     @property
@@ -153,7 +161,7 @@ class Translator:
             batch.step()
             token = int(out[0, decode.step - 1])
             last = decode.done or token == self.eos_id
-            yield GenerationStepResult(decode.step - 1, token, self.tokenizer.decode([token]), last)
+            yield GenerationStepResult(decode.step - 1, token, self.text.decode([token]), last)
             if last:
                 return
 
@@ -224,16 +232,12 @@ class Translator:
         matters only where the target language is written into the source (MADLAD-400's <2xx>
         token: the tokenizer's `target_in_source`); elsewhere it is the forced first target token
         (target_language)."""
-        if getattr(self.tokenizer, "target_in_source", False):
+        if self.text.target_in_source:
             if src_lang is not None:
                 raise InputError(f"{flag} {src_lang}: this model takes no source language (its target language "
                                  f"goes into the source: {tgt_flag})")
-            return self.tokenizer.encode(text, tgt_lang, tgt_flag)
-        if not getattr(self.tokenizer, "languages", None):
-            if src_lang is not None:
-                raise InputError(f"{flag} {src_lang}: this model's tokenizer has no languages")
-            return self.tokenizer.encode(text)
-        return self.tokenizer.encode(text, src_lang, flag)
+            return self.text.encode(text, tgt_lang, tgt_flag)
+        return self.text.encode(text, src_lang, flag)
 
     def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
         """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
@@ -272,12 +276,11 @@ class Translator:
         the tokenizer's default target language's, else None (the bundle's default applies). A
         multilingual model with neither, and no recorded forced token, is refused with its languages
         (`flag`: how the error names tgt_lang)."""
-        languages = getattr(self.tokenizer, "languages", None)
-        if not languages:
+        if self.tokenizer is None or not self.tokenizer.languages:
             if tgt_lang is not None:
                 raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
             return None
-        if getattr(self.tokenizer, "target_in_source", False):  # MADLAD: a source token, not a first target token
+        if self.tokenizer.target_in_source:  # MADLAD: a source token, not a first target token
             if tgt_lang is not None:
                 self.tokenizer.language_token(tgt_lang, flag)  # an unknown code is refused here
             return None
@@ -342,7 +345,7 @@ class Translator:
         if not self.capabilities.restriction:
             raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
                              "with --with-vocab-map and run it with --backend ort")
-        if self.tokenizer is None or not hasattr(self.tokenizer, "target_vocabulary"):
+        if self.tokenizer is None:
             raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
         if not isinstance(vocab_map, VocabMap):
             vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
@@ -352,7 +355,7 @@ class Translator:
         """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
         if not self.capabilities.attention:
             raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
-        if getattr(self.tokenizer, "target_unk_id", None) is None:
+        if self.tokenizer is None or self.tokenizer.target_unk_id is None:
             raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
 
     def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
@@ -389,7 +392,7 @@ class Translator:
                                  f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
                         ids = None
                 if ids is not None and on_warning is not None:
-                    warning = self.unknown_warning(ids)
+                    warning = unknown_warning(self.text, ids)
                     if warning:
                         on_warning(index, warning)
                 yield text, ids, error, prefix
@@ -445,14 +448,6 @@ class Translator:
         n = self.config["max_len"]
         return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
 
-    def unknown_warning(self, ids: list[int]) -> str | None:
-        """A warning when more than half of an encoded source's text tokens are unknown, else None."""
-        unknown, total = self.tokenizer.unknown(ids)
-        if total and unknown * 2 > total:
-            return (f"{unknown} of its {total} source tokens are unknown to the vocabulary: is it in the model's "
-                    "source language, and does export's 'text in' line show the right tokenization?")
-        return None
-
     def decode_sources(self, sources: list[list[int]], gen: GenerationConfig,
                         on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
                         target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
@@ -491,17 +486,11 @@ class Translator:
 
     def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
         """The target ids a vocabulary map allows a batch of source texts."""
-        return vocab_map.ids_for([self.tokenizer.source_pieces(t) for t in texts])
+        return vocab_map.ids_for([self.text.source_pieces(t) for t in texts])
 
     def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
                     texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
         """Text of generated rows, n a source; with `attention`, each unknown target token written
         as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
-        if attention is None:
-            return [self.tokenizer.decode(r) for r in rows]
-        if sources is None:
-            raise XformError("unknown tokens are replaced by source pieces: the rows' source ids are needed")
-        framing = {self.pad_id, self.eos_id, self.config["bos_id"]} | set(getattr(self.tokenizer, "skip", ()))
-        return [self.tokenizer.decode(r, unknown_replacements(self.tokenizer, framing, r, attention[k], sources[k // n],
-                                                                   texts[k // n] if texts else None))
-                for k, r in enumerate(rows)]
+        framing = {self.pad_id, self.eos_id, self.config["bos_id"]}
+        return decode_rows(self.text, framing, rows, n, sources, texts, attention)

@@ -4,6 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from xform.errors import XformError
+
+
+def unknown_warning(tokenizer, ids: list[int]) -> str | None:
+    """A warning when more than half of an encoded source's text tokens are unknown, else None."""
+    unknown, total = tokenizer.unknown(ids)
+    if total and unknown * 2 > total:
+        return (f"{unknown} of its {total} source tokens are unknown to the vocabulary: is it in the model's "
+                "source language, and does export's 'text in' line show the right tokenization?")
+    return None
+
+
+def decode_rows(tokenizer, framing: set[int], rows: np.ndarray, n: int, sources: list[list[int]] | None,
+                texts: list[str] | None, attention: np.ndarray | None) -> list[str]:
+    """Text of generated rows, n a source; with `attention`, each unknown target token written as
+    the source word of the piece it attends to most (of `sources[k // n]`, as written in
+    `texts`); `framing`: the model's pad / eos / bos ids, which are never a word."""
+    if attention is None:
+        return [tokenizer.decode(r) for r in rows]
+    if sources is None:
+        raise XformError("unknown tokens are replaced by source pieces: the rows' source ids are needed")
+    framing = framing | set(tokenizer.skip)
+    return [tokenizer.decode(r, unknown_replacements(tokenizer, framing, r, attention[k], sources[k // n],
+                                                     texts[k // n] if texts else None))
+            for k, r in enumerate(rows)]
+
 
 def unknown_replacements(tokenizer, framing: set[int], ids: np.ndarray, attention: np.ndarray, source: list[int],
                          text: str | None = None) -> dict[int, str]:
@@ -21,12 +47,12 @@ def unknown_replacements(tokenizer, framing: set[int], ids: np.ndarray, attentio
         return {}
     weights = np.where(np.array(body)[None, :], attention[where], -1.0)
     pieces = None
-    if text is not None and hasattr(tokenizer, "source_pieces"):
+    if text is not None:
         pieces = tokenizer.source_pieces(text)
         pieces = pieces if len(pieces) == len(source) else None  # a truncated source: the vocabulary's
     if pieces is None:
         pieces = [tokenizer.source_piece(i) for i in source]
-    marked = getattr(tokenizer, "spm_words", False)
+    marked = tokenizer.spm_words
     out: dict[int, str] = {}
     previous = None
     for t, j in zip(where.tolist(), weights.argmax(1).tolist()):
