@@ -49,12 +49,12 @@ def test_export_killed_at_random_points(tmp_path):
     full = min(timed(["export", "demo", "-o", str(tmp_path / "ref"), "--force"]) for _ in range(2))
     rng = random.Random(0)
     killed = 0
-    for trial in range(24):
+    for trial in range(16):
         args = ["export", "demo", "-o", str(target)] + (["--force"] if target.exists() else [])
         if killed_after(args, rng.uniform(0.05, full * 0.9)) == -signal.SIGKILL:
             killed += 1
         assert_absent_or_complete(target)
-    assert killed >= 16  # most trials were cut short, at different points
+    assert killed >= 10  # most trials were cut short, at different points
     subprocess.run([XFORM, "export", "demo", "-o", str(target), "--force"], check=True, capture_output=True)
     Bundle.open(target)
     assert leftovers(tmp_path, "b") == []

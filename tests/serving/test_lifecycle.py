@@ -73,7 +73,7 @@ class Served:
         return [int(p) for p in out.stdout.split()]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_a_signal_at_a_random_moment_stops_everything(demo_bundle, tmp_path, seed):
     """SIGTERM, SIGINT or SIGHUP at a random time from launch to well after ready: exit 0 (or, in
     the first moments while Python loads and nothing is started, the signal's own death)."""
