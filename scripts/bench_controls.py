@@ -54,7 +54,7 @@ def main() -> None:
     import xform
     session = xform.load(bundle(args.work), backend="ort", threads=2)
     rng = np.random.default_rng(0)
-    vocab = session.config["tgt_vocab_size"]
+    vocab = session.config.tgt_vocab_size
     subsets = {n: np.sort(rng.choice(np.arange(3, vocab - 1), n, replace=False)) for n in (2000, 4000)}
     configs = {}
     for batch in (1, 16):

@@ -30,7 +30,7 @@ sd["generator.bias"][3] = -1e4  # end-of-sentence never wins
 torch.save(sd, work / "never.pt")
 export_bundle(work / "never.pt", work / "never", hparams=dict(n_heads=8, bos_id=2, eos_id=3), force=True)
 s = xform.load(work / "never", threads=2)
-assert s.default_max_new_tokens() == 256 and s.config["max_len"] == 5000
+assert s.default_max_new_tokens() == 256 and s.config.max_len == 5000
 rng = np.random.default_rng(0)
 lines = [list(rng.integers(4, V, rng.integers(8, 21))) + [3] for _ in range(105)]
 

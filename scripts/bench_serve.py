@@ -180,7 +180,7 @@ def main() -> None:
     global pad
     tmp = tempfile.TemporaryDirectory(prefix="bench-serve-bundle-")
     bundle = args.bundle or xform.export("demo", Path(tmp.name) / "demo").path
-    pad = xform.load(bundle).config["pad_id"]
+    pad = xform.load(bundle).config.pad_id
     max_new = tuple(map(int, args.max_new.split(":"))) if args.max_new else None
     requests = workload(args.requests, max_new)
     rows = []

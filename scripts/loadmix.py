@@ -41,7 +41,7 @@ class LoadMix:
         completion (triton-inference-server/server#7840, fixed in r24.12; docs/serving.md)."""
         self.rng = np.random.default_rng(seed)
         self.streaming, self.cancel = streaming, cancel
-        self.cap = min(cap, session.config["max_len"] - 4)  # room for a prefix
+        self.cap = min(cap, session.config.max_len - 4)  # room for a prefix
 
     def request(self) -> Request:
         rng = self.rng

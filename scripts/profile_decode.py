@@ -49,7 +49,7 @@ def main() -> None:
     b = session.backend
     cfg = session.config
     rng = np.random.default_rng(0)
-    src = rng.integers(2, cfg["src_vocab_size"] - 2, (args.batch, args.src_len)).astype(np.int64)
+    src = rng.integers(2, cfg.src_vocab_size - 2, (args.batch, args.src_len)).astype(np.int64)
     src[src == session.pad_id] = 2
     src[:, -1] = session.eos_id
     t: dict[str, float] = defaultdict(float)

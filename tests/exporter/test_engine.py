@@ -79,7 +79,7 @@ def test_engines_build_serialize_and_record_the_contract(built, name):
     # the engine entries read back as the builder wrote them: the same JSON
     data = json.loads((path / "manifest.json").read_text())
     assert json.loads(json.dumps(Manifest.from_json(json.loads(json.dumps(data)), "m").to_json())) == data
-    cfg = bundle.config
+    cfg = bundle.config.to_dict()
     kv_dtype = "float16" if name.endswith("fp16") else "float32"
     spec = signature_for(cfg, kv_dtype)
     for graph in ("encoder", "decoder", "reorder"):
@@ -139,9 +139,8 @@ def test_existing_engines_need_force(built):
     (dict(max_src_len=8, opt_src_len=9), ["--opt-src-len 9 exceeds --max-src-len 8"]),
 ])
 def test_inconsistent_profiles_are_refused(flags, fragments):
-    cfg = {"max_len": 40}
     with pytest.raises(XformError) as e:
-        profile_ranges(cfg, **flags)
+        profile_ranges(40, **flags)
     for f in fragments:
         assert f in str(e.value)
 

@@ -48,7 +48,7 @@ def same_greedy(model, loaded, rows=((5, 9, 11, 30), (7, 8), (20, 21, 22, 23, 24
     src = np.full((len(rows), max(map(len, rows))), 1, np.int64)
     for i, r in enumerate(rows):
         src[i, :len(r)] = r
-    got = Session(TorchBackend(loaded.model), loaded.model.cfg.to_dict()).generate(src, max_new_tokens=6)
+    got = Session(TorchBackend(loaded.model), loaded.model.cfg).generate(src, max_new_tokens=6)
     for i, r in enumerate(rows):
         want, _ = tn.tutorial_greedy(model, list(r), 2, 3, 1, 6)
         assert got[i, :len(want)].tolist() == want

@@ -217,7 +217,7 @@ def test_a_bundle_tokenizer_without_target_spm_is_refused_at_load(complete, tmp_
     from xform.runtime.tokenizer import load_tokenizer
 
     loaded = resolve_model(complete["marian"])
-    cfg = loaded.model.cfg.to_dict()
+    cfg = loaded.model.cfg
     root = tmp_path / "bundle"
     (root / "tokenizer").mkdir(parents=True)
     (root / "tokenizer.json").write_text(json.dumps(loaded.tokenizer))

@@ -159,7 +159,7 @@ def test_a_mutated_mapping_fails_parity(users, name):
     case = CASES[name]
     hp = {k: v for k, v in case.hparams.items() if v is not None}
     loaded = resolve_model(path, None, hp)
-    ok = parity(model, case, Session(TorchBackend(loaded.model), loaded.model.cfg.to_dict()), tolerance_for("fp32"))
+    ok = parity(model, case, Session(TorchBackend(loaded.model), loaded.model.cfg), tolerance_for("fp32"))
     assert (ok[0] == ok[1]).all() and ok[2] <= 0
     for change in MUTATIONS[name]:
         from xform.models.checkpoint import canonical_state, load_state_into
@@ -171,7 +171,7 @@ def test_a_mutated_mapping_fails_parity(users, name):
         for k, v in canonical_state(mutant).items():  # a dropped final norm has no weights; an added one, ones
             state.setdefault(k, v)
         load_state_into(mutant, state, "mutant")
-        got, want, excess = parity(model, case, Session(TorchBackend(mutant), cfg.to_dict()), tolerance_for("fp32"))
+        got, want, excess = parity(model, case, Session(TorchBackend(mutant), cfg), tolerance_for("fp32"))
         assert excess > 0, f"{name}: mapping mutated by {change} still passes"
 
 
@@ -276,7 +276,7 @@ def test_the_default_cap_stops_a_model_that_never_ends(users, tmp_path):
     assert ("decoding stops after 256 new tokens unless end-of-sentence comes first: xform's default 256"
             in r.output), r.output
     session = xform.load(tmp_path / "b")
-    assert session.config["max_len"] == 5000
+    assert session.config.max_len == 5000
     src = padded(sources(CASES["nn-post-relu-seq-first"])[:3], 1)
     out = session.generate(src)
     assert out.shape == (3, 256) and not (out == 3).any()

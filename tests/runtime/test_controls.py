@@ -235,5 +235,5 @@ def test_a_long_prefix_leaves_what_remains_of_the_position_table(marians):
     src, _ = sources(model.config, LENGTHS, seed=1)
     prefix = [[7] * 60, [], [3], []]
     got = session.generate(src.numpy(), max_new_tokens=MAX_NEW, target_prefix=prefix, min_new_tokens=8)
-    assert got.shape[1] <= session.config["max_len"] and list(got[0, :60]) == [7] * 60
+    assert got.shape[1] <= session.config.max_len and list(got[0, :60]) == [7] * 60
     assert (got[0, 60:] != session.pad_id).sum() == 4  # min_new_tokens cut with it: no end-of-sentence before

@@ -30,7 +30,7 @@ def first_step_probs(session, src_row, temperature=1.0):
 
 def empirical(session, src_row, **kw):
     out = session.generate(src_row[None], max_new_tokens=1, do_sample=True, num_return_sequences=N, **kw)
-    return np.bincount(out[:, 0], minlength=session.config["tgt_vocab_size"]) / N
+    return np.bincount(out[:, 0], minlength=session.config.tgt_vocab_size) / N
 
 
 def within_bound(freq, p):

@@ -37,20 +37,20 @@ def test_rows_end_independently_and_pad_follows(session):
     src, _ = padded_batch(model.cfg, [9, 3, 6, 4, 8], seed=7)
     out = session.generate(src, max_new_tokens=30)
     cfg = session.config
-    assert not (out == cfg["pad_id"]).all()
+    assert not (out == cfg.pad_id).all()
     for row in out:
-        ends = np.flatnonzero(row == cfg["eos_id"])
+        ends = np.flatnonzero(row == cfg.eos_id)
         if len(ends):
-            assert (row[ends[0] + 1:] == cfg["pad_id"]).all()
-            assert (row[:ends[0]] != cfg["pad_id"]).all()
+            assert (row[ends[0] + 1:] == cfg.pad_id).all()
+            assert (row[:ends[0]] != cfg.pad_id).all()
         else:
-            assert (row != cfg["pad_id"]).all()
+            assert (row != cfg.pad_id).all()
 
 
 def test_forced_length(session):
     src, _ = padded_batch(make_model("seed-002").cfg, [5, 2])
     out = session.generate(src, max_new_tokens=12, min_new_tokens=12)
-    assert out.shape == (2, 12) and (out != session.config["pad_id"]).all()
+    assert out.shape == (2, 12) and (out != session.config.pad_id).all()
 
 
 def test_torch_backend_equals_ort(tiny_bundle, session):

@@ -29,7 +29,7 @@ def restrictable(marians, tmp_path_factory):
 def masked(session, src, allowed, max_new_tokens=MAX_NEW, **kw):
     """The full model with every logit outside `allowed` (and the always-needed ids: end-of-sentence,
     prefixes) set to -inf before anything reads it: the reference a restriction must equal."""
-    keep = np.zeros(session.config["tgt_vocab_size"], bool)
+    keep = np.zeros(session.config.tgt_vocab_size, bool)
     keep[list(set(allowed) | {session.eos_id} | {i for p in kw.get("target_prefix") or [] for i in p})] = True
     step = session.backend.step
 

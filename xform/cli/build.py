@@ -214,7 +214,7 @@ def print_text_report(bundle: Path, manifest: Manifest) -> None:
                                     "this model came without vocabularies: export again with --src-vocab / "
                                     "--tgt-vocab to translate text") + "): decode token ids with Session.generate")
         return
-    tok = load_tokenizer(bundle / manifest.tokenizer.file, manifest.config_dict)
+    tok = load_tokenizer(bundle / manifest.tokenizer.file, manifest.config)
     for line in tok.describe():
         out.print(escape(line))
     for note in manifest.tokenizer.notes:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xform.config import TransformerConfig
 from xform.errors import XformError
 from xform.models.backend import TorchBackend
 from xform.runtime.bench import padded_sources
@@ -34,7 +35,7 @@ from xform.runtime.session import Session
 SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
 
 
-def check_sources(config: dict, batch: int, src_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def check_sources(config: TransformerConfig, batch: int, src_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Random right-padded sources (no special ids inside) for --check when no text is given."""
     rng = np.random.default_rng(seed + 1)
     lengths = rng.integers(max(1, src_len // 2), src_len + 1, batch).astype(np.int64)
@@ -62,14 +63,14 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     sources = "sentences" if src_ids is not None else "random"
     if src_ids is None:
         batch = max(batch, DECODE_SOURCES) if tol.by_decodes else batch  # judging translations needs many
-        src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg["max_len"]), seed)
+        src_ids, src_lengths = check_sources(cfg, batch, min(src_len, cfg.max_len), seed)
     src_ids, src_lengths = session.prepare(src_ids, src_lengths)
-    gen = generation or GenerationConfig(max_new_tokens=min(max_new_tokens, cfg["max_len"]))
+    gen = generation or GenerationConfig(max_new_tokens=min(max_new_tokens, cfg.max_len))
     beams = None
     if gen.strategy == "beam":  # one search gives the best hypotheses and the scores compared below
         beams = session.run(Request(src_ids, src_lengths, gen, return_scores=True))
         tokens = beams.ids[::gen.num_return_sequences]
-        tokens = tokens[:, : int((tokens != cfg["pad_id"]).any(axis=0).nonzero()[0].max(initial=-1)) + 1]
+        tokens = tokens[:, : int((tokens != cfg.pad_id).any(axis=0).nonzero()[0].max(initial=-1)) + 1]
     else:
         tokens = session.run(Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
     if tokens.shape[1] == 0:
@@ -77,8 +78,8 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
     ref_choice, ref_logits = reference.teacher_forced(src_ids, src_lengths, tokens)
     # active: every step up to and including the row's end-of-sentence
-    ended = np.cumsum(tokens == cfg["eos_id"], axis=1)
-    active = (ended == 0) | ((ended == 1) & (tokens == cfg["eos_id"]))
+    ended = np.cumsum(tokens == cfg.eos_id, axis=1)
+    active = (ended == 0) | ((ended == 1) & (tokens == cfg.eos_id))
     report = compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
                            got_choice, ref_choice, active,
                            tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
@@ -91,10 +92,10 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
         ref_tokens = ref.ids[::gen.num_return_sequences] if ref is not None else reference.run(
             Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
-        ref_tokens = ref_tokens[:, :max(1, int((ref_tokens != cfg["pad_id"]).any(axis=0).sum()))]
+        ref_tokens = ref_tokens[:, :max(1, int((ref_tokens != cfg.pad_id).any(axis=0).sum()))]
         _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
         _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
-        compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg["eos_id"], cfg["pad_id"], tol)
+        compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg.eos_id, cfg.pad_id, tol)
         report.bleu_vs_eager, report.chrf_vs_eager = text_scores(session, tokens, ref_tokens)
     return report
 
@@ -109,7 +110,7 @@ def text_scores(session: Session, got: np.ndarray, ref: np.ndarray) -> tuple[flo
     cfg = session.config
 
     def text(row: np.ndarray) -> str:
-        ids = [t for t in decoded(row, cfg["eos_id"], cfg["pad_id"]) if t != cfg["eos_id"]]
+        ids = [t for t in decoded(row, cfg.eos_id, cfg.pad_id) if t != cfg.eos_id]
         return session.tokenizer.decode(ids) if session.tokenizer is not None else " ".join(map(str, ids))
 
     hyps, refs = [text(r) for r in got], [text(r) for r in ref]
@@ -139,17 +140,17 @@ def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
         except ValueError:
             raise XformError(f"--sample-file {path} line {n}: this bundle has no tokenizer, so a line is token "
                              f"ids separated by spaces; found {line[:40]!r}") from None
-        bad = [i for i in row if not 0 <= i < cfg["src_vocab_size"]]
+        bad = [i for i in row if not 0 <= i < cfg.src_vocab_size]
         if bad:
             raise XformError(f"--sample-file {path} line {n}: ids {bad[:3]} outside the source vocabulary of "
-                             f"{cfg['src_vocab_size']}")
+                             f"{cfg.src_vocab_size}")
         rows.append(row)
-    long = [n for (n, _), r in zip(lines, rows) if len(r) > cfg["max_len"]]
+    long = [n for (n, _), r in zip(lines, rows) if len(r) > cfg.max_len]
     if long:
-        raise XformError(f"--sample-file {path} line {long[0]}: longer than the model's max_len {cfg['max_len']} "
+        raise XformError(f"--sample-file {path} line {long[0]}: longer than the model's max_len {cfg.max_len} "
                          f"({len(long)} such lines)")
     lengths = np.array([len(r) for r in rows], np.int64)
-    src = np.full((len(rows), int(lengths.max())), cfg["pad_id"], np.int64)
+    src = np.full((len(rows), int(lengths.max())), cfg.pad_id, np.int64)
     for i, r in enumerate(rows):
         src[i, :len(r)] = r
     return src, lengths

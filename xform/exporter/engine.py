@@ -51,17 +51,16 @@ class ProfileRanges:
         return {k: list(v) for k, v in asdict(self).items()}
 
 
-def profile_ranges(config: dict, max_batch: int = 16, max_src_len: int | None = None,
+def profile_ranges(max_len: int, max_batch: int = 16, max_src_len: int | None = None,
                    max_new_tokens: int | None = None, opt_batch: int | None = None,
                    opt_src_len: int | None = None, max_beams: int = 1) -> ProfileRanges:
-    """Ranges from the flags, defaults from the model config; every inconsistency reported at once.
+    """Ranges from the flags, defaults from the model's max_len; every inconsistency reported at once.
 
     The batch axis holds sources x beams: its maximum is max_batch x max_beams (beam search and
     sampling decode that many rows; the encoder runs on the expanded sources once).
     The cache capacity runs from 1 to max_new_tokens (the runtime grows it by doubling, so a short
     decode attends over a short cache).
     """
-    max_len = config["max_len"]
     max_src_len = max_len if max_src_len is None else max_src_len
     max_new_tokens = max_len if max_new_tokens is None else max_new_tokens
     opt_batch = min(8, max_batch) if opt_batch is None else opt_batch
@@ -277,7 +276,7 @@ def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileR
     trt, flavor = import_tensorrt(flavor)
     options = options or BuildOptions()
     gpu = check_build(options, flavor)
-    ranges = ranges or profile_ranges(bundle.config, **range_flags)
+    ranges = ranges or profile_ranges(bundle.config.max_len, **range_flags)
     engine_dir = bundle.path / ENGINE_DIR
     # the candidates graph runs on ONNX Runtime only: its TopK width is a runtime input, which
     # TensorRT takes as a shape tensor; the TensorRT backend ranks beam candidates on the host

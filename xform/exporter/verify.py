@@ -35,7 +35,7 @@ def verify_src_len(cfg) -> int:
 
 def sample_sources(cfg, batch: int, src_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random sources, right-padded rows of lengths src_len, 1, and in between."""
-    return padded_sources(cfg.to_dict(), np.linspace(src_len, 1, batch).round().astype(np.int64), seed)
+    return padded_sources(cfg, np.linspace(src_len, 1, batch).round().astype(np.int64), seed)
 
 
 def compare_outputs(graph: str, names: list[str], got: list[np.ndarray], ref: list[torch.Tensor],

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from xform.config import TransformerConfig
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.session import Session
 
@@ -72,22 +73,22 @@ def peak_rss_mib() -> float:
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
-def random_sources(config: dict, batch: int, src_len: int, seed: int = 0) -> np.ndarray:
+def random_sources(config: TransformerConfig, batch: int, src_len: int, seed: int = 0) -> np.ndarray:
     """(batch, src_len) random source ids, none of them pad, start or end-of-sentence."""
     rng = np.random.default_rng(seed)
-    special = {config["pad_id"], config["bos_id"], config["eos_id"]}
-    allowed = np.array([i for i in range(config["src_vocab_size"]) if i not in special], np.int64)
+    special = {config.pad_id, config.bos_id, config.eos_id}
+    allowed = np.array([i for i in range(config.src_vocab_size) if i not in special], np.int64)
     return allowed[rng.integers(0, len(allowed), (batch, src_len))]
 
 
-def padded_sources(config: dict, lengths, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def padded_sources(config: TransformerConfig, lengths, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random sources of the given lengths, each ending with end-of-sentence, right-padded: what
     --check and export's verification decode."""
     lengths = np.asarray(lengths, np.int64)
     ids = random_sources(config, len(lengths), int(lengths.max()), seed)
     for r, n in enumerate(lengths):
-        ids[r, n - 1] = config["eos_id"]
-        ids[r, n:] = config["pad_id"]
+        ids[r, n - 1] = config.eos_id
+        ids[r, n:] = config.pad_id
     return ids, lengths
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from xform.config import TransformerConfig
 from xform.contract import GraphSpec
 from xform.errors import BundleError
 from xform.files import drop_cached, sha256_file
@@ -86,9 +87,9 @@ class Bundle:
                 drop_cached(self.path / w.file, w.offset, w.nbytes)
 
     @property
-    def config(self) -> dict[str, Any]:
-        """The model config (validated: Manifest.from_json) as the dict the runtime reads."""
-        return self.manifest.config_dict
+    def config(self) -> TransformerConfig:
+        """The model config (validated: Manifest.from_json)."""
+        return self.manifest.config
 
     @property
     def precision(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.files import read_json_object
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
@@ -21,7 +22,7 @@ class FairseqSpmTokenizer(Tokenizer):
 
     spm_words = True  # source pieces mark word starts with U+2581
 
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
         self.cfg = config
         self.clean = bool(data.get("clean_up_tokenization_spaces"))
         d = root / "tokenizer"
@@ -51,12 +52,12 @@ class FairseqSpmTokenizer(Tokenizer):
         if sorted(self.template) != ["eos", "lang", "text"]:
             raise BundleError(f"{source}: source must order lang, text and eos, found {self.template!r}")
         self.src_lang, self.tgt_lang = data.get("src_lang"), data.get("tgt_lang")
-        rows = config["src_vocab_size"]
+        rows = config.src_vocab_size
         bad = sorted(t for t, i in self.special.items() if not 0 <= i < rows)
         if bad or self.spm.GetPieceSize() + self.offset > rows and self.vocab is None:
             raise BundleError(f"{source}: token ids outside the model's vocabulary of {rows} "
                               f"(for {bad[:3] or 'pieces'})")
-        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
+        self.skip = set(self.special.values()) | {config.pad_id, config.eos_id, config.decoder_start_id}
 
     @property
     def codes(self) -> list[str]:
@@ -91,11 +92,11 @@ class FairseqSpmTokenizer(Tokenizer):
         if lang is None:
             raise InputError(f"this model needs the source language ({flag}); known: {', '.join(self.codes)}")
         parts = {"lang": [self.language_id(lang, flag)], "text": self.piece_ids(text),
-                 "eos": [self.cfg["eos_id"]]}
+                 "eos": [self.cfg.eos_id]}
         return [i for part in self.template for i in parts[part]]
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
-        pieces = [p for p in target_pieces(ids, self.cfg["eos_id"], self.skip, self.source_piece, replacements) if p]
+        pieces = [p for p in target_pieces(ids, self.cfg.eos_id, self.skip, self.source_piece, replacements) if p]
         text = join_spm_pieces(pieces) if replacements else self.spm.decode_pieces(pieces)
         return clean_up_spaces(text) if self.clean else text
 
@@ -143,7 +144,7 @@ class ByteBpeTokenizer(Tokenizer):
     """BART's tokenizer: GPT-2's byte-level BPE from vocab.json and merges.txt, through the
     `tokenizers` library, the source framed as `<s> ... </s>`; special tokens skipped on decode."""
 
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
         try:
             from tokenizers import Tokenizer, decoders, models, pre_tokenizers
         except ImportError:
@@ -161,17 +162,17 @@ class ByteBpeTokenizer(Tokenizer):
         self.bpe.decoder = decoders.ByteLevel()
         self.special = data.get("special") or {}
         self.cfg, self.clean = config, bool(data.get("clean_up_tokenization_spaces"))
-        rows = config["src_vocab_size"]
+        rows = config.src_vocab_size
         if self.bpe.get_vocab_size() > rows:
             raise BundleError(f"{source}: the BPE vocabulary has {self.bpe.get_vocab_size()} ids, but the model's "
                               f"embedding has {rows} rows")
         self.bos = self.special.get(data.get("bos_token", "<s>"))
         self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
-        self.skip = set(self.special.values()) | {config["pad_id"], config["eos_id"], config.get("decoder_start_id")}
+        self.skip = set(self.special.values()) | {config.pad_id, config.eos_id, config.decoder_start_id}
 
     def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
         self.no_language(lang, flag)
-        return [self.bos] + self.bpe.encode(text).ids + [self.cfg["eos_id"]]
+        return [self.bos] + self.bpe.encode(text).ids + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:
         """Target ids of a text: its BPE ids (the forced <s> and end-of-sentence are the session's)."""
@@ -190,7 +191,7 @@ class ByteBpeTokenizer(Tokenizer):
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
         """Text of generated ids (`replacements` unused: a byte-level BPE spells any text, so no
         unknown tokens to replace)."""
-        text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)],
+        text = self.bpe.decode([int(i) for i in target_pieces(ids, self.cfg.eos_id, self.skip, int)],
                                skip_special_tokens=False)
         return clean_up_spaces(text) if self.clean else text
 

@@ -82,15 +82,15 @@ class OrtBackend:
             self.graph_session(graph)
         self.encoder, self.reorder = self.sessions[ENCODER], self.sessions[REORDER]
         spec = bundle.graph_spec(DECODER)
-        n = bundle.config["n_decoder_layers"]
+        n = bundle.config.n_decoder_layers
         self.cache_names, self.new_names = kv_names("cache", n), kv_names("new", n)
         self.cross_names, self.reordered_names = kv_names("cross", n), kv_names("reordered", n)
         first = spec.input(self.cache_names[0])
         self.kv_dtype = np.dtype(first.dtype)
         self.kv_heads, self.head_dim = first.fixed(1), first.fixed(3)
         self.has_attention = "attention" in spec.output_names  # a bundle exported --with-attention
-        self.vocab = bundle.config["tgt_vocab_size"]
-        self.max_len = bundle.config["max_len"]
+        self.vocab = bundle.config.tgt_vocab_size
+        self.max_len = bundle.config.max_len
         self.ops: CudaOps | None = None
         self.cache: Cache
         self.cross: Rows
@@ -182,7 +182,7 @@ class OrtBackend:
         self.subset = np.ascontiguousarray(ids, np.int64)
         self.sub_weight = np.ascontiguousarray(self.table["weight"][self.subset])
         self.sub_bias = np.ascontiguousarray(self.table["bias"][self.subset])
-        self.blocked = np.isin(self.subset, [self.bundle.config["pad_id"], *self.bundle.config.get("banned_ids", ())])
+        self.blocked = np.isin(self.subset, [self.bundle.config.pad_id, *self.bundle.config.banned_ids])
 
     # -- the backend interface -------------------------------------------------------------------
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
@@ -418,7 +418,7 @@ class OrtBackend:
         the whole vocabulary (-inf outside the subset)."""
         sub = self.sub_logits
         early = (self.positions < self.min_new)[:, None]
-        blocked = self.blocked[None, :] | ((subset == self.bundle.config["eos_id"])[None, :] & early)
+        blocked = self.blocked[None, :] | ((subset == self.bundle.config.eos_id)[None, :] & early)
         if candidates:
             lp = log_softmax(sub)
             lp[blocked] = -np.inf

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xform.config import TransformerConfig
 from xform.runtime.generation import GenerationConfig
 
 NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added in float32
@@ -23,9 +24,9 @@ class Special:
     vocab: int = 0  # the target vocabulary's size (beam search orders candidates by beam x vocab + id)
 
     @classmethod
-    def from_config(cls, config: dict) -> "Special":
-        blocked = sorted({config["pad_id"], *config.get("banned_ids", ())})
-        return cls(config["pad_id"], config["eos_id"], tuple(blocked), config["tgt_vocab_size"])
+    def from_config(cls, config: TransformerConfig) -> "Special":
+        blocked = sorted({config.pad_id, *config.banned_ids})
+        return cls(config.pad_id, config.eos_id, tuple(blocked), config.tgt_vocab_size)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -100,9 +100,8 @@ class Scheduler:
     def row_bytes(self) -> int:
         """Bytes of one row's self-attention cache at the model's max_len positions."""
         c, bundle = self.session.config, self.session.bundle
-        head_dim = c.get("attention_head_dim") or c["d_model"] // c["n_heads"]
         item = 4 if bundle is None else np.dtype(bundle.manifest.kv_dtype).itemsize
-        return 2 * c["n_decoder_layers"] * c["n_heads"] * head_dim * c["max_len"] * item
+        return 2 * c.n_decoder_layers * c.n_heads * c.head_dim * c.max_len * item
 
     @property
     def cache_bytes(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
@@ -36,14 +37,14 @@ REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "ret
 
 
 class Session:
-    def __init__(self, backend: Backend, config: dict[str, Any], tokenizer: Tokenizer | None = None, bundle=None):
+    def __init__(self, backend: Backend, config: TransformerConfig, tokenizer: Tokenizer | None = None, bundle=None):
         self.backend = backend
         self.config = config
         self.tokenizer = tokenizer
         self.bundle = bundle
-        self.pad_id, self.eos_id = config["pad_id"], config["eos_id"]
-        start = config.get("decoder_start_id")
-        self.start_id = config["bos_id"] if start is None else start
+        self.pad_id, self.eos_id = config.pad_id, config.eos_id
+        start = config.decoder_start_id
+        self.start_id = config.bos_id if start is None else start
         self.special = Special.from_config(config)
         # decoding defaults the bundle records (a Marian model's generation_config); greedy if none
         self.generation_defaults = dict(bundle.manifest.generation if bundle is not None else {})
@@ -70,7 +71,7 @@ class Session:
             raise InputError("src_ids is an empty batch (batch size 0); give at least one source")
         if S == 0:
             raise InputError("src_ids has src_len 0; every source needs at least one token")
-        max_len, vocab = self.config["max_len"], self.config["src_vocab_size"]
+        max_len, vocab = self.config.max_len, self.config.src_vocab_size
         if S > max_len:
             raise InputError(f"src_ids has src_len {S}, longer than the model's max_len {max_len}")
         bad = np.argwhere((src_ids < 0) | (src_ids >= vocab))
@@ -108,11 +109,11 @@ class Session:
         fields = generation_fields()
         gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in fields})
         gen = gen.updated(max_new_tokens=max_new_tokens, names=names, **settings)
-        max_len = self.config["max_len"]
+        max_len = self.config.max_len
         if gen.max_new_tokens > max_len:
             raise SettingError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {max_len}",
                                "max_new_tokens")
-        vocab = self.config["tgt_vocab_size"]
+        vocab = self.config.tgt_vocab_size
         if gen.forced_bos_token_id is not None and gen.forced_bos_token_id >= vocab:
             raise SettingError(f"forced_bos_token_id {gen.forced_bos_token_id} is outside the target vocabulary "
                                f"of {vocab}", "forced_bos_token_id")
@@ -127,7 +128,7 @@ class Session:
     def default_max_new_tokens(self) -> int:
         """The bundle's decode cap (decoding.decode_cap): set at export, else the model's
         max_length - 1, else 256; never beyond max_len."""
-        return decode_cap(self.generation_defaults, self.config["max_len"])[0]
+        return decode_cap(self.generation_defaults, self.config.max_len)[0]
 
     def request(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
                 names: Mapping[str, str] | None = None, texts: Sequence[str] | None = None,
@@ -229,7 +230,7 @@ class Session:
         if len(target_prefix) != batch:
             raise SettingError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
                                "source (an empty list for none)", "target_prefix")
-        vocab, out = self.config["tgt_vocab_size"], []
+        vocab, out = self.config.tgt_vocab_size, []
         for i, p in enumerate(target_prefix):
             try:
                 ids = [int_id(x) for x in p]
@@ -242,9 +243,9 @@ class Session:
                                    f"{vocab}", "target_prefix")
             out.append(ids)
         longest = max((len(p) for p in out), default=0)
-        if longest >= self.config["max_len"]:
+        if longest >= self.config.max_len:
             raise SettingError(f"target_prefix of {longest} tokens leaves no room in the model's max_len "
-                               f"{self.config['max_len']} positions", "target_prefix")
+                               f"{self.config.max_len} positions", "target_prefix")
         return out
 
     def plan(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
@@ -264,7 +265,7 @@ class Session:
             # the forced first token (a target language) heads the prefix: what follows it is free
             prefix = [[gen.forced_bos_token_id] + p for p in (prefix or [[]] * batch)]
             gen = replace(gen, forced_bos_token_id=None)
-        room = self.config["max_len"] - max((len(p) for p in prefix or []), default=0)
+        room = self.config.max_len - max((len(p) for p in prefix or []), default=0)
         if gen.max_new_tokens > room:  # the position table ends there, whatever was asked
             gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
         attention = request.wants_attention
@@ -301,7 +302,7 @@ class Session:
             ids = np.unique(np.asarray(vocabulary, dtype=np.int64).reshape(-1))
         except (TypeError, ValueError) as e:
             raise InputError(f"vocabulary: expected target ids, got {vocabulary!r} ({e})") from None
-        vocab = self.config["tgt_vocab_size"]
+        vocab = self.config.tgt_vocab_size
         if len(ids) and (ids[0] < 0 or ids[-1] >= vocab):
             raise InputError(f"vocabulary: ids outside the target vocabulary of {vocab}")
         needed = {self.eos_id, *[i for p in prefix or [] for i in p]}
@@ -340,11 +341,11 @@ class Session:
         if tgt.ndim != 2 or tgt.dtype != np.int64 or tgt.shape[1] == 0:
             raise InputError(f"target ids: expected a non-empty (batch, length) int64 array, found {tgt.dtype} "
                              f"{tgt.shape}")
-        if ((tgt < 0) | (tgt >= self.config["tgt_vocab_size"])).any():
-            raise InputError(f"target ids: outside the target vocabulary of {self.config['tgt_vocab_size']}")
-        if tgt.shape[1] > self.config["max_len"]:
+        if ((tgt < 0) | (tgt >= self.config.tgt_vocab_size)).any():
+            raise InputError(f"target ids: outside the target vocabulary of {self.config.tgt_vocab_size}")
+        if tgt.shape[1] > self.config.max_len:
             raise InputError(f"target ids: {tgt.shape[1]} positions, more than the model's max_len "
-                             f"{self.config['max_len']}")
+                             f"{self.config.max_len}")
         _, logits = self.teacher_forced(src_ids, src_lengths, tgt)
         lp = log_softmax(logits)
         tokens = np.take_along_axis(lp, tgt[:, :, None], 2)[:, :, 0].astype(np.float32)

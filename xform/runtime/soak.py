@@ -43,8 +43,8 @@ def soak(session: Session, steps: int, max_batch: int = 16, max_src_len: int = 2
          sample_every: int = 500) -> SoakReport:
     rng = np.random.default_rng(seed)
     cfg = session.config
-    max_src_len = min(max_src_len, cfg["max_len"])
-    max_new = min(max_new, cfg["max_len"])
+    max_src_len = min(max_src_len, cfg.max_len)
+    max_new = min(max_new, cfg.max_len)
     report = SoakReport()
 
     def one(batch: int, src_len: int, new: int, kind: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 
@@ -25,7 +26,7 @@ class T5Tokenizer(Tokenizer):
     target_in_source = True  # a target language (MADLAD's <2xx>) is written into the source text
     tgt_lang = None  # no default target language: the text may carry its own <2xx>
 
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
         self.cfg = config
         self.clean = bool(data.get("clean_up_tokenization_spaces"))
         d = root / "tokenizer"
@@ -56,7 +57,7 @@ class T5Tokenizer(Tokenizer):
         if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
             raise BundleError(f"{source}: extra_ids must be a non-negative integer, found {extra!r}")
         self.extra_ids = extra if self.spm is not None else 0  # the fast vocabulary counts its own
-        rows = config["src_vocab_size"]
+        rows = config.src_vocab_size
         if self.size + self.extra_ids > rows:
             raise BundleError(f"{source}: {self.size + self.extra_ids} token ids, but the model's embedding has "
                               f"{rows} rows")
@@ -66,7 +67,7 @@ class T5Tokenizer(Tokenizer):
         self.languages: list[str] = languages
         self.unk_id = self.piece_id(data.get("unk_token", "<unk>"))
         # decoded text leaves out what T5Tokenizer's skip_special_tokens does: pad, eos, unk, extra ids
-        self.skip = {config["pad_id"], config["eos_id"], config.get("decoder_start_id"), self.unk_id}
+        self.skip = {config.pad_id, config.eos_id, config.decoder_start_id, self.unk_id}
         self.skip |= set(range(self.size, self.size + self.extra_ids))
 
     def piece_id(self, piece: str) -> int | None:
@@ -102,7 +103,7 @@ class T5Tokenizer(Tokenizer):
             text = f"{self.language_token(tgt_lang, flag)} {text}"
         if self.fast is not None:
             return self.fast.encode(text).ids
-        return self.body(text) + [self.cfg["eos_id"]]
+        return self.body(text) + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:
         """Target ids of a text, as the tokenizer gives text_target, less end-of-sentence."""
@@ -116,14 +117,14 @@ class T5Tokenizer(Tokenizer):
         return self.fast.id_to_token(i) or ""
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
-        pieces = [p for p in target_pieces(ids, self.cfg["eos_id"], self.skip, self.piece, replacements) if p]
+        pieces = [p for p in target_pieces(ids, self.cfg.eos_id, self.skip, self.piece, replacements) if p]
         if replacements:
             text = join_spm_pieces(pieces)
         elif self.spm is not None:
             text = self.spm.decode_pieces(pieces).strip()
         else:
             assert self.fast is not None
-            text = self.fast.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.skip, int)])
+            text = self.fast.decode([int(i) for i in target_pieces(ids, self.cfg.eos_id, self.skip, int)])
         return clean_up_spaces(text) if self.clean else text
 
     @property
@@ -164,5 +165,5 @@ class T5Tokenizer(Tokenizer):
                 if self.spm is not None else f"tokenizer.json (T5TokenizerFast) of {self.size} tokens")
         langs = (f"; {len(self.languages)} target languages written into the source as <2xx>: --tgt-lang"
                  if self.languages else "")
-        return [f"text in: {what}, then end-of-sentence (id {self.cfg['eos_id']}){langs}",
+        return [f"text in: {what}, then end-of-sentence (id {self.cfg.eos_id}){langs}",
                 f"sample: {sample!r} -> {' '.join(self.piece(i) for i in ids)} (ids {' '.join(map(str, ids))})"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xform import files
+from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.files import read_json_object
 
@@ -211,19 +212,19 @@ class VocabSide:
 
 
 class VocabTokenizer(Tokenizer):
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
         if data.get("kind") != "xform-vocab":
             raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
-        self.src = VocabSide(data.get("source"), root, source, "source", config["src_vocab_size"])
-        self.tgt = VocabSide(data.get("target"), root, source, "target", config["tgt_vocab_size"])
+        self.src = VocabSide(data.get("source"), root, source, "source", config.src_vocab_size)
+        self.tgt = VocabSide(data.get("target"), root, source, "target", config.tgt_vocab_size)
         self.prefix = data.get("source_prefix", [])
         if not isinstance(self.prefix, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config["src_vocab_size"]
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.src_vocab_size
                 for i in self.prefix):
             raise BundleError(f"{source}: source_prefix {self.prefix!r} must be ids below src_vocab_size "
-                              f"{config['src_vocab_size']}")
+                              f"{config.src_vocab_size}")
         self.cfg = config
-        self.special = {config["pad_id"], config["bos_id"], config["eos_id"], config.get("decoder_start_id")}
+        self.special = {config.pad_id, config.bos_id, config.eos_id, config.decoder_start_id}
 
     @property
     def spm_words(self) -> bool:
@@ -232,7 +233,7 @@ class VocabTokenizer(Tokenizer):
 
     def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
         self.no_language(lang, flag)
-        return self.prefix + self.src.encode(text) + [self.cfg["eos_id"]]
+        return self.prefix + self.src.encode(text) + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:
         """Target ids of a text (a reference translation, a prefix, a bad word): the target side's
@@ -241,8 +242,8 @@ class VocabTokenizer(Tokenizer):
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
         if replacements:
-            return self.tgt.join(target_pieces(ids, self.cfg["eos_id"], self.special, self.tgt.piece, replacements))
-        return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg["eos_id"], self.special, int)])
+            return self.tgt.join(target_pieces(ids, self.cfg.eos_id, self.special, self.tgt.piece, replacements))
+        return self.tgt.decode([int(i) for i in target_pieces(ids, self.cfg.eos_id, self.special, int)])
 
     @property
     def target_unk_id(self) -> int | None:
@@ -271,12 +272,12 @@ class VocabTokenizer(Tokenizer):
     def describe(self) -> list[str]:
         """How text becomes ids and back, for export's report, with a sample split."""
         frame = [self.src.piece(i) for i in self.prefix]
-        eos = self.src.piece(self.cfg["eos_id"])
+        eos = self.src.piece(self.cfg.eos_id)
         sample = self.src.sample_text()
         ids = self.encode(sample)
         start = (f"start-of-sentence {' '.join(frame)} (id {' '.join(map(str, self.prefix))}) first"
                  if self.prefix else "no start token")
-        return [f"text in: {self.src.describe()}, then end-of-sentence {eos} (id {self.cfg['eos_id']}); {start}",
+        return [f"text in: {self.src.describe()}, then end-of-sentence {eos} (id {self.cfg.eos_id}); {start}",
                 f"text out: {self.tgt.describe()}, joined with "
                 f"{'nothing' if self.tgt.unit == 'char' else 'spaces' if self.tgt.unit == 'word' else 'sentencepiece'}",
                 f"sample: {sample!r} -> {' '.join(self.src.piece(i) for i in ids)} (ids {' '.join(map(str, ids))})"]
@@ -290,7 +291,7 @@ class SpmTokenizer(Tokenizer):
 
     LANGUAGE_CODE = re.compile(">>.+<<")
 
-    def __init__(self, data: dict[str, Any], config: dict[str, Any], root: Path, source: str):
+    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
         self.cfg = config
         d = root / "tokenizer"
 
@@ -309,9 +310,9 @@ class SpmTokenizer(Tokenizer):
         self.encoder = vocab("vocab.json")
         self.separate = bool(data.get("separate_vocabs"))
         target = vocab("target_vocab.json") if self.separate else self.encoder
-        for name, vocab_map, rows in (("vocab.json", self.encoder, config["src_vocab_size"]),
+        for name, vocab_map, rows in (("vocab.json", self.encoder, config.src_vocab_size),
                                       ("target_vocab.json" if data.get("separate_vocabs") else "vocab.json", target,
-                                       config["tgt_vocab_size"])):
+                                       config.tgt_vocab_size)):
             bad = [t for t, i in vocab_map.items()
                    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows]
             if bad:
@@ -322,14 +323,14 @@ class SpmTokenizer(Tokenizer):
         if unk not in self.encoder:
             raise BundleError(f"{d / 'vocab.json'}: has no unknown token {unk!r}")
         self.unk_id = self.encoder[unk]
-        self.special = {config["pad_id"], config["eos_id"], self.unk_id, config.get("decoder_start_id")}
+        self.special = {config.pad_id, config.eos_id, self.unk_id, config.decoder_start_id}
 
     def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
         self.no_language(lang, flag)
         match = self.LANGUAGE_CODE.match(text)
         code = [match.group(0)] if match else []
         pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)
-        return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg["eos_id"]]
+        return [self.encoder.get(p, self.unk_id) for p in pieces] + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:
         """Target ids of a text, as MarianTokenizer(text_target=...) gives them less end-of-sentence."""
@@ -338,7 +339,7 @@ class SpmTokenizer(Tokenizer):
         return [target.get(p, unk) for p in self.spm_target.encode(text, out_type=str)]
 
     def decode(self, ids, replacements: dict[int, str] | None = None) -> str:
-        pieces = target_pieces(ids, self.cfg["eos_id"], self.special, lambda i: self.decoder.get(i, ""), replacements)
+        pieces = target_pieces(ids, self.cfg.eos_id, self.special, lambda i: self.decoder.get(i, ""), replacements)
         if replacements:
             return join_spm_pieces(pieces)
         return self.spm_target.decode_pieces(pieces).replace("\u2581", " ").strip()
@@ -372,7 +373,7 @@ class SpmTokenizer(Tokenizer):
         ids = self.encode(sample)
         return [f"text in: Marian sentencepiece pieces (source.spm) looked up in vocab.json ({len(self.encoder)} "
                 f"tokens), a >>lang<< code first when the text starts with one, then end-of-sentence (id "
-                f"{self.cfg['eos_id']})",
+                f"{self.cfg.eos_id})",
                 f"text out: {'target_vocab.json' if self.separate else 'vocab.json'}, pieces joined by "
                 "target.spm",
                 f"sample: {sample!r} -> {' '.join(names.get(i, f'<id {i}>') for i in ids)} "
@@ -387,7 +388,7 @@ def clean_up_spaces(text: str) -> str:
     return text
 
 
-def load_tokenizer(path: Path, config: dict[str, Any]) -> "Tokenizer":
+def load_tokenizer(path: Path, config: TransformerConfig) -> "Tokenizer":
     """The bundle's tokenizer, by the kind its tokenizer.json names."""
     path = Path(path)
     data = read_json_object(path, BundleError, "a tokenizer")

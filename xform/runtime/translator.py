@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from xform.config import TransformerConfig
 from xform.errors import InputError, XformError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan, windows
@@ -42,7 +43,7 @@ class Translator:
         self.session = session
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> TransformerConfig:
         return self.session.config
 
     @property
@@ -257,8 +258,8 @@ class Translator:
         ids = [self.target_ids(p) for p in phrases]
         if any(not w for w in ids):
             raise InputError(f"{flag}: a phrase gives no target tokens ({list(phrases)})")
-        if any(len(w) > self.config["max_len"] for w in ids):
-            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config['max_len']} "
+        if any(len(w) > self.config.max_len for w in ids):
+            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config.max_len} "
                              "(it could never be generated)")
         return ids
 
@@ -381,7 +382,7 @@ class Translator:
                         prefix = self.target_ids(prefix_text)
                     except InputError as e:
                         ids, error = None, f"target prefix: {e}"
-                if ids is not None and len(ids) > self.config["max_len"]:
+                if ids is not None and len(ids) > self.config.max_len:
                     if truncate:
                         n = len(ids)
                         ids = self.truncated(ids)
@@ -389,7 +390,7 @@ class Translator:
                             on_warning(index, f"{n} source tokens cut to the model's max_len {len(ids)} (--truncate)")
                     else:
                         error = (f"{len(ids)} source tokens (end-of-sentence included), more than the "
-                                 f"model's max_len {self.config['max_len']} (--truncate cuts such lines)")
+                                 f"model's max_len {self.config.max_len} (--truncate cuts such lines)")
                         ids = None
                 if ids is not None and on_warning is not None:
                     warning = unknown_warning(self.text, ids)
@@ -445,7 +446,7 @@ class Translator:
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
-        n = self.config["max_len"]
+        n = self.config.max_len
         return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
 
     def decode_sources(self, sources: list[list[int]], gen: GenerationConfig,
@@ -492,5 +493,5 @@ class Translator:
                     texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
         """Text of generated rows, n a source; with `attention`, each unknown target token written
         as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
-        framing = {self.pad_id, self.eos_id, self.config["bos_id"]}
+        framing = {self.pad_id, self.eos_id, self.config.bos_id}
         return decode_rows(self.text, framing, rows, n, sources, texts, attention)

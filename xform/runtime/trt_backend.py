@@ -107,7 +107,7 @@ class TrtBackend:
         self.max_sources = prof.get("src_batch", prof["batch"])[2]
         self.max_steps = prof["cache_len"][2]
         cfg = bundle.config
-        self.n_layers, self.vocab = cfg["n_decoder_layers"], cfg["tgt_vocab_size"]
+        self.n_layers, self.vocab = cfg.n_decoder_layers, cfg.tgt_vocab_size
         self.allocate()
 
     # -- setup -------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
     if (text is None) == (ids is None):
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
                          f"{'both' if text is not None else 'neither'}")
-    max_len = session.config["max_len"]
+    max_len = session.config.max_len
     texts = None
     if text is not None:
         if session.tokenizer is None:
@@ -189,9 +189,9 @@ def settings_of(session, inputs: dict[str, np.ndarray | None], forced: int | Non
         if len(texts) != batch:
             raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {batch} rows")
         prefixes = [session.target_ids(t) if t else [] for t in texts]
-        if any(len(p) >= session.config["max_len"] for p in prefixes):
+        if any(len(p) >= session.config.max_len for p in prefixes):
             raise InputError(f"input 'target_prefix': more tokens than the model's max_len "
-                             f"{session.config['max_len']} leaves room for")
+                             f"{session.config.max_len} leaves room for")
         settings["target_prefix"] = prefixes
     return settings
 
