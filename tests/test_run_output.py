@@ -33,3 +33,26 @@ def test_output_refusals(demo_bundle, tmp_path):
     assert r.exit_code == 2 and "--echo goes with --output" in r.output
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--output", str(tmp_path / "no" / "o")])
     assert r.exit_code == 1 and "--output" in r.output
+
+
+def test_verbose_prints_the_plan_and_the_memory_it_bounds(demo_bundle, tmp_path):
+    """run --verbose: the rows limit and where it comes from, the lines it leaves at this beam
+    width, and the memory those limits bound, computed from the bundle's config."""
+    from xform.runtime.batching import size
+    from xform.runtime.bundle import Bundle
+
+    c = Bundle.open(demo_bundle).config
+    src = tmp_path / "in.txt"
+    src.write_text("40512\n7\n")
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--verbose", "--num-beams", "3",
+                                  "--max-batch-rows", "12", "--max-new-tokens", "9"])
+    assert r.exit_code == 0, r.output
+    assert "at most 12 decoder rows (--max-batch-rows), so 4 lines at 3 rows a line" in r.stderr
+    self_kv = 12 * 2 * c.n_decoder_layers * c.n_heads * c.head_dim * 10 * 4  # 12 rows, 9 new tokens + start
+    cross = 4 * 2 * c.n_decoder_layers * c.n_heads * c.head_dim * c.max_len * 4  # 4 lines, sources up to max_len
+    logits = 12 * c.tgt_vocab_size * 4
+    assert min(self_kv, cross, logits) >= 1024  # KiB figures that a factor of two would change
+    assert (f"{size(self_kv)} of self-attention cache, {size(cross)} of cross-attention keys and values, "
+            f"{size(logits)} of step logits") in r.stderr
+    plain = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src)])
+    assert "decoder rows" not in plain.stderr and plain.stdout == r.stdout

@@ -267,13 +267,15 @@ def print_bench(r) -> None:
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON.")
 @click.option("--force", is_flag=True, help="Replace an existing --json report (only a report xform wrote).")
+@click.option("--verbose", is_flag=True, help="Print how --input-file's batches are planned (rows, lines, tokens) "
+                                              "and the memory those limits bound, on stderr.")
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
         read_ahead, output, echo,
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
-        iters, json_path, force,
+        iters, json_path, force, verbose,
         greedy, **settings) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
@@ -301,6 +303,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
                     "generation": gen.to_dict()}
     failed = False
     checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
+    if verbose:
+        print_plan(session, batching, gen)
     if texts or input_file:
         with progress_bar(input_file is not None, "lines", "translated",
                           lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
@@ -322,6 +326,21 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         write_json(json_path, report, force, json_inputs)
     if failed:
         sys.exit(1)
+
+
+def print_plan(session, batching, gen) -> None:
+    """run --verbose: the batches' limits and the memory they bound."""
+    import numpy as np
+
+    from xform.runtime.cache import row_bytes
+
+    c = session.config
+    item = np.dtype(session.bundle.manifest.kv_dtype).itemsize if session.bundle is not None else 4
+    per_line = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences
+    layer = (c.n_decoder_layers, c.n_heads, c.head_dim)
+    for line in batching.describe(per_line, row_bytes(*layer, min(c.max_len, gen.max_new_tokens + 1), item),
+                                  row_bytes(*layer, c.max_len, item), 4 * c.tgt_vocab_size):
+        err.print(line, markup=False, highlight=False)
 
 
 def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,

@@ -73,6 +73,25 @@ class Batching:
     def rows_limit(self) -> int:
         return self.max_rows if self.max_rows is not None else DEFAULT_MAX_ROWS
 
+    def describe(self, per_line: int, self_bytes: int, cross_bytes: int, logit_bytes: int) -> list[str]:
+        """The plan's limits in words, with the memory they bound: `per_line` rows a line (beams
+        or samples); a row's self-attention K/V at the most positions it may reach, a line's
+        cross-attention K/V at the longest source, a row's float logits."""
+        rows, lines = self.rows_limit, self.lines_per_batch
+        why = "--max-batch-rows" if self.max_rows is not None else (
+            "the default: the knee of the speed curve of rows, docs/benchmarks.md")
+        limits = [f"at most {rows} decoder rows ({why}), so {max(1, rows // per_line)} lines at {per_line} rows a line"]
+        if lines is not None:
+            limits.append(f"at most {lines} lines (--batch-size{'' if self.batch_size else ', default'})")
+        if self.max_batch_tokens is not None:
+            limits.append(f"at most {self.max_batch_tokens} padded source tokens (--max-batch-tokens)")
+        n = min(max(1, rows // per_line), lines or rows)
+        return [f"batches: {'; '.join(limits)}; windows of {self.read_ahead} batches sorted by length "
+                "(--read-ahead)",
+                f"a batch holds at most, whatever the sentence lengths: {size(rows * self_bytes)} of "
+                f"self-attention cache, {size(n * cross_bytes)} of cross-attention keys and values, "
+                f"{size(rows * logit_bytes)} of step logits"]
+
     def fits(self, rows: int, longest: int, per_line: int = 1) -> bool:
         """Whether `rows` sources, the longest of `longest` tokens, each decoding `per_line` rows
         (beams or samples), are within a batch's limits."""
@@ -95,6 +114,11 @@ class Batching:
             return False
         assert self.max_batch_tokens is not None  # __post_init__: batch_type tokens needs max_batch_tokens
         return tokens >= self.read_ahead * self.max_batch_tokens
+
+
+def size(nbytes: int) -> str:
+    """Bytes in MiB, or KiB under one MiB."""
+    return f"{nbytes / (1 << 20):,.0f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:,.0f} KiB"
 
 
 def whole(v: object) -> bool:

@@ -133,6 +133,11 @@ class HostCache(HostRows):
         self.new = []
 
 
+def row_bytes(n_layers: int, n_heads: int, head_dim: int, positions: int, itemsize: int) -> int:
+    """Bytes of one row's self-attention keys and values at `positions` positions."""
+    return 2 * n_layers * n_heads * head_dim * positions * itemsize
+
+
 def grown_capacity(filled: int, limit: int) -> int:
     """The capacity a full cache grows to before writing position `filled`: double, capped at
     `limit` (the positions a decode may reach), never less than one more position. Both graph

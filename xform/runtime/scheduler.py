@@ -19,6 +19,7 @@ import numpy as np
 
 from xform.errors import InputError, XformError
 from xform.runtime.backend import JoinRefused
+from xform.runtime.cache import row_bytes
 from xform.runtime.loop import Batch, Decode
 
 __all__ = ["Batch", "Cancelled", "Decode", "OverloadedError", "RequestFuture", "Scheduler", "Ticket"]
@@ -101,7 +102,7 @@ class Scheduler:
         """Bytes of one row's self-attention cache at the model's max_len positions."""
         c, bundle = self.session.config, self.session.bundle
         item = 4 if bundle is None else np.dtype(bundle.manifest.kv_dtype).itemsize
-        return 2 * c.n_decoder_layers * c.n_heads * c.head_dim * c.max_len * item
+        return row_bytes(c.n_decoder_layers, c.n_heads, c.head_dim, c.max_len, item)
 
     @property
     def cache_bytes(self) -> int:
