@@ -103,9 +103,10 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
     texts = ["40512", "7", "999999"]
     want = session.translate(texts)
     ids = session.generate(session.encode_texts(texts))
-    assert infer(http(server), th, name, texts=texts)[1] == want
-    assert infer(grpc(server), tg, name, texts=texts)[1] == want
-    before = int(http(server).get_inference_statistics(name + "-stream")["model_stats"][0]["inference_count"])
+    h, g = http(server), grpc(server)  # closed at the end: an open connection holds Triton's exit 30 s
+    assert infer(h, th, name, texts=texts)[1] == want
+    assert infer(g, tg, name, texts=texts)[1] == want
+    before = int(h.get_inference_statistics(name + "-stream")["model_stats"][0]["inference_count"])
     s = Stream(server)
     try:
         for i, text in enumerate(texts):
@@ -115,9 +116,11 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
         (kind, got_ids, got_text), = s.ask(name + "-stream", texts, "plain", stream=False)
         assert kind == "final" and got_text == want
         np.testing.assert_array_equal(got_ids, ids)
+        after = int(h.get_inference_statistics(name + "-stream")["model_stats"][0]["inference_count"])
     finally:
         s.close()
-    after = int(http(server).get_inference_statistics(name + "-stream")["model_stats"][0]["inference_count"])
+        h.close()
+        g.close()
     assert after - before >= len(texts) + 1
 
 
