@@ -11,7 +11,12 @@ The settings are applied to every ONNX Runtime session the backend opens:
 - default: xform's own session options;
 - no-prepack: `session.disable_prepacking` 1 (MLAS keeps no packed copy of the MatMul weights);
 - no-arena: `enable_cpu_mem_arena` False (tensors from malloc, returned when freed);
-- no-prepack+no-arena: both.
+- no-prepack+no-arena: both;
+- shared-arena: one arena for every session of the process (an environment allocator,
+  `session.use_env_allocators` 1) instead of one a session, growing as ONNX Runtime's default does
+  (to the next power of two);
+- shared-arena-exact: the same arena growing by what is asked (`arena_extend_strategy` 1,
+  kSameAsRequested).
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import sys
 import time
 
 SETTINGS = {"default": {}, "no-prepack": {"prepack": False}, "no-arena": {"arena": False},
-            "no-prepack+no-arena": {"prepack": False, "arena": False}}
+            "no-prepack+no-arena": {"prepack": False, "arena": False}, "shared-arena": {"shared": 0},
+            "shared-arena-exact": {"shared": 1}}
 
 
 def child(bundle: str, path: str, lines: int, beams: int, threads: int, setting: dict) -> dict:
@@ -31,12 +37,18 @@ def child(bundle: str, path: str, lines: int, beams: int, threads: int, setting:
     from xform.runtime.bench import peak_rss_mib, rss_mib
 
     opened = ob.session
+    if "shared" in setting:
+        ort = ob.import_onnxruntime()
+        cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(cpu, ort.OrtArenaCfg({"arena_extend_strategy": setting["shared"]}))
 
     def session(ort, graph_path, opts, providers):
         if not setting.get("prepack", True):
             opts.add_session_config_entry("session.disable_prepacking", "1")
         if not setting.get("arena", True):
             opts.enable_cpu_mem_arena = False
+        if "shared" in setting:
+            opts.add_session_config_entry("session.use_env_allocators", "1")
         return opened(ort, graph_path, opts, providers)
 
     ob.session = session

@@ -13,6 +13,7 @@ from tests.marian_fixtures import CONFIGS, sources
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 SCORE_ATOL = 1e-4
+TIE = 1e-6
 MAX_NEW = 14
 
 
@@ -50,8 +51,21 @@ def test_beam_tokens_and_scores_equal_transformers(marians, name, beams, penalty
     want, want_scores = hf_beams(model, src, mask, **kw)
     got, scores = xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=MAX_NEW,
                                                                return_scores=True, **kw)
-    np.testing.assert_array_equal(got, want)
+    assert_hypotheses_equal(got, scores, want, want_scores, n_ret)
+
+
+def assert_hypotheses_equal(got, scores, want, want_scores, n_ret):
+    """Tokens exactly and scores within SCORE_ATOL, each source's hypotheses in transformers' order,
+    except that hypotheses whose scores tie (within TIE: float32 sums that differ in their last bit)
+    may come in either order: which of two equal scores ranks first is not a property of the model."""
     np.testing.assert_allclose(scores, want_scores, rtol=0, atol=SCORE_ATOL)
+    assert got.shape == want.shape
+    for r in range(len(want)):
+        if (got[r] == want[r]).all():
+            continue
+        block = range(r - r % n_ret, r - r % n_ret + n_ret)
+        tied = [j for j in block if abs(want_scores[j] - want_scores[r]) <= TIE and (got[r] == want[j]).all()]
+        assert tied, f"hypothesis {r}: {got[r].tolist()} (score {scores[r]}) is not transformers' {want[r].tolist()}"
 
 
 @pytest.fixture(scope="module")
