@@ -1,0 +1,94 @@
+"""The Ray cluster a corpus runs on: joined by address, found with `auto`, or started on this
+machine (`local`) and stopped after; and how many CPUs each worker may take there.
+
+Ray is imported here and only here (and by the actors it starts), when a command asks for it: a
+missing Ray is an error naming the extra that installs it. Workers x threads never exceed the
+cluster's CPUs, packed node by node, unless the caller oversubscribes on purpose; a worker
+reserves its threads as Ray CPUs, so Ray never places more on a node than it has.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Iterator
+
+from xform.errors import XformError
+
+INSTALL = 'pip install -e ".[ray]"'
+CONNECT_TIMEOUT_S = 5.0
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise XformError(f"--ray needs Ray (Ray Data 2.60), which is not installed: {INSTALL}") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A connected cluster: its address (as asked), and each live node's id and CPUs."""
+    address: str
+    nodes: dict[str, int]
+
+    @property
+    def cpus(self) -> int:
+        return sum(self.nodes.values())
+
+
+@contextlib.contextmanager
+def connect(address: str) -> Iterator[Cluster]:
+    """Join the cluster at ADDRESS (host:port, or ray://...), `auto` (RAY_ADDRESS, else one
+    started on this machine with `ray start`), or start one on this machine (`local`), stopped
+    when the block ends; the connection is closed either way."""
+    ray = import_ray()
+    if address == "local":
+        ray.init(include_dashboard=False, log_to_driver=False)
+    else:
+        if address != "auto" and "://" not in address:
+            check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as e:
+            hint = " (RAY_ADDRESS is unset and no cluster was started on this machine)" if (
+                address == "auto" and not os.environ.get("RAY_ADDRESS")) else ""
+            raise XformError(f"--ray {address}: no Ray cluster to join{hint}: {e}. Start one with `ray start --head`, "
+                             "or give --ray local to start one for this command") from None
+    try:
+        nodes = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]}
+        yield Cluster(address, nodes)
+    finally:
+        ray.shutdown()
+
+
+def check_reachable(address: str) -> None:
+    """Refuse at once an address where nothing listens (Ray itself would retry for a minute)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise XformError(f"--ray {address}: expected host:port (the head's GCS address, as `ray start --head` "
+                         "prints it), auto, or local")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise XformError(f"--ray {address}: nothing answers there ({e.strerror or e}); is the cluster's head "
+                         "started (`ray start --head`)?") from None
+
+
+def worker_threads(cpus: list[int], workers: int, threads: int | None, oversubscribe: bool,
+                   where: str = "the cluster") -> int:
+    """The threads each of `workers` workers runs with on nodes of `cpus` CPUs: as asked, or by
+    default the CPUs shared among the workers (at most one node's). More workers x threads than
+    the nodes hold is refused unless `oversubscribe`."""
+    biggest = max(cpus, default=0)
+    if threads is None:
+        threads = max(1, min(biggest, sum(cpus) // workers))
+    places = sum(c // threads for c in cpus)
+    if workers > places and not oversubscribe:
+        nodes = ", ".join(str(c) for c in cpus) or "none"
+        raise XformError(f"--workers {workers} x --threads {threads} is more than {where} holds (CPUs per node: "
+                         f"{nodes}; room for {places} such workers): lower them, or pass --oversubscribe to run "
+                         "them anyway")
+    return threads
