@@ -34,7 +34,7 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="INPUT...")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path),
               help="Where each input's translation goes, under its own name, line for line; also the corpus's "
                    "record (xform-corpus.json) and finished shards, so that the same command run again goes on "

@@ -46,7 +46,7 @@ def connect(address: str) -> Iterator[Cluster]:
     when the block ends; the connection is closed either way."""
     ray = import_ray()
     if address == "local":
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)  # a new one, even if one runs
     else:
         if address != "auto" and "://" not in address:
             check_reachable(address)
