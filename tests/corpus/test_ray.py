@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.corpus.conftest import holding, numbers
+from tests.corpus.conftest import numbers
 from tests.corpus.test_corpus import cli_job
+from tests.ray_cluster import holding
 from xform.cli import main
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
