@@ -96,10 +96,10 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
                        replace_unknowns)
     job = Job(str(bundle.resolve()), gen, text, batching, backend, device, threads, vocab)
     plan = corpus_plan(bundle, inputs, field, shard_lines, job, vocab_map)
+    own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
-        report = go(plan, record, job, session if local else None, ray_address, workers, oversubscribe,
-                    max_restarts)
+        report = go(plan, record, job, own, ray_address, workers, oversubscribe, max_restarts)
     finally:
         record.close()
     report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(), output_dir=str(output_dir))
