@@ -121,7 +121,8 @@ def test_a_changed_input_is_refused_naming_it(demo_bundle, tmp_path):
     assert r.exit_code == 1 and f"{src}: its content changed" in r.output, r.output
 
 
-@pytest.mark.parametrize("case", ["other corpus", "foreign file", "a file", "holds the input", "missing input"])
+@pytest.mark.parametrize("case", ["other corpus", "foreign file", "a file", "holds the input", "missing input",
+                                  "a directory as input"])
 def test_output_dirs_and_inputs_refused_by_name(demo_bundle, tmp_path, case):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("1\n")
@@ -140,8 +141,11 @@ def test_output_dirs_and_inputs_refused_by_name(demo_bundle, tmp_path, case):
         fragment = "is a file"
     elif case == "holds the input":
         args, fragment = [a, "--output-dir", tmp_path], f"INPUT {a} is inside it"
-    else:
+    elif case == "missing input":
         args, fragment = [tmp_path / "nope.txt", "--output-dir", out], "nope.txt: no such file"
+    else:
+        (tmp_path / "texts").mkdir()
+        args, fragment = [tmp_path / "texts", "--output-dir", out], "texts: is a directory; expected a file"
     before = sorted((p.name, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
     r = corpus(demo_bundle, *args)
     assert r.exit_code in (1, 2) and fragment in r.output, r.output
@@ -260,3 +264,19 @@ def test_ray_data_translate_block_without_ray(demo_bundle):
         strict({"text": np.array([b"\xff"], dtype=object)})
     with pytest.raises(Exception, match="no column 'text'"):
         strict({"sentence": np.array(["7"], dtype=object)})
+
+
+def test_the_progress_bar_on_a_terminal(demo_bundle, corpus_inputs, tmp_path, monkeypatch):
+    """On a terminal, stderr shows lines done, sentences/s, shards done and the workers."""
+    import io
+
+    from rich.console import Console
+
+    import xform.cli.corpus as cli_corpus
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli_corpus, "err", Console(file=screen, force_terminal=True, width=200))
+    r = corpus(demo_bundle, *corpus_inputs[:2], "--output-dir", tmp_path / "o", "--shard-lines", 100)
+    assert r.exit_code == 0, r.output
+    shown = screen.getvalue()
+    assert "lines" in shown and "sentences/s" in shown and "shards 4/4" in shown and "1 worker" in shown

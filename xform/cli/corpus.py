@@ -125,6 +125,9 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
     if workers > 1 and ray_address is None:
         raise click.UsageError(f"--workers {workers} runs Ray actors: give --ray (local, auto or an address)")
     for path in inputs:
+        if path.is_dir():
+            raise XformError(f"INPUT {path}: is a directory; expected a file (text, .jsonl or .parquet): give its "
+                             "files")
         check_readable("INPUT", path)
     out_dir = Path(os.path.realpath(output_dir))
     for name, path in [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)]:
