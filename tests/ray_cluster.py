@@ -11,6 +11,7 @@ wait is bounded.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
@@ -28,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
 NODE_CPUS = 2  # logical CPUs each node offers Ray (this machine may have fewer cores)
-NODE_MARK = "XFORM_TEST_RAY_NODE=1"  # in the environment of the cluster's processes only
 
 
 @dataclass
@@ -86,28 +86,59 @@ def stop(cluster: RayCluster) -> None:
         try:
             p.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
             p.wait(STOP_TIMEOUT_S)
     for pid in holding(cluster.token):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
-def holding(token: str, nodes_only: bool | None = None) -> list[int]:
-    """This user's processes whose environment holds the session's token (Ray's, started here):
-    all of them, or those of the cluster's nodes (`nodes_only` True: they carry NODE_MARK), or the
-    others (False: a cluster the tests' own drivers started, `--ray local`)."""
+def holding(token: str) -> list[int]:
+    """This user's processes whose environment holds the session's token: Ray's, started by the
+    cluster's nodes or by a driver of the tests (`--ray local`)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            if f"RAY_AUTH_TOKEN={token}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
         except OSError:
             continue
-        if f"RAY_AUTH_TOKEN={token}".encode() in environ and (
-                nodes_only is None or (NODE_MARK.encode() in environ) == nodes_only):
-            found.append(int(entry.name))
     return found
+
+
+def stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command: state, parent, group, session, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def others(cluster: RayCluster) -> list[int]:
+    """Processes holding the token outside the cluster's nodes (each node's `ray start` leads a
+    session of its own, which its daemons and workers keep): a cluster a test's driver started."""
+    nodes = {p.pid for p in cluster.nodes}
+    out = []
+    for pid in holding(cluster.token):
+        try:
+            if int(stat(pid)[3]) not in nodes:
+                out.append(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def described(cluster: RayCluster) -> list[str]:
+    """`others`: pid, state, parent, group and command line of each."""
+    out = []
+    for pid in others(cluster):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ").strip()[:100]
+            state, parent, group = stat(pid)[:3]
+        except (OSError, ValueError):
+            continue
+        out.append(f"{pid} ({state}, parent {parent}, group {group}): {cmd.decode(errors='replace')}")
+    return out
 
 
 def running_cluster(tmp_path_factory):
@@ -119,7 +150,7 @@ def running_cluster(tmp_path_factory):
     # no usage reports; a node stops at once on SIGTERM (by default it drains for up to 30 s)
     ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-    env = {**os.environ, **ray_env, NODE_MARK.split("=")[0]: "1",
+    env = {**os.environ, **ray_env,
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     temp = Path(tmp_path_factory.mktemp("ray"))
     port = free_port()
@@ -142,3 +173,4 @@ def running_cluster(tmp_path_factory):
             yield cluster
         finally:
             stop(cluster)
+

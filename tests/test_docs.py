@@ -168,7 +168,7 @@ def test_production_configs_name_a_command_the_cli_takes(start, tmp_path):
 def test_corpus_guide(demo_bundle, ray_cluster, tmp_path, monkeypatch):
     """docs/corpus.md: its one-machine block here, its `--ray local` block as a user runs it (a
     process of its own, nothing left running after), its Ray Data snippet on the tests' cluster."""
-    from tests.ray_cluster import holding
+    from tests.ray_cluster import described, others
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
@@ -185,8 +185,8 @@ def test_corpus_guide(demo_bundle, ray_cluster, tmp_path, monkeypatch):
     for name in ("numbers.txt", "more.jsonl"):
         assert (tmp_path / "translated-ray" / name).read_text() == (tmp_path / "translated" / name).read_text()
     deadline = time.monotonic() + 20
-    while holding(ray_cluster.token, nodes_only=False):
-        assert time.monotonic() < deadline, "--ray local left Ray processes running"
+    while others(ray_cluster):
+        assert time.monotonic() < deadline, f"--ray local left Ray processes running: {described(ray_cluster)}"
         time.sleep(0.2)
     r = subprocess.run([sys.executable, "-c", marked("corpus-python", "docs/corpus.md", "python")], cwd=tmp_path,
                        env={**os.environ, "RAY_ADDRESS": ray_cluster.address}, capture_output=True, text=True,

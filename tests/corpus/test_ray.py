@@ -10,14 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tests.corpus.conftest import numbers
 from tests.corpus.test_corpus import cli_job
-from tests.ray_cluster import holding
+from tests.ray_cluster import described, others
 from xform.cli import main
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
@@ -148,14 +147,9 @@ def test_ray_local_starts_a_cluster_and_stops_it(demo_bundle, ray_cluster, tmp_p
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "o" / "in.txt").read_text() == "seven\n\nforty thousand five hundred twelve\n"
     deadline = time.monotonic() + 20
-    while holding(ray_cluster.token, nodes_only=False):  # the local cluster's processes, going
-        assert time.monotonic() < deadline, f"--ray local left processes behind: {described(ray_cluster.token)}"
+    while others(ray_cluster):  # the local cluster's processes, going
+        assert time.monotonic() < deadline, f"--ray local left processes behind: {described(ray_cluster)}"
         time.sleep(0.2)
-
-
-def described(token: str) -> list[str]:
-    return [f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().rstrip(bytes(1))[:80]!r}"
-            for pid in holding(token, nodes_only=False)]
 
 
 def test_translate_in_a_ray_data_pipeline(ray_cluster, demo_bundle, tmp_path):

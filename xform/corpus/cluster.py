@@ -1,7 +1,7 @@
 """The Ray cluster a corpus runs on: joined by address, found with `auto`, or started on this
-machine (`local`) and stopped after; and how many CPUs each worker may take there.
+machine (`local`, local.py) and stopped after; and how many CPUs each worker may take there.
 
-Ray is imported here and only here (and by the actors it starts), when a command asks for it: a
+Ray is imported here and by the Ray pool (pipeline.py), only when a command asks for it: a
 missing Ray is an error naming the extra that installs it. Workers x threads never exceed the
 cluster's CPUs, packed node by node, unless the caller oversubscribes on purpose; a worker
 reserves its threads as Ray CPUs, so Ray never places more on a node than it has.
@@ -21,10 +21,15 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 def import_ray():
+    import importlib.util
+
     try:
-        import ray
-    except ImportError:
-        raise XformError(f"--ray needs Ray (Ray Data 2.60), which is not installed: {INSTALL}") from None
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install
+        found = False
+    if not found:
+        raise XformError(f"--ray needs Ray (Ray Data 2.60), which is not installed: {INSTALL}")
+    import ray
     return ray
 
 
@@ -42,38 +47,43 @@ class Cluster:
 @contextlib.contextmanager
 def connect(address: str) -> Iterator[Cluster]:
     """Join the cluster at ADDRESS (host:port, or ray://...), `auto` (RAY_ADDRESS, else one
-    started on this machine with `ray start`), or start one on this machine (`local`), stopped
-    when the block ends; the connection is closed either way."""
-    ray = import_ray()
-    if address == "local":
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)  # a new one, even if one runs
-    else:
-        if address != "auto" and "://" not in address:
-            check_reachable(address)
-        try:
-            ray.init(address=address, log_to_driver=False)
-        except ConnectionError as e:
-            hint = " (RAY_ADDRESS is unset and no cluster was started on this machine)" if (
-                address == "auto" and not os.environ.get("RAY_ADDRESS")) else ""
-            raise XformError(f"--ray {address}: no Ray cluster to join{hint}: {e}. Start one with `ray start --head`, "
-                             "or give --ray local to start one for this command") from None
-    try:
+    started on this machine with `ray start`), or `local`: one started on this machine for the
+    block and stopped after (local.py). The connection is closed either way."""
+    with contextlib.ExitStack() as stack:
+        import_ray()  # missing: said before anything starts
+        target = address
+        if address == "local":
+            from xform.corpus.local import local_head
+            target = stack.enter_context(local_head())
+        ray = import_ray()  # after local_head: the driver reads the token it shares with the head
+        join(ray, address, target)
+        stack.callback(ray.shutdown)
         nodes = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]}
         yield Cluster(address, nodes)
-    finally:
-        ray.shutdown()
 
 
-def check_reachable(address: str) -> None:
+def join(ray, asked: str, target: str) -> None:
+    if target != "auto" and "://" not in target:
+        check_reachable(asked, target)
+    try:
+        ray.init(address=target, log_to_driver=False)
+    except ConnectionError as e:
+        hint = " (RAY_ADDRESS is unset and no cluster was started on this machine)" if (
+            asked == "auto" and not os.environ.get("RAY_ADDRESS")) else ""
+        raise XformError(f"--ray {asked}: no Ray cluster to join{hint}: {e}. Start one with `ray start --head`, "
+                         "or give --ray local to start one for this command") from None
+
+
+def check_reachable(asked: str, address: str) -> None:
     """Refuse at once an address where nothing listens (Ray itself would retry for a minute)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise XformError(f"--ray {address}: expected host:port (the head's GCS address, as `ray start --head` "
+        raise XformError(f"--ray {asked}: expected host:port (the head's GCS address, as `ray start --head` "
                          "prints it), auto, or local")
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
-        raise XformError(f"--ray {address}: nothing answers there ({e.strerror or e}); is the cluster's head "
+        raise XformError(f"--ray {asked}: nothing answers there ({e.strerror or e}); is the cluster's head "
                          "started (`ray start --head`)?") from None
 
 
