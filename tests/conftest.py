@@ -116,6 +116,11 @@ def marians(tmp_path_factory):
     return out
 
 
+def pytest_configure(config):
+    from tests.ray_cluster import configure_session
+    configure_session()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """A real Ray cluster of two nodes on this machine for the session (tests/ray_cluster.py);

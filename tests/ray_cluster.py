@@ -141,15 +141,22 @@ def described(cluster: RayCluster) -> list[str]:
     return out
 
 
+def configure_session() -> None:
+    """The test session's Ray token, in this process's environment from its start (pytest_configure):
+    Ray reads its authentication mode when it is imported, so a test importing Ray before the
+    cluster starts would otherwise hold a mode the cluster does not share. The tests' nodes,
+    drivers and `--ray local` clusters all authenticate with it; nothing reads or writes ~/.ray."""
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+
+
 def running_cluster(tmp_path_factory):
     """Two Ray nodes on this machine (the second with the resource `second_node`), yielded while
     they run; this process's environment holds the token meanwhile."""
-    if importlib.util.find_spec("ray") is None:  # not imported here: Ray reads its auth mode when imported
+    if importlib.util.find_spec("ray") is None:
         pytest.skip('the Ray tests need Ray: pip install -e ".[ray]"')
-    token = secrets.token_hex(16)
+    token = os.environ["RAY_AUTH_TOKEN"]  # the session's (configure_session)
     # no usage reports; a node stops at once on SIGTERM (by default it drains for up to 30 s)
-    ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    ray_env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env = {**os.environ, **ray_env,
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     temp = Path(tmp_path_factory.mktemp("ray"))

@@ -280,3 +280,27 @@ def test_the_progress_bar_on_a_terminal(demo_bundle, corpus_inputs, tmp_path, mo
     assert r.exit_code == 0, r.output
     shown = screen.getvalue()
     assert "lines" in shown and "sentences/s" in shown and "shards 4/4" in shown and "1 worker" in shown
+
+
+def test_an_address_where_nothing_listens_and_an_existing_report_are_refused_at_once(demo_bundle, tmp_path):
+    pytest.importorskip("ray")  # the session's Ray token is set before any import (tests/ray_cluster.py)
+    src = tmp_path / "in.txt"
+    src.write_text("7\n")
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o", "--ray", "127.0.0.1:1")
+    assert r.exit_code == 1 and "--ray 127.0.0.1:1: nothing answers there" in r.output, r.output
+    (tmp_path / "r.json").write_text("{}")
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o", "--json", tmp_path / "r.json")
+    assert r.exit_code == 2 and "--force replaces it, and also starts the corpus over" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_on_gpus_reserve_one_each():
+    from xform.corpus.cluster import worker_gpus
+    from xform.errors import XformError
+
+    assert worker_gpus(False, 4, 0, False) == 0
+    assert worker_gpus(True, 2, 4, False) == 1.0 and worker_gpus(True, 4, 2, True) == 0.5
+    with pytest.raises(XformError, match="the cluster has no GPU"):
+        worker_gpus(True, 1, 0, False)
+    with pytest.raises(XformError, match="--workers 3 decoding on GPUs, and the cluster has 2"):
+        worker_gpus(True, 3, 2, False)

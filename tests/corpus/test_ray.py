@@ -21,6 +21,7 @@ from xform.cli import main
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
 from xform.corpus.record import RECORD, SHARDS, Record
+from xform.errors import XformError
 
 pytestmark = pytest.mark.ray
 KILL_TIMEOUT_S = 90
@@ -125,6 +126,35 @@ def test_a_worker_killed_mid_shard_costs_only_its_shard(ray_cluster, demo_bundle
     restarted = [s for s in summary["shards"].values() if s["restarted"]]
     assert restarted and all(s["pid"] != killed[0] for s in restarted)
     assert (tmp_path / "out" / "in.txt").read_text() == run_file(demo_bundle, src, "--num-beams", 4)
+
+
+def test_a_worker_lost_past_max_restarts_stops_the_run_with_what_it_finished(ray_cluster, demo_bundle, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(numbers(480, 9)) + "\n")
+    job = dataclasses.replace(cli_job(demo_bundle), threads=1)
+    job = dataclasses.replace(job, gen=job.gen.updated(num_beams=4))
+    plan = pipeline.plan_corpus([src], "text", 40, demo_bundle, {"generation": job.gen.to_dict(),
+                                "text": job.text.to_dict(), "vocab_map": None})
+    record = Record.open(tmp_path / "out", plan.identity, force=False)
+    killed: list[int] = []
+
+    def kill_once(result):
+        if not killed:
+            os.kill(result.pid, signal.SIGKILL)
+            killed.append(result.pid)
+
+    try:
+        with connect(ray_cluster.address):
+            pool = pipeline.RayPool(job, workers=1, num_cpus=1, max_restarts=0)
+            try:
+                with pytest.raises(XformError, match="worker 0 is lost and Ray gave up on it .at most --max-restarts "
+                                                     "0 restarts.*run the command again to go on"):
+                    pipeline.translate(plan, record, pool, 1, kill_once)
+            finally:
+                pool.close()
+    finally:
+        record.close()
+    assert 1 <= len(record.done()) < 12 and killed
 
 
 def test_more_workers_than_the_cluster_holds_is_refused(ray_cluster, demo_bundle, tmp_path):

@@ -124,6 +124,9 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
     """corpus's flags that go together, and the paths it reads and writes, before anything is loaded."""
     if workers > 1 and ray_address is None:
         raise click.UsageError(f"--workers {workers} runs Ray actors: give --ray (local, auto or an address)")
+    if ray_address not in (None, "auto", "local") and "://" not in ray_address:
+        from xform.corpus.cluster import check_reachable
+        check_reachable(ray_address, ray_address)  # nothing listening there: said before anything is written
     for path in inputs:
         if path.is_dir():
             raise XformError(f"INPUT {path}: is a directory; expected a file (text, .jsonl or .parquet): give its "
@@ -137,6 +140,9 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
                                    f"{'inside it' if out_dir in real.parents else 'it, or holds it'}; the corpus "
                                    "writes its outputs and record there: give a directory apart from the inputs")
     if json_path is not None:
+        if json_path.exists() and not force:  # --force would also start the corpus over: say so
+            raise click.UsageError(f"--json {json_path}: already exists; give a new path (--force replaces it, and "
+                                   "also starts the corpus over)")
         if out_dir in Path(os.path.realpath(json_path)).parents:
             raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
                                    "files: write it elsewhere")
@@ -153,12 +159,13 @@ def go(plan, record, job, session, ray_address, workers: int, oversubscribe: boo
     if ray_address is None:
         return run_pool(plan, record, LocalPool(ShardWorker(job, 0, session)), {"ray": None, "workers": 1,
                                                                                  "threads": job.threads})
-    from xform.corpus.cluster import connect, worker_threads
+    from xform.corpus.cluster import connect, worker_gpus, worker_threads
 
     with connect(ray_address) as cluster:
         threads = worker_threads(list(cluster.nodes.values()), workers, job.threads, oversubscribe)
+        gpus = worker_gpus(job.backend == "trt" or job.device == "cuda", workers, cluster.gpus, oversubscribe)
         pool = RayPool(dataclasses.replace(job, threads=threads), workers, 0 if oversubscribe else threads,
-                       max_restarts)
+                       max_restarts, num_gpus=gpus)
         try:
             return run_pool(plan, record, pool, {"ray": ray_address, "workers": workers, "threads": threads,
                                                  "nodes": len(cluster.nodes), "cluster_cpus": cluster.cpus})

@@ -35,9 +35,10 @@ def import_ray():
 
 @dataclass(frozen=True)
 class Cluster:
-    """A connected cluster: its address (as asked), and each live node's id and CPUs."""
+    """A connected cluster: its address (as asked), each live node's id and CPUs, and its GPUs."""
     address: str
     nodes: dict[str, int]
+    gpus: int = 0
 
     @property
     def cpus(self) -> int:
@@ -58,8 +59,9 @@ def connect(address: str) -> Iterator[Cluster]:
         ray = import_ray()  # after local_head: the driver reads the token it shares with the head
         join(ray, address, target)
         stack.callback(ray.shutdown)
-        nodes = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]}
-        yield Cluster(address, nodes)
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        yield Cluster(address, {n["NodeID"]: int(n["Resources"].get("CPU", 0)) for n in alive},
+                      sum(int(n["Resources"].get("GPU", 0)) for n in alive))
 
 
 def join(ray, asked: str, target: str) -> None:
@@ -102,3 +104,17 @@ def worker_threads(cpus: list[int], workers: int, threads: int | None, oversubsc
                          f"{nodes}; room for {places} such workers): lower them, or pass --oversubscribe to run "
                          "them anyway")
     return threads
+
+
+def worker_gpus(job_on_gpu: bool, workers: int, gpus: int, oversubscribe: bool) -> float:
+    """The GPUs each worker reserves: one where it decodes on a GPU (--backend trt, --device cuda),
+    so that Ray places it on a node that has one; more workers than the cluster's GPUs is refused
+    unless `oversubscribe` (then they share them: a fraction each)."""
+    if not job_on_gpu:
+        return 0
+    if gpus == 0:
+        raise XformError("--backend trt / --device cuda: the cluster has no GPU (Ray counts none on its nodes)")
+    if workers > gpus and not oversubscribe:
+        raise XformError(f"--workers {workers} decoding on GPUs, and the cluster has {gpus}: lower --workers, or pass "
+                         "--oversubscribe to share them")
+    return min(1.0, gpus / workers)

@@ -174,18 +174,20 @@ class RayShardWorker(ShardWorker):
 
 class RayPool:
     """An actor pool of ShardWorkers on the connected Ray cluster (cluster.py): `workers` actors,
-    each one session with `num_cpus` CPUs reserved, spread over the nodes, `inflight` shards
+    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes, `inflight` shards
     queued on each so none waits for the driver. An actor whose process or node dies is restarted
     by Ray (at most `max_restarts` times) and the shards it held are retried on it; past that the
     run stops with what it finished recorded."""
 
-    def __init__(self, job: Job, workers: int, num_cpus: float, max_restarts: int, inflight: int = 2):
+    def __init__(self, job: Job, workers: int, num_cpus: float, max_restarts: int, inflight: int = 2,
+                 num_gpus: float = 0):
         import ray
 
         remote: Any = ray.remote(RayShardWorker)
         self.workers, self.max_restarts, self.inflight = workers, max_restarts, inflight
-        self.actors: list[Any] = [remote.options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=-1,
-                                      scheduling_strategy="SPREAD").remote(job, i) for i in range(workers)]
+        self.actors: list[Any] = [remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                                                 max_task_retries=-1, scheduling_strategy="SPREAD").remote(job, i)
+                                  for i in range(workers)]
 
     def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
         import ray
