@@ -85,12 +85,12 @@ class Figures:
         self.lines += r.shard.lines
         self.tokens += r.tokens
         w = self.workers.setdefault(r.worker, {"worker": r.worker, "shards": 0, "lines": 0, "tokens": 0,
-                                               "busy_s": 0.0, "restarts_seen": 0})
+                                               "busy_s": 0.0, "shards_after_restart": 0})
         w.update(shards=w["shards"] + 1, lines=w["lines"] + r.shard.lines, tokens=w["tokens"] + r.tokens,
                  busy_s=w["busy_s"] + r.seconds, pid=r.pid, node=r.node,
                  peak_rss_mib=max(w.get("peak_rss_mib", 0.0), r.peak_rss_mib))
         w["sentences_per_s"] = w["lines"] / max(w["busy_s"], 1e-9)
-        w["restarts_seen"] += r.restarted
+        w["shards_after_restart"] += r.restarted  # translated by an actor Ray had restarted
 
     def to_dict(self) -> dict:
         s = max(self.seconds, 1e-9)
