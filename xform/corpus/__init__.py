@@ -7,5 +7,6 @@ never torch, the models or the exporter.
     worker.py    one session translating lines and shards (LineTranslator, ShardWorker)
     record.py    the output directory's record: identity, shards done, atomic writes, refusals
     pipeline.py  plan, translate on a pool (in-process or a Ray actor pool), assemble
-    cluster.py   joining or starting a Ray cluster; workers x threads against its CPUs
+    cluster.py   joining a Ray cluster; workers x threads (and GPUs) against what it holds
+    local.py     `--ray local`: a Ray head on this machine owned by the command
 """
