@@ -114,3 +114,16 @@ def marians(tmp_path_factory):
         model = build_marian(d, name, safe=(name != "gelu-unscaled"))  # one as pytorch_model.bin
         out[name] = (d, model, export_bundle(d, tmp_path_factory.mktemp("bundle") / name).path)
     return out
+
+
+def pytest_configure(config):
+    from tests.ray_cluster import configure_session
+    configure_session()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A real Ray cluster of two nodes on this machine for the session (tests/ray_cluster.py);
+    skipped with the reason where Ray is not installed."""
+    from tests.ray_cluster import running_cluster
+    yield from running_cluster(tmp_path_factory)

@@ -8,10 +8,13 @@ reason, and its xform command line is still parsed by the CLI. A block added to 
 guide without a test that runs it fails `test_every_block_is_accounted_for`.
 """
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,13 +24,14 @@ from xform.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ["README.md", "docs/cli.md", "docs/models.md", "docs/decoding.md", "docs/quality.md", "docs/serving.md",
-          "docs/python.md", "docs/bundle.md"]
+          "docs/python.md", "docs/bundle.md", "docs/corpus.md"]
 
 # marked blocks and who runs them
 RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/test_readme.py checks it)",
        "python-snippet": "tests/test_readme.py", "serve-command": "tests/serving/test_server.py",
        "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
-       "file-command": "here", "hf-command": "here", "own-model-command": "here"}
+       "file-command": "here", "hf-command": "here", "own-model-command": "here",
+       "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here"}
 # unmarked blocks, by their first line
 ELSEWHERE = {
     "curl -s -X POST localhost:8000/v2/models/demo-bundle/infer": "tests/serving/test_server.py",
@@ -40,6 +44,8 @@ ELSEWHERE = {
               "tests/serving/test_lifecycle.py tests the SIGTERM stop it relies on",
     "containers:": "a Kubernetes container spec: its args are parsed below; the probes' endpoints are "
                    "Triton's, tested by tests/serving/test_server.py",
+    "ray start --head --port 6379": "a cluster of several machines: its xform line is parsed below; "
+                                    "tests/corpus/test_ray.py runs a corpus on two Ray nodes of this machine",
 }
 
 
@@ -68,10 +74,10 @@ def test_every_block_is_accounted_for():
     assert set(RUN) | set(ELSEWHERE) == seen, f"listed but gone from the docs: {set(RUN) | set(ELSEWHERE) - seen}"
 
 
-def marked(marker: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)\n```\s*<!-- /{marker} -->", text, re.S)
-    assert m, f"README has no {marker} block"
+def marked(marker: str, name: str = "README.md", lang: str = "bash") -> str:
+    text = (ROOT / name).read_text()
+    m = re.search(rf"<!-- {marker} -->\s*```{lang}\n(.*?)\n```\s*<!-- /{marker} -->", text, re.S)
+    assert m, f"{name} has no {marker} block"
     return m.group(1)
 
 
@@ -157,3 +163,42 @@ def test_production_configs_name_a_command_the_cli_takes(start, tmp_path):
     argv[1] = str(tmp_path / "absent")
     r = CliRunner().invoke(main, argv)
     assert r.exit_code == 1 and "absent" in r.output, r.output
+
+
+def test_corpus_guide(demo_bundle, ray_cluster, tmp_path, monkeypatch):
+    """docs/corpus.md: its one-machine block here, its `--ray local` block as a user runs it (a
+    process of its own, nothing left running after), its Ray Data snippet on the tests' cluster."""
+    from tests.ray_cluster import described, others
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
+    outputs = run_lines(marked("corpus-command", "docs/corpus.md"), tmp_path)
+    assert "sentences/s" in outputs[0] and "nothing to translate" in outputs[1]
+    assert (tmp_path / "translated/numbers.txt").read_text() == (
+        "forty thousand five hundred twelve\nseven\n\none hundred twenty three thousand four hundred fifty six\n")
+    assert [json.loads(line) for line in (tmp_path / "translated/more.jsonl").read_text().splitlines()] == [
+        {"id": 1, "text": "12", "translation": "twelve"}, {"id": 2, "text": "99", "translation": "ninety nine"}]
+    for line in marked("corpus-ray-command", "docs/corpus.md").splitlines():
+        r = subprocess.run([sys.executable, "-m", "xform", *shlex.split(line)[1:]], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+    for name in ("numbers.txt", "more.jsonl"):
+        assert (tmp_path / "translated-ray" / name).read_text() == (tmp_path / "translated" / name).read_text()
+    deadline = time.monotonic() + 20
+    while others(ray_cluster):
+        assert time.monotonic() < deadline, f"--ray local left Ray processes running: {described(ray_cluster)}"
+        time.sleep(0.2)
+    r = subprocess.run([sys.executable, "-c", marked("corpus-python", "docs/corpus.md", "python")], cwd=tmp_path,
+                       env={**os.environ, "RAY_ADDRESS": ray_cluster.address}, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[(1, 'forty thousand five hundred twelve'), (2, 'seven')]"
+
+
+def test_corpus_cluster_block_names_a_command_the_cli_takes(tmp_path):
+    """docs/corpus.md's cluster block: its xform line's flags parse; run here, the error is its
+    missing input's, not a usage error."""
+    text = next(t for _, _, _, t in blocks() if t.startswith("ray start --head"))
+    line = next(x for x in text.splitlines() if x.startswith("xform ")).split("  #")[0]
+    r = CliRunner().invoke(main, shlex.split(line)[1:])
+    assert r.exit_code == 1 and "INPUT /data/corpus/part-*.txt: no such file" in r.output, r.output

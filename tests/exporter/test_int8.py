@@ -1,7 +1,7 @@
 """int8 export: ONNX Runtime dynamic quantization, checked against eager with its own tolerance."""
 import json
-import re
 import random
+import re
 import sys
 from pathlib import Path
 

@@ -7,6 +7,8 @@ inside functions too), and `import xform` / ONNX Runtime generation load no torc
     runtime   numpy + onnxruntime / tensorrt              (base; never torch, models, exporter)
     exporter  models -> graphs, checks, engines           (base, models, runtime)
     serving   Triton, above the runtime                   (base, runtime; never torch)
+    corpus    corpus files, shards, record, Ray workers   (base, runtime; never torch)
+    ray       xform.ray, Ray Data's building block        (base, runtime, corpus; never torch)
     api       xform.load / xform.check                    (everything below it)
     cli       the commands, a package (cli/)          (everything)
 """
@@ -28,6 +30,8 @@ LAYERS = {  # a layer's files -> the xform modules (by prefix) they may import, 
     "exporter": (sorted((ROOT / "exporter").glob("*.py")),
                  BASE + ("xform.models", "xform.runtime", "xform.exporter", "xform.__version__"), True),
     "serving": (sorted((ROOT / "serving").glob("*.py")), BASE + ("xform.runtime", "xform.serving"), False),
+    "corpus": (sorted((ROOT / "corpus").glob("*.py")), BASE + ("xform.runtime", "xform.corpus"), False),
+    "ray": ([ROOT / "ray.py"], BASE + ("xform.runtime", "xform.corpus"), False),
     "api": ([ROOT / "api.py"], BASE + ("xform.models", "xform.runtime", "xform.exporter"), True),
     "cli": (sorted((ROOT / "cli").glob("*.py")), ("xform",), True),
 }

@@ -6,6 +6,7 @@ Ctrl-C is exit 130.
 
     build.py     export, build-engine             decode.py    run, score
     evaluate.py  eval                             serving.py   triton, serve
+    corpus.py    corpus (files, sharded, on Ray or in-process)
     options.py   the flags and helpers the commands share (decoding flags from runtime/controls.py)
 """
 from __future__ import annotations
@@ -59,4 +60,4 @@ def main() -> None:
 
 
 # the commands register themselves on `main` as they are imported
-from xform.cli import build, decode, evaluate, serving  # noqa: E402,F401
+from xform.cli import build, corpus, decode, evaluate, serving  # noqa: E402,F401

@@ -12,15 +12,16 @@ from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out
 from xform.cli.options import (
+    batching_options,
     check_json_target,
     check_readable,
     checked_batching,
-    checked_generation,
     count_lines,
+    decoding_for,
     generation_options,
     generation_settings,
     progress_bar,
-    split_bad_words,
+    text_options,
     warn_unjudged,
     write_json,
 )
@@ -201,22 +202,6 @@ def print_bench(r) -> None:
               help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
                    "line gives a blank translation). '-' reads standard input; a named pipe or <(command) "
                    "is read as a file.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Lines of --text / --input-file decoded together (default 32); with --batch-type tokens, "
-                   "a limit on lines only when given (a TensorRT engine's --max-batch, say).")
-@click.option("--batch-type", type=click.Choice(["examples", "tokens"]), default=None,
-              help="Batches of --batch-size lines (examples, the default) or of --max-batch-tokens source tokens "
-                   "(tokens, implied by --max-batch-tokens).")
-@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=None,
-              help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs alone).")
-@click.option("--max-batch-rows", "max_rows", type=click.IntRange(min=1), default=None,
-              help="Decoder rows per batch, lines x beams (or samples), whatever the batch type (default 256): "
-                   "bounds a batch's logits and K/V cache, so memory does not grow with a window of short lines.")
-@click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Batches' worth of lines read, sorted by length and decoded before their results are written.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
-              help="Stop after this many generated tokens (default: the bundle's cap, which export prints: 256 "
-                   "unless the model or export --max-new-tokens sets one; never beyond max_len).")
 @click.option("--check", is_flag=True,
               help="Compare with eager PyTorch step by step; exit 1 beyond tolerance. With --text / --input-file it "
                    "compares the first --check-lines translated lines (and says how many), else random sources.")
@@ -225,32 +210,9 @@ def print_bench(r) -> None:
                    "with N).")
 @click.option("--atol", type=float, default=None, help="Absolute logit tolerance (default: the precision's).")
 @click.option("--rtol", type=float, default=None, help="Relative logit tolerance (default: the precision's).")
-@click.option("--src-lang", default=None,
-              help="A multilingual model's source language code (NLLB: fra_Latn, mBART-50: fr_XX, M2M100: fr; "
-                   "default: its tokenizer's).")
-@click.option("--tgt-lang", default=None,
-              help="A multilingual model's target language code: its token is forced first (--forced-bos-id).")
-@click.option("--truncate", is_flag=True,
-              help="Cut a line of more source tokens than the model's max_len to it (first max_len - 1 tokens and "
-                   "end-of-sentence), with a warning naming the line; without it such a line fails alone.")
-@click.option("--scores", is_flag=True,
-              help="Print each translation's score after it (a third tab-separated column, and in --json): beam "
-                   "search's length-penalized sum of log-probabilities, else the sum of log-probabilities.")
-@click.option("--token-scores", is_flag=True,
-              help="--scores, and each generated token's log-probability after it (a fourth column, "
-                   "space-separated; in --json as token_scores).")
 @click.option("--target-prefix", "target_prefixes", multiple=True, metavar="TEXT",
               help="The start of the translation of the --text of the same rank: decoding continues after it "
                    "(repeat once per --text; '' for none).")
-@click.option("--prefix-column", is_flag=True,
-              help="Each --input-file line is source<TAB>target prefix (an empty prefix is none).")
-@click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
-              help="CTranslate2's vocabulary map (source n-gram TAB target tokens; an empty n-gram: always allowed): "
-                   "each batch decodes over the target tokens its sources allow (a bundle exported "
-                   "--with-vocab-map; ort backend).")
-@click.option("--replace-unknowns", is_flag=True,
-              help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of the "
-                   "piece it attends to most (a bundle exported --with-attention).")
 @click.option("--output", type=click.Path(path_type=Path), default=None,
               help="Write the translations to this file, one a line (n a source with --num-return-sequences; a "
                    "failed line's empty), as marian-decoder and CTranslate2's translate_file do; written atomically. "
@@ -269,6 +231,8 @@ def print_bench(r) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing --json report (only a report xform wrote).")
 @click.option("--verbose", is_flag=True, help="Print how --input-file's batches are planned (rows, lines, tokens) "
                                               "and the memory those limits bound, on stderr.")
+@batching_options
+@text_options
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
@@ -295,10 +259,8 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     session = xform.load(bundle, backend=backend, device=device, threads=threads)
     warn_unjudged(session)
-    vocab_map = text_settings(session, bundle, backend, settings, bool(texts or input_file), src_lang, tgt_lang,
-                              replace_unknowns, vocab_map)
-    split_bad_words(session, settings)
-    gen = checked_generation(session, max_new_tokens, settings)
+    gen, vocab_map = decoding_for(session, bundle, backend, settings, bool(texts or input_file), max_new_tokens,
+                                  src_lang, tgt_lang, replace_unknowns, vocab_map)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "generation": gen.to_dict()}
     failed = False
@@ -367,42 +329,6 @@ def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, pr
         raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
     if not (texts or input_file or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
-
-
-def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, src_lang, tgt_lang,
-                  replace_unknowns: bool, vocab_map):
-    """The languages (the target's forced first token into `settings`), replace-unknowns and the
-    vocabulary map checked against the loaded bundle; the map, read."""
-    from xform.errors import InputError
-
-    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
-        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
-    if (src_lang or tgt_lang) and session.tokenizer is None:
-        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
-                               "languages (give --forced-bos-id for the target language's token id)")
-    try:
-        if (has_text or src_lang or tgt_lang) and settings.get("forced_bos_token_id") is None \
-                and session.tokenizer is not None:
-            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
-        if src_lang is not None:
-            session.check_src_lang(src_lang)
-    except InputError as e:
-        raise click.UsageError(str(e)) from None
-    if replace_unknowns:
-        try:
-            session.check_replace_unknowns()
-        except InputError as e:
-            raise click.UsageError(f"{bundle}: {e}") from None
-    if vocab_map is None:
-        return None
-    if not has_text:
-        raise click.UsageError("--vocab-map goes with --text / --input-file")
-    if not vocab_map.is_file():
-        raise XformError(f"--vocab-map {vocab_map}: no such file")
-    if not session.capabilities.restriction:
-        raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
-                               "it with --with-vocab-map and run it with --backend ort")
-    return session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
 
 
 def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report: dict) -> bool:

@@ -120,6 +120,120 @@ def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_r
         raise click.UsageError(str(e)) from None
 
 
+def batching_options(fn):
+    """How a file's lines are batched (run --input-file, corpus): --batch-size, --batch-type,
+    --max-batch-tokens, --max-batch-rows, --read-ahead; checked together by checked_batching."""
+    options = [
+        click.option("--batch-size", type=click.IntRange(min=1), default=None,
+                     help="Lines decoded together (default 32); with --batch-type tokens, a limit on lines only "
+                          "when given (a TensorRT engine's --max-batch, say)."),
+        click.option("--batch-type", type=click.Choice(["examples", "tokens"]), default=None,
+                     help="Batches of --batch-size lines (examples, the default) or of --max-batch-tokens source "
+                          "tokens (tokens, implied by --max-batch-tokens)."),
+        click.option("--max-batch-tokens", type=click.IntRange(min=1), default=None,
+                     help="Padded source tokens per batch: lines x the batch's longest source (a longer line runs "
+                          "alone)."),
+        click.option("--max-batch-rows", "max_rows", type=click.IntRange(min=1), default=None,
+                     help="Decoder rows per batch, lines x beams (or samples), whatever the batch type (default "
+                          "256): bounds a batch's logits and K/V cache, so memory does not grow with a window of "
+                          "short lines."),
+        click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Batches' worth of lines read, sorted by length and decoded before their results are "
+                          "written."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def text_options(fn):
+    """The flags of translating text besides the decoding controls (run, corpus): the decode cap,
+    languages, truncation, scores, target prefixes in a column, a vocabulary map, unknowns
+    replaced; checked against the loaded bundle by decoding_for."""
+    options = [
+        click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+                     help="Stop after this many generated tokens (default: the bundle's cap, which export prints: "
+                          "256 unless the model or export --max-new-tokens sets one; never beyond max_len)."),
+        click.option("--src-lang", default=None,
+                     help="A multilingual model's source language code (NLLB: fra_Latn, mBART-50: fr_XX, M2M100: "
+                          "fr; default: its tokenizer's)."),
+        click.option("--tgt-lang", default=None,
+                     help="A multilingual model's target language code: its token is forced first "
+                          "(--forced-bos-id)."),
+        click.option("--truncate", is_flag=True,
+                     help="Cut a line of more source tokens than the model's max_len to it (first max_len - 1 "
+                          "tokens and end-of-sentence), with a warning naming the line; without it such a line "
+                          "fails alone."),
+        click.option("--scores", is_flag=True,
+                     help="Each translation's score after it, tab-separated (run: a third column; corpus: a column "
+                          "of the text output, `score` in JSON lines and Parquet) and in --json: beam search's "
+                          "length-penalized sum of log-probabilities, else the sum of log-probabilities."),
+        click.option("--token-scores", is_flag=True,
+                     help="--scores, and each generated token's log-probability after it (space-separated; "
+                          "token_scores in JSON)."),
+        click.option("--prefix-column", is_flag=True,
+                     help="Each line read (run: --input-file's; corpus: each input's text) is source<TAB>target "
+                          "prefix: decoding continues after the prefix (an empty prefix is none)."),
+        click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+                     help="CTranslate2's vocabulary map (source n-gram TAB target tokens; an empty n-gram: always "
+                          "allowed): each batch decodes over the target tokens its sources allow (a bundle exported "
+                          "--with-vocab-map; ort backend)."),
+        click.option("--replace-unknowns", is_flag=True,
+                     help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of "
+                          "the piece it attends to most (a bundle exported --with-attention)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def decoding_for(session, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, src_lang, tgt_lang,
+                 replace_unknowns: bool, vocab_map):
+    """The decoding the flags ask for, checked against the loaded bundle, as run and corpus take
+    it: (the generation config, the vocabulary map read or None). The languages, bad words and
+    limits are usage errors naming the flag; a malformed vocabulary map is an error naming its line."""
+    vocab_map = text_settings(session, bundle, backend, settings, has_text, src_lang, tgt_lang, replace_unknowns,
+                              vocab_map)
+    split_bad_words(session, settings)
+    return checked_generation(session, max_new_tokens, settings), vocab_map
+
+
+def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, src_lang, tgt_lang,
+                  replace_unknowns: bool, vocab_map):
+    """The languages (the target's forced first token into `settings`), replace-unknowns and the
+    vocabulary map checked against the loaded bundle; the map, read."""
+    from xform.errors import InputError
+
+    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
+        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
+    if (src_lang or tgt_lang) and session.tokenizer is None:
+        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
+                               "languages (give --forced-bos-id for the target language's token id)")
+    try:
+        if (has_text or src_lang or tgt_lang) and settings.get("forced_bos_token_id") is None \
+                and session.tokenizer is not None:
+            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+        if src_lang is not None:
+            session.check_src_lang(src_lang)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
+    if replace_unknowns:
+        try:
+            session.check_replace_unknowns()
+        except InputError as e:
+            raise click.UsageError(f"{bundle}: {e}") from None
+    if vocab_map is None:
+        return None
+    if not has_text:
+        raise click.UsageError("--vocab-map goes with --text / --input-file")
+    if not vocab_map.is_file():
+        raise XformError(f"--vocab-map {vocab_map}: no such file")
+    if not session.capabilities.restriction:
+        raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
+                               "it with --with-vocab-map and run it with --backend ort")
+    return session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+
+
 def generation_options(fn):
     """The decoding flags, one a control of the controls' table (runtime/controls.py), with
     --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others)."""

@@ -1,0 +1,235 @@
+"""The corpus pipeline: plan the shards, translate those not done on a pool of workers, record each
+as it lands, and assemble the outputs in order once every shard is done.
+
+The driver (this module, in the process that runs the command) reads the inputs, writes the
+record and the outputs; workers only translate lists of lines, so the nodes of a cluster need the
+bundle and nothing else. A pool takes shard tasks and yields results as they finish, in any
+order: `LocalPool` is one ShardWorker in this process (no Ray), `RayPool` an actor pool of them on
+a Ray cluster (the connection is cluster.py's), each actor one session, restarted by Ray when its
+process or node dies with the shards it held retried on it. A shard is recorded once, when its
+result arrives: a crash of the driver loses nothing recorded, a re-run does only the rest.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from xform.corpus import formats
+from xform.corpus.formats import Failed, Source
+from xform.corpus.record import Identity, Record
+from xform.corpus.shards import Shard, ShardTask, cut, plan
+from xform.corpus.worker import Job, ShardResult, ShardWorker
+from xform.errors import InputError, XformError
+from xform.files import sha256_file
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The inputs, their identity and their shards; `n` translations a line, `scores` as TextOptions'."""
+    sources: list[Source]
+    identity: Identity
+    shards: list[Shard]
+    n: int = 1
+    scores: bool | str = False
+
+    def shards_of(self, file: int) -> list[Shard]:
+        return [s for s in self.shards if s.file == file]
+
+
+def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Path, decoding: dict, n: int = 1,
+                scores: bool | str = False) -> Corpus:
+    """Read each input once (its lines and sha256) and cut the corpus into shards."""
+    sources = [Source.of(Path(p), field_name) for p in paths]
+    seen: dict[str, Path] = {}
+    for s in sources:
+        if s.name in seen:
+            raise InputError(f"{seen[s.name]} and {s.path} have the same name: their outputs would be one file in "
+                             "--output-dir; translate them into separate directories")
+        seen[s.name] = s.path
+    inputs, counts = [], []
+    for s in sources:
+        lines, digest = formats.measure(s)
+        counts.append(lines)
+        inputs.append({"name": s.name, "path": str(s.path), "format": s.format, "field": s.field, "lines": lines,
+                       "sha256": digest})
+    identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
+                        decoding, shard_lines)
+    return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
+
+
+def tasks(corpus: Corpus, done: set[str]) -> Iterator[ShardTask]:
+    """The shards not done, their lines read in order (an input whose shards are all done is not read)."""
+    for f, source in enumerate(corpus.sources):
+        mine = corpus.shards_of(f)
+        if all(s.id in done for s in mine):
+            continue
+        for shard, items in cut(mine, formats.read(source), str(source.path)):
+            if shard.id not in done:
+                failed = {i: item.message for i, item in enumerate(items) if isinstance(item, Failed)}
+                yield ShardTask(shard, ["" if isinstance(item, Failed) else item for item in items], failed)
+
+
+@dataclass
+class Figures:
+    """One run's work: shards, lines and target tokens translated, seconds, and per worker the same."""
+    shards: int = 0
+    lines: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    workers: dict[int, dict] = field(default_factory=dict)
+
+    def add(self, r: ShardResult) -> None:
+        self.shards += 1
+        self.lines += r.shard.lines
+        self.tokens += r.tokens
+        w = self.workers.setdefault(r.worker, {"worker": r.worker, "shards": 0, "lines": 0, "tokens": 0,
+                                               "busy_s": 0.0, "shards_after_restart": 0})
+        w.update(shards=w["shards"] + 1, lines=w["lines"] + r.shard.lines, tokens=w["tokens"] + r.tokens,
+                 busy_s=w["busy_s"] + r.seconds, pid=r.pid, node=r.node,
+                 peak_rss_mib=max(w.get("peak_rss_mib", 0.0), r.peak_rss_mib))
+        w["sentences_per_s"] = w["lines"] / max(w["busy_s"], 1e-9)
+        w["shards_after_restart"] += r.restarted  # translated by an actor Ray had restarted
+
+    def to_dict(self) -> dict:
+        s = max(self.seconds, 1e-9)
+        return {"shards": self.shards, "lines": self.lines, "tokens": self.tokens, "seconds": self.seconds,
+                "sentences_per_s": self.lines / s, "tokens_per_s": self.tokens / s,
+                "workers": [self.workers[k] for k in sorted(self.workers)]}
+
+
+def shard_file(r: ShardResult, run: int) -> dict:
+    """A finished shard as its file in the record holds it."""
+    return {"shard": r.shard.id, "run": run, "lines": r.lines, "warnings": r.warnings, "tokens": r.tokens,
+            "seconds": r.seconds, "worker": r.worker, "pid": r.pid, "node": r.node, "restarted": r.restarted,
+            "peak_rss_mib": r.peak_rss_mib}
+
+
+def translate(corpus: Corpus, record: Record, pool, run: int,
+              on_shard: Callable[[ShardResult], None] | None = None) -> Figures:
+    """Translate the shards the record lacks on `pool`, recording each as it lands."""
+    figures = Figures()
+    start = time.perf_counter()
+    for result in pool.run(tasks(corpus, record.done())):
+        record.save(result.shard.id, shard_file(result, run))
+        figures.add(result)
+        if on_shard is not None:
+            on_shard(result)
+    figures.seconds = time.perf_counter() - start
+    return figures
+
+
+def assemble(corpus: Corpus, record: Record) -> dict:
+    """Write each input's output from its shards, in order; return the record's summary: every
+    shard's figures, the lines that failed and the warnings (FILE:LINE and message), the outputs'
+    hashes."""
+    summary: dict = {"shards": {}, "failed": [], "warnings": [], "outputs": {}}
+    for f, source in enumerate(corpus.sources):
+        target = record.directory / source.name
+        formats.write(source, target, shard_lines(corpus.shards_of(f), source, record, summary), corpus.n,
+                      corpus.scores)
+        summary["outputs"][source.name] = sha256_file(target)
+    return summary
+
+
+def shard_lines(shards: list[Shard], source: Source, record: Record, summary: dict) -> Iterator:
+    """An input's lines' results from its shards' files, noting failures, warnings and figures in `summary`."""
+    for shard in shards:
+        data = record.load(shard.id, shard.lines)
+        summary["shards"][shard.id] = {k: v for k, v in data.items() if k not in ("lines", "warnings", "shard")}
+        for i, message in data.get("warnings", []):
+            summary["warnings"].append({"line": source.label(shard.start + i), "warning": message})
+        for i, (translations, error) in enumerate(data["lines"]):
+            if error is not None:
+                summary["failed"].append({"line": source.label(shard.start + i), "error": error})
+            yield translations, error
+
+
+class LocalPool:
+    """One ShardWorker in this process: the pipeline without Ray. `on_batch(lines, tokens)` hears
+    of each batch as it is decoded."""
+    workers = 1
+
+    def __init__(self, worker: ShardWorker, on_batch: Callable[[int, int], None] | None = None):
+        self.worker, self.on_batch = worker, on_batch
+
+    def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
+        for task in todo:
+            yield self.worker.translate(task, self.on_batch)
+
+    def close(self) -> None:
+        pass
+
+
+class RayShardWorker(ShardWorker):
+    """A ShardWorker as a Ray actor: says which node it runs on and whether Ray restarted it."""
+
+    def where(self) -> tuple[str, bool]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), bool(ctx.was_current_actor_reconstructed)
+
+
+class RayPool:
+    """An actor pool of ShardWorkers on the connected Ray cluster (cluster.py): `workers` actors,
+    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes, `inflight` shards
+    queued on each so none waits for the driver. An actor whose process or node dies is restarted
+    by Ray (at most `max_restarts` times) and the shards it held are retried on it; past that the
+    run stops with what it finished recorded."""
+
+    def __init__(self, job: Job, workers: int, num_cpus: float, max_restarts: int, inflight: int = 2,
+                 num_gpus: float = 0):
+        import ray
+
+        remote: Any = ray.remote(RayShardWorker)
+        self.workers, self.max_restarts, self.inflight = workers, max_restarts, inflight
+        self.actors: list[Any] = [remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                                                 max_task_retries=-1, scheduling_strategy="SPREAD").remote(job, i)
+                                  for i in range(workers)]
+
+    def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
+        import ray
+
+        pending: dict = {}
+
+        def submit(worker: int) -> None:
+            task = next(todo, None)
+            if task is not None:
+                pending[self.actors[worker].translate.remote(task)] = worker
+
+        for _ in range(self.inflight):
+            for worker in range(self.workers):
+                submit(worker)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            worker = pending.pop(ready[0])
+            yield self.result(ready[0], worker)
+            submit(worker)
+
+    def result(self, ref, worker: int) -> ShardResult:
+        import ray
+        from ray import exceptions
+
+        try:
+            return ray.get(ref)
+        except exceptions.RayActorError as e:
+            raise XformError(f"worker {worker} is lost and Ray gave up on it (at most --max-restarts "
+                             f"{self.max_restarts} restarts): {cause(e)}. The finished shards are recorded: run "
+                             "the command again to go on") from None
+        except exceptions.RayTaskError as e:
+            raise XformError(f"worker {worker} failed: {cause(e)}") from None
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def cause(e: Exception) -> str:
+    """A Ray error's reason in one line: the last line of its message (the error raised in the
+    actor, after Ray's traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

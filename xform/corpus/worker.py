@@ -1,0 +1,139 @@
+"""A corpus worker: one xform Session translating lists of lines with one fixed decoding.
+
+`LineTranslator` is what both doors share, the corpus's workers and `xform.ray.Translate`: the
+session's `translate_lines` over a list of lines, each line's translations or its error (too long
+without truncation, not UTF-8, ...), never an exception for one bad line. `ShardWorker` holds one
+session for its process (a Ray actor, or the driver itself without Ray) and translates shards,
+returning with each what the record and the figures need: its time, tokens, failed lines and
+warnings, the process, its node and its peak memory. It imports no Ray: a Ray actor says where it
+runs by overriding `where`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from xform.corpus.shards import Shard, ShardTask
+from xform.runtime.batching import Batching
+from xform.runtime.decoding import GenerationConfig
+from xform.runtime.vocab_map import VocabMap
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How lines become sources and translations become results, besides the generation config:
+    `translate_lines`' text arguments. scores: False, True (a score a translation) or "tokens"."""
+    scores: bool | str = False
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    truncate: bool = False
+    prefix_column: bool = False
+    replace_unknowns: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs to translate a corpus's lines as its driver checked them: the
+    bundle (a path every worker can read), the backend, the decoding, the text policy, the
+    batching and the vocabulary map, read by the driver."""
+    bundle: str
+    gen: GenerationConfig
+    text: TextOptions = TextOptions()
+    batching: Batching = Batching()
+    backend: str = "ort"
+    device: str | None = None
+    threads: int | None = None
+    vocab_map: VocabMap | None = None
+
+
+@dataclass
+class Translated:
+    """A list of lines translated: per line (translations or None, error or None), the target
+    tokens generated, and the warnings (line index, message: truncated, mostly unknown)."""
+    lines: list[tuple[list | None, str | None]]
+    tokens: int = 0
+    warnings: list[tuple[int, str]] = field(default_factory=list)
+
+
+class LineTranslator:
+    """One session's translation of lists of lines with a fixed decoding."""
+
+    def __init__(self, session, job: Job):
+        self.session, self.job = session, job
+
+    def translate(self, lines: list[str | bytes], on_batch: Callable[[int, int], None] | None = None) -> Translated:
+        """Each line's translations (n of them: texts, or with scores [text, score], with token
+        scores [text, score, [log-probs]]) or its error, in order."""
+        job, text, batching = self.job, self.job.text, self.job.batching
+        done = Translated([])
+
+        def counted(lines_done: int, tokens: int) -> None:
+            done.tokens += tokens
+            if on_batch is not None:
+                on_batch(lines_done, tokens)
+
+        results = self.session.translate_lines(
+            lines, job.gen, batching.batch_size, batch_type=batching.batch_type,
+            max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead, max_rows=batching.max_rows,
+            on_batch=counted, on_warning=lambda i, message: done.warnings.append((i, message)),
+            return_scores=text.scores, src_lang=text.src_lang, truncate=text.truncate,
+            prefix_column=text.prefix_column, replace_unknowns=text.replace_unknowns, vocab_map=job.vocab_map,
+            tgt_lang=text.tgt_lang)
+        for _, translations, error in results:
+            done.lines.append((None if translations is None else [as_json(t) for t in translations], error))
+        return done
+
+
+def as_json(translation) -> str | list:
+    """A translation as a shard's file holds it: a text, or [text, score(, [log-probs])]."""
+    return translation if isinstance(translation, str) else list(translation)
+
+
+@dataclass
+class ShardResult:
+    """A shard translated: per line (translations or None, error or None), its warnings, and the
+    figures: target tokens, seconds, which worker (its rank, process, node; `restarted` when Ray
+    had restarted it) and the process's peak resident memory."""
+    shard: Shard
+    lines: list[tuple[list | None, str | None]]
+    warnings: list[tuple[int, str]]
+    tokens: int
+    seconds: float
+    worker: int
+    pid: int
+    node: str
+    restarted: bool
+    peak_rss_mib: float
+
+
+class ShardWorker:
+    """One session translating shards: the unit the corpus's pools run, in this process or as a Ray actor."""
+
+    def __init__(self, job: Job, worker: int = 0, session=None):
+        from xform.runtime.open import open_session
+
+        self.worker = worker
+        self.session = session if session is not None else open_session(job.bundle, job.backend, job.device,
+                                                                         job.threads)
+        self.translator = LineTranslator(self.session, job)
+
+    def where(self) -> tuple[str, bool]:
+        """(the node this worker runs on, whether it was restarted); here, this machine, never restarted."""
+        return "local", False
+
+    def translate(self, task: ShardTask, on_batch: Callable[[int, int], None] | None = None) -> ShardResult:
+        from xform.runtime.bench import peak_rss_mib
+
+        start = time.perf_counter()
+        lines = ["" if i in task.failed else line for i, line in enumerate(task.lines)]
+        done = self.translator.translate(lines, on_batch)
+        for i, message in task.failed.items():  # lines the reader could not use fail as they are
+            done.lines[i] = (None, message)
+        node, restarted = self.where()
+        return ShardResult(task.shard, done.lines, done.warnings, done.tokens, time.perf_counter() - start,
+                           self.worker, os.getpid(), node, restarted, peak_rss_mib())
