@@ -207,9 +207,30 @@ def test_the_fused_graph_stores_and_maps_no_weights_of_its_own(marians):
     session = Session(backend, backend.bundle.config)
     src, _ = sources(model.config, [7, 3], seed=1)
     session.generate(src.numpy(), max_new_tokens=4, num_beams=4)
-    assert DECODER_BEAM in backend.sessions and "candidates" not in backend.sessions
-    default_beams = (backend.bundle.manifest.generation.get("num_beams") or 1) > 1
-    assert (DECODER in backend.sessions) == (not default_beams)
+    # whatever the bundle's defaults opened at load, only the graph the decode ran stays open
+    assert set(backend.sessions) == {ENCODER, "reorder", DECODER_BEAM}
+
+
+@pytest.mark.parametrize("first_beams", [1, 4])
+def test_the_session_opened_at_load_is_released_when_the_first_decode_runs_another(marians, first_beams):
+    """A bundle's defaults pick the decoder-step session opened at load; a first decode of the other
+    strategy releases it (one decoder-step session's prepacked weights held, not two), and a later
+    decode of the first kind opens it again with the same tokens."""
+    _, model, bundle = marians["swish-scaled"]
+    src, _ = sources(model.config, [7, 3], seed=2)
+    want = {k: xform.load(bundle, backend="ort").generate(src.numpy(), max_new_tokens=6, num_beams=k)
+            for k in (1, 4)}
+    session = xform.load(bundle, backend="ort")
+    backend = session.backend
+    other = 4 if first_beams == 1 else 1
+    backend.guess = DECODER_BEAM if first_beams == 1 else DECODER  # as the other default would open
+    backend.graph_session(backend.guess)
+    np.testing.assert_array_equal(session.generate(src.numpy(), max_new_tokens=6, num_beams=first_beams),
+                                  want[first_beams])
+    ran = DECODER if first_beams == 1 else DECODER_BEAM
+    assert ran in backend.sessions and ({DECODER, DECODER_BEAM} - {ran}).isdisjoint(backend.sessions)
+    np.testing.assert_array_equal(session.generate(src.numpy(), max_new_tokens=6, num_beams=other), want[other])
+    assert {DECODER, DECODER_BEAM} <= set(backend.sessions)  # both asked for: both held
 
 
 def without_fused_graph(bundle, out):

@@ -78,7 +78,9 @@ class OrtBackend:
         # prepacking pages tables in: graph_session pages them out again)
         self.sessions: dict[str, Any] = {}
         beams = int(bundle.manifest.generation.get("num_beams") or 1) > 1
-        for graph in (DECODER_BEAM if beams and self.fused_beams else DECODER, ENCODER, REORDER):
+        # a guess, settled by the first decoder step (settle): released if that step runs another graph
+        self.guess: str | None = DECODER_BEAM if beams and self.fused_beams else DECODER
+        for graph in (self.guess, ENCODER, REORDER):
             self.graph_session(graph)
         self.encoder, self.reorder = self.sessions[ENCODER], self.sessions[REORDER]
         spec = bundle.graph_spec(DECODER)
@@ -301,9 +303,23 @@ class OrtBackend:
             self.attention_rows = self.attention_buf[:R]
         self.bound = {}
 
+    def settle(self, graph: str) -> None:
+        """The decoder-step session opened at load is a guess from the bundle's generation defaults
+        (a beam-default OPUS-MT bundle: the fused beam graph). The first decoder step settles it: a
+        guess that step does not run is released with its prepacked weights (about 150 MiB on
+        Marian-base, 2 GiB on a MADLAD-3B-width T5), so a greedy decode of a beam-default bundle,
+        or a beam search of a greedy-default one, holds one decoder-step session, not two. A later
+        decode that asks for it opens it again (graph_session), once."""
+        guess, self.guess = self.guess, None
+        if guess is not None and guess != graph:
+            self.bound.pop(guess, None)
+            del self.sessions[guess]
+
     def step_binding(self, graph: str):
         """The IOBinding of the decoder-step graph `graph` (DECODER, RESTRICTED or DECODER_BEAM)
         over the current rows: made at its first run after bind_rows, then reused."""
+        if self.guess is not None:
+            self.settle(graph)
         dec = self.bound.get(graph)
         if dec is not None:
             return dec
