@@ -294,6 +294,27 @@ def test_an_address_where_nothing_listens_and_an_existing_report_are_refused_at_
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("error,fragment", [
+    (ConnectionError("Could not find any running Ray instance."), "--ray auto: no Ray cluster to join"),
+    (RuntimeError("Traceback ...\n  raise\nThe authentication token is invalid."),
+     "--ray auto: Ray could not join the cluster at auto (RuntimeError: The authentication token is invalid.); a "
+     "cluster started with a token")])
+def test_ray_failing_to_join_is_said_naming_the_flag(error, fragment):
+    """Whatever ray.init raises (no cluster, a refused token, a version mismatch) is an error naming
+    --ray and Ray's reason in a line, never a traceback."""
+    from types import SimpleNamespace
+
+    from xform.corpus.cluster import join
+    from xform.errors import XformError
+
+    def init(**_):
+        raise error
+
+    with pytest.raises(XformError) as e:
+        join(SimpleNamespace(init=init), "auto", "auto")
+    assert fragment in str(e.value) and "RAY_AUTH_TOKEN" in str(e.value)
+
+
 def test_workers_on_gpus_reserve_one_each():
     from xform.corpus.cluster import worker_gpus
     from xform.errors import XformError

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.corpus.conftest import numbers
 from tests.corpus.test_corpus import cli_job
-from tests.ray_cluster import described, others
+from tests.ray_cluster import run_with_local_ray, wait_sessions_gone
 from xform.cli import main
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
@@ -166,20 +166,26 @@ def test_more_workers_than_the_cluster_holds_is_refused(ray_cluster, demo_bundle
                                 "room for 2 such workers)" in r.output, r.output
 
 
-def test_ray_local_starts_a_cluster_and_stops_it(demo_bundle, ray_cluster, tmp_path):
-    """--ray local, as a user runs it (a process of its own): a cluster of its own on this
-    machine, gone when the command ends."""
+def test_ray_local_needs_no_ray_settings_and_leaves_nothing_running(demo_bundle, tmp_path):
+    """--ray local as a user runs it: a process of its own whose environment sets no RAY_AUTH_*,
+    with no token in its home; a Ray of its own on this machine, the output that of a run
+    without Ray, nothing of that Ray running after, nothing written to ~/.ray."""
     src = tmp_path / "in.txt"
     src.write_text("7\n\n40512\n")
-    r = subprocess.run([sys.executable, "-m", "xform", "corpus", str(demo_bundle), str(src), "--output-dir",
-                        str(tmp_path / "o"), "--ray", "local", "--threads", "1"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "o" / "in.txt").read_text() == "seven\n\nforty thousand five hundred twelve\n"
-    deadline = time.monotonic() + 20
-    while others(ray_cluster):  # the local cluster's processes, going
-        assert time.monotonic() < deadline, f"--ray local left processes behind: {described(ray_cluster)}"
-        time.sleep(0.2)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")} | {"HOME": str(home)}
+    code, output, sessions = run_with_local_ray(
+        [sys.executable, "-m", "xform", "corpus", str(demo_bundle), str(src), "--output-dir", str(tmp_path / "o"),
+         "--ray", "local", "--threads", "1"], tmp_path / "log", 180, env=env)
+    assert code == 0 and "Traceback" not in output, output
+    assert sessions  # its Ray was seen running
+    assert corpus(demo_bundle, src, "--output-dir", tmp_path / "plain").exit_code == 0
+    assert (tmp_path / "o" / "in.txt").read_text() == (tmp_path / "plain" / "in.txt").read_text() == (
+        "seven\n\nforty thousand five hundred twelve\n")
+    assert [run["ray"] for run in json.loads((tmp_path / "o" / RECORD).read_text())["runs"]] == ["local"]
+    assert not (home / ".ray").exists()
+    wait_sessions_gone(sessions)
 
 
 def test_translate_in_a_ray_data_pipeline(ray_cluster, demo_bundle, tmp_path):
