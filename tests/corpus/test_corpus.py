@@ -230,6 +230,7 @@ def test_without_ray_installed_ray_is_asked_for_by_its_extra(demo_bundle, tmp_pa
     base = [sys.executable, "-c", code, str(demo_bundle), str(src)]
     r = subprocess.run([*base, str(tmp_path / "a"), "--ray", "local"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and 'pip install -e ".[ray]"' in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "a").exists()  # refused before --output-dir is made
     r = subprocess.run([*base, str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and (tmp_path / "b" / "in.txt").read_text() == "seven\n", r.stderr
 

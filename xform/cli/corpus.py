@@ -121,12 +121,12 @@ def corpus_plan(bundle: Path, inputs, field: str, shard_lines: int, job, vocab_m
 
 
 def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, workers: int, json_path, force) -> None:
-    """corpus's flags that go together, and the paths it reads and writes, before anything is loaded."""
+    """corpus's flags that go together, and the paths it reads and writes, before anything is loaded
+    or written."""
     if workers > 1 and ray_address is None:
         raise click.UsageError(f"--workers {workers} runs Ray actors: give --ray (local, auto or an address)")
-    if ray_address not in (None, "auto", "local") and "://" not in ray_address:
-        from xform.corpus.cluster import check_reachable
-        check_reachable(ray_address, ray_address)  # nothing listening there: said before anything is written
+    if ray_address is not None:
+        check_ray_flag(ray_address)
     for path in inputs:
         if path.is_dir():
             raise XformError(f"INPUT {path}: is a directory; expected a file (text, .jsonl or .parquet): give its "
@@ -147,6 +147,20 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
             raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
                                    "files: write it elsewhere")
         check_json_target(json_path, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
+
+
+def check_ray_flag(address: str) -> None:
+    """What --ray needs and can be checked without a cluster: Ray installed, `ray` for local, an
+    address where something listens."""
+    from xform.corpus.cluster import check_ray_installed
+
+    check_ray_installed()
+    if address == "local":
+        from xform.corpus.local import ray_command
+        ray_command()
+    elif address != "auto" and "://" not in address:
+        from xform.corpus.cluster import check_reachable
+        check_reachable(address, address)
 
 
 def go(plan, record, job, session, ray_address, workers: int, oversubscribe: bool, max_restarts: int) -> dict:
