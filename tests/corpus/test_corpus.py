@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from xform.cli import main
+from xform.cli.corpus import decoding_identity
 from xform.corpus import pipeline
 from xform.corpus.record import RECORD, SHARDS, Record
 from xform.corpus.worker import Job, ShardWorker, TextOptions
@@ -59,8 +60,8 @@ def test_a_rerun_resumes_only_the_missing_shards(demo_bundle, corpus_inputs, ref
     whole = (out / long.name).read_text()
     out2 = tmp_path / "out2"
     job = cli_job(demo_bundle)
-    plan = pipeline.plan_corpus([long], "text", 30, demo_bundle, {"generation": job.gen.to_dict(),
-                                "text": job.text.to_dict(), "vocab_map": None})
+    plan = pipeline.plan_corpus([long], "text", 30, demo_bundle, decoding_identity(job.gen, job.text, "ort", None,
+                                                                                   None))
     record = Record.open(out2, plan.identity, force=False)
 
     def stop_after_two(result):

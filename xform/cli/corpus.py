@@ -77,6 +77,7 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers."""
     import xform
+    from xform.corpus.pipeline import plan_corpus
     from xform.corpus.record import Record
     from xform.corpus.worker import Job, TextOptions
 
@@ -95,7 +96,8 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
     text = TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
                        replace_unknowns)
     job = Job(str(bundle.resolve()), gen, text, batching, backend, device, threads, vocab)
-    plan = corpus_plan(bundle, inputs, field, shard_lines, job, vocab_map)
+    plan = plan_corpus(list(inputs), field, shard_lines, bundle, decoding_identity(gen, text, backend, device,
+                       vocab_map), gen.num_return_sequences, text.scores)
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
@@ -109,15 +111,15 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
         sys.exit(1)
 
 
-def corpus_plan(bundle: Path, inputs, field: str, shard_lines: int, job, vocab_map: Path | None):
-    """The corpus's inputs measured and cut into shards, its identity for the record."""
-    from xform.corpus.pipeline import plan_corpus
+def decoding_identity(gen, text, backend: str, device: str | None, vocab_map: Path | None) -> dict:
+    """What, besides the bundle and the inputs, makes the corpus's translations what they are (the
+    record's identity): the decoding, the text policy, the vocabulary map, the backend and device."""
     from xform.files import sha256_file
+    from xform.runtime.open import default_device
 
-    decoding = {"generation": job.gen.to_dict(), "text": job.text.to_dict(),
-                "vocab_map": sha256_file(vocab_map) if vocab_map is not None else None}
-    return plan_corpus(list(inputs), field, shard_lines, bundle, decoding, job.gen.num_return_sequences,
-                       job.text.scores)
+    return {"generation": gen.to_dict(), "text": text.to_dict(),
+            "vocab_map": sha256_file(vocab_map) if vocab_map is not None else None,
+            "backend": backend, "device": device or default_device(backend)}
 
 
 def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, workers: int, json_path, force) -> None:

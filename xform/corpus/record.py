@@ -2,9 +2,9 @@
 crash loses nothing finished and nothing is done twice.
 
     DIR/xform-corpus.json      the record: the corpus's identity (the bundle's manifest hash; each
-                               input's name, format, field, lines and sha256; the decoding; the
-                               shard size), each run, and once complete every shard's figures and
-                               the lines that failed
+                               input's name, format, field, lines and sha256; the decoding, the
+                               backend and device; the shard size), each run, and once complete
+                               every shard's figures and the lines that failed
     DIR/xform-shards/ID.json   a finished shard: its lines' translations and errors, and its figures;
                                a shard is done exactly when its file exists (written atomically)
     DIR/.xform-corpus.lock     held by the run translating DIR (flock): a second one is refused
@@ -29,7 +29,8 @@ from xform.files import TEMP, atomic_write
 RECORD, SHARDS, LOCK = "xform-corpus.json", "xform-shards", ".xform-corpus.lock"
 FORMAT, VERSION = "xform-corpus", 1
 OURS = (RECORD, SHARDS, LOCK)
-TEXT_FLAGS = {"scores": "--scores / --token-scores", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
+TEXT_FLAGS = {"backend": "--backend", "device": "--device (or --backend's default)",
+              "scores": "--scores / --token-scores", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
               "truncate": "--truncate", "prefix_column": "--prefix-column", "replace_unknowns": "--replace-unknowns",
               "vocab_map": "--vocab-map (its sha256)"}
 
@@ -39,7 +40,7 @@ class Identity:
     """What makes a corpus's translations what they are: a run whose identity equals the record's
     may take over its finished shards. bundle: {"path", "sha256"} (of its manifest, which holds
     every file's hash); inputs: [{"name", "path", "format", "field", "lines", "sha256"}];
-    decoding: {"generation": ..., "text": ..., "vocab_map": sha256 or None}."""
+    decoding: {"generation": ..., "text": ..., "vocab_map": sha256 or None, "backend", "device"}."""
     bundle: dict
     inputs: list
     decoding: dict
