@@ -1,14 +1,21 @@
 """What keeps a corpus's record true across runs and crashes: its identity (the backend and
-device too)."""
+device too), the bundle every worker holds."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
 
+from tests.corpus.test_corpus import cli_job
 from xform.cli import main
+from xform.corpus import pipeline
 from xform.corpus.record import RECORD
+from xform.corpus.worker import ShardWorker
+from xform.errors import BundleError
+from xform.files import sha256_file
 
 
 def corpus(*args):
@@ -32,3 +39,39 @@ def test_a_changed_backend_or_device_is_refused_naming_the_flag(demo_bundle, tmp
                             (["--device", "cuda"], "--device (or --backend's default): 'cpu' then, 'cuda' now")]:
         r = corpus(demo_bundle, src, "--output-dir", out, "--ray", "local", *flags)
         assert r.exit_code == 1 and fragment in r.output and "--force" in r.output, r.output
+
+
+def test_a_worker_refuses_a_bundle_other_than_the_drivers(demo_bundle, tmp_path):
+    """A worker (in this process here; a Ray actor on a node the same) checks the bundle at the
+    job's path against the manifest's sha256 the driver read, naming the node and the path."""
+    job = dataclasses.replace(cli_job(demo_bundle), manifest_sha256=sha256_file(demo_bundle / "manifest.json"))
+    ShardWorker(job)  # the driver's own bundle
+    other = tmp_path / "other"
+    shutil.copytree(demo_bundle, other)
+    (other / "manifest.json").write_text((other / "manifest.json").read_text() + " ")
+    with pytest.raises(BundleError, match=f"worker 0 on .* \\(node local\\): {other}/manifest.json: sha256 "
+                                          f"{sha256_file(other / 'manifest.json')[:12]}, expected the driver's"):
+        ShardWorker(dataclasses.replace(job, bundle=str(other)))
+    with pytest.raises(BundleError, match=f"{tmp_path}/absent/manifest.json: unreadable .No such file"):
+        ShardWorker(dataclasses.replace(job, bundle=str(tmp_path / "absent")))
+
+
+def test_the_command_gives_its_workers_the_bundle_as_named_and_its_manifests_hash(demo_bundle, tmp_path,
+                                                                                   monkeypatch):
+    """The job's bundle is the path given, made absolute but not resolved (a link stays a link,
+    which each node resolves for itself), and carries the manifest's sha256 the driver read."""
+    seen = []
+
+    class Spy(ShardWorker):
+        def __init__(self, job, *args):
+            seen.append(job)
+            super().__init__(job, *args)
+
+    link = tmp_path / "bundle-link"
+    link.symlink_to(demo_bundle)
+    src = tmp_path / "in.txt"
+    src.write_text("7\n")
+    monkeypatch.setattr(pipeline, "ShardWorker", Spy)
+    monkeypatch.chdir(tmp_path)
+    assert corpus("bundle-link", src, "--output-dir", tmp_path / "o").exit_code == 0
+    assert [(j.bundle, j.manifest_sha256) for j in seen] == [(str(link), sha256_file(demo_bundle / "manifest.json"))]

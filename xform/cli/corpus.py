@@ -95,9 +95,11 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
                               replace_unknowns, vocab_map)
     text = TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
                        replace_unknowns)
-    job = Job(str(bundle.resolve()), gen, text, batching, backend, device, threads, vocab)
     plan = plan_corpus(list(inputs), field, shard_lines, bundle, decoding_identity(gen, text, backend, device,
                        vocab_map), gen.num_return_sequences, text.scores)
+    # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
+    job = Job(str(bundle.absolute()), gen, text, batching, backend, device, threads, vocab,
+              plan.identity.bundle["sha256"])
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
