@@ -1,5 +1,5 @@
 """What keeps a corpus's record true across runs and crashes: its identity (the backend and
-device too), the bundle every worker holds."""
+device too), the bundle every worker holds, the names the corpus keeps for itself."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tests.corpus.test_corpus import cli_job
 from xform.cli import main
 from xform.corpus import pipeline
-from xform.corpus.record import RECORD
+from xform.corpus.record import LOCK, RECORD, SHARDS
 from xform.corpus.worker import ShardWorker
 from xform.errors import BundleError
 from xform.files import sha256_file
@@ -75,3 +75,14 @@ def test_the_command_gives_its_workers_the_bundle_as_named_and_its_manifests_has
     monkeypatch.chdir(tmp_path)
     assert corpus("bundle-link", src, "--output-dir", tmp_path / "o").exit_code == 0
     assert [(j.bundle, j.manifest_sha256) for j in seen] == [(str(link), sha256_file(demo_bundle / "manifest.json"))]
+
+
+@pytest.mark.parametrize("name", [RECORD, SHARDS, LOCK])
+def test_an_input_named_as_the_corpus_keeps_its_own_files_is_refused(demo_bundle, tmp_path, name):
+    src = tmp_path / "in" / name
+    src.parent.mkdir()
+    src.write_text("7\n")
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")
+    assert r.exit_code == 1 and f"INPUT {src}: its output would be --output-dir's {name}, a name the corpus " \
+                                "keeps for its own files" in r.output, r.output
+    assert not (tmp_path / "o").exists()

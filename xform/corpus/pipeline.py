@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator
 
 from xform.corpus import formats
 from xform.corpus.formats import Failed, Source
-from xform.corpus.record import Identity, Record
+from xform.corpus.record import OURS, Identity, Record
 from xform.corpus.shards import Shard, ShardTask, cut, plan
 from xform.corpus.worker import Job, ShardResult, ShardWorker
 from xform.errors import InputError, XformError
-from xform.files import sha256_file
+from xform.files import TEMP, sha256_file
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,7 @@ def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Pa
                 scores: bool | str = False) -> Corpus:
     """Read each input once (its lines and sha256) and cut the corpus into shards."""
     sources = [Source.of(Path(p), field_name) for p in paths]
-    seen: dict[str, Path] = {}
-    for s in sources:
-        if s.name in seen:
-            raise InputError(f"{seen[s.name]} and {s.path} have the same name: their outputs would be one file in "
-                             "--output-dir; translate them into separate directories")
-        seen[s.name] = s.path
+    check_names(sources)
     inputs, counts = [], []
     for s in sources:
         lines, digest = formats.measure(s)
@@ -57,6 +52,20 @@ def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Pa
     identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
                         decoding, shard_lines)
     return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
+
+
+def check_names(sources: list[Source]) -> None:
+    """Refuse inputs whose outputs would be one file, or a file of the corpus's own (record.py)."""
+    seen: dict[str, Path] = {}
+    for s in sources:
+        if s.name in OURS or TEMP.fullmatch(s.name):
+            raise InputError(f"INPUT {s.path}: its output would be --output-dir's {s.name}, a name the corpus keeps "
+                             f"for its own files ({', '.join(OURS)}, and xform's temporaries): give the input "
+                             "another name (a link of another name will do)")
+        if s.name in seen:
+            raise InputError(f"{seen[s.name]} and {s.path} have the same name: their outputs would be one file in "
+                             "--output-dir; translate them into separate directories")
+        seen[s.name] = s.path
 
 
 def tasks(corpus: Corpus, done: set[str]) -> Iterator[ShardTask]:
