@@ -1,5 +1,6 @@
 """What keeps a corpus's record true across runs and crashes: its identity (the backend and
-device too), the bundle every worker holds, the names the corpus keeps for itself."""
+device too), the bundle every worker holds, the names the corpus keeps for itself, the --json
+report of the same command."""
 from __future__ import annotations
 
 import dataclasses
@@ -86,3 +87,17 @@ def test_an_input_named_as_the_corpus_keeps_its_own_files_is_refused(demo_bundle
     assert r.exit_code == 1 and f"INPUT {src}: its output would be --output-dir's {name}, a name the corpus " \
                                 "keeps for its own files" in r.output, r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_the_same_command_replaces_its_own_report_and_no_other(demo_bundle, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("7\n")
+    report = tmp_path / "r.json"
+    args = [demo_bundle, src, "--output-dir", tmp_path / "o", "--json", report]
+    assert corpus(*args).exit_code == 0 and json.loads(report.read_text())["skipped_shards"] == 0
+    r = corpus(*args)  # the same command again: the corpus is complete, its report rewritten
+    assert r.exit_code == 0, r.output
+    assert json.loads(report.read_text())["skipped_shards"] == 1
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o2", "--json", report)  # another directory's report
+    assert r.exit_code == 2 and f"--json {report}: already exists, and is no report of --output-dir" in r.output
+    assert json.loads(report.read_text())["output_dir"] == str(tmp_path / "o") and not (tmp_path / "o2").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -64,7 +65,8 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
               help="Write the figures as JSON (sentences/s, tokens/s, each worker's, the lines that failed).")
 @click.option("--force", is_flag=True,
               help="Start over: discard what --output-dir's record finished (needed when the bundle, an input or "
-                   "a decoding flag changed); also replaces an existing --json report.")
+                   "a decoding flag changed); also replaces an existing --json report (one of this --output-dir's "
+                   "is replaced without it).")
 @batching_options
 @text_options
 @generation_options
@@ -106,9 +108,11 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
         report = go(plan, record, job, own, ray_address, workers, oversubscribe, max_restarts)
     finally:
         record.close()
-    report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(), output_dir=str(output_dir))
+    report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(),
+                  output_dir=str(output_dir.absolute()))
     if json_path is not None:
-        write_json(json_path, report, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
+        write_json(json_path, report, force or own_report(json_path, output_dir),
+                   [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
     if report["failed"]:
         sys.exit(1)
 
@@ -144,13 +148,7 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
                                    f"{'inside it' if out_dir in real.parents else 'it, or holds it'}; the corpus "
                                    "writes its outputs and record there: give a directory apart from the inputs")
     if json_path is not None:
-        if json_path.exists() and not force:  # --force would also start the corpus over: say so
-            raise click.UsageError(f"--json {json_path}: already exists; give a new path (--force replaces it, and "
-                                   "also starts the corpus over)")
-        if out_dir in Path(os.path.realpath(json_path)).parents:
-            raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
-                                   "files: write it elsewhere")
-        check_json_target(json_path, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
+        check_report_path(json_path, output_dir, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
 
 
 def check_ray_flag(address: str) -> None:
@@ -165,6 +163,34 @@ def check_ray_flag(address: str) -> None:
     elif address != "auto" and "://" not in address:
         from xform.corpus.cluster import check_reachable
         check_reachable(address, address)
+
+
+def check_report_path(json_path: Path, output_dir: Path, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    """--json: outside --output-dir; an existing file replaced only if it is this --output-dir's
+    report (the same command run again), or with --force if it is another xform report."""
+    replace = force or own_report(json_path, output_dir)
+    if json_path.exists() and not replace:  # --force would also start the corpus over: say so
+        raise click.UsageError(f"--json {json_path}: already exists, and is no report of --output-dir "
+                               f"{output_dir}'s; give a new path (--force replaces it, and also starts the corpus "
+                               "over)")
+    if Path(os.path.realpath(output_dir)) in Path(os.path.realpath(json_path)).parents:
+        raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
+                               "files: write it elsewhere")
+    check_json_target(json_path, replace, inputs)
+
+
+def own_report(path: Path, output_dir: Path) -> bool:
+    """Whether `path` is a report `xform corpus` wrote for `output_dir`: the same command run again
+    replaces it."""
+    from xform.cli.options import not_our_report
+
+    if not path.is_file() or not_our_report(path) is not None:
+        return False
+    try:
+        written = json.loads(path.read_text(encoding="utf-8")).get("output_dir")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(written, str) and os.path.realpath(written) == os.path.realpath(output_dir)
 
 
 def go(plan, record, job, session, ray_address, workers: int, oversubscribe: bool, max_restarts: int) -> dict:
