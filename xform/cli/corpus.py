@@ -249,6 +249,7 @@ def already_complete(plan, record) -> dict:
         if not path.is_file() or sha256_file(path) != digest:
             raise XformError(f"{path}: missing or changed since this corpus was completed; --force translates "
                              "the corpus again")
+    record.remove_shards()  # what a run stopped between marking the corpus complete and removing them left
     out.print(f"{record.directory}: complete ({sum(i['lines'] for i in plan.identity.inputs):,} lines in "
               f"{len(plan.sources)} files); nothing to translate")
     report = {k: record.data.get(k, []) for k in ("failed", "warnings")}

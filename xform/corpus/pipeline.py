@@ -40,15 +40,15 @@ class Corpus:
 
 def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Path, decoding: dict, n: int = 1,
                 scores: bool | str = False) -> Corpus:
-    """Read each input once (its lines and sha256) and cut the corpus into shards."""
+    """Read each input once (its lines, bytes and sha256) and cut the corpus into shards."""
     sources = [Source.of(Path(p), field_name) for p in paths]
     check_names(sources)
     inputs, counts = [], []
     for s in sources:
-        lines, digest = formats.measure(s)
+        lines, size, digest = formats.measure(s)
         counts.append(lines)
         inputs.append({"name": s.name, "path": str(s.path), "format": s.format, "field": s.field, "lines": lines,
-                       "sha256": digest})
+                       "bytes": size, "sha256": digest})
     identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
                         decoding, shard_lines)
     return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
@@ -132,8 +132,11 @@ def translate(corpus: Corpus, record: Record, pool, run: int,
 def assemble(corpus: Corpus, record: Record) -> dict:
     """Write each input's output from its shards, in order; return the record's summary: every
     shard's figures, the lines that failed and the warnings (FILE:LINE and message), the outputs'
-    hashes."""
+    hashes. An input that changed since the plan measured it is refused (InputError), before any
+    output is written."""
     summary: dict = {"shards": {}, "failed": [], "warnings": [], "outputs": {}}
+    for source, measured in zip(corpus.sources, corpus.identity.inputs, strict=True):
+        formats.check_unchanged(source, measured["bytes"], measured["sha256"])  # all, before any output
     for f, source in enumerate(corpus.sources):
         target = record.directory / source.name
         formats.write(source, target, shard_lines(corpus.shards_of(f), source, record, summary), corpus.n,
