@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from tests.corpus.conftest import numbers
 from tests.corpus.test_corpus import cli_job
-from tests.ray_cluster import run_with_local_ray, wait_sessions_gone
+from tests.ray_cluster import NODE_CPUS, run_with_local_ray, wait_sessions_gone
 from xform.cli import main
+from xform.cli.corpus import decoding_identity
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
 from xform.corpus.record import RECORD, SHARDS, Record
@@ -155,6 +156,31 @@ def test_a_worker_lost_past_max_restarts_stops_the_run_with_what_it_finished(ray
     finally:
         record.close()
     assert 1 <= len(record.done()) < 12 and killed
+
+
+def test_a_run_that_cannot_go_on_stops_naming_its_shards(ray_cluster, demo_bundle, tmp_path):
+    """A worker's error names the shard it was translating (its file and lines); a worker Ray
+    cannot place (more CPUs than a node has) stops the run after --stall-timeout, naming it and
+    the shards it waits on, instead of waiting for ever."""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(numbers(60, 4)) + "\n")
+    job = dataclasses.replace(cli_job(demo_bundle), threads=1)
+    plan = pipeline.plan_corpus([src], "text", 40, demo_bundle, decoding_identity(job.gen, job.text, "ort", None,
+                                                                                  None))
+    bad = dataclasses.replace(job, text=dataclasses.replace(job.text, src_lang="zz"))  # the CLI refuses it first
+    with connect(ray_cluster.address):
+        for pool, fragment in [
+                (pipeline.RayPool(bad, workers=1, num_cpus=1, max_restarts=0),
+                 f"worker 0 failed on {src} lines 1-40 (shard 0-0): "),
+                (pipeline.RayPool(job, workers=1, num_cpus=NODE_CPUS + 1, max_restarts=0, stall_timeout=2),
+                 f"no shard finished in 2 s (--stall-timeout): waiting on worker 0 ({src} lines 1-40 (shard 0-0), "
+                 f"{src} lines 41-60 (shard 0-1))")]:
+            try:
+                with pytest.raises(XformError) as e:
+                    list(pool.run(pipeline.tasks(plan, set())))
+            finally:
+                pool.close()
+            assert fragment in str(e.value)
 
 
 def test_more_workers_than_the_cluster_holds_is_refused(ray_cluster, demo_bundle, tmp_path):

@@ -27,6 +27,7 @@ from xform.cli.options import (
     warn_unjudged,
     write_json,
 )
+from xform.corpus.cluster import STALL_TIMEOUT_S
 from xform.corpus.shards import DEFAULT_SHARD_LINES
 from xform.errors import XformError
 
@@ -58,6 +59,11 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
 @click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
               help="Times Ray restarts a worker whose process or node died (its shards retried) before the run "
                    "stops.")
+@click.option("--stall-timeout", type=click.FloatRange(min=1), default=STALL_TIMEOUT_S, show_default=True,
+              metavar="SECONDS",
+              help="With --ray: stop the run (what it finished recorded) when no shard has finished for this long, "
+                   "naming the workers it waits on (ones Ray cannot place, or that hang); raise it where one "
+                   "worker's shard takes longer.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cpu for ort, cuda for trt.")
@@ -72,9 +78,9 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
 @generation_options
 @handle_errors
 def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, oversubscribe, shard_lines,
-           max_restarts, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens, max_rows,
-           read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column, vocab_map,
-           replace_unknowns, greedy, **settings) -> None:
+           max_restarts, stall_timeout, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens,
+           max_rows, read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column,
+           vocab_map, replace_unknowns, greedy, **settings) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers."""
@@ -105,7 +111,7 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
-        report = go(plan, record, job, own, ray_address, workers, oversubscribe, max_restarts)
+        report = go(plan, record, job, own, RayRun(ray_address, workers, oversubscribe, max_restarts, stall_timeout))
     finally:
         record.close()
     report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(),
@@ -115,6 +121,16 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
                    [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
     if report["failed"]:
         sys.exit(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayRun:
+    """How the command runs on Ray: its --ray address (None: in this process) and the flags of its workers."""
+    address: str | None
+    workers: int = 1
+    oversubscribe: bool = False
+    max_restarts: int = 3
+    stall_timeout: float = STALL_TIMEOUT_S
 
 
 def decoding_identity(gen, text, backend: str, device: str | None, vocab_map: Path | None) -> dict:
@@ -193,25 +209,26 @@ def own_report(path: Path, output_dir: Path) -> bool:
     return isinstance(written, str) and os.path.realpath(written) == os.path.realpath(output_dir)
 
 
-def go(plan, record, job, session, ray_address, workers: int, oversubscribe: bool, max_restarts: int) -> dict:
+def go(plan, record, job, session, ray: RayRun) -> dict:
     """Translate what the record lacks (in this process with `session`, else on the Ray cluster),
     assemble the outputs, print the figures; the report."""
     from xform.corpus.pipeline import LocalPool, RayPool, ShardWorker
 
     if record.complete:
         return already_complete(plan, record)
-    if ray_address is None:
+    if ray.address is None:
         return run_pool(plan, record, LocalPool(ShardWorker(job, 0, session)), {"ray": None, "workers": 1,
                                                                                  "threads": job.threads})
     from xform.corpus.cluster import connect, worker_gpus, worker_threads
 
-    with connect(ray_address) as cluster:
-        threads = worker_threads(list(cluster.nodes.values()), workers, job.threads, oversubscribe)
-        gpus = worker_gpus(job.backend == "trt" or job.device == "cuda", workers, cluster.gpus, oversubscribe)
-        pool = RayPool(dataclasses.replace(job, threads=threads), workers, 0 if oversubscribe else threads,
-                       max_restarts, num_gpus=gpus)
+    with connect(ray.address) as cluster:
+        threads = worker_threads(list(cluster.nodes.values()), ray.workers, job.threads, ray.oversubscribe)
+        gpus = worker_gpus(job.backend == "trt" or job.device == "cuda", ray.workers, cluster.gpus,
+                           ray.oversubscribe)
+        pool = RayPool(dataclasses.replace(job, threads=threads), ray.workers, 0 if ray.oversubscribe else threads,
+                       ray.max_restarts, num_gpus=gpus, stall_timeout=ray.stall_timeout)
         try:
-            return run_pool(plan, record, pool, {"ray": ray_address, "workers": workers, "threads": threads,
+            return run_pool(plan, record, pool, {"ray": ray.address, "workers": ray.workers, "threads": threads,
                                                  "nodes": len(cluster.nodes), "cluster_cpus": cluster.cpus})
         finally:
             pool.close()

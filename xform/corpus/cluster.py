@@ -20,6 +20,7 @@ INSTALL = 'pip install -e ".[ray]"'
 CONNECT_TIMEOUT_S = 5.0
 TOKEN_HINT = ("; a cluster started with a token (RAY_AUTH_MODE=token) refuses a driver without it: set "
               "RAY_AUTH_MODE and RAY_AUTH_TOKEN here as on its nodes")
+STALL_TIMEOUT_S = 600.0  # a Ray run in which no shard finishes for this long stops (--stall-timeout)
 
 
 def check_ray_installed() -> None:

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from xform.corpus import formats
+from xform.corpus.cluster import STALL_TIMEOUT_S
+from xform.corpus.cluster import one_line as cause
 from xform.corpus.formats import Failed, Source
 from xform.corpus.record import OURS, Identity, Record
 from xform.corpus.shards import Shard, ShardTask, cut, plan
 from xform.corpus.worker import Job, ShardResult, ShardWorker
 from xform.errors import InputError, XformError
 from xform.files import TEMP, sha256_file
+
+WAIT_S = 5.0  # how long the driver waits for a shard at a time before it checks the stall
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ def tasks(corpus: Corpus, done: set[str]) -> Iterator[ShardTask]:
         for shard, items in cut(mine, formats.read(source), str(source.path)):
             if shard.id not in done:
                 failed = {i: item.message for i, item in enumerate(items) if isinstance(item, Failed)}
-                yield ShardTask(shard, ["" if isinstance(item, Failed) else item for item in items], failed)
+                yield ShardTask(shard, ["" if isinstance(item, Failed) else item for item in items], failed,
+                                str(source.path))
 
 
 @dataclass
@@ -186,52 +192,67 @@ class RayShardWorker(ShardWorker):
 
 class RayPool:
     """An actor pool of ShardWorkers on the connected Ray cluster (cluster.py): `workers` actors,
-    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes, `inflight` shards
-    queued on each so none waits for the driver. An actor whose process or node dies is restarted
-    by Ray (at most `max_restarts` times) and the shards it held are retried on it; past that the
-    run stops with what it finished recorded."""
+    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes,
+    `inflight` shards queued on each so none waits for the driver. An actor whose process or node
+    dies is restarted by Ray (at most `max_restarts` times) and the shards it held are retried on
+    it; past that the run stops with what it finished recorded. So does a run in which no shard
+    finishes for `stall_timeout` seconds (workers Ray cannot place, or that hang), naming them."""
 
     def __init__(self, job: Job, workers: int, num_cpus: float, max_restarts: int, inflight: int = 2,
-                 num_gpus: float = 0):
+                 num_gpus: float = 0, stall_timeout: float = STALL_TIMEOUT_S):
         import ray
 
         remote: Any = ray.remote(RayShardWorker)
         self.workers, self.max_restarts, self.inflight = workers, max_restarts, inflight
-        self.actors: list[Any] = [remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                                 max_task_retries=-1, scheduling_strategy="SPREAD").remote(job, i)
+        self.stall_timeout = stall_timeout
+        options = remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, max_task_retries=-1,
+                                 scheduling_strategy="SPREAD")
+        self.actors: list[Any] = [ray_call(partial(options.remote, job, i), f"starting worker {i}")
                                   for i in range(workers)]
 
     def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
         import ray
 
-        pending: dict = {}
+        pending: dict = {}  # ref -> (worker, task)
 
         def submit(worker: int) -> None:
             task = next(todo, None)
             if task is not None:
-                pending[self.actors[worker].translate.remote(task)] = worker
+                pending[ray_call(lambda: self.actors[worker].translate.remote(task), f"worker {worker}")] = (
+                    worker, task)
 
         for _ in range(self.inflight):
             for worker in range(self.workers):
                 submit(worker)
+        progress = time.monotonic()
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            worker = pending.pop(ready[0])
-            yield self.result(ready[0], worker)
+            ready, _ = ray_call(lambda: ray.wait(list(pending), num_returns=1,
+                                                 timeout=min(WAIT_S, self.stall_timeout)), "waiting for shards")
+            if not ready:
+                if time.monotonic() - progress > self.stall_timeout:
+                    raise XformError(stalled(pending, self.stall_timeout))
+                continue
+            worker, task = pending.pop(ready[0])
+            yield self.result(ready[0], worker, task)
             submit(worker)
+            progress = time.monotonic()
 
-    def result(self, ref, worker: int) -> ShardResult:
+    def result(self, ref, worker: int, task: ShardTask) -> ShardResult:
         import ray
         from ray import exceptions
 
         try:
             return ray.get(ref)
         except exceptions.RayActorError as e:
+            if e.actor_init_failed:
+                raise XformError(f"worker {worker} could not start: {cause(e)}") from None
             raise XformError(f"worker {worker} is lost and Ray gave up on it (at most --max-restarts "
-                             f"{self.max_restarts} restarts): {cause(e)}. The finished shards are recorded: run "
-                             "the command again to go on") from None
+                             f"{self.max_restarts} restarts) while it held {task.label}: {cause(e)}. The finished "
+                             "shards are recorded: run the command again to go on") from None
         except exceptions.RayTaskError as e:
-            raise XformError(f"worker {worker} failed: {cause(e)}") from None
+            raise XformError(f"worker {worker} failed on {task.label}: {cause(e)}") from None
+        except exceptions.RayError as e:
+            raise XformError(f"worker {worker}, {task.label}: Ray failed ({type(e).__name__}: {cause(e)})") from None
 
     def close(self) -> None:
         import ray
@@ -240,8 +261,22 @@ class RayPool:
             ray.kill(actor)
 
 
-def cause(e: Exception) -> str:
-    """A Ray error's reason in one line: the last line of its message (the error raised in the
-    actor, after Ray's traceback)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
+def ray_call(call: Callable[[], Any], what: str) -> Any:
+    """`call()`, a Ray error it raises said as an XformError naming `what`."""
+    from ray import exceptions
+
+    try:
+        return call()
+    except exceptions.RayError as e:
+        raise XformError(f"Ray failed, {what} ({type(e).__name__}: {cause(e)})") from None
+
+
+def stalled(pending: dict, timeout: float) -> str:
+    """Why a run stops when no shard finished for `timeout` s: the workers waited on and their shards."""
+    held: dict[int, list[str]] = {}
+    for worker, task in pending.values():
+        held.setdefault(worker, []).append(task.label)
+    waiting = "; ".join(f"worker {w} ({', '.join(labels)})" for w, labels in sorted(held.items()))
+    return (f"no shard finished in {timeout:.0f} s (--stall-timeout): waiting on {waiting}. Ray may have no room "
+            "to place these workers (their CPUs or GPUs are taken), or they hang; the finished shards are recorded: "
+            "run the command again to go on, with a larger --stall-timeout where a shard takes longer")
