@@ -6,8 +6,8 @@ own CPUs and a resource of its own, each in its own process group, on loopback, 
 their own (Ray 2.60 turns token authentication on where a token file exists: the nodes and every
 driver here share RAY_AUTH_TOKEN, so nothing reads or writes ~/.ray). They are stopped by their
 processes (SIGTERM, then SIGKILL), never `ray stop`, which would stop other Ray clusters of this
-user; whatever still carries the session's token afterwards (workers) is killed by pid. Every
-wait is bounded.
+user; whatever is still running in the nodes' sessions afterwards (workers) is killed by pid.
+Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ NODE_CPUS = 2  # logical CPUs each node offers Ray (this machine may have fewer 
 class RayCluster:
     address: str
     env: dict
-    token: str
     nodes: list[subprocess.Popen]
     logs: list[Path]
 
@@ -78,7 +77,8 @@ def start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def stop(cluster: RayCluster) -> None:
-    """The nodes stopped by their `ray start` processes, then any process left holding the token."""
+    """The nodes stopped by their `ray start` processes, then any process left in their sessions
+    (each `ray start` leads a session of its own, which its daemons and workers keep)."""
     for p in reversed(cluster.nodes):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -89,24 +89,9 @@ def stop(cluster: RayCluster) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(STOP_TIMEOUT_S)
-    for pid in holding(cluster.token):
+    for pid in in_sessions({p.pid for p in cluster.nodes}):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def holding(token: str) -> list[int]:
-    """This user's processes whose environment holds the session's token: Ray's, started by the
-    cluster's nodes or by a driver of the tests (`--ray local`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if f"RAY_AUTH_TOKEN={token}".encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def stat(pid: int) -> list[str]:
@@ -192,7 +177,6 @@ def running_cluster(tmp_path_factory):
     they run; this process's environment holds the token meanwhile."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip('the Ray tests need Ray: pip install -e ".[ray]"')
-    token = os.environ["RAY_AUTH_TOKEN"]  # the session's (configure_session)
     # no usage reports; a node stops at once on SIGTERM (by default it drains for up to 30 s)
     ray_env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env = {**os.environ, **ray_env,
@@ -204,7 +188,7 @@ def running_cluster(tmp_path_factory):
                          str(NODE_CPUS), "--include-dashboard=false", "--temp-dir", str(temp / "t"),
                          "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
                          "--dashboard-agent-listen-port", str(free_port())], env, logs[0])]
-    cluster = RayCluster(f"127.0.0.1:{port}", env, token, nodes, logs)
+    cluster = RayCluster(f"127.0.0.1:{port}", env, nodes, logs)
     with pytest.MonkeyPatch.context() as mp:
         for k, v in ray_env.items():
             mp.setenv(k, v)

@@ -157,16 +157,20 @@ def test_output_dirs_and_inputs_refused_by_name(demo_bundle, tmp_path, case):
 def test_a_run_in_progress_holds_the_directory(demo_bundle, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("1\n")
-    code = ("import sys, time; from pathlib import Path; from xform.corpus.record import take_lock; "
-            "Path(sys.argv[1]).mkdir(); take_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], stdout=subprocess.PIPE, text=True)
-    try:
+    code = ("import sys; from pathlib import Path; from xform.corpus.record import take_lock; "
+            "Path(sys.argv[1]).mkdir(); take_lock(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:  # the holder keeps the lock until its standard input closes
         assert holder.stdout.readline().strip() == "held"
         r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")
         assert r.exit_code == 1 and f"another xform corpus (pid {holder.pid}) is translating it now" in r.output
+        assert holder.poll() is None  # it held the lock all along
     finally:
-        holder.kill()
+        holder.stdin.close()
         holder.wait(10)
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")  # the lock goes with its holder
+    assert r.exit_code == 0 and (tmp_path / "o" / "in.txt").read_text() == "one\n", r.output
 
 
 def test_undecodable_bytes_fail_alone_with_file_and_line(demo_bundle, tmp_path):

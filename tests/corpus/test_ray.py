@@ -43,21 +43,24 @@ def run_file(bundle, path, *flags) -> str:
                          ids=["greedy-1-worker", "greedy-2-workers", "beam4-1-worker", "beam4-2-workers"])
 def test_outputs_equal_run_input_file_on_one_and_two_nodes(ray_cluster, demo_bundle, corpus_inputs, reference,
                                                             tmp_path, beams, workers, monkeypatch):
-    """Two workers are spread over the cluster's two nodes (`ray start --head` and a second `ray
-    start --address` with CPUs and a resource of its own): one corpus, both nodes, the same lines.
-    One worker joins by `--ray auto`, which reads RAY_ADDRESS."""
+    """Two workers run on the cluster's two nodes (`ray start --head` and a second `ray start
+    --address` with CPUs and a resource of its own): one corpus, both nodes, the same lines. Each
+    reserves --threads 2 of Ray's CPUs and each node offers 2, so Ray cannot place both on one
+    (SPREAD alone is best effort). One worker joins by `--ray auto`, which reads RAY_ADDRESS."""
     out = tmp_path / "out"
     address = ray_cluster.address
     if workers == 1 and beams == 1:
         monkeypatch.setenv("RAY_ADDRESS", address)
         address = "auto"
+    threads = NODE_CPUS if workers == 2 else 1
     r = corpus(demo_bundle, *corpus_inputs, "--output-dir", out, "--ray", address, "--workers", workers,
-               "--threads", 1, "--num-beams", beams, "--shard-lines", 40, "--json", tmp_path / "r.json")
+               "--threads", threads, "--num-beams", beams, "--shard-lines", 40, "--json", tmp_path / "r.json")
     assert r.exit_code == 0, r.output
     assert {p.name: (out / p.name).read_text() for p in corpus_inputs} == {
         p.name: reference[beams, p.name] for p in corpus_inputs}
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["nodes"] == 2 and report["workers"] == workers and report["threads"] == 1 and report["ray"] == address
+    assert report["nodes"] == 2 and report["workers"] == workers and report["threads"] == threads
+    assert report["ray"] == address
     shards = json.loads((out / RECORD).read_text())["shards"]
     assert len(shards) == 8 and len({s["pid"] for s in shards.values()}) == workers
     assert len({s["node"] for s in shards.values()}) == workers  # two workers: one on each node
