@@ -3,11 +3,13 @@ as it lands, and assemble the outputs in order once every shard is done.
 
 The driver (this module, in the process that runs the command) reads the inputs, writes the
 record and the outputs; workers only translate lists of lines, so the nodes of a cluster need the
-bundle and nothing else. A pool takes shard tasks and yields results as they finish, in any
-order: `LocalPool` is one ShardWorker in this process (no Ray), `RayPool` an actor pool of them on
-a Ray cluster (the connection is cluster.py's), each actor one session, restarted by Ray when its
-process or node dies with the shards it held retried on it. A shard is recorded once, when its
-result arrives: a crash of the driver loses nothing recorded, a re-run does only the rest.
+bundle (checked against the driver's manifest hash) and xform (the driver's version: Ray imports
+RayShardWorker by its module there), nothing else. A pool takes shard tasks and yields results as
+they finish, in any order: `LocalPool` is one ShardWorker in this process (no Ray), `RayPool` an
+actor pool of them on a Ray cluster (the connection is cluster.py's), each actor one session,
+restarted by Ray when its process or node dies with the shards it held retried on it. A shard is
+recorded once, when its result arrives: a crash of the driver loses nothing recorded, a re-run
+does only the rest.
 """
 from __future__ import annotations
 
