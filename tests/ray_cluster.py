@@ -6,8 +6,8 @@ own CPUs and a resource of its own, each in its own process group, on loopback, 
 their own (Ray 2.60 turns token authentication on where a token file exists: the nodes and every
 driver here share RAY_AUTH_TOKEN, so nothing reads or writes ~/.ray). They are stopped by their
 processes (SIGTERM, then SIGKILL), never `ray stop`, which would stop other Ray clusters of this
-user; whatever still carries the session's token afterwards (workers) is killed by pid. Every
-wait is bounded.
+user; whatever is still running in the nodes' sessions afterwards (workers) is killed by pid.
+Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ NODE_CPUS = 2  # logical CPUs each node offers Ray (this machine may have fewer 
 class RayCluster:
     address: str
     env: dict
-    token: str
     nodes: list[subprocess.Popen]
     logs: list[Path]
 
@@ -78,7 +77,8 @@ def start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def stop(cluster: RayCluster) -> None:
-    """The nodes stopped by their `ray start` processes, then any process left holding the token."""
+    """The nodes stopped by their `ray start` processes, then any process left in their sessions
+    (each `ray start` leads a session of its own, which its daemons and workers keep)."""
     for p in reversed(cluster.nodes):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -89,24 +89,9 @@ def stop(cluster: RayCluster) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(STOP_TIMEOUT_S)
-    for pid in holding(cluster.token):
+    for pid in in_sessions({p.pid for p in cluster.nodes}):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def holding(token: str) -> list[int]:
-    """This user's processes whose environment holds the session's token: Ray's, started by the
-    cluster's nodes or by a driver of the tests (`--ray local`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if f"RAY_AUTH_TOKEN={token}".encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def stat(pid: int) -> list[str]:
@@ -114,38 +99,76 @@ def stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def others(cluster: RayCluster) -> list[int]:
-    """Processes holding the token outside the cluster's nodes (each node's `ray start` leads a
-    session of its own, which its daemons and workers keep): a cluster a test's driver started."""
-    nodes = {p.pid for p in cluster.nodes}
-    out = []
-    for pid in holding(cluster.token):
+def in_sessions(sessions: set[int]) -> list[int]:
+    """The processes in these sessions (a session's id stays taken while any of them runs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
-            if int(stat(pid)[3]) not in nodes:
-                out.append(pid)
+            if int(stat(int(entry.name))[3]) in sessions:
+                found.append(int(entry.name))
         except (OSError, IndexError, ValueError):
             continue
-    return out
+    return found
 
 
-def described(cluster: RayCluster) -> list[str]:
-    """`others`: pid, state, parent, group and command line of each."""
-    out = []
-    for pid in others(cluster):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ").strip()[:100]
-            state, parent, group = stat(pid)[:3]
-        except (OSError, ValueError):
+LOCAL_MARK = "xform-ray-"  # the temporary directory `--ray local` gives its Ray (xform/corpus/local.py)
+
+
+def local_ray_sessions() -> set[int]:
+    """The sessions of the Rays `--ray local` runs now: each `ray start` it starts leads a session
+    of its own and names the command's temporary directory, as do its daemons (its workers and
+    agents retitle themselves `ray::...`, but stay in its session)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
-        out.append(f"{pid} ({state}, parent {parent}, group {group}): {cmd.decode(errors='replace')}")
-    return out
+        try:
+            if LOCAL_MARK.encode() in (entry / "cmdline").read_bytes():
+                found.add(int(stat(int(entry.name))[3]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def run_with_local_ray(args: list[str], log: Path, timeout: float, **kwargs) -> tuple[int, str, set[int]]:
+    """Run a command that starts a `--ray local` Ray: its exit code, its output (stdout and stderr),
+    and the sessions of the Ray it started, watched while it ran (none that ran before it)."""
+    before, seen = local_ray_sessions(), set()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        seen |= local_ray_sessions() - before
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{' '.join(args)}: not done within {timeout} s:\n{log.read_text(errors='replace')}")
+        time.sleep(0.1)
+    return proc.returncode, log.read_text(errors="replace"), seen
+
+
+def wait_sessions_gone(sessions: set[int], timeout: float = 20) -> None:
+    """Fail, naming them, if processes of these sessions outlive `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while left := in_sessions(sessions):
+        if time.monotonic() > deadline:
+            named = []
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    named.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ")
+                                 .decode(errors="replace")[:160])
+            pytest.fail("--ray local left processes running:\n" + "\n".join(named))
+        time.sleep(0.2)
 
 
 def configure_session() -> None:
     """The test session's Ray token, in this process's environment from its start (pytest_configure):
     Ray reads its authentication mode when it is imported, so a test importing Ray before the
     cluster starts would otherwise hold a mode the cluster does not share. The tests' nodes,
-    drivers and `--ray local` clusters all authenticate with it; nothing reads or writes ~/.ray."""
+    drivers and `--ray local` clusters authenticate with it (but one `--ray local`, run with no
+    RAY_AUTH_* at all, as a user runs it: tests/corpus/test_ray.py); nothing reads or writes ~/.ray."""
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
 
 
@@ -154,7 +177,6 @@ def running_cluster(tmp_path_factory):
     they run; this process's environment holds the token meanwhile."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip('the Ray tests need Ray: pip install -e ".[ray]"')
-    token = os.environ["RAY_AUTH_TOKEN"]  # the session's (configure_session)
     # no usage reports; a node stops at once on SIGTERM (by default it drains for up to 30 s)
     ray_env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env = {**os.environ, **ray_env,
@@ -166,7 +188,7 @@ def running_cluster(tmp_path_factory):
                          str(NODE_CPUS), "--include-dashboard=false", "--temp-dir", str(temp / "t"),
                          "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
                          "--dashboard-agent-listen-port", str(free_port())], env, logs[0])]
-    cluster = RayCluster(f"127.0.0.1:{port}", env, token, nodes, logs)
+    cluster = RayCluster(f"127.0.0.1:{port}", env, nodes, logs)
     with pytest.MonkeyPatch.context() as mp:
         for k, v in ray_env.items():
             mp.setenv(k, v)

@@ -14,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -168,7 +167,7 @@ def test_production_configs_name_a_command_the_cli_takes(start, tmp_path):
 def test_corpus_guide(demo_bundle, ray_cluster, tmp_path, monkeypatch):
     """docs/corpus.md: its one-machine block here, its `--ray local` block as a user runs it (a
     process of its own, nothing left running after), its Ray Data snippet on the tests' cluster."""
-    from tests.ray_cluster import described, others
+    from tests.ray_cluster import run_with_local_ray, wait_sessions_gone
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
@@ -178,16 +177,13 @@ def test_corpus_guide(demo_bundle, ray_cluster, tmp_path, monkeypatch):
         "forty thousand five hundred twelve\nseven\n\none hundred twenty three thousand four hundred fifty six\n")
     assert [json.loads(line) for line in (tmp_path / "translated/more.jsonl").read_text().splitlines()] == [
         {"id": 1, "text": "12", "translation": "twelve"}, {"id": 2, "text": "99", "translation": "ninety nine"}]
-    for line in marked("corpus-ray-command", "docs/corpus.md").splitlines():
-        r = subprocess.run([sys.executable, "-m", "xform", *shlex.split(line)[1:]], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=180)
-        assert r.returncode == 0, r.stderr
+    for i, line in enumerate(marked("corpus-ray-command", "docs/corpus.md").splitlines()):
+        code, output, sessions = run_with_local_ray([sys.executable, "-m", "xform", *shlex.split(line)[1:]],
+                                                    tmp_path / f"ray-{i}.log", 180, cwd=tmp_path)
+        assert code == 0 and sessions, output
+        wait_sessions_gone(sessions)
     for name in ("numbers.txt", "more.jsonl"):
         assert (tmp_path / "translated-ray" / name).read_text() == (tmp_path / "translated" / name).read_text()
-    deadline = time.monotonic() + 20
-    while others(ray_cluster):
-        assert time.monotonic() < deadline, f"--ray local left Ray processes running: {described(ray_cluster)}"
-        time.sleep(0.2)
     r = subprocess.run([sys.executable, "-c", marked("corpus-python", "docs/corpus.md", "python")], cwd=tmp_path,
                        env={**os.environ, "RAY_ADDRESS": ray_cluster.address}, capture_output=True, text=True,
                        timeout=180)

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from xform.cli import main
+from xform.cli.corpus import decoding_identity
 from xform.corpus import pipeline
 from xform.corpus.record import RECORD, SHARDS, Record
 from xform.corpus.worker import Job, ShardWorker, TextOptions
@@ -59,8 +60,8 @@ def test_a_rerun_resumes_only_the_missing_shards(demo_bundle, corpus_inputs, ref
     whole = (out / long.name).read_text()
     out2 = tmp_path / "out2"
     job = cli_job(demo_bundle)
-    plan = pipeline.plan_corpus([long], "text", 30, demo_bundle, {"generation": job.gen.to_dict(),
-                                "text": job.text.to_dict(), "vocab_map": None})
+    plan = pipeline.plan_corpus([long], "text", 30, demo_bundle, decoding_identity(job.gen, job.text, "ort", None,
+                                                                                   None))
     record = Record.open(out2, plan.identity, force=False)
 
     def stop_after_two(result):
@@ -156,16 +157,20 @@ def test_output_dirs_and_inputs_refused_by_name(demo_bundle, tmp_path, case):
 def test_a_run_in_progress_holds_the_directory(demo_bundle, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("1\n")
-    code = ("import sys, time; from pathlib import Path; from xform.corpus.record import take_lock; "
-            "Path(sys.argv[1]).mkdir(); take_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], stdout=subprocess.PIPE, text=True)
-    try:
+    code = ("import sys; from pathlib import Path; from xform.corpus.record import take_lock; "
+            "Path(sys.argv[1]).mkdir(); take_lock(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:  # the holder keeps the lock until its standard input closes
         assert holder.stdout.readline().strip() == "held"
         r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")
         assert r.exit_code == 1 and f"another xform corpus (pid {holder.pid}) is translating it now" in r.output
+        assert holder.poll() is None  # it held the lock all along
     finally:
-        holder.kill()
+        holder.stdin.close()
         holder.wait(10)
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")  # the lock goes with its holder
+    assert r.exit_code == 0 and (tmp_path / "o" / "in.txt").read_text() == "one\n", r.output
 
 
 def test_undecodable_bytes_fail_alone_with_file_and_line(demo_bundle, tmp_path):
@@ -230,6 +235,7 @@ def test_without_ray_installed_ray_is_asked_for_by_its_extra(demo_bundle, tmp_pa
     base = [sys.executable, "-c", code, str(demo_bundle), str(src)]
     r = subprocess.run([*base, str(tmp_path / "a"), "--ray", "local"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and 'pip install -e ".[ray]"' in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "a").exists()  # refused before --output-dir is made
     r = subprocess.run([*base, str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and (tmp_path / "b" / "in.txt").read_text() == "seven\n", r.stderr
 
@@ -292,6 +298,27 @@ def test_an_address_where_nothing_listens_and_an_existing_report_are_refused_at_
     r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o", "--json", tmp_path / "r.json")
     assert r.exit_code == 2 and "--force replaces it, and also starts the corpus over" in r.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("error,fragment", [
+    (ConnectionError("Could not find any running Ray instance."), "--ray auto: no Ray cluster to join"),
+    (RuntimeError("Traceback ...\n  raise\nThe authentication token is invalid."),
+     "--ray auto: Ray could not join the cluster at auto (RuntimeError: The authentication token is invalid.); a "
+     "cluster started with a token")])
+def test_ray_failing_to_join_is_said_naming_the_flag(error, fragment):
+    """Whatever ray.init raises (no cluster, a refused token, a version mismatch) is an error naming
+    --ray and Ray's reason in a line, never a traceback."""
+    from types import SimpleNamespace
+
+    from xform.corpus.cluster import join
+    from xform.errors import XformError
+
+    def init(**_):
+        raise error
+
+    with pytest.raises(XformError) as e:
+        join(SimpleNamespace(init=init), "auto", "auto")
+    assert fragment in str(e.value) and "RAY_AUTH_TOKEN" in str(e.value)
 
 
 def test_workers_on_gpus_reserve_one_each():

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from tests.corpus.conftest import numbers
 from tests.corpus.test_corpus import cli_job
-from tests.ray_cluster import described, others
+from tests.ray_cluster import NODE_CPUS, run_with_local_ray, wait_sessions_gone
 from xform.cli import main
+from xform.cli.corpus import decoding_identity
 from xform.corpus import pipeline
 from xform.corpus.cluster import connect
 from xform.corpus.record import RECORD, SHARDS, Record
@@ -42,21 +43,24 @@ def run_file(bundle, path, *flags) -> str:
                          ids=["greedy-1-worker", "greedy-2-workers", "beam4-1-worker", "beam4-2-workers"])
 def test_outputs_equal_run_input_file_on_one_and_two_nodes(ray_cluster, demo_bundle, corpus_inputs, reference,
                                                             tmp_path, beams, workers, monkeypatch):
-    """Two workers are spread over the cluster's two nodes (`ray start --head` and a second `ray
-    start --address` with CPUs and a resource of its own): one corpus, both nodes, the same lines.
-    One worker joins by `--ray auto`, which reads RAY_ADDRESS."""
+    """Two workers run on the cluster's two nodes (`ray start --head` and a second `ray start
+    --address` with CPUs and a resource of its own): one corpus, both nodes, the same lines. Each
+    reserves --threads 2 of Ray's CPUs and each node offers 2, so Ray cannot place both on one
+    (SPREAD alone is best effort). One worker joins by `--ray auto`, which reads RAY_ADDRESS."""
     out = tmp_path / "out"
     address = ray_cluster.address
     if workers == 1 and beams == 1:
         monkeypatch.setenv("RAY_ADDRESS", address)
         address = "auto"
+    threads = NODE_CPUS if workers == 2 else 1
     r = corpus(demo_bundle, *corpus_inputs, "--output-dir", out, "--ray", address, "--workers", workers,
-               "--threads", 1, "--num-beams", beams, "--shard-lines", 40, "--json", tmp_path / "r.json")
+               "--threads", threads, "--num-beams", beams, "--shard-lines", 40, "--json", tmp_path / "r.json")
     assert r.exit_code == 0, r.output
     assert {p.name: (out / p.name).read_text() for p in corpus_inputs} == {
         p.name: reference[beams, p.name] for p in corpus_inputs}
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["nodes"] == 2 and report["workers"] == workers and report["threads"] == 1 and report["ray"] == address
+    assert report["nodes"] == 2 and report["workers"] == workers and report["threads"] == threads
+    assert report["ray"] == address
     shards = json.loads((out / RECORD).read_text())["shards"]
     assert len(shards) == 8 and len({s["pid"] for s in shards.values()}) == workers
     assert len({s["node"] for s in shards.values()}) == workers  # two workers: one on each node
@@ -157,6 +161,31 @@ def test_a_worker_lost_past_max_restarts_stops_the_run_with_what_it_finished(ray
     assert 1 <= len(record.done()) < 12 and killed
 
 
+def test_a_run_that_cannot_go_on_stops_naming_its_shards(ray_cluster, demo_bundle, tmp_path):
+    """A worker's error names the shard it was translating (its file and lines); a worker Ray
+    cannot place (more CPUs than a node has) stops the run after --stall-timeout, naming it and
+    the shards it waits on, instead of waiting for ever."""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(numbers(60, 4)) + "\n")
+    job = dataclasses.replace(cli_job(demo_bundle), threads=1)
+    plan = pipeline.plan_corpus([src], "text", 40, demo_bundle, decoding_identity(job.gen, job.text, "ort", None,
+                                                                                  None))
+    bad = dataclasses.replace(job, text=dataclasses.replace(job.text, src_lang="zz"))  # the CLI refuses it first
+    with connect(ray_cluster.address):
+        for pool, fragment in [
+                (pipeline.RayPool(bad, workers=1, num_cpus=1, max_restarts=0),
+                 f"worker 0 failed on {src} lines 1-40 (shard 0-0): "),
+                (pipeline.RayPool(job, workers=1, num_cpus=NODE_CPUS + 1, max_restarts=0, stall_timeout=2),
+                 f"no shard finished in 2 s (--stall-timeout): waiting on worker 0 ({src} lines 1-40 (shard 0-0), "
+                 f"{src} lines 41-60 (shard 0-1))")]:
+            try:
+                with pytest.raises(XformError) as e:
+                    list(pool.run(pipeline.tasks(plan, set())))
+            finally:
+                pool.close()
+            assert fragment in str(e.value)
+
+
 def test_more_workers_than_the_cluster_holds_is_refused(ray_cluster, demo_bundle, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("7\n")
@@ -166,20 +195,26 @@ def test_more_workers_than_the_cluster_holds_is_refused(ray_cluster, demo_bundle
                                 "room for 2 such workers)" in r.output, r.output
 
 
-def test_ray_local_starts_a_cluster_and_stops_it(demo_bundle, ray_cluster, tmp_path):
-    """--ray local, as a user runs it (a process of its own): a cluster of its own on this
-    machine, gone when the command ends."""
+def test_ray_local_needs_no_ray_settings_and_leaves_nothing_running(demo_bundle, tmp_path):
+    """--ray local as a user runs it: a process of its own whose environment sets no RAY_AUTH_*,
+    with no token in its home; a Ray of its own on this machine, the output that of a run
+    without Ray, nothing of that Ray running after, nothing written to ~/.ray."""
     src = tmp_path / "in.txt"
     src.write_text("7\n\n40512\n")
-    r = subprocess.run([sys.executable, "-m", "xform", "corpus", str(demo_bundle), str(src), "--output-dir",
-                        str(tmp_path / "o"), "--ray", "local", "--threads", "1"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "o" / "in.txt").read_text() == "seven\n\nforty thousand five hundred twelve\n"
-    deadline = time.monotonic() + 20
-    while others(ray_cluster):  # the local cluster's processes, going
-        assert time.monotonic() < deadline, f"--ray local left processes behind: {described(ray_cluster)}"
-        time.sleep(0.2)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")} | {"HOME": str(home)}
+    code, output, sessions = run_with_local_ray(
+        [sys.executable, "-m", "xform", "corpus", str(demo_bundle), str(src), "--output-dir", str(tmp_path / "o"),
+         "--ray", "local", "--threads", "1"], tmp_path / "log", 180, env=env)
+    assert code == 0 and "Traceback" not in output, output
+    assert sessions  # its Ray was seen running
+    assert corpus(demo_bundle, src, "--output-dir", tmp_path / "plain").exit_code == 0
+    assert (tmp_path / "o" / "in.txt").read_text() == (tmp_path / "plain" / "in.txt").read_text() == (
+        "seven\n\nforty thousand five hundred twelve\n")
+    assert [run["ray"] for run in json.loads((tmp_path / "o" / RECORD).read_text())["runs"]] == ["local"]
+    assert not (home / ".ray").exists()
+    wait_sessions_gone(sessions)
 
 
 def test_translate_in_a_ray_data_pipeline(ray_cluster, demo_bundle, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ from xform.cli.options import (
     warn_unjudged,
     write_json,
 )
+from xform.corpus.cluster import STALL_TIMEOUT_S
 from xform.corpus.shards import DEFAULT_SHARD_LINES
 from xform.errors import XformError
 
@@ -57,6 +59,11 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
 @click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
               help="Times Ray restarts a worker whose process or node died (its shards retried) before the run "
                    "stops.")
+@click.option("--stall-timeout", type=click.FloatRange(min=1), default=STALL_TIMEOUT_S, show_default=True,
+              metavar="SECONDS",
+              help="With --ray: stop the run (what it finished recorded) when no shard has finished for this long, "
+                   "naming the workers it waits on (ones Ray cannot place, or that hang); raise it where one "
+                   "worker's shard takes longer.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cpu for ort, cuda for trt.")
@@ -64,19 +71,21 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
               help="Write the figures as JSON (sentences/s, tokens/s, each worker's, the lines that failed).")
 @click.option("--force", is_flag=True,
               help="Start over: discard what --output-dir's record finished (needed when the bundle, an input or "
-                   "a decoding flag changed); also replaces an existing --json report.")
+                   "a decoding flag changed); also replaces an existing --json report (one of this --output-dir's "
+                   "is replaced without it).")
 @batching_options
 @text_options
 @generation_options
 @handle_errors
 def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, oversubscribe, shard_lines,
-           max_restarts, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens, max_rows,
-           read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column, vocab_map,
-           replace_unknowns, greedy, **settings) -> None:
+           max_restarts, stall_timeout, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens,
+           max_rows, read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column,
+           vocab_map, replace_unknowns, greedy, **settings) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers."""
     import xform
+    from xform.corpus.pipeline import plan_corpus
     from xform.corpus.record import Record
     from xform.corpus.worker import Job, TextOptions
 
@@ -94,39 +103,54 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
                               replace_unknowns, vocab_map)
     text = TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
                        replace_unknowns)
-    job = Job(str(bundle.resolve()), gen, text, batching, backend, device, threads, vocab)
-    plan = corpus_plan(bundle, inputs, field, shard_lines, job, vocab_map)
+    plan = plan_corpus(list(inputs), field, shard_lines, bundle, decoding_identity(gen, text, backend, device,
+                       vocab_map), gen.num_return_sequences, text.scores)
+    # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
+    job = Job(str(bundle.absolute()), gen, text, batching, backend, device, threads, vocab,
+              plan.identity.bundle["sha256"])
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
-        report = go(plan, record, job, own, ray_address, workers, oversubscribe, max_restarts)
+        report = go(plan, record, job, own, RayRun(ray_address, workers, oversubscribe, max_restarts, stall_timeout))
     finally:
         record.close()
-    report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(), output_dir=str(output_dir))
+    report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(),
+                  output_dir=str(output_dir.absolute()))
     if json_path is not None:
-        write_json(json_path, report, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
+        write_json(json_path, report, force or own_report(json_path, output_dir),
+                   [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
     if report["failed"]:
         sys.exit(1)
 
 
-def corpus_plan(bundle: Path, inputs, field: str, shard_lines: int, job, vocab_map: Path | None):
-    """The corpus's inputs measured and cut into shards, its identity for the record."""
-    from xform.corpus.pipeline import plan_corpus
-    from xform.files import sha256_file
+@dataclasses.dataclass(frozen=True)
+class RayRun:
+    """How the command runs on Ray: its --ray address (None: in this process) and the flags of its workers."""
+    address: str | None
+    workers: int = 1
+    oversubscribe: bool = False
+    max_restarts: int = 3
+    stall_timeout: float = STALL_TIMEOUT_S
 
-    decoding = {"generation": job.gen.to_dict(), "text": job.text.to_dict(),
-                "vocab_map": sha256_file(vocab_map) if vocab_map is not None else None}
-    return plan_corpus(list(inputs), field, shard_lines, bundle, decoding, job.gen.num_return_sequences,
-                       job.text.scores)
+
+def decoding_identity(gen, text, backend: str, device: str | None, vocab_map: Path | None) -> dict:
+    """What, besides the bundle and the inputs, makes the corpus's translations what they are (the
+    record's identity): the decoding, the text policy, the vocabulary map, the backend and device."""
+    from xform.files import sha256_file
+    from xform.runtime.open import default_device
+
+    return {"generation": gen.to_dict(), "text": text.to_dict(),
+            "vocab_map": sha256_file(vocab_map) if vocab_map is not None else None,
+            "backend": backend, "device": device or default_device(backend)}
 
 
 def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, workers: int, json_path, force) -> None:
-    """corpus's flags that go together, and the paths it reads and writes, before anything is loaded."""
+    """corpus's flags that go together, and the paths it reads and writes, before anything is loaded
+    or written."""
     if workers > 1 and ray_address is None:
         raise click.UsageError(f"--workers {workers} runs Ray actors: give --ray (local, auto or an address)")
-    if ray_address not in (None, "auto", "local") and "://" not in ray_address:
-        from xform.corpus.cluster import check_reachable
-        check_reachable(ray_address, ray_address)  # nothing listening there: said before anything is written
+    if ray_address is not None:
+        check_ray_flag(ray_address)
     for path in inputs:
         if path.is_dir():
             raise XformError(f"INPUT {path}: is a directory; expected a file (text, .jsonl or .parquet): give its "
@@ -140,34 +164,71 @@ def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, work
                                    f"{'inside it' if out_dir in real.parents else 'it, or holds it'}; the corpus "
                                    "writes its outputs and record there: give a directory apart from the inputs")
     if json_path is not None:
-        if json_path.exists() and not force:  # --force would also start the corpus over: say so
-            raise click.UsageError(f"--json {json_path}: already exists; give a new path (--force replaces it, and "
-                                   "also starts the corpus over)")
-        if out_dir in Path(os.path.realpath(json_path)).parents:
-            raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
-                                   "files: write it elsewhere")
-        check_json_target(json_path, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
+        check_report_path(json_path, output_dir, force, [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
 
 
-def go(plan, record, job, session, ray_address, workers: int, oversubscribe: bool, max_restarts: int) -> dict:
+def check_ray_flag(address: str) -> None:
+    """What --ray needs and can be checked without a cluster: Ray installed, `ray` for local, an
+    address where something listens."""
+    from xform.corpus.cluster import check_ray_installed
+
+    check_ray_installed()
+    if address == "local":
+        from xform.corpus.local import ray_command
+        ray_command()
+    elif address != "auto" and "://" not in address:
+        from xform.corpus.cluster import check_reachable
+        check_reachable(address, address)
+
+
+def check_report_path(json_path: Path, output_dir: Path, force: bool, inputs: list[tuple[str, Path]]) -> None:
+    """--json: outside --output-dir; an existing file replaced only if it is this --output-dir's
+    report (the same command run again), or with --force if it is another xform report."""
+    replace = force or own_report(json_path, output_dir)
+    if json_path.exists() and not replace:  # --force would also start the corpus over: say so
+        raise click.UsageError(f"--json {json_path}: already exists, and is no report of --output-dir "
+                               f"{output_dir}'s; give a new path (--force replaces it, and also starts the corpus "
+                               "over)")
+    if Path(os.path.realpath(output_dir)) in Path(os.path.realpath(json_path)).parents:
+        raise click.UsageError(f"--json {json_path}: inside --output-dir, where the corpus keeps only its own "
+                               "files: write it elsewhere")
+    check_json_target(json_path, replace, inputs)
+
+
+def own_report(path: Path, output_dir: Path) -> bool:
+    """Whether `path` is a report `xform corpus` wrote for `output_dir`: the same command run again
+    replaces it."""
+    from xform.cli.options import not_our_report
+
+    if not path.is_file() or not_our_report(path) is not None:
+        return False
+    try:
+        written = json.loads(path.read_text(encoding="utf-8")).get("output_dir")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(written, str) and os.path.realpath(written) == os.path.realpath(output_dir)
+
+
+def go(plan, record, job, session, ray: RayRun) -> dict:
     """Translate what the record lacks (in this process with `session`, else on the Ray cluster),
     assemble the outputs, print the figures; the report."""
     from xform.corpus.pipeline import LocalPool, RayPool, ShardWorker
 
     if record.complete:
         return already_complete(plan, record)
-    if ray_address is None:
+    if ray.address is None:
         return run_pool(plan, record, LocalPool(ShardWorker(job, 0, session)), {"ray": None, "workers": 1,
                                                                                  "threads": job.threads})
     from xform.corpus.cluster import connect, worker_gpus, worker_threads
 
-    with connect(ray_address) as cluster:
-        threads = worker_threads(list(cluster.nodes.values()), workers, job.threads, oversubscribe)
-        gpus = worker_gpus(job.backend == "trt" or job.device == "cuda", workers, cluster.gpus, oversubscribe)
-        pool = RayPool(dataclasses.replace(job, threads=threads), workers, 0 if oversubscribe else threads,
-                       max_restarts, num_gpus=gpus)
+    with connect(ray.address) as cluster:
+        threads = worker_threads(list(cluster.nodes.values()), ray.workers, job.threads, ray.oversubscribe)
+        gpus = worker_gpus(job.backend == "trt" or job.device == "cuda", ray.workers, cluster.gpus,
+                           ray.oversubscribe)
+        pool = RayPool(dataclasses.replace(job, threads=threads), ray.workers, 0 if ray.oversubscribe else threads,
+                       ray.max_restarts, num_gpus=gpus, stall_timeout=ray.stall_timeout)
         try:
-            return run_pool(plan, record, pool, {"ray": ray_address, "workers": workers, "threads": threads,
+            return run_pool(plan, record, pool, {"ray": ray.address, "workers": ray.workers, "threads": threads,
                                                  "nodes": len(cluster.nodes), "cluster_cpus": cluster.cpus})
         finally:
             pool.close()
@@ -205,6 +266,7 @@ def already_complete(plan, record) -> dict:
         if not path.is_file() or sha256_file(path) != digest:
             raise XformError(f"{path}: missing or changed since this corpus was completed; --force translates "
                              "the corpus again")
+    record.remove_shards()  # what a run stopped between marking the corpus complete and removing them left
     out.print(f"{record.directory}: complete ({sum(i['lines'] for i in plan.identity.inputs):,} lines in "
               f"{len(plan.sources)} files); nothing to translate")
     report = {k: record.data.get(k, []) for k in ("failed", "warnings")}

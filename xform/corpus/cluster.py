@@ -18,9 +18,13 @@ from xform.errors import XformError
 
 INSTALL = 'pip install -e ".[ray]"'
 CONNECT_TIMEOUT_S = 5.0
+TOKEN_HINT = ("; a cluster started with a token (RAY_AUTH_MODE=token) refuses a driver without it: set "
+              "RAY_AUTH_MODE and RAY_AUTH_TOKEN here as on its nodes")
+STALL_TIMEOUT_S = 600.0  # a Ray run in which no shard finishes for this long stops (--stall-timeout)
 
 
-def import_ray():
+def check_ray_installed() -> None:
+    """Refuse at once where Ray is not installed; Ray itself is not imported here (see `connect`)."""
     import importlib.util
 
     try:
@@ -29,8 +33,26 @@ def import_ray():
         found = False
     if not found:
         raise XformError(f"--ray needs Ray (Ray Data 2.60), which is not installed: {INSTALL}")
+
+
+def import_ray():
+    check_ray_installed()
     import ray
     return ray
+
+
+def refresh_auth() -> None:
+    """Make this process's Ray read its authentication mode and token from the environment again.
+
+    Ray 2.60 reads them once, when it is imported, and caches them; `connect` imports it only
+    after the environment holds the token (local.py puts `--ray local`'s there), and re-reads
+    them where Ray was imported earlier (a caller of this module's), as Ray itself does when it
+    turns token authentication on (ray._private.authentication.authentication_token_setup)."""
+    import importlib
+
+    raylet = importlib.import_module("ray._raylet")  # Ray's own, untyped
+    raylet.Config.initialize("")
+    raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 @dataclass(frozen=True)
@@ -50,13 +72,15 @@ def connect(address: str) -> Iterator[Cluster]:
     """Join the cluster at ADDRESS (host:port, or ray://...), `auto` (RAY_ADDRESS, else one
     started on this machine with `ray start`), or `local`: one started on this machine for the
     block and stopped after (local.py). The connection is closed either way."""
+    check_ray_installed()  # missing: said before anything starts
     with contextlib.ExitStack() as stack:
-        import_ray()  # missing: said before anything starts
         target = address
         if address == "local":
             from xform.corpus.local import local_head
+            stack.callback(refresh_auth)  # last: after local_head took its token out of the environment
             target = stack.enter_context(local_head())
-        ray = import_ray()  # after local_head: the driver reads the token it shares with the head
+        ray = import_ray()  # only now: Ray reads the token local_head put in the environment when imported
+        refresh_auth()  # where Ray was imported before that
         join(ray, address, target)
         stack.callback(ray.shutdown)
         alive = [n for n in ray.nodes() if n["Alive"]]
@@ -73,7 +97,17 @@ def join(ray, asked: str, target: str) -> None:
         hint = " (RAY_ADDRESS is unset and no cluster was started on this machine)" if (
             asked == "auto" and not os.environ.get("RAY_ADDRESS")) else ""
         raise XformError(f"--ray {asked}: no Ray cluster to join{hint}: {e}. Start one with `ray start --head`, "
-                         "or give --ray local to start one for this command") from None
+                         f"or give --ray local to start one for this command{TOKEN_HINT if asked != 'local' else ''}"
+                         ) from None
+    except Exception as e:  # Ray's own (authentication, version mismatch, a bad address): said, not a traceback
+        raise XformError(f"--ray {asked}: Ray could not join the cluster at {target} ({type(e).__name__}: "
+                         f"{one_line(e)}){TOKEN_HINT if asked != 'local' else ''}") from None
+
+
+def one_line(e: Exception) -> str:
+    """An error's message in one line: its last non-blank one (Ray's come after a traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 def check_reachable(asked: str, address: str) -> None:

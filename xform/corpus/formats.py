@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from xform.errors import InputError
-from xform.files import atomic_file
+from xform.files import atomic_file, sha256_file
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}  # by suffix; anything else is text
 READ_BLOCK = 1 << 20
@@ -52,19 +54,39 @@ class Source:
         return f"{self.path}:{'row ' if self.format == 'parquet' else ''}{index + 1}"
 
 
-def measure(source: Source) -> tuple[int, str]:
-    """(lines, sha256) of an input, read once: lines as reading yields them (a last line without
-    a newline counts), rows for Parquet; a Parquet file without the column is refused here."""
+def measure(source: Source) -> tuple[int, int, str]:
+    """(lines, bytes, sha256) of an input, read once: lines as reading yields them (a last line
+    without a newline counts), rows for Parquet; a Parquet file without the column is refused here."""
     h = hashlib.sha256()
-    lines, last = 0, b"\n"
+    lines, size, last = 0, 0, b"\n"
     with open(source.path, "rb") as f:
         while block := f.read(READ_BLOCK):
             h.update(block)
             lines += block.count(b"\n")
+            size += len(block)
             last = block[-1:]
     if source.format == "parquet":
-        return parquet_file(source).metadata.num_rows, h.hexdigest()
-    return lines + (last != b"\n"), h.hexdigest()
+        return parquet_file(source).metadata.num_rows, size, h.hexdigest()
+    return lines + (last != b"\n"), size, h.hexdigest()
+
+
+def check_unchanged(source: Source, size: int, sha256: str) -> None:
+    """Refuse an input that is no longer what was measured (`size` bytes of `sha256`): it changed
+    while the corpus was translated, so its shards may hold lines of two versions."""
+    try:
+        now = os.stat(source.path).st_size
+        digest = sha256_file(source.path) if now == size else None
+    except OSError as e:
+        raise changed(source, f"unreadable now: {e.strerror or e}") from None
+    if now != size or digest != sha256:
+        found = f"{now:,} bytes" if now != size else f"sha256 {str(digest)[:12]}"
+        was = f"{size:,} bytes" if now != size else f"sha256 {sha256[:12]}"
+        raise changed(source, f"{was} when it was read, {found} now")
+
+
+def changed(source: Source, why: str) -> InputError:
+    return InputError(f"{source.path}: changed while the corpus was translated ({why}); its output is not "
+                      "written: once it no longer changes, run the command again (--force translates it anew)")
 
 
 def read(source: Source) -> Iterator[bytes | str | Failed]:
@@ -143,11 +165,28 @@ def write(source: Source, target: Path, results: Iterable[LineResult], n: int, s
                 for columns in text_columns(translations, error, n, scores):
                     f.write(columns + "\n")
     elif source.format == "jsonl":
+        results = iter(results)
         with atomic_file(target) as f, open(source.path, "rb") as original:
-            for raw, (translations, error) in zip(original, results):
+            for raw in original:
+                ((translations, error),) = take(results, 1, source)
                 f.write(jsonl_line(raw, translations, error, n, scores) + "\n")
+            ended(results, source)
     else:
         write_parquet(source, target, results, n, scores)
+
+
+def take(results: Iterator[LineResult], k: int, source: Source) -> list[LineResult]:
+    """The next `k` lines' results; fewer: the input has more lines than its shards translated."""
+    got = list(islice(results, k))
+    if len(got) < k:
+        raise changed(source, "it has more lines than its shards translated")
+    return got
+
+
+def ended(results: Iterator[LineResult], source: Source) -> None:
+    """No result left over: else the input has fewer lines than its shards translated."""
+    if next(results, None) is not None:
+        raise changed(source, "it has fewer lines than its shards translated")
 
 
 def text_columns(translations: list | None, error: str | None, n: int, scores: bool | str) -> list[str]:
@@ -201,17 +240,22 @@ def write_parquet(source: Source, target: Path, results: Iterable[LineResult], n
     results = iter(results)
     writer = None
     with atomic_file(target, binary=True) as f:
-        for batch in pq.ParquetFile(source.path).iter_batches(batch_size=PARQUET_BATCH):
-            rows = [fields(*next(results), n, scores) for _ in range(batch.num_rows)]
-            table = pa.Table.from_batches([batch])
-            for name in rows[0] if rows else ():
-                table = table.append_column(name, pa.array([r[name] for r in rows], type=added_type(pa, name, n)))
-            if writer is None:
-                writer = pq.ParquetWriter(f, table.schema)
-            writer.write_table(table)
-        if writer is None:  # no rows: the input's schema and the added columns, empty
-            writer = pq.ParquetWriter(f, empty_schema(pa, pq, source, n, scores))
-        writer.close()
+        try:
+            for batch in pq.ParquetFile(source.path).iter_batches(batch_size=PARQUET_BATCH):
+                rows = [fields(*result, n, scores) for result in take(results, batch.num_rows, source)]
+                table = pa.Table.from_batches([batch])
+                for name in rows[0] if rows else ():
+                    table = table.append_column(name, pa.array([r[name] for r in rows],
+                                                               type=added_type(pa, name, n)))
+                if writer is None:
+                    writer = pq.ParquetWriter(f, table.schema)
+                writer.write_table(table)
+            ended(results, source)
+            if writer is None:  # no rows: the input's schema and the added columns, empty
+                writer = pq.ParquetWriter(f, empty_schema(pa, pq, source, n, scores))
+        finally:  # closed before its file, written or given up
+            if writer is not None:
+                writer.close()
 
 
 def added_type(pa, name: str, n: int):

@@ -11,7 +11,8 @@ in /tmp/ray. If the command itself is killed, the kernel sends `ray start` SIGTE
 
 The head and this process's driver authenticate with one token: the environment's where it sets
 RAY_AUTH_MODE, else a token of this command's, set in this process's environment while the block
-runs (Ray reads it when the driver connects), so nothing is written to ~/.ray.
+runs, so nothing is written to ~/.ray. Ray reads it when imported: cluster.connect imports Ray
+only inside the block (and has it read the environment again where it was imported before).
 """
 from __future__ import annotations
 

@@ -3,26 +3,33 @@ as it lands, and assemble the outputs in order once every shard is done.
 
 The driver (this module, in the process that runs the command) reads the inputs, writes the
 record and the outputs; workers only translate lists of lines, so the nodes of a cluster need the
-bundle and nothing else. A pool takes shard tasks and yields results as they finish, in any
-order: `LocalPool` is one ShardWorker in this process (no Ray), `RayPool` an actor pool of them on
-a Ray cluster (the connection is cluster.py's), each actor one session, restarted by Ray when its
-process or node dies with the shards it held retried on it. A shard is recorded once, when its
-result arrives: a crash of the driver loses nothing recorded, a re-run does only the rest.
+bundle (checked against the driver's manifest hash) and xform (the driver's version: Ray imports
+RayShardWorker by its module there), nothing else. A pool takes shard tasks and yields results as
+they finish, in any order: `LocalPool` is one ShardWorker in this process (no Ray), `RayPool` an
+actor pool of them on a Ray cluster (the connection is cluster.py's), each actor one session,
+restarted by Ray when its process or node dies with the shards it held retried on it. A shard is
+recorded once, when its result arrives: a crash of the driver loses nothing recorded, a re-run
+does only the rest.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from xform.corpus import formats
+from xform.corpus.cluster import STALL_TIMEOUT_S
+from xform.corpus.cluster import one_line as cause
 from xform.corpus.formats import Failed, Source
-from xform.corpus.record import Identity, Record
+from xform.corpus.record import OURS, Identity, Record
 from xform.corpus.shards import Shard, ShardTask, cut, plan
 from xform.corpus.worker import Job, ShardResult, ShardWorker
 from xform.errors import InputError, XformError
-from xform.files import sha256_file
+from xform.files import TEMP, sha256_file
+
+WAIT_S = 5.0  # how long the driver waits for a shard at a time before it checks the stall
 
 
 @dataclass(frozen=True)
@@ -40,23 +47,32 @@ class Corpus:
 
 def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Path, decoding: dict, n: int = 1,
                 scores: bool | str = False) -> Corpus:
-    """Read each input once (its lines and sha256) and cut the corpus into shards."""
+    """Read each input once (its lines, bytes and sha256) and cut the corpus into shards."""
     sources = [Source.of(Path(p), field_name) for p in paths]
+    check_names(sources)
+    inputs, counts = [], []
+    for s in sources:
+        lines, size, digest = formats.measure(s)
+        counts.append(lines)
+        inputs.append({"name": s.name, "path": str(s.path), "format": s.format, "field": s.field, "lines": lines,
+                       "bytes": size, "sha256": digest})
+    identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
+                        decoding, shard_lines)
+    return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
+
+
+def check_names(sources: list[Source]) -> None:
+    """Refuse inputs whose outputs would be one file, or a file of the corpus's own (record.py)."""
     seen: dict[str, Path] = {}
     for s in sources:
+        if s.name in OURS or TEMP.fullmatch(s.name):
+            raise InputError(f"INPUT {s.path}: its output would be --output-dir's {s.name}, a name the corpus keeps "
+                             f"for its own files ({', '.join(OURS)}, and xform's temporaries): give the input "
+                             "another name (a link of another name will do)")
         if s.name in seen:
             raise InputError(f"{seen[s.name]} and {s.path} have the same name: their outputs would be one file in "
                              "--output-dir; translate them into separate directories")
         seen[s.name] = s.path
-    inputs, counts = [], []
-    for s in sources:
-        lines, digest = formats.measure(s)
-        counts.append(lines)
-        inputs.append({"name": s.name, "path": str(s.path), "format": s.format, "field": s.field, "lines": lines,
-                       "sha256": digest})
-    identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
-                        decoding, shard_lines)
-    return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
 
 
 def tasks(corpus: Corpus, done: set[str]) -> Iterator[ShardTask]:
@@ -68,7 +84,8 @@ def tasks(corpus: Corpus, done: set[str]) -> Iterator[ShardTask]:
         for shard, items in cut(mine, formats.read(source), str(source.path)):
             if shard.id not in done:
                 failed = {i: item.message for i, item in enumerate(items) if isinstance(item, Failed)}
-                yield ShardTask(shard, ["" if isinstance(item, Failed) else item for item in items], failed)
+                yield ShardTask(shard, ["" if isinstance(item, Failed) else item for item in items], failed,
+                                str(source.path))
 
 
 @dataclass
@@ -123,8 +140,11 @@ def translate(corpus: Corpus, record: Record, pool, run: int,
 def assemble(corpus: Corpus, record: Record) -> dict:
     """Write each input's output from its shards, in order; return the record's summary: every
     shard's figures, the lines that failed and the warnings (FILE:LINE and message), the outputs'
-    hashes."""
+    hashes. An input that changed since the plan measured it is refused (InputError), before any
+    output is written."""
     summary: dict = {"shards": {}, "failed": [], "warnings": [], "outputs": {}}
+    for source, measured in zip(corpus.sources, corpus.identity.inputs, strict=True):
+        formats.check_unchanged(source, measured["bytes"], measured["sha256"])  # all, before any output
     for f, source in enumerate(corpus.sources):
         target = record.directory / source.name
         formats.write(source, target, shard_lines(corpus.shards_of(f), source, record, summary), corpus.n,
@@ -174,52 +194,67 @@ class RayShardWorker(ShardWorker):
 
 class RayPool:
     """An actor pool of ShardWorkers on the connected Ray cluster (cluster.py): `workers` actors,
-    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes, `inflight` shards
-    queued on each so none waits for the driver. An actor whose process or node dies is restarted
-    by Ray (at most `max_restarts` times) and the shards it held are retried on it; past that the
-    run stops with what it finished recorded."""
+    each one session with `num_cpus` CPUs (and `num_gpus` GPUs) reserved, spread over the nodes,
+    `inflight` shards queued on each so none waits for the driver. An actor whose process or node
+    dies is restarted by Ray (at most `max_restarts` times) and the shards it held are retried on
+    it; past that the run stops with what it finished recorded. So does a run in which no shard
+    finishes for `stall_timeout` seconds (workers Ray cannot place, or that hang), naming them."""
 
     def __init__(self, job: Job, workers: int, num_cpus: float, max_restarts: int, inflight: int = 2,
-                 num_gpus: float = 0):
+                 num_gpus: float = 0, stall_timeout: float = STALL_TIMEOUT_S):
         import ray
 
         remote: Any = ray.remote(RayShardWorker)
         self.workers, self.max_restarts, self.inflight = workers, max_restarts, inflight
-        self.actors: list[Any] = [remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                                 max_task_retries=-1, scheduling_strategy="SPREAD").remote(job, i)
+        self.stall_timeout = stall_timeout
+        options = remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, max_task_retries=-1,
+                                 scheduling_strategy="SPREAD")
+        self.actors: list[Any] = [ray_call(partial(options.remote, job, i), f"starting worker {i}")
                                   for i in range(workers)]
 
     def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
         import ray
 
-        pending: dict = {}
+        pending: dict = {}  # ref -> (worker, task)
 
         def submit(worker: int) -> None:
             task = next(todo, None)
             if task is not None:
-                pending[self.actors[worker].translate.remote(task)] = worker
+                pending[ray_call(lambda: self.actors[worker].translate.remote(task), f"worker {worker}")] = (
+                    worker, task)
 
         for _ in range(self.inflight):
             for worker in range(self.workers):
                 submit(worker)
+        progress = time.monotonic()
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            worker = pending.pop(ready[0])
-            yield self.result(ready[0], worker)
+            ready, _ = ray_call(lambda: ray.wait(list(pending), num_returns=1,
+                                                 timeout=min(WAIT_S, self.stall_timeout)), "waiting for shards")
+            if not ready:
+                if time.monotonic() - progress > self.stall_timeout:
+                    raise XformError(stalled(pending, self.stall_timeout))
+                continue
+            worker, task = pending.pop(ready[0])
+            yield self.result(ready[0], worker, task)
             submit(worker)
+            progress = time.monotonic()
 
-    def result(self, ref, worker: int) -> ShardResult:
+    def result(self, ref, worker: int, task: ShardTask) -> ShardResult:
         import ray
         from ray import exceptions
 
         try:
             return ray.get(ref)
         except exceptions.RayActorError as e:
+            if e.actor_init_failed:
+                raise XformError(f"worker {worker} could not start: {cause(e)}") from None
             raise XformError(f"worker {worker} is lost and Ray gave up on it (at most --max-restarts "
-                             f"{self.max_restarts} restarts): {cause(e)}. The finished shards are recorded: run "
-                             "the command again to go on") from None
+                             f"{self.max_restarts} restarts) while it held {task.label}: {cause(e)}. The finished "
+                             "shards are recorded: run the command again to go on") from None
         except exceptions.RayTaskError as e:
-            raise XformError(f"worker {worker} failed: {cause(e)}") from None
+            raise XformError(f"worker {worker} failed on {task.label}: {cause(e)}") from None
+        except exceptions.RayError as e:
+            raise XformError(f"worker {worker}, {task.label}: Ray failed ({type(e).__name__}: {cause(e)})") from None
 
     def close(self) -> None:
         import ray
@@ -228,8 +263,22 @@ class RayPool:
             ray.kill(actor)
 
 
-def cause(e: Exception) -> str:
-    """A Ray error's reason in one line: the last line of its message (the error raised in the
-    actor, after Ray's traceback)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
+def ray_call(call: Callable[[], Any], what: str) -> Any:
+    """`call()`, a Ray error it raises said as an XformError naming `what`."""
+    from ray import exceptions
+
+    try:
+        return call()
+    except exceptions.RayError as e:
+        raise XformError(f"Ray failed, {what} ({type(e).__name__}: {cause(e)})") from None
+
+
+def stalled(pending: dict, timeout: float) -> str:
+    """Why a run stops when no shard finished for `timeout` s: the workers waited on and their shards."""
+    held: dict[int, list[str]] = {}
+    for worker, task in pending.values():
+        held.setdefault(worker, []).append(task.label)
+    waiting = "; ".join(f"worker {w} ({', '.join(labels)})" for w, labels in sorted(held.items()))
+    return (f"no shard finished in {timeout:.0f} s (--stall-timeout): waiting on {waiting}. Ray may have no room "
+            "to place these workers (their CPUs or GPUs are taken), or they hang; the finished shards are recorded: "
+            "run the command again to go on, with a larger --stall-timeout where a shard takes longer")

@@ -2,11 +2,12 @@
 crash loses nothing finished and nothing is done twice.
 
     DIR/xform-corpus.json      the record: the corpus's identity (the bundle's manifest hash; each
-                               input's name, format, field, lines and sha256; the decoding; the
-                               shard size), each run, and once complete every shard's figures and
-                               the lines that failed
+                               input's name, format, field, lines, bytes and sha256; the decoding,
+                               the backend and device; the shard size), each run, and once
+                               complete every shard's figures and the lines that failed
     DIR/xform-shards/ID.json   a finished shard: its lines' translations and errors, and its figures;
-                               a shard is done exactly when its file exists (written atomically)
+                               a shard is done exactly when its file exists whole (written
+                               atomically; one a crash left empty or cut short is done again)
     DIR/.xform-corpus.lock     held by the run translating DIR (flock): a second one is refused
     DIR/NAME                   each input's translation, assembled once every shard is done (the
                                shard files are removed then)
@@ -29,7 +30,9 @@ from xform.files import TEMP, atomic_write
 RECORD, SHARDS, LOCK = "xform-corpus.json", "xform-shards", ".xform-corpus.lock"
 FORMAT, VERSION = "xform-corpus", 1
 OURS = (RECORD, SHARDS, LOCK)
-TEXT_FLAGS = {"scores": "--scores / --token-scores", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
+END = b"}\n"  # how a shard's file ends (save), once written whole
+TEXT_FLAGS = {"backend": "--backend", "device": "--device (or --backend's default)",
+              "scores": "--scores / --token-scores", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
               "truncate": "--truncate", "prefix_column": "--prefix-column", "replace_unknowns": "--replace-unknowns",
               "vocab_map": "--vocab-map (its sha256)"}
 
@@ -38,8 +41,8 @@ TEXT_FLAGS = {"scores": "--scores / --token-scores", "src_lang": "--src-lang", "
 class Identity:
     """What makes a corpus's translations what they are: a run whose identity equals the record's
     may take over its finished shards. bundle: {"path", "sha256"} (of its manifest, which holds
-    every file's hash); inputs: [{"name", "path", "format", "field", "lines", "sha256"}];
-    decoding: {"generation": ..., "text": ..., "vocab_map": sha256 or None}."""
+    every file's hash); inputs: [{"name", "path", "format", "field", "lines", "bytes", "sha256"}];
+    decoding: {"generation": ..., "text": ..., "vocab_map": sha256 or None, "backend", "device"}."""
     bundle: dict
     inputs: list
     decoding: dict
@@ -144,11 +147,13 @@ class Record:
         atomic_write(self.directory / RECORD, json.dumps(self.data, indent=1) + "\n")
 
     def done(self) -> set[str]:
-        """The ids of the shards finished (their files exist)."""
+        """The ids of the shards finished: their files exist, whole (one a crash left empty or cut
+        short, or that cannot be read, is not done: its shard is translated again, and the file
+        replaced)."""
         if not self.shards_dir.is_dir():
             return set()
         return {p.name[:-len(".json")] for p in self.shards_dir.iterdir()
-                if p.name.endswith(".json") and not TEMP.fullmatch(p.name)}
+                if p.name.endswith(".json") and not TEMP.fullmatch(p.name) and whole(p)}
 
     def begin_run(self, about: dict) -> int:
         """Record a run starting (its number, what it runs on); returns its number."""
@@ -190,6 +195,18 @@ class Record:
 
     def close(self) -> None:
         os.close(self.lock)
+
+
+def whole(path: Path) -> bool:
+    """A shard's file written to its end, as `save` ends it: a JSON object and a newline."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) < len(END):
+                return False
+            f.seek(-len(END), os.SEEK_END)
+            return f.read() == END
+    except OSError:
+        return False
 
 
 def read_record(directory: Path) -> dict | None:

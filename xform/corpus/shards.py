@@ -41,10 +41,18 @@ def plan(counts: list[int], shard_lines: int = DEFAULT_SHARD_LINES) -> list[Shar
 @dataclass(frozen=True)
 class ShardTask:
     """What a worker translates: a shard's lines (text or bytes), and the lines the reader could
-    not use (index in the shard -> message), sent as blank lines and failed as they are."""
+    not use (index in the shard -> message), sent as blank lines and failed as they are; `name`
+    is its input's path, for messages."""
     shard: Shard
     lines: list[str | bytes]
     failed: dict[int, str] = field(default_factory=dict)
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """The shard as a message names it: FILE lines FIRST-LAST (shard ID)."""
+        s = self.shard
+        return f"{self.name or 'input ' + str(s.file)} lines {s.start + 1}-{s.start + s.lines} (shard {s.id})"
 
 
 def cut(shards: list[Shard], items: Iterable, name: str) -> Iterator[tuple[Shard, list]]:

@@ -11,8 +11,10 @@ runs by overriding `where`.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from xform.corpus.shards import Shard, ShardTask
@@ -39,8 +41,9 @@ class TextOptions:
 @dataclass(frozen=True)
 class Job:
     """Everything a worker needs to translate a corpus's lines as its driver checked them: the
-    bundle (a path every worker can read), the backend, the decoding, the text policy, the
-    batching and the vocabulary map, read by the driver."""
+    bundle (a path every worker can read) and the sha256 of the manifest the driver read there
+    (a worker whose bundle's differs refuses to start; None: not checked), the backend, the
+    decoding, the text policy, the batching and the vocabulary map, read by the driver."""
     bundle: str
     gen: GenerationConfig
     text: TextOptions = TextOptions()
@@ -49,6 +52,7 @@ class Job:
     device: str | None = None
     threads: int | None = None
     vocab_map: VocabMap | None = None
+    manifest_sha256: str | None = None
 
 
 @dataclass
@@ -118,6 +122,7 @@ class ShardWorker:
         from xform.runtime.open import open_session
 
         self.worker = worker
+        self.check_bundle(job)
         self.session = session if session is not None else open_session(job.bundle, job.backend, job.device,
                                                                          job.threads)
         self.translator = LineTranslator(self.session, job)
@@ -125,6 +130,26 @@ class ShardWorker:
     def where(self) -> tuple[str, bool]:
         """(the node this worker runs on, whether it was restarted); here, this machine, never restarted."""
         return "local", False
+
+    def check_bundle(self, job: Job) -> None:
+        """Refuse to start where the bundle at job.bundle is not the driver's: its manifest (which
+        holds every file's sha256) hashes otherwise, or cannot be read."""
+        from xform.errors import BundleError
+        from xform.files import sha256_file
+
+        if job.manifest_sha256 is None:
+            return
+        path = Path(job.bundle) / "manifest.json"
+        try:
+            digest = sha256_file(path)
+            found = f"sha256 {digest[:12]}"
+        except OSError as e:
+            digest, found = None, f"unreadable ({e.strerror or e})"
+        if digest != job.manifest_sha256:
+            raise BundleError(f"worker {self.worker} on {socket.gethostname()} (node {self.where()[0]}): {path}: "
+                              f"{found}, expected the driver's bundle's (sha256 {job.manifest_sha256[:12]}): every "
+                              "node needs the driver's bundle at the same path (copy it there, or put it on a file "
+                              "system they share)")
 
     def translate(self, task: ShardTask, on_batch: Callable[[int, int], None] | None = None) -> ShardResult:
         from xform.runtime.bench import peak_rss_mib
