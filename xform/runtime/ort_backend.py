@@ -38,24 +38,13 @@ from xform.contract import (
     Capabilities,
     kv_names,
 )
-from xform.errors import BundleError, InputError, JoinRefused, XformError
+from xform.errors import InputError, JoinRefused, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows, grown_capacity
 from xform.runtime.cuda import CudaOps, import_cudart
 from xform.runtime.decoding import log_softmax
-from xform.runtime.ort_files import SharedWeight, import_onnxruntime, providers_for
-
-
-def session(ort, path, opts, providers):
-    """An InferenceSession; a graph ONNX Runtime refuses (corrupt, or external data outside the
-    bundle) is a BundleError naming the file."""
-    try:
-        return ort.InferenceSession(str(path), opts, providers=providers)
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
-        if type(e).__module__.startswith("onnxruntime"):
-            raise BundleError(f"{path}: ONNX Runtime refuses it: {e}") from None
-        raise
+from xform.runtime.ort_files import SharedWeight, import_onnxruntime, providers_for, session
 
 
 class OrtBackend:
@@ -304,12 +293,9 @@ class OrtBackend:
         self.bound = {}
 
     def settle(self, graph: str) -> None:
-        """The decoder-step session opened at load is a guess from the bundle's generation defaults
-        (a beam-default OPUS-MT bundle: the fused beam graph). The first decoder step settles it: a
-        guess that step does not run is released with its prepacked weights (about 150 MiB on
-        Marian-base, 2 GiB on a MADLAD-3B-width T5), so a greedy decode of a beam-default bundle,
-        or a beam search of a greedy-default one, holds one decoder-step session, not two. A later
-        decode that asks for it opens it again (graph_session), once."""
+        """The decoder-step session opened at load is a guess from the bundle's defaults; the first
+        decoder step releases it if it runs another graph, with its prepacked weights (docs/design.md,
+        "The rest of the memory"). A later decode that asks for it opens it again, once."""
         guess, self.guess = self.guess, None
         if guess is not None and guess != graph:
             self.bound.pop(guess, None)

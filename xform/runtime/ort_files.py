@@ -6,7 +6,7 @@ import mmap
 
 import numpy as np
 
-from xform.errors import BackendUnavailableError, XformError
+from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.files import drop_cached
 from xform.manifest import SharedWeight as SharedEntry
 from xform.runtime.bundle import Bundle
@@ -59,3 +59,14 @@ class SharedWeight:
         self.map.madvise(mmap.MADV_DONTNEED)
         self.map.madvise(mmap.MADV_RANDOM)
         drop_cached(self.path, self.offset, self.nbytes)
+
+
+def session(ort, path, opts, providers):
+    """An InferenceSession; a graph ONNX Runtime refuses (corrupt, or external data outside the
+    bundle) is a BundleError naming the file."""
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+        if type(e).__module__.startswith("onnxruntime"):
+            raise BundleError(f"{path}: ONNX Runtime refuses it: {e}") from None
+        raise
