@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -37,6 +36,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_peers import machine  # noqa: E402 - a sibling script
 
 THREADS = 2
 CONFIGS = {  # name -> the command's arguments after BUNDLE FILE
@@ -152,15 +154,6 @@ def summarize(rounds: list[dict[str, dict]], lines: int, outputs: dict[str, list
     for row in rows:
         row["run_over_this"] = baseline / row["sentences_per_s"]  # Ray's (or the pipeline's) overhead
     return rows
-
-
-def machine() -> str:
-    cpu = ""
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
 
 
 def versions() -> dict:

@@ -98,23 +98,34 @@ def test_a_killed_driver_loses_nothing_and_the_rerun_does_only_the_rest(ray_clus
     assert (out / "big.txt").read_text() == run_file(demo_bundle, src, "--num-beams", 4)
 
 
-def test_a_worker_killed_mid_shard_costs_only_its_shard(ray_cluster, demo_bundle, tmp_path):
-    """The first shard back, its worker's process is SIGKILLed while it translates its next one:
-    Ray restarts the actor and retries the shard; every line is there once."""
+def beam_corpus(demo_bundle, tmp_path, seed: int):
+    """480 lines in 12 shards of 40, beam 4 on one-thread workers, and its record opened:
+    (the input, the job, the plan, the record)."""
     src = tmp_path / "in.txt"
-    src.write_text("\n".join(numbers(480, 8)) + "\n")
+    src.write_text("\n".join(numbers(480, seed)) + "\n")
     job = cli_job(demo_bundle)
     job = dataclasses.replace(job, gen=job.gen.updated(num_beams=4), threads=1)
     decoding = {"generation": job.gen.to_dict(), "text": job.text.to_dict(), "vocab_map": None}
     plan = pipeline.plan_corpus([src], "text", 40, demo_bundle, decoding)
-    record = Record.open(tmp_path / "out", plan.identity, force=False)
+    return src, job, plan, Record.open(tmp_path / "out", plan.identity, force=False)
+
+
+def killer():
+    """A result callback that SIGKILLs the first result's worker process, and the pids it killed."""
     killed: list[int] = []
 
     def kill_once(result):
         if not killed:
             os.kill(result.pid, signal.SIGKILL)
             killed.append(result.pid)
+    return kill_once, killed
 
+
+def test_a_worker_killed_mid_shard_costs_only_its_shard(ray_cluster, demo_bundle, tmp_path):
+    """The first shard back, its worker's process is SIGKILLed while it translates its next one:
+    Ray restarts the actor and retries the shard; every line is there once."""
+    src, job, plan, record = beam_corpus(demo_bundle, tmp_path, seed=8)
+    kill_once, killed = killer()
     try:
         with connect(ray_cluster.address):
             pool = pipeline.RayPool(job, workers=2, num_cpus=1, max_restarts=2)
@@ -133,20 +144,8 @@ def test_a_worker_killed_mid_shard_costs_only_its_shard(ray_cluster, demo_bundle
 
 
 def test_a_worker_lost_past_max_restarts_stops_the_run_with_what_it_finished(ray_cluster, demo_bundle, tmp_path):
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(numbers(480, 9)) + "\n")
-    job = dataclasses.replace(cli_job(demo_bundle), threads=1)
-    job = dataclasses.replace(job, gen=job.gen.updated(num_beams=4))
-    plan = pipeline.plan_corpus([src], "text", 40, demo_bundle, {"generation": job.gen.to_dict(),
-                                "text": job.text.to_dict(), "vocab_map": None})
-    record = Record.open(tmp_path / "out", plan.identity, force=False)
-    killed: list[int] = []
-
-    def kill_once(result):
-        if not killed:
-            os.kill(result.pid, signal.SIGKILL)
-            killed.append(result.pid)
-
+    src, job, plan, record = beam_corpus(demo_bundle, tmp_path, seed=9)
+    kill_once, killed = killer()
     try:
         with connect(ray_cluster.address):
             pool = pipeline.RayPool(job, workers=1, num_cpus=1, max_restarts=0)

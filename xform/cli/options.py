@@ -120,6 +120,13 @@ def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_r
         raise click.UsageError(str(e)) from None
 
 
+def with_options(fn, options):
+    """`fn` with click `options` applied, the first listed first in --help."""
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def batching_options(fn):
     """How a file's lines are batched (run --input-file, corpus): --batch-size, --batch-type,
     --max-batch-tokens, --max-batch-rows, --read-ahead; checked together by checked_batching."""
@@ -141,9 +148,7 @@ def batching_options(fn):
                      help="Batches' worth of lines read, sorted by length and decoded before their results are "
                           "written."),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    return with_options(fn, options)
 
 
 def text_options(fn):
@@ -182,9 +187,7 @@ def text_options(fn):
                      help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of "
                           "the piece it attends to most (a bundle exported --with-attention)."),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    return with_options(fn, options)
 
 
 def decoding_for(session, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, src_lang, tgt_lang,
@@ -246,9 +249,7 @@ def generation_options(fn):
     for c in controls.CONTROLS:
         if c.option:
             options.append(control_option(c))
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    return with_options(fn, options)
 
 
 def control_option(c):
