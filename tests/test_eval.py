@@ -56,9 +56,14 @@ def test_against_eager_is_identical_on_fp32(demo_bundle, files, tmp_path):
     assert set(data["sentence_chrf_delta"]) == {0.0} and data["worst"] == []
 
 
-def test_int8_against_fp32_equals_the_same_figures_by_hand(demo_bundle, files, tmp_path):
+@pytest.fixture(scope="module")
+def demo8(tmp_path_factory):
     from xform.exporter.export import export_bundle
-    int8 = export_bundle("demo", tmp_path / "demo8", precision="int8").path
+    return export_bundle("demo", tmp_path_factory.mktemp("eval8") / "demo8", precision="int8").path
+
+
+def test_int8_against_fp32_equals_the_same_figures_by_hand(demo_bundle, demo8, files, tmp_path):
+    int8 = demo8
     code, output = run(int8, "--source", files / "src.txt", "--against", demo_bundle, "--num-beams", "2",
                        "--json", tmp_path / "e.json")
     assert code == 0, output
@@ -88,3 +93,41 @@ def test_refusals_name_the_file(demo_bundle, files, tmp_path):
     shutil.rmtree(broken / "reference")
     code, output = run(broken, "--source", files / "src.txt", "--against", "eager")
     assert code == 1 and "reference" in output and "Traceback" not in output, output
+
+
+def test_int8_against_eager_equals_eager_decodes_by_hand(demo8, files, tmp_path):
+    """--against eager on an int8 bundle: eager is PyTorch on the bundle's fp32 reference weights,
+    so the figures are those of the int8 graphs' translations against torch's, computed here."""
+    code, output = run(demo8, "--source", files / "src.txt", "--reference", files / "ref.txt", "--against", "eager",
+                       "--json", tmp_path / "e.json")
+    assert code == 0, output
+    texts = [str(n) for n in NUMBERS]
+    ours = xform.load(demo8).translate(texts)
+    eager = xform.load(demo8, backend="torch").translate(texts)
+    refs = (files / "ref.txt").read_text().splitlines()
+    data = json.loads((tmp_path / "e.json").read_text())
+    (a, b) = data["systems"]
+    assert b["name"] == "eager"
+    assert a["bleu"] == pytest.approx(sacrebleu.corpus_bleu(ours, [refs]).score, abs=1e-9)
+    assert b["bleu"] == pytest.approx(sacrebleu.corpus_bleu(eager, [refs]).score, abs=1e-9)
+    assert b["chrf"] == pytest.approx(sacrebleu.corpus_chrf(eager, [refs]).score, abs=1e-9)
+    assert data["identical"] == pytest.approx(sum(x == y for x, y in zip(ours, eager)) / len(ours))
+    deltas = [sacrebleu.sentence_chrf(x, [r]).score - sacrebleu.sentence_chrf(y, [r]).score
+              for x, y, r in zip(ours, eager, refs)]
+    assert data["sentence_chrf_delta"] == pytest.approx(deltas, abs=1e-3)
+
+
+def test_plot_draws_the_differences_as_a_png(demo_bundle, demo8, files, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "d.png"
+    code, output = run(demo8, "--source", files / "src.txt", "--against", demo_bundle, "--plot", png)
+    assert code == 0, output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert [p.name for p in tmp_path.iterdir()] == ["d.png"]  # no temporary left beside it
+    (tmp_path / "notes.txt").write_text("mine\n")
+    code, output = run(demo8, "--source", files / "src.txt", "--against", demo_bundle, "--plot",
+                       tmp_path / "notes.txt", "--force")
+    assert code == 1 and "--plot" in output and "is not a PNG plot" in output, output
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    code, output = run(demo8, "--source", files / "src.txt", "--reference", files / "ref.txt", "--plot", png)
+    assert code == 2 and "give --against" in output, output

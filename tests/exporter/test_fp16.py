@@ -72,15 +72,25 @@ def test_fp16_check_passes_with_fp16_tolerance(fp16_bundles, variant):
 def test_demo_fp16_keeps_token_agreement(tmp_path):
     sys_path_words()
     from train_demo import to_words
-    bundle = export_bundle("demo", tmp_path / "d16", precision="fp16").path
-    session = xform.load(bundle, backend="ort")
     rng = random.Random(5)
     texts = [str(rng.randrange(10 ** 6)) for _ in range(150)] + ["0", "7", "40512", "999999"]
+    (tmp_path / "dev.txt").write_text("\n".join(texts[:40]) + "\n")  # judged on sentences, as int8 is
+    exported = export_bundle("demo", tmp_path / "d16", precision="fp16", sample_file=tmp_path / "dev.txt")
+    bundle = exported.path
+    assert exported.manifest.tolerance["judged_on"] == "--sample-file dev.txt (40 sources)"
+    judged = exported.manifest.verification["check"]
+    assert judged["sources"] == "sentences" and judged["passed"] and judged["bleu_vs_eager"] > 95
+    session = xform.load(bundle, backend="ort")
     report = xform.check(bundle, session=session, texts=texts)
     assert report.passed and report.token_agreement >= 0.99 and report.tokens_compared > 1000
     translations = session.translate(texts)
     exact = np.mean([t == to_words(int(s)) for s, t in zip(texts, translations)])
     assert exact >= 0.99
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    r = CliRunner().invoke(main, ["run", str(bundle), "--input-file", str(tmp_path / "dev.txt"), "--check"])
+    assert r.exit_code == 0 and "given sentences" in r.output and "BLEU / chrF vs eager" in r.output, r.output
 
 
 def sys_path_words():

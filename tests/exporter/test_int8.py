@@ -133,6 +133,24 @@ def test_check_on_an_int8_bundle_reports_the_translation_figures(demo8, tmp_path
     assert check["decode_agreement"] >= 0.9 and check["passed"]
 
 
+def test_check_with_an_input_file_judges_int8_on_those_lines(demo8, tmp_path):
+    """run --check --input-file on an int8 bundle: judged on the translated lines (every threshold,
+    BLEU / chrF against eager's translations), not on random ids."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    rng = random.Random(3)
+    (tmp_path / "in.txt").write_text("".join(f"{rng.randrange(10 ** 6)}\n" for _ in range(20)))
+    js = tmp_path / "check.json"
+    r = CliRunner().invoke(main, ["run", str(demo8), "--input-file", str(tmp_path / "in.txt"), "--check",
+                                  "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "given sentences" in r.output and "check on all 20 translated lines" in r.output
+    check = json.loads(js.read_text())["check"]
+    assert check["sources"] == "sentences" and check["decodes_compared"] == 20 and check["lines_compared"] == 20
+    assert check["passed"] and check["bleu_vs_eager"] > 90 and check["chrf_vs_eager"] > 90
+
+
 def test_quantizing_keeps_the_callers_logging_setting(tiny_bundle, tmp_path):
     """The quantizer's advice is silenced during quantization only: a caller's own
     logging.disable level is what it was afterwards (it used to be reset to NOTSET)."""

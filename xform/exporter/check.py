@@ -29,7 +29,7 @@ from xform.runtime.compare import (
 )
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.open import open_backend, open_session, session_over
-from xform.runtime.request import Request
+from xform.runtime.request import Request, Result
 from xform.runtime.session import Session
 
 SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
@@ -89,15 +89,23 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if beams is not None:
         ref = reference.run(Request(src_ids, src_lengths, gen, return_scores=True))
         compare_beams(report, beams, ref, tol.score_atol, tol.score_rtol)
-    if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
-        ref_tokens = ref.ids[::gen.num_return_sequences] if ref is not None else reference.run(
-            Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
-        ref_tokens = ref_tokens[:, :max(1, int((ref_tokens != cfg.pad_id).any(axis=0).sum()))]
-        _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
-        _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
-        compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg.eos_id, cfg.pad_id, tol)
+    if tol.by_decodes or (sources == "sentences" and session.bundle.precision != "fp32"):
+        ref_tokens = eager_decodes(reference, ref, src_ids, src_lengths, gen, cfg.pad_id)
+        if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
+            _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
+            _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
+            compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg.eos_id, cfg.pad_id, tol)
+        # on sentences every reduced precision reports BLEU / chrF against eager (fp16: beside its logits)
         report.bleu_vs_eager, report.chrf_vs_eager = text_scores(session, tokens, ref_tokens)
     return report
+
+
+def eager_decodes(reference: Session, beams: Result | None, src_ids: np.ndarray, src_lengths: np.ndarray,
+                  gen: GenerationConfig, pad_id: int) -> np.ndarray:
+    """Eager PyTorch's best translation of each source (its beam search's, when one ran), trimmed."""
+    ref_tokens = beams.ids[::gen.num_return_sequences] if beams is not None else reference.run(
+        Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
+    return ref_tokens[:, :max(1, int((ref_tokens != pad_id).any(axis=0).sum()))]
 
 
 def text_scores(session: Session, got: np.ndarray, ref: np.ndarray) -> tuple[float | None, float | None]:
