@@ -2,7 +2,7 @@
 transformers.
 
 T5 is the encoder-decoder of the other families with these differences, each a TransformerConfig
-field (DESIGN section 3):
+field (docs/design.md "The T5 family"):
 
 | | T5 / Flan-T5 | T5 v1.1, mT5, MADLAD-400 |
 | --- | --- | --- |
