@@ -44,7 +44,8 @@ def masked(session, src, allowed, max_new_tokens=MAX_NEW, **kw):
 
 
 @pytest.mark.parametrize("settings", [dict(), dict(num_beams=4, num_return_sequences=2), dict(num_beams=3,
-                                      length_penalty=0.5), dict(target_prefix=[[5], [], [9, 10], [3]])])
+                                      length_penalty=0.5), dict(target_prefix=[[5], [], [9, 10], [3]]),
+                                      dict(min_new_tokens=MAX_NEW - 2), dict(num_beams=3, min_new_tokens=MAX_NEW - 3)])
 def test_restricted_tokens_are_the_masked_full_models(restrictable, settings):
     model, session = restrictable
     src, _ = sources(model.config, LENGTHS, seed=2)

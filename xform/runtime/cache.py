@@ -138,6 +138,19 @@ def row_bytes(n_layers: int, n_heads: int, head_dim: int, positions: int, itemsi
     return 2 * n_layers * n_heads * head_dim * positions * itemsize
 
 
+def compact_sources(cross: "Rows", rows: np.ndarray, group: int, before: int) -> np.ndarray | None:
+    """After a gather from `before` decoder rows to `rows` (`group` rows a source, a source's rows
+    together): drop from `cross` every source no remaining row reads, and return the sources kept
+    (the caller drops the same from its mask), or None when every source is still read."""
+    if len(rows) >= before:
+        return None
+    sources = rows[::group] // group
+    if len(sources) >= cross.rows:
+        return None
+    cross.gather(sources)
+    return sources
+
+
 def grown_capacity(filled: int, limit: int) -> int:
     """The capacity a full cache grows to before writing position `filled`: double, capped at
     `limit` (the positions a decode may reach), never less than one more position. Both graph

@@ -41,10 +41,20 @@ from xform.contract import (
 from xform.errors import InputError, JoinRefused, XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import Cache, DeviceCache, DeviceRows, HostCache, HostRows, Rows, grown_capacity
+from xform.runtime.cache import (
+    Cache,
+    DeviceCache,
+    DeviceRows,
+    HostCache,
+    HostRows,
+    Rows,
+    compact_sources,
+    grown_capacity,
+)
 from xform.runtime.cuda import CudaOps, import_cudart
 from xform.runtime.decoding import log_softmax
-from xform.runtime.ort_files import SharedWeight, import_onnxruntime, providers_for, session
+from xform.runtime.ort_files import SharedWeight, bind_host, import_onnxruntime, providers_for, session
+from xform.runtime.processors import Special
 
 
 class OrtBackend:
@@ -173,7 +183,8 @@ class OrtBackend:
         self.subset = np.ascontiguousarray(ids, np.int64)
         self.sub_weight = np.ascontiguousarray(self.table["weight"][self.subset])
         self.sub_bias = np.ascontiguousarray(self.table["bias"][self.subset])
-        self.blocked = np.isin(self.subset, [self.bundle.config.pad_id, *self.bundle.config.banned_ids])
+        self.special = Special.from_config(self.bundle.config)
+        self.blocked = self.special.never(self.subset)
 
     # -- the backend interface -------------------------------------------------------------------
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
@@ -419,8 +430,7 @@ class OrtBackend:
         best candidates (log-softmax over the subset, the same suppressions), or the logits over
         the whole vocabulary (-inf outside the subset)."""
         sub = self.sub_logits
-        early = (self.positions < self.min_new)[:, None]
-        blocked = self.blocked[None, :] | ((subset == self.bundle.config.eos_id)[None, :] & early)
+        blocked = self.special.not_now(subset, self.blocked, self.positions < self.min_new)
         if candidates:
             lp = log_softmax(sub)
             lp[blocked] = -np.inf
@@ -471,11 +481,9 @@ class OrtBackend:
             self.ops.sync()  # the last step's cache writes (default stream) land before the reorder reads
         self.positions[:len(rows)] = self.positions[rows]
         self.cache.gather(rows, int(self.positions[:len(rows)].max()) if len(rows) else 0)
-        if len(rows) < before:
-            sources = rows[::g] // g
-            if len(sources) < self.cross.rows:
-                self.cross.gather(sources)
-                self.mask = np.ascontiguousarray(self.mask[sources])
+        sources = compact_sources(self.cross, rows, g, before)
+        if sources is not None:
+            self.mask = np.ascontiguousarray(self.mask[sources])
         if len(rows) < before or self.ops is not None:  # on the host a reorder keeps every address
             self.bind_rows()
 
@@ -487,9 +495,3 @@ class OrtBackend:
         self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
         self.reorder.run_with_iobinding(rb)
         rb.synchronize_outputs()
-
-
-def bind_host(binding, kind: str, name: str, array: np.ndarray) -> None:
-    """Bind a contiguous numpy array in place (ONNX Runtime reads or writes its memory)."""
-    bind = binding.bind_input if kind == "input" else binding.bind_output
-    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

@@ -70,3 +70,9 @@ def session(ort, path, opts, providers):
         if type(e).__module__.startswith("onnxruntime"):
             raise BundleError(f"{path}: ONNX Runtime refuses it: {e}") from None
         raise
+
+
+def bind_host(binding, kind: str, name: str, array: np.ndarray) -> None:
+    """Bind a contiguous numpy array in place (ONNX Runtime reads or writes its memory)."""
+    bind = binding.bind_input if kind == "input" else binding.bind_output
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

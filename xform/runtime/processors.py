@@ -28,6 +28,17 @@ class Special:
         blocked = sorted({config.pad_id, *config.banned_ids})
         return cls(config.pad_id, config.eos_id, tuple(blocked), config.tgt_vocab_size)
 
+    # The rules the decoder graphs apply (graphs.py), for a backend computing a step's choice on the
+    # host from the logits of a subset of the vocabulary (--vocab-map's restricted decoder).
+    def never(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` are never generated (`blocked`)."""
+        return np.isin(ids, self.blocked)
+
+    def not_now(self, ids: np.ndarray, never: np.ndarray, early: np.ndarray) -> np.ndarray:
+        """(rows, len(ids)) bool: the ids a row may not choose this step: `never` (never(ids)) and,
+        in the rows still `early` (before their min_new_tokens), end-of-sentence."""
+        return never[None, :] | ((ids == self.eos)[None, :] & early[:, None])
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """float32, as torch computes it: (x - max) - log(sum(exp(x - max)))."""

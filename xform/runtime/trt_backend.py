@@ -22,7 +22,7 @@ from xform.errors import BackendUnavailableError, BundleError, InputError, JoinR
 from xform.manifest import EngineEntry
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import DeviceCache, DeviceRows, grown_capacity
+from xform.runtime.cache import DeviceCache, DeviceRows, compact_sources, grown_capacity
 from xform.runtime.cuda import CudaOps, cuda_check, import_cudart
 from xform.runtime.gpu import TRT_FLAVORS as FLAVORS
 from xform.runtime.gpu import TRT_INSTALL_HINT, gpu_info, importable_flavors
@@ -254,14 +254,12 @@ class TrtBackend:
         host: a few bytes)."""
         before, g = self.rows, self.group
         self.cache.gather(rows, self.steps)
-        if len(rows) < before:
-            sources = rows[::g] // g
-            if len(sources) < self.cross.rows:
-                self.cross.gather(sources)
-                mask = self.d2h(self.enc_bufs["src_mask"], self.mask_shape, np.float32)
-                self.cuda_sync()
-                self.h2d(self.enc_bufs["src_mask"], mask[sources])
-                self.mask_shape = (len(sources), self.mask_shape[1])
+        sources = compact_sources(self.cross, rows, g, before)
+        if sources is not None:
+            mask = self.d2h(self.enc_bufs["src_mask"], self.mask_shape, np.float32)
+            self.cuda_sync()
+            self.h2d(self.enc_bufs["src_mask"], mask[sources])
+            self.mask_shape = (len(sources), self.mask_shape[1])
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
         # candidates: capabilities.candidates is False, so the loop never asks for them
