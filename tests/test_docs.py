@@ -30,7 +30,11 @@ RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/t
        "python-snippet": "tests/test_readme.py", "serve-command": "tests/serving/test_server.py",
        "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
        "file-command": "here", "hf-command": "here", "own-model-command": "here",
-       "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here"}
+       "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here", "eval-command": "here"}
+# guides whose commands take a GPU, or minutes to hours with the peers installed: every xform flag,
+# script and script flag they name is checked to exist (test_named_commands_exist)
+NAMED_ONLY = {"docs/benchmarks.md": "benchmarks: minutes to hours, with the bench extra's peers",
+              "docs/gpu.md": "needs a GPU (none here)"}
 # unmarked blocks, by their first line
 ELSEWHERE = {
     "curl -s -X POST localhost:8000/v2/models/demo-bundle/infer": "tests/serving/test_server.py",
@@ -50,7 +54,7 @@ ELSEWHERE = {
 
 def blocks():
     """(file, language, marker or None, text) of every fenced block."""
-    for name in GUIDES:
+    for name in [*GUIDES, *NAMED_ONLY]:
         text = (ROOT / name).read_text()
         for m in re.finditer(r"(?:<!-- ([\w-]+) -->\s*)?^```(\w*)\n(.*?)^```", text, re.S | re.M):
             yield name, m.group(2), m.group(1), m.group(3)
@@ -62,6 +66,8 @@ def test_every_block_is_accounted_for():
         first = text.splitlines()[0].strip() if text.strip() else ""
         if marker in RUN:
             seen.add(marker)
+        elif name in NAMED_ONLY:
+            continue  # test_named_commands_exist
         elif lang == "text":
             continue  # synopses and layouts, not commands
         elif any(first.startswith(k) for k in ELSEWHERE):
@@ -147,6 +153,72 @@ def test_own_model_quick_start(tmp_path, monkeypatch):
     torch.save(model.state_dict(), tmp_path / "model.pt")
     outputs = run_lines(marked("own-model-command"), tmp_path)
     assert "check passed" in outputs[1] and outputs[1].startswith("ein mann fährt fahrrad .\t")
+
+
+def test_eval_guide(demo_bundle, tmp_path, monkeypatch):
+    """docs/quality.md's eval block: scores, an int8 export judged on the file, int8 against fp32
+    with a plot, the bundle against eager PyTorch (identical on fp32)."""
+    pytest.importorskip("sacrebleu")
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from train_demo import to_words
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
+    numbers = [7, 40512, 999999, 12, 300001, 68, 5005, 123456]
+    (tmp_path / "test.src").write_text("".join(f"{n}\n" for n in numbers))
+    (tmp_path / "test.ref").write_text("".join(f"{to_words(n)}\n" for n in numbers))
+    outputs = run_lines(marked("eval-command", "docs/quality.md"), tmp_path)
+    assert json.loads((tmp_path / "scores.json").read_text())["bleu"] == pytest.approx(100)
+    assert "judged on --sample-file test.src (8 sources)" in " ".join(outputs[1].split())
+    assert (tmp_path / "diff.png").read_bytes()[:4] == b"\x89PNG" and "identical" in outputs[2]
+    assert "identical translations: 100.00% of 8 lines" in outputs[3]
+
+
+def flags_named(text: str):
+    """(program, subcommand or None, flags) of each xform or scripts/ command in a block."""
+    text = text.replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.startswith("git worktree add") and "the script as it was" in line:
+            return  # the rest runs an older checkout's script
+        line = line.split("  #")[0]
+        for m in re.finditer(r"(?:^|[\s;&|(])(xform \S+|python (?:-m )?scripts/\S+\.py)([^;&|#]*)", line):
+            program, rest = m.group(1), m.group(2)
+            flags = {w.split("=")[0] for w in rest.split() if w.startswith("--")}
+            yield (program.split()[-1], None, flags) if program.startswith("python") else ("xform",
+                                                                                               program.split()[1],
+                                                                                               flags)
+
+
+def test_named_commands_exist():
+    """The benchmark and GPU guides' commands cannot run here: each xform subcommand and flag they
+    name (in blocks and in `code`) is the CLI's, each script exists and takes each flag given to
+    it. The pip extras they name are pyproject's."""
+    import tomllib
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    wrong, named = [], 0
+    spans = [(name, m.group(1)) for name in NAMED_ONLY for m in re.finditer(
+        r"`((?:xform |python scripts/)[^`]+)`", (ROOT / name).read_text())
+        if " --" in m.group(1) or m.group(1).startswith("python")]  # not an engine's name (`xform torch`)
+    for name, text in [*((n, t) for n, _, _, t in blocks() if n in NAMED_ONLY), *spans]:
+        for extra in re.findall(r'pip install -e "\.\[([\w,-]+)\]"', text):
+            wrong += [f"{name}: extra {e}" for e in extra.split(",") if e not in extras]
+        for program, sub, flags in flags_named(text):
+            named += 1
+            if program == "xform":
+                command = main.commands.get(sub)
+                if command is None:
+                    wrong.append(f"{name}: xform {sub}")
+                    continue
+                known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+            else:
+                script = ROOT / program
+                if not script.is_file():
+                    wrong.append(f"{name}: {program}")
+                    continue
+                source = script.read_text()
+                known = {f for f in flags if f'"{f}"' in source or f"'{f}'" in source}
+            wrong += [f"{name}: {program} {sub or ''} {f}" for f in sorted(flags - known)]
+    assert named > 20 and wrong == [], wrong
 
 
 @pytest.mark.parametrize("start", ["[Unit]", "containers:"])

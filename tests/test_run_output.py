@@ -22,6 +22,22 @@ def test_output_is_one_translation_a_line(demo_bundle, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary left
 
 
+def test_output_with_scores_holds_them_after_each_translation(demo_bundle, tmp_path):
+    """--output with --scores: `translation<TAB>score`, the printed lines' columns without the source."""
+    src = tmp_path / "in.txt"
+    src.write_text("40512\n7\n")
+    for flag, columns in (("--scores", 2), ("--token-scores", 3)):
+        out = tmp_path / f"out{flag}.txt"
+        r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(out), flag,
+                                      "--num-beams", "2"])
+        assert r.exit_code == 0, r.output
+        printed = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), flag, "--num-beams",
+                                            "2"]).stdout.splitlines()
+        lines = out.read_text().splitlines()
+        assert [line.split("\t") for line in lines] == [p.split("\t")[1:] for p in printed]
+        assert all(len(line.split("\t")) == columns and float(line.split("\t")[1]) < 0 for line in lines)
+
+
 def test_output_refusals(demo_bundle, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("7\n")

@@ -93,13 +93,14 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
                        output=None, echo: bool = True) -> tuple[int, int]:
     """Print `source<TAB>translation` lines (with scores, `<TAB>score` after; `echo` False: none),
     n per source (n empty ones for a failed line, its error on stderr); with an `output` file,
-    write the translations alone there, one a line (a failed line's empty). Record them in the
+    write the translations there, one a line (a failed line's empty; with scores asked,
+    `translation<TAB>score`, the score columns of the printed lines). Record them in the
     report, keep the translated texts --check compares in `checked`; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
 
     def emit(text: str, target: str, rest: str = "") -> None:
         if output is not None:
-            output.write(target + "\n")
+            output.write(target + rest + "\n")
         if echo:
             click.echo(f"{text}\t{target}{rest}")
 
