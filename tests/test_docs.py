@@ -30,7 +30,8 @@ RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/t
        "python-snippet": "tests/test_readme.py", "serve-command": "tests/serving/test_server.py",
        "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
        "file-command": "here", "hf-command": "here", "own-model-command": "here",
-       "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here", "eval-command": "here"}
+       "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here", "eval-command": "here",
+       "ct2-python": "here"}
 # guides whose commands take a GPU, or minutes to hours with the peers installed: every xform flag,
 # script and script flag they name is checked to exist (test_named_commands_exist)
 NAMED_ONLY = {"docs/benchmarks.md": "benchmarks: minutes to hours, with the bench extra's peers",
@@ -172,6 +173,19 @@ def test_eval_guide(demo_bundle, tmp_path, monkeypatch):
     assert "judged on --sample-file test.src (8 sources)" in " ".join(outputs[1].split())
     assert (tmp_path / "diff.png").read_bytes()[:4] == b"\x89PNG" and "identical" in outputs[2]
     assert "identical translations: 100.00% of 8 lines" in outputs[3]
+
+
+def test_ctranslate2_users_snippet(demo_bundle, tmp_path):
+    """docs/python.md's CTranslate2 switch: the constructor, translate_batch with CTranslate2's
+    names and scores, translate_file."""
+    shutil.copytree(demo_bundle, tmp_path / "demo-bundle")
+    (tmp_path / "numbers.txt").write_text("40512\n7\n")
+    r = subprocess.run([sys.executable, "-c", marked("ct2-python", "docs/python.md", "python")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = eval(r.stdout)  # the printed list of (translation, score)
+    assert [t for t, _ in got] == ["forty thousand five hundred twelve", "seven"] and all(s <= 0 for _, s in got)
+    assert (tmp_path / "translations.txt").read_text() == "forty thousand five hundred twelve\nseven\n"
 
 
 def flags_named(text: str):

@@ -1,4 +1,5 @@
-"""The Python API: `xform.load` makes a Session on a backend; `xform.check` compares it with eager.
+"""The Python API: `xform.load` makes a Session on a backend; `xform.check` compares it with eager;
+`xform.Translator` opens a bundle as CTranslate2's constructor opens a model directory.
 
 Backends are imported when asked for: `ort` needs onnxruntime only, `torch` needs torch and the
 model (the reference), `trt` needs TensorRT and a GPU.
@@ -7,10 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xform.errors import XformError
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
+from xform.runtime.translator import Translator as TextTranslator
 
-__all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check"]
+__all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator"]
+
+# CTranslate2's compute types and the bundle precision each asks for ("default": the bundle's own)
+COMPUTE_TYPES = {"float32": "fp32", "float16": "fp16", "int8": "int8", "int8_float32": "int8"}
 
 
 def torch_backend(bundle, device: str, threads: int | None):
@@ -31,3 +37,31 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     """xform.exporter.check.check: the backend against eager PyTorch (a CheckReport)."""
     from xform.exporter.check import check as run_check
     return run_check(bundle_dir, backend, device, **kw)
+
+
+class Translator(TextTranslator):
+    """`xform.Translator(bundle_dir)`: CTranslate2's `ctranslate2.Translator(model_path, device,
+    device_index, compute_type, inter_threads, intra_threads)` over a bundle, so a CTranslate2
+    user changes the import and the path. The bundle's precision is fixed at export: a
+    `compute_type` other than "default" must name it. `backend` picks ONNX Runtime (ort, the
+    default) or TensorRT (trt). docs/python.md lists where the arguments differ."""
+
+    def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
+                 compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
+                 backend: str = "ort"):
+        if device_index != 0:
+            raise XformError(f"device_index {device_index}: a Translator uses the first visible GPU; choose another "
+                             "with CUDA_VISIBLE_DEVICES")
+        if inter_threads != 1:
+            raise XformError(f"inter_threads {inter_threads}: a Translator decodes one batch at a time; run several "
+                             "processes, or `xform corpus` for a file over workers")
+        session = load(model_path, backend=backend, device=device, threads=intra_threads or None)
+        if compute_type != "default" and COMPUTE_TYPES.get(compute_type) != session.bundle.precision:
+            raise XformError(f"compute_type {compute_type}: {model_path} is a {session.bundle.precision} bundle "
+                             f"(compute_type default or {_ct2_name(session.bundle.precision)}); export another "
+                             "precision with `xform export --precision fp16 / int8`")
+        super().__init__(session)
+
+
+def _ct2_name(precision: str) -> str:
+    return next(k for k, v in COMPUTE_TYPES.items() if v == precision)

@@ -32,6 +32,24 @@ def test_translate_batch_speaks_ctranslate2s_names(demo):
     assert t.translate_batch(["123456"], sampling_topk=1)[0].hypotheses == demo.translate(["123456"])  # greedy
 
 
+def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundle, demo):
+    """xform.Translator(path, device, device_index, compute_type, inter_threads, intra_threads):
+    CTranslate2's constructor; what a bundle cannot do is refused by name."""
+    from xform.errors import XformError
+    t = xform.Translator(demo_bundle, device="cpu", compute_type="float32", intra_threads=1)
+    assert isinstance(t, Translator) and t.session.bundle.precision == "fp32"
+    out = t.translate_batch(["40512", "7"], beam_size=2)
+    assert [r.hypotheses[0] for r in out] == demo.translate(["40512", "7"], num_beams=2)
+    for kw, fragment in ((dict(compute_type="int8"), "compute_type int8: "),
+                         (dict(device_index=1), "CUDA_VISIBLE_DEVICES"),
+                         (dict(inter_threads=2), "inter_threads 2"),
+                         (dict(device="tpu"), "unknown device 'tpu'")):
+        with pytest.raises(XformError, match=fragment):
+            xform.Translator(demo_bundle, **kw)
+    with pytest.raises(XformError, match="compute_type default or float32"):
+        xform.Translator(demo_bundle, compute_type="float16")
+
+
 def test_bad_words_from_text_are_checked_at_every_door(demo):
     with pytest.raises(InputError, match="a phrase gives no target tokens"):
         demo.translate(["40512"], bad_words_ids=[""])
