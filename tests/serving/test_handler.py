@@ -154,7 +154,7 @@ def test_decoding_controls_per_request_answer_as_alone(demo):
     ({"repetition_penalty": np.array([[0.0]], np.float32)}, "input 'repetition_penalty': invalid generation settings"),
     ({"no_repeat_ngram_size": np.array([[-2]], np.int32)}, "input 'no_repeat_ngram_size'"),
     ({"suppress_tokens": np.array([[9999]], np.int32)}, "input 'suppress_tokens'"),
-    ({"target_prefix": text("a", "b")}, "input 'target_prefix': one a row, found 2 for 1 rows"),
+    ({"target_prefix": text("a", "b")}, "input 'target_prefix': target_prefix has 2 entries for 1 sources"),
     ({"text": text("9" * 40)}, "input 'text'"),
 ])
 def test_bad_control_inputs_fail_alone(demo, bad, fragment):

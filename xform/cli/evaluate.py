@@ -76,11 +76,10 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     other = other_session(bundle, against, threads) if against is not None else None
     settings = generation_settings(greedy, **settings)
     split_bad_words(session, settings)
-    if session.tokenizer is not None and settings.get("forced_bos_token_id") is None:
-        try:
-            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
-        except InputError as e:
-            raise click.UsageError(str(e)) from None
+    try:
+        session.translator.first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
     gen = checked_generation(session, max_new_tokens, settings)
     systems = []
     for name, s in [(str(bundle), session), *([(against, other)] if other is not None else [])]:

@@ -207,15 +207,12 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     vocabulary map checked against the loaded bundle; the map, read."""
     from xform.errors import InputError
 
-    if tgt_lang is not None and settings.get("forced_bos_token_id") is not None:
-        raise click.UsageError("--tgt-lang and --forced-bos-id both name the first token: give one")
     if (src_lang or tgt_lang) and session.tokenizer is None:
         raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
                                "languages (give --forced-bos-id for the target language's token id)")
     try:
-        if (has_text or src_lang or tgt_lang) and settings.get("forced_bos_token_id") is None \
-                and session.tokenizer is not None:
-            settings["forced_bos_token_id"] = session.target_language(tgt_lang)
+        if has_text or src_lang or tgt_lang:
+            session.translator.first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
         if src_lang is not None:
             session.check_src_lang(src_lang)
     except InputError as e:

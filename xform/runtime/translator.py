@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from xform.config import TransformerConfig
 from xform.errors import InputError, XformError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan, windows
@@ -26,52 +25,19 @@ from xform.runtime.controls import ct2_settings as generation_settings
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.loop import Batch
 from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TranslationResult
-from xform.runtime.tokenizer import Tokenizer
+from xform.runtime.text_policy import TextPolicy
 from xform.runtime.unknowns import decode_rows, unknown_warning
 from xform.runtime.vocab_map import VocabMap
 
 if TYPE_CHECKING:
-    from xform.runtime.session import Session
+    pass
 
 # one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
 Translation = str | tuple[str, float] | tuple[str, float, list[float]]
 
-class Translator:
-    """Text in, text out, over a Session (`xform.load(...).translator`)."""
-
-    def __init__(self, session: "Session"):
-        self.session = session
-
-    @property
-    def config(self) -> TransformerConfig:
-        return self.session.config
-
-    @property
-    def tokenizer(self) -> Tokenizer | None:
-        return self.session.tokenizer
-
-    @property
-    def text(self) -> Tokenizer:
-        """The tokenizer, for what needs text: a bundle without one is refused."""
-        if self.session.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        return self.session.tokenizer
-
-    @property
-    def pad_id(self) -> int:
-        return self.session.pad_id
-
-    @property
-    def eos_id(self) -> int:
-        return self.session.eos_id
-
-    @property
-    def capabilities(self):
-        return self.session.capabilities
-
-    @property
-    def generation_defaults(self) -> dict[str, Any]:
-        return self.session.generation_defaults
+class Translator(TextPolicy):
+    """Text in, text out, over a Session (`xform.load(...).translator`): the text policy
+    (text_policy.py) and the ways text arrives."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
     def translate_batch(self, source: Sequence[str], target_prefix: Sequence[str | None] | None = None, *,
@@ -171,32 +137,25 @@ class Translator:
         """A generation config from CTranslate2's option names or the config's, the target
         language's first token forced."""
         settings = generation_settings(options)
-        if settings.get("forced_bos_token_id") is None:
-            settings["forced_bos_token_id"] = self.target_language(tgt_lang)
+        self.first_token(settings, tgt_lang)
         if settings.get("bad_words_ids"):
             settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
         return self.session.generation_config(settings.pop("max_new_tokens", None)
                                               or self.session.default_max_new_tokens(), **settings)
 
-    def bad_words(self, words: Sequence[str | Sequence[int]], flag: str = "bad_words_ids") -> list:
-        """Bad words as id sequences: text split by the target tokenizer (bad_word_ids), ids kept."""
-        return [self.bad_word_ids([w], flag)[0] if isinstance(w, str) else w for w in words]
-
     def text_request(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                      tgt_lang: str | None = None, replace_unknowns: bool = False,
-                     vocab_map: "VocabMap | str | Path | None" = None, **settings: Any) -> Request:
+                     vocab_map: "VocabMap | str | Path | None" = None, truncate: bool = False,
+                     **settings: Any) -> Request:
         """The Python door for text: texts and text settings (the target language, prefixes and
-        bad words as text, a vocabulary map, unknown replacement) as the session's Request."""
-        if settings.get("forced_bos_token_id") is None:
-            settings["forced_bos_token_id"] = self.target_language(tgt_lang)
-        elif tgt_lang is not None:
-            raise InputError("tgt_lang and forced_bos_token_id both name the first token: give one")
+        bad words as text, a vocabulary map, unknown replacement, truncation to max_len) as the
+        session's Request."""
+        self.first_token(settings, tgt_lang)
         if settings.get("target_prefix") is not None:  # a prefix as the target tokenizer splits it
-            settings["target_prefix"] = [self.target_ids(p) if isinstance(p, str) else p
-                                         for p in settings["target_prefix"]]
+            settings["target_prefix"] = self.prefix_ids(settings["target_prefix"])
         if settings.get("bad_words_ids") is not None:
             settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        src = self.encode_texts(texts, src_lang, tgt_lang)
+        src = self.encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
         vocab_map = self.vocab_map(vocab_map)
         if vocab_map is not None:
             settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
@@ -218,81 +177,7 @@ class Translator:
         return self.decode_rows(result.ids, len(result) // request.batch, request.sources(), list(texts),
                                 result.attention if replace_unknowns else None)
 
-    # -- text policy ----------------------------------------------------------------------------
-    def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        if not texts:
-            raise InputError("no text to translate (an empty batch)")
-        return self.session.pad([self.encode_text(t, src_lang, tgt_lang=tgt_lang) for t in texts])[0]
-
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
-                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
-        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer
-        (`flag`: how an error names it, the CLI's flag or a front door's own name). `tgt_lang`
-        matters only where the target language is written into the source (MADLAD-400's <2xx>
-        token: the tokenizer's `target_in_source`); elsewhere it is the forced first target token
-        (target_language)."""
-        if self.text.target_in_source:
-            if src_lang is not None:
-                raise InputError(f"{flag} {src_lang}: this model takes no source language (its target language "
-                                 f"goes into the source: {tgt_flag})")
-            return self.text.encode(text, tgt_lang, tgt_flag)
-        return self.text.encode(text, src_lang, flag)
-
-    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
-        """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
-        any text is read."""
-        self.encode_text("", src_lang, flag)
-
-    def target_ids(self, text: str) -> list[int]:
-        """A text's target ids, nothing added (a prefix, a bad word)."""
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; give target ids instead of text")
-        return self.tokenizer.target_ids(text)
-
-    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
-        """Bad words given as text, as target id sequences: each phrase as the target tokenizer
-        splits it. A phrase that gives no tokens, or more than max_len (it could never be
-        generated), is refused, named as `flag` (the door's name for the setting)."""
-        ids = [self.target_ids(p) for p in phrases]
-        if any(not w for w in ids):
-            raise InputError(f"{flag}: a phrase gives no target tokens ({list(phrases)})")
-        if any(len(w) > self.config.max_len for w in ids):
-            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config.max_len} "
-                             "(it could never be generated)")
-        return ids
-
-    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
-        """The ids of a reference translation as the model would generate them: the forced first
-        token (a target language, BART's <s>) if the decode has one, the text's ids,
-        end-of-sentence. What transformers' tokenizer gives for text_target."""
-        forced = self.target_language(tgt_lang)
-        if forced is None:
-            forced = self.generation_defaults.get("forced_bos_token_id")
-        return ([forced] if forced is not None else []) + self.target_ids(text) + [self.eos_id]
-
-    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
-        """The forced first token for `tgt_lang` (a multilingual model's target language), else
-        the tokenizer's default target language's, else None (the bundle's default applies). A
-        multilingual model with neither, and no recorded forced token, is refused with its languages
-        (`flag`: how the error names tgt_lang)."""
-        if self.tokenizer is None or not self.tokenizer.languages:
-            if tgt_lang is not None:
-                raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
-            return None
-        if self.tokenizer.target_in_source:  # MADLAD: a source token, not a first target token
-            if tgt_lang is not None:
-                self.tokenizer.language_token(tgt_lang, flag)  # an unknown code is refused here
-            return None
-        code = tgt_lang or self.tokenizer.tgt_lang
-        if code is not None:
-            return self.tokenizer.language_id(code, flag)
-        if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language {flag} names; known: "
-                             f"{', '.join(self.tokenizer.codes)}")
-        return None
-
+    # -- line and file streams ------------------------------------------------------------------
     def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
                         batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
                         max_rows: int | None = None, on_batch: Callable[[int, int], None] | None = None,
@@ -337,27 +222,6 @@ class Translator:
         vocab_map = self.vocab_map(vocab_map)
         return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
                                       prefix_column, replace_unknowns, vocab_map, tgt_lang)
-
-    def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
-        """A vocabulary map (or the path of one) checked against this bundle: it needs the
-        restricted decoder (export --with-vocab-map) and a tokenizer."""
-        if vocab_map is None:
-            return None
-        if not self.capabilities.restriction:
-            raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
-                             "with --with-vocab-map and run it with --backend ort")
-        if self.tokenizer is None:
-            raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
-        if not isinstance(vocab_map, VocabMap):
-            vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
-        return vocab_map
-
-    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
-        """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
-        if not self.capabilities.attention:
-            raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
-        if self.tokenizer is None or self.tokenizer.target_unk_id is None:
-            raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
 
     def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
                           on_batch: Callable[[int, int], None] | None = None,
@@ -444,11 +308,6 @@ class Translator:
             return line, None, str(e)
         return line, ids, None
 
-    def truncated(self, ids: list[int]) -> list[int]:
-        """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
-        n = self.config.max_len
-        return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
-
     def decode_sources(self, sources: list[list[int]], gen: GenerationConfig,
                         on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
                         target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
@@ -484,10 +343,6 @@ class Translator:
         else:
             out = list(decoded)
         return [out[i * n:(i + 1) * n] for i in range(len(sources))]
-
-    def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
-        """The target ids a vocabulary map allows a batch of source texts."""
-        return vocab_map.ids_for([self.text.source_pieces(t) for t in texts])
 
     def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
                     texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:

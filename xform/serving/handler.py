@@ -114,13 +114,13 @@ def control_value(control: Control, value: np.ndarray | None) -> Any:
     return [int(i) for i in ids] if ids else None
 
 
-def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, int | None]:
-    """(the source language, the forced first token) a request asks for; InputError names the input."""
+def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, str | None]:
+    """(the source language, the target language) a request asks for, the source's checked;
+    InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     if src_lang is not None:
         session.check_src_lang(src_lang, NAMES()["src_lang"])
-    forced = session.target_language(tgt_lang, NAMES()["tgt_lang"]) if session.tokenizer is not None else None
-    return src_lang, forced
+    return src_lang, tgt_lang
 
 
 def NAMES() -> dict[str, str]:  # noqa: N802 - read like the table it is
@@ -150,18 +150,12 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
-        texts, rows = strings("text", text), []
-        for s in texts:
-            try:
-                # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-                row = session.encode_text(s, src_lang, NAMES()["src_lang"], tgt_lang, NAMES()["tgt_lang"])
-            except InputError as e:
-                raise about("text", e) from None
-            rows.append(session.truncated(row) if truncate and len(row) > max_len else row)
-        name, src = "text", session.pad(rows)[0]
-        if src.shape[1] > max_len:
-            raise InputError(f"input 'text': {src.shape[1]} source tokens, more than the model's max_len "
-                             f"{max_len} (send truncate=true to cut it)")
+        texts, name = strings("text", text), "text"
+        try:  # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
+            src = session.translator.encode_batch(texts, src_lang, tgt_lang, truncate=truncate,
+                                                  names={**NAMES(), "truncate": "send truncate=true"})
+        except InputError as e:
+            raise about("text", e) from None
     else:
         src = np.asarray(ids)
         if src.dtype != np.int64:
@@ -176,23 +170,18 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
     return name, src, lengths, texts
 
 
-def settings_of(session, inputs: dict[str, np.ndarray | None], forced: int | None, batch: int) -> dict[str, Any]:
-    """The request's settings from its control, bad-word and prefix inputs (None: the bundle's default)."""
+def settings_of(session, inputs: dict[str, np.ndarray | None], tgt_lang: str | None) -> dict[str, Any]:
+    """The request's settings from its control, language, bad-word and prefix inputs (None: the
+    bundle's default), by the translator's text policy; their count and lengths are checked by
+    the session's request."""
     settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
-    settings["forced_bos_token_id"] = forced
+    session.translator.first_token(settings, tgt_lang, NAMES()["tgt_lang"])
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
         settings["bad_words_ids"] = session.bad_word_ids(words, "input 'bad_words'")
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
-        texts = strings("target_prefix", target_prefix)
-        if len(texts) != batch:
-            raise InputError(f"input 'target_prefix': one a row, found {len(texts)} for {batch} rows")
-        prefixes = [session.target_ids(t) if t else [] for t in texts]
-        if any(len(p) >= session.config.max_len for p in prefixes):
-            raise InputError(f"input 'target_prefix': more tokens than the model's max_len "
-                             f"{session.config.max_len} leaves room for")
-        settings["target_prefix"] = prefixes
+        settings["target_prefix"] = session.translator.prefix_ids(strings("target_prefix", target_prefix))
     return settings
 
 
@@ -200,7 +189,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     """Triton's door: a request's tensors (None where absent) as a Job holding its Request;
     InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
     sequences) one request may ask for, so that no request can make the server allocate beyond it."""
-    src_lang, forced = languages(session, inputs)
+    src_lang, tgt_lang = languages(session, inputs)
     truncate = one_flag("truncate", inputs.get("truncate"))
     replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
     if replace:
@@ -211,9 +200,8 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     if attention and not session.capabilities.attention:
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
                          "--with-attention")
-    tgt_lang = one_string("tgt_lang", inputs.get("tgt_lang"))  # MADLAD writes it into the source
     name, src, lengths, texts = sources(session, inputs, src_lang, truncate, tgt_lang)
-    settings = settings_of(session, inputs, forced, len(src))
+    settings = settings_of(session, inputs, tgt_lang)
     scores = one_flag("return_scores", inputs.get("return_scores"))
     try:  # the settings' own checks, named by their input
         request = session.request(src, lengths, settings.pop("max_new_tokens"), names=NAMES(), texts=texts,
