@@ -96,6 +96,36 @@ def test_three_doors_give_the_same_tokens_and_text(demo, demo_bundle, kw, flags,
     assert (got[:, ids.shape[1]:] == demo.pad_id).all()
 
 
+LONG = "12345678" * 5  # 41 source tokens with end-of-sentence: over the demo's max_len 32
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle, beams):
+    """The text-level settings: truncation of a source over max_len and the scores, alike at the
+    CLI (--truncate, --scores), in Python (truncate=True; CTranslate2's return_scores) and on
+    Triton (truncate, return_scores); refused alike without truncation."""
+    from xform.cli import main
+    from xform.errors import InputError
+    python = demo.translator.translate_batch([LONG, SOURCE], truncate=True, return_scores=True, beam_size=beams)
+    want = [(r.hypotheses[0], r.scores[0]) for r in python]
+    assert want[0][0] == demo.translate([LONG[:31]])[0] if beams == 1 else True  # cut to max_len
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG, "--text", SOURCE, "--truncate", "--scores",
+                                  "--num-beams", str(beams)])
+    assert r.exit_code == 0, r.output
+    cli = [(line.split("\t")[1], float(line.split("\t")[2])) for line in r.stdout.splitlines()]
+    out = execute(demo, [{"text": text(t), "truncate": flag(), "return_scores": flag(), "num_beams": i32(beams)}
+                         for t in (LONG, SOURCE)])
+    served = [(o["translation"][0, 0].decode(), float(o["scores"].reshape(-1)[0])) for o in out]
+    for got in (cli, served):
+        assert [t for t, _ in got] == [t for t, _ in want]
+        np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=0, atol=1e-4)  # CLI prints 4 places
+    with pytest.raises(InputError, match="41 source tokens, more than the model's max_len 32"):
+        demo.translator.translate_batch([LONG])
+    assert "more than the model's max_len 32" in execute(demo, [{"text": text(LONG)}])[0]
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG])
+    assert r.exit_code == 1 and "more than the model's max_len 32" in r.output, r.output
+
+
 def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bundle, monkeypatch):
     """A fake control: a field of GenerationConfig and a row of the controls' table, nothing else.
     The CLI's flag, the Python keyword and the Triton input each bring its value to the strategy;

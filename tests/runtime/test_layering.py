@@ -48,6 +48,32 @@ def imports(path: pathlib.Path) -> list[str]:
     return out
 
 
+# inside the runtime, the numbers sit below the text and the server layer: a module -> the runtime
+# modules it must not import (session.py keeps today's text calls: it makes its translator)
+RUNTIME_BELOW = {
+    "controls": "*",  # the controls' table is data: nothing of xform
+    "loop": {"session", "scheduler", "translator", "text_policy", "open"},
+    "decoding": {"session", "scheduler", "translator", "text_policy", "loop", "open"},
+    "backend": {"session", "scheduler", "translator", "text_policy", "loop", "decoding", "open"},
+    "request": {"session", "scheduler", "translator", "text_policy", "loop", "open"},
+    "scheduler": {"translator", "text_policy", "open"},
+    "session": {"scheduler", "text_policy", "open"},
+    "text_policy": {"translator", "scheduler", "loop", "open"},
+    "translator": {"scheduler", "open"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(RUNTIME_BELOW))
+def test_runtime_modules_keep_their_order(module):
+    path = ROOT / "runtime" / f"{module}.py"
+    names = [n for n in imports(path) if n == "xform" or n.startswith("xform.")]
+    if RUNTIME_BELOW[module] == "*":
+        assert names == [], f"runtime/{module}.py imports {names}"
+        return
+    bad = [n for n in names if n.startswith("xform.runtime.") and n.split(".")[2] in RUNTIME_BELOW[module]]
+    assert bad == [], f"runtime/{module}.py imports {bad}"
+
+
 @pytest.mark.parametrize("layer", sorted(LAYERS))
 def test_each_layer_imports_only_the_layers_below_it(layer):
     files, allowed, torch_ok = LAYERS[layer]

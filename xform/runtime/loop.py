@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from xform.errors import InputError
+from xform.runtime.backend import Backend
 from xform.runtime.decoding import Strategy
 from xform.runtime.request import Result
 
@@ -66,7 +67,7 @@ class Decode:
 class Batch:
     """The running rows of the requests admitted over one backend, stepped together."""
 
-    def __init__(self, backend, start_id: int, pad_id: int = 0):
+    def __init__(self, backend: Backend, start_id: int, pad_id: int = 0):
         self.backend, self.start_id, self.pad_id = backend, start_id, pad_id
         self.items: list[Decode] = []
         self.pending: np.ndarray | None = None  # the backend's rows to continue, applied at the next step

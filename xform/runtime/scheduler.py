@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from xform.errors import InputError, XformError
 from xform.runtime.backend import JoinRefused
 from xform.runtime.cache import row_bytes
 from xform.runtime.loop import Batch, Decode
+
+if TYPE_CHECKING:
+    from xform.runtime.session import Session
 
 __all__ = ["Batch", "Cancelled", "Decode", "OverloadedError", "RequestFuture", "Scheduler", "Ticket"]
 
@@ -77,7 +80,7 @@ class Scheduler:
     for the batch to drain. More than `max_queue` waiting requests: OverloadedError.
     """
 
-    def __init__(self, session, max_rows: int = 64, max_queue: int = 256, max_cache_mib: float | None = None):
+    def __init__(self, session: Session, max_rows: int = 64, max_queue: int = 256, max_cache_mib: float | None = None):
         self.session = session
         backend = session.backend
         per_row = self.row_bytes()
