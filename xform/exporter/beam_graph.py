@@ -17,8 +17,8 @@ from pathlib import Path
 import onnx
 from torch import Tensor, nn
 
-from xform.exporter.graphs import ALIGN, rank_candidates
-from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording
+from xform.exporter.graphs import ALIGN, cached_step, rank_candidates
+from xform.models.transformer import Seq2SeqTransformer
 
 
 class BeamStepGraph(nn.Module):
@@ -33,12 +33,7 @@ class BeamStepGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, min_new_tokens: Tensor, positions: Tensor, num_candidates: Tensor,
                 *flat: Tensor):
-        n = self.n
-        cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
-        cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
-        src_mask = flat[4 * n]
-        with recording(self.model, self.attention_layer) as attention:
-            logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, positions)
+        logits, new, attention = cached_step(self.model, self.n, self.attention_layer, input_ids, positions, flat)
         top, ids = rank_candidates(self.model, logits, num_candidates, min_new_tokens, positions)
         return (top, ids, *[t for kv in new for t in kv], *attention)
 

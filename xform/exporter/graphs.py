@@ -48,12 +48,7 @@ class DecoderGraph(nn.Module):
         self.attention_layer = attention_layer  # also return this layer's cross-attention
 
     def forward(self, input_ids: Tensor, min_new_tokens: Tensor, positions: Tensor, *flat: Tensor):
-        n = self.n
-        cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
-        cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
-        src_mask = flat[4 * n]
-        with recording(self.model, self.attention_layer) as attention:
-            logits, new = self.model.decode_step(input_ids, EncoderOutput(cross, src_mask), cache, positions)
+        logits, new, attention = cached_step(self.model, self.n, self.attention_layer, input_ids, positions, flat)
         next_ids = self.model.suppress(logits, positions, min_new_tokens).argmax(-1)  # (B,)
         return (logits, next_ids, *[t for kv in new for t in kv], *attention)
 
@@ -310,3 +305,15 @@ def save_with_external_data(model: "onnx.ModelProto", path: Path) -> None:
 
 
 __all__ = ["GRAPHS", "export_graph", "example_inputs", "save_with_external_data"]
+
+
+def cached_step(model: Seq2SeqTransformer, n: int, attention_layer: int | None, input_ids: Tensor, positions: Tensor,
+                flat: tuple[Tensor, ...]) -> tuple[Tensor, list, list]:
+    """One cached decoder step of the decoder graphs (plain and fused beam): `flat` holds the n
+    layers' self-attention K/V, then their cross K/V, then the source mask, as the contract
+    orders them. Returns the logits, the new self-attention K/V and the recorded attention."""
+    cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
+    cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
+    with recording(model, attention_layer) as attention:
+        logits, new = model.decode_step(input_ids, EncoderOutput(cross, flat[4 * n]), cache, positions)
+    return logits, new, attention

@@ -91,14 +91,7 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
     if not get("tie_word_embeddings", True):
         problems.append("tie_word_embeddings is false; the family's output projection is the shared embedding")
     bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
-    for key, neutral in UNSUPPORTED_GENERATION.items():
-        value = generation.get(key, get(key, neutral))
-        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
-            problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
-                            "/ config.json to export; decoding then differs from transformers' with it)")
-    if problems:
-        raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
-                          + "\n  - ".join(problems))
+    refuse_problems(problems, generation, get, source, family)
     pad = get("pad_token_id", 1)
     eos = generation.get("eos_token_id", get("eos_token_id", 2))
     eos = eos[0] if isinstance(eos, list) else eos
@@ -115,6 +108,21 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
             banned_ids=tuple(sorted({w[0] for w in bad_words if len(w) == 1} - {pad})))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def refuse_problems(problems: list[str], generation: dict[str, Any], get: Callable[..., Any], source: str,
+                    family: str) -> None:
+    """Refuse a Hugging Face config with every reason at once: `problems` found by the family's
+    reader, and each generation setting xform does not reproduce (generation_config.json's, else
+    config.json's through `get`)."""
+    for key, neutral in UNSUPPORTED_GENERATION.items():
+        value = generation.get(key, get(key, neutral))
+        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
+            problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
+                            "/ config.json to export; decoding then differs from transformers' with it)")
+    if problems:
+        raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
+                          + "\n  - ".join(problems))
 
 
 def fairseq_sinusoids(rows: int, dim: int, padding_idx: int) -> torch.Tensor:

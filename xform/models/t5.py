@@ -70,14 +70,7 @@ def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> Tr
         problems.append(problem)
     if get("is_encoder_decoder", True) is not True:
         problems.append("is_encoder_decoder is false (a decoder-only T5); xform exports encoder-decoders")
-    for key, neutral in bart_family.UNSUPPORTED_GENERATION.items():
-        value = generation.get(key, get(key, neutral))
-        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
-            problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
-                            "/ config.json to export; decoding then differs from transformers' with it)")
-    if problems:
-        raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
-                          + "\n  - ".join(problems))
+    bart_family.refuse_problems(problems, generation, get, source, family)
     pad = get("pad_token_id", 0)
     eos = generation.get("eos_token_id", get("eos_token_id", 1))
     eos = eos[0] if isinstance(eos, list) else eos
