@@ -231,3 +231,18 @@ def test_not_an_object_is_refused_and_the_error_class_is_the_callers():
     with pytest.raises(CheckpointError, match="tokenizer field 'offset' is malformed"):  # an xform checkpoint's file
         parse({**WRITTEN["nllb"], "offset": "1"}, "ckpt/tokenizer.json", CheckpointError)
 
+
+def test_load_tokenizer_refuses_through_the_spec(demo_bundle, tmp_path):
+    """The runtime's load_tokenizer reads the file through parse: a bad field is the spec's error."""
+    import xform
+    from xform.runtime.tokenizer import VocabTokenizer, load_tokenizer
+    config = xform.load(demo_bundle).config
+    assert isinstance(load_tokenizer(demo_bundle / "tokenizer.json", config), VocabTokenizer)
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    data = json.loads((b / "tokenizer.json").read_text())
+    for bad, fragment in (({**data, "kind": "wordpiece"}, "unknown tokenizer kind 'wordpiece'"),
+                          ({**data, "source_prefix": "1"}, "tokenizer field 'source_prefix' is malformed")):
+        (b / "tokenizer.json").write_text(json.dumps(bad))
+        with pytest.raises(BundleError, match=re.escape(f"{b / 'tokenizer.json'}: {fragment}")):
+            load_tokenizer(b / "tokenizer.json", config)

@@ -277,12 +277,15 @@ def test_target_prefix_text_follows_the_target_language(exported):
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    ("languages", [["en_XX"]], "languages must list tokens of special"),
-    ("unk_token", ["<unk>"], "no id for the unknown token ['<unk>']"),
+    ("languages", [["en_XX"]], "tokenizer field 'languages' is malformed; expected a list of strings, found [[\"en_XX\"]]"),
+    ("unk_token", ["<unk>"], "tokenizer field 'unk_token' is malformed; expected a string, found [\"<unk>\"]"),
+    ("languages", ["xx_YY"], "languages must list tokens of special"),
+    ("unk_token", "<nope>", "no id for the unknown token '<nope>'"),
 ])
 def test_a_malformed_fairseq_tokenizer_is_refused_by_name(exported, field, value, fragment):
     """Values of the wrong JSON type (lists where strings belong) are refused as the bundle's
-    error, not a TypeError (unhashable) from the lookups they feed."""
+    error naming the field (tokenizer_spec.parse), not a TypeError (unhashable) from the lookups
+    they feed; values of the right type that do not fit are refused by the tokenizer."""
     from xform.errors import BundleError
     from xform.runtime.tokenizer import load_tokenizer
     _, _, _, bundle = exported
