@@ -232,6 +232,11 @@ def test_not_an_object_is_refused_and_the_error_class_is_the_callers():
         parse({**WRITTEN["nllb"], "offset": "1"}, "ckpt/tokenizer.json", CheckpointError)
 
 
+def test_the_demo_bundles_tokenizer_round_trips(demo_bundle):
+    spec = assert_round_trip(demo_bundle)
+    assert isinstance(spec, VocabSpec) and spec.source.unit == "char" and spec.target.unit == "word"
+
+
 def test_load_tokenizer_refuses_through_the_spec(demo_bundle, tmp_path):
     """The runtime's load_tokenizer reads the file through parse: a bad field is the spec's error."""
     import xform
