@@ -133,6 +133,8 @@ CASES = [
     (tokenizer("ids_outside_the_vocabulary", lambda t: t["target"]["tokens"].extend(f"x{i}" for i in range(50))), ["--text", "12"],
      "the target vocabulary has 84 ids, but the model's target embedding has 34 rows: ids 34..83 are outside it"),
     (tokenizer("prefix_id_outside", lambda t: t.update(source_prefix=[10 ** 6])), ["--text", "12"], "source_prefix [1000000] must be ids below"),
+    (tokenizer("unit_not_a_string", lambda t: t["target"].update(unit=5)), ["--text", "12"],
+     "tokenizer.json: tokenizer field 'target.unit' is malformed; expected \"char\", \"word\" or \"spm\", found 5"),
     (tokenizer("spm_path_escapes", lambda t: t.update(source={"unit": "spm", "model": "../../x.model"})), ["--text", "12"],
      "a sentencepiece side names a file in tokenizer/, found '../../x.model'"),
     (shared_weight("past_its_file", shape=[10 ** 6, 512]), ["--text", "12"], "lie outside"),

@@ -96,10 +96,10 @@ def refusal(directory: Path) -> str:
 
 def test_complete_directories_import_their_tokenizers(complete):
     kinds = {family: resolve_model(d).tokenizer for family, d in complete.items()}
-    assert {f: t["kind"] for f, t in kinds.items()} == {
+    assert {f: t.KIND for f, t in kinds.items()} == {
         "marian": "marian-spm", "marian-separate": "marian-spm", "nllb": "fairseq-spm", "mbart50": "fairseq-spm",
         "m2m100": "fairseq-spm", "bart": "byte-bpe"}
-    assert kinds["marian-separate"]["separate_vocabs"] and not kinds["marian"]["separate_vocabs"]
+    assert kinds["marian-separate"].separate_vocabs and not kinds["marian"].separate_vocabs
 
 
 # the incomplete-model table: family, the file removed, what the refusal says the tokenizer needs
@@ -134,7 +134,7 @@ def test_a_tokenizer_config_the_tokenizer_can_do_without_is_not_required(complet
     """As transformers' AutoTokenizer: Marian's defaults, and BART's and M2M100's tokenizer known
     from the model type (M2M100's by its vocab.json)."""
     d = without(complete[family], tmp_path / family, "tokenizer_config.json")
-    assert resolve_model(d).tokenizer["kind"] == resolve_model(complete[family]).tokenizer["kind"]
+    assert resolve_model(d).tokenizer.KIND == resolve_model(complete[family]).tokenizer.KIND
 
 
 def test_separate_vocabularies_without_the_config_saying_so_are_refused(complete, tmp_path):
@@ -220,7 +220,7 @@ def test_a_bundle_tokenizer_without_target_spm_is_refused_at_load(complete, tmp_
     cfg = loaded.model.cfg
     root = tmp_path / "bundle"
     (root / "tokenizer").mkdir(parents=True)
-    (root / "tokenizer.json").write_text(json.dumps(loaded.tokenizer))
+    (root / "tokenizer.json").write_text(json.dumps(loaded.tokenizer.to_json()))
     for f, name in loaded.tokenizer_files:
         shutil.copyfile(f, root / "tokenizer" / name)
     load_tokenizer(root / "tokenizer.json", cfg)  # complete: loads

@@ -9,6 +9,7 @@ import torch
 
 import xform
 from tests.marian_fixtures import CONFIGS, build_text_marian, marian_config, sources
+from tests.test_tokenizer_spec import assert_round_trip
 from xform.errors import CheckpointError, ConfigError
 from xform.exporter.export import export_bundle
 
@@ -132,6 +133,15 @@ def test_tokenizer_matches_marian_tokenizer(text_model):
     assert [session.tokenizer.encode(t) for t in TEXTS] == tok(TEXTS).input_ids
     ids = [[5, 9, 14, 3, 0, 51, 51], [7, 1, 2, 0]]
     assert [session.tokenizer.decode(r) for r in ids] == tok.batch_decode(ids, skip_special_tokens=True)
+
+
+def test_the_bundles_tokenizer_json_is_its_spec(text_model):
+    """tokenizer.json as the importer wrote it before the spec (a dict in marian.py), read back and
+    written by tokenizer_spec: the same bytes."""
+    _, _, _, bundle = text_model
+    assert assert_round_trip(bundle).to_json() == {
+        "kind": "marian-spm", "files": ["source.spm", "target.spm", "vocab.json", "tokenizer_config.json"],
+        "separate_vocabs": False, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
 
 
 def test_translate_text_equals_transformers(text_model):

@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 
 import xform
+from tests.test_tokenizer_spec import assert_round_trip
 from xform.cli import main
 from xform.exporter.export import export_bundle
 
@@ -132,6 +133,17 @@ def test_run_translates_with_the_languages(exported):
     assert len(set(want)) > 1
 
 
+def test_the_bundles_tokenizer_json_is_its_spec(exported):
+    """tokenizer.json as bart_family.py wrote it before the spec (a dict), read back and written by
+    tokenizer_spec: the same bytes; its languages and their ids transformers' tokenizer's."""
+    kind, tok, _, bundle = exported
+    spec = assert_round_trip(bundle)
+    assert spec.KIND == "fairseq-spm" and spec.tokenizer_class == type(tok).__name__
+    assert spec.vocab == ("vocab.json" if kind == "m2m100" else None) and spec.offset == 1
+    assert spec.src_lang == PAIRS[kind][0][0] and spec.source == ("lang", "text", "eos")
+    assert {t: spec.special[t] for t in spec.languages} == {t: tok.convert_tokens_to_ids(t) for t in spec.languages}
+
+
 def test_unknown_languages_are_refused_with_the_known_ones(exported):
     kind, _, _, bundle = exported
     r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", "xx_Fake", "--text", "hello"])
@@ -201,6 +213,15 @@ def test_bart_text_equals_transformers(bart):
     assert r.output.splitlines() == [f"{t}\t{tok.decode(o, skip_special_tokens=True)}" for t, o in zip(texts, out)]
     r = CliRunner().invoke(main, ["run", str(bundle), "--src-lang", "fr", "--text", "x"])
     assert r.exit_code == 2 and "this model's tokenizer has no languages" in r.output, r.output
+
+
+def test_the_bart_bundles_tokenizer_json_is_its_spec(bart):
+    tok, _, bundle = bart
+    assert assert_round_trip(bundle).to_json() == {
+        "kind": "byte-bpe", "vocab": "vocab.json", "merges": "merges.txt", "add_prefix_space": False,
+        "clean_up_tokenization_spaces": bool(tok.clean_up_tokenization_spaces),
+        "special": {t: tok.convert_tokens_to_ids(t) for t in ("<s>", "</s>", "<pad>", "<unk>", "<mask>")},
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
 def test_tgt_lang_and_forced_bos_id_together_are_refused(exported):
@@ -277,12 +298,15 @@ def test_target_prefix_text_follows_the_target_language(exported):
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    ("languages", [["en_XX"]], "languages must list tokens of special"),
-    ("unk_token", ["<unk>"], "no id for the unknown token ['<unk>']"),
+    ("languages", [["en_XX"]], "tokenizer field 'languages' is malformed; expected a list of strings, found [[\"en_XX\"]]"),
+    ("unk_token", ["<unk>"], "tokenizer field 'unk_token' is malformed; expected a string, found [\"<unk>\"]"),
+    ("languages", ["xx_YY"], "languages must list tokens of special"),
+    ("unk_token", "<nope>", "no id for the unknown token '<nope>'"),
 ])
 def test_a_malformed_fairseq_tokenizer_is_refused_by_name(exported, field, value, fragment):
     """Values of the wrong JSON type (lists where strings belong) are refused as the bundle's
-    error, not a TypeError (unhashable) from the lookups they feed."""
+    error naming the field (tokenizer_spec.parse), not a TypeError (unhashable) from the lookups
+    they feed; values of the right type that do not fit are refused by the tokenizer."""
     from xform.errors import BundleError
     from xform.runtime.tokenizer import load_tokenizer
     _, _, _, bundle = exported

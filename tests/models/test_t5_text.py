@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 
 import xform
+from tests.test_tokenizer_spec import assert_round_trip
 from xform.cli import main
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
@@ -98,6 +99,19 @@ def test_token_ids_equal_transformers(bundles, name):
         ids = want[:-1] + [5, 7]
         assert session.tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), ids
     assert unk >= 2  # unknown characters were among the sentences
+
+
+@pytest.mark.parametrize("name", ["t5", "madlad", "fast"])
+def test_the_bundles_tokenizer_json_is_its_spec(bundles, name):
+    """tokenizer.json as t5.py wrote it before the spec (a dict), read back and written by
+    tokenizer_spec: the same bytes; languages only for MADLAD, model or fast as the directory held."""
+    reference, bundle = bundles[name]
+    slow = name != "fast"  # the fast directory has no tokenizer_config.json: the defaults
+    text = {"model": "spiece.model"} if slow else {"fast": "tokenizer.json"}
+    assert assert_round_trip(bundle).to_json() == {
+        "kind": "t5", "unk_token": "<unk>", "extra_ids": EXTRA_IDS if slow else 100,
+        "clean_up_tokenization_spaces": slow and bool(reference.clean_up_tokenization_spaces), **text,
+        **({"languages": list(LANGUAGES)} if name == "madlad" else {})}
 
 
 def test_madlad_target_language_is_the_source_token(bundles):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import xform
 from tests import seed_modules as sm
 from tests import torch_nn_modules as tn
+from tests.test_tokenizer_spec import assert_round_trip
 from tests.training import train
 from xform.cli import main
 from xform.exporter.export import export_bundle
@@ -190,6 +191,9 @@ def test_text_in_and_out_with_the_users_json_vocabularies(users, tmp_path):
             "--src-vocab", str(tmp_path / "src.json"), "--tgt-vocab", str(tmp_path / "tgt.json"), "--src-bos"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
+    assert assert_round_trip(tmp_path / "b").to_json() == {  # tokenizer.json as vocab.py wrote it before the spec
+        "kind": "xform-vocab", "source": {"unit": "word", "tokens": src_itos, "unk": "<unk>"},
+        "target": {"unit": "word", "tokens": list(tgt_stoi), "unk": "<unk>"}, "source_prefix": [2]}
     texts = ["w5 w9 w30 w12", "w7 w8", "w20 w21 w22 w23 w24 w25", "w6 nope w33"]
     r = CliRunner().invoke(main, ["run", str(tmp_path / "b"), "--max-new-tokens", str(MAX_NEW),
                                   *[a for t in texts for a in ("--text", t)]])
@@ -225,6 +229,8 @@ def test_text_in_and_out_with_sentencepiece_models(users, tmp_path):
     from xform.models.vocab import VocabFiles
     hp = {k: v for k, v in CASES["nn-pre-relu-seq-first"].hparams.items() if v is not None}  # norm_first
     export_bundle(path, out, hparams=hp, vocab=VocabFiles(tmp_path / "src.model", tmp_path / "tgt.model"))
+    assert assert_round_trip(out).to_json() == {"kind": "xform-vocab", "source": {"unit": "spm", "model": "source.model"},
+                                                "target": {"unit": "spm", "model": "target.model"}}
     session = xform.load(out, backend="ort")
     texts = lines[:5]
     got = session.translate(texts, max_new_tokens=MAX_NEW)

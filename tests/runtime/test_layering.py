@@ -2,7 +2,7 @@
 inside functions too), and `import xform` / ONNX Runtime generation load no torch.
 
     base      xform.errors, .contract, .files, .config,   (nothing of xform above them)
-              .manifest
+              .manifest, .tokenizer_spec
     models    PyTorch only                                (base)
     runtime   numpy + onnxruntime / tensorrt              (base; never torch, models, exporter)
     exporter  models -> graphs, checks, engines           (base, models, runtime)
@@ -22,7 +22,7 @@ import pytest
 import xform
 
 ROOT = pathlib.Path(xform.__file__).parent
-BASE = ("xform.errors", "xform.contract", "xform.files", "xform.config", "xform.manifest")
+BASE = ("xform.errors", "xform.contract", "xform.files", "xform.config", "xform.manifest", "xform.tokenizer_spec")
 LAYERS = {  # a layer's files -> the xform modules (by prefix) they may import, and whether torch
     "base": ([ROOT / f"{m.removeprefix('xform.')}.py" for m in BASE], BASE, False),
     "models": (sorted((ROOT / "models").glob("*.py")), BASE + ("xform.models",), True),

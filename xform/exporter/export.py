@@ -316,7 +316,7 @@ def write_files(tmp: Path, model, loaded: LoadedModel, vocab_map: bool) -> None:
         save_file({"weight": weight.numpy(), "bias": bias.numpy()}, str(tmp / OUTPUT_TABLE))
     save_checkpoint(model, tmp / REFERENCE_DIR)
     if loaded.tokenizer is not None:
-        (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer, indent=1) + "\n")
+        (tmp / "tokenizer.json").write_text(json.dumps(loaded.tokenizer.to_json(), indent=1) + "\n")
         if loaded.tokenizer_files:
             (tmp / "tokenizer").mkdir()
             for f, name in loaded.tokenizer_files:

@@ -34,6 +34,7 @@ from xform.files import sha256_file
 from xform.models import marian, tokenizer_files
 from xform.models.checkpoint import load_state_into
 from xform.models.transformer import Seq2SeqTransformer
+from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec, TokenizerSpec
 
 FAMILIES = ("m2m_100", "mbart", "bart")
 
@@ -275,8 +276,8 @@ def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
     return tok
 
 
-def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the bundle's tokenizer.json content, the files it needs from the directory); (None, [])
+def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSpec | None, list[str]]:
+    """(the bundle's tokenizer.json spec, the files it needs from the directory); (None, [])
     without any tokenizer file. A file the tokenizer needs that is missing, or files that do not
     fit each other or the model's embedding, is refused by name; a tokenizer class xform does not
     reproduce is UnsupportedTokenizer (the model exports, taking ids)."""
@@ -298,15 +299,16 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
     special, languages = special_tokens(directory, tok, kind, cfg.src_vocab_size)
     unk = tok.get("unk_token", "<unk>")
     unk = unk.get("content") if isinstance(unk, dict) else unk
+    if not isinstance(unk, str):
+        raise CheckpointError(f"{directory / 'tokenizer_config.json'}: unk_token {unk!r} is not a token")
     legacy = bool(tok.get("legacy_behaviour", False)) and tokenizer_class.startswith("Nllb")
-    spec = {"kind": "fairseq-spm", "class": tokenizer_class, "model": SPM_FILE,
-            "vocab": "vocab.json" if kind == "vocab" else None, "offset": 1, "unk_token": unk,
-            "special": special, "languages": languages,
-            # where the source language's code goes: NLLB's legacy_behaviour puts it last
-            "source": ["text", "eos", "lang"] if legacy else ["lang", "text", "eos"],
-            "src_lang": tok.get("src_lang") or DEFAULT_SRC_LANG.get(tokenizer_class),
-            "tgt_lang": tok.get("tgt_lang"),
-            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
+    spec = FairseqSpmSpec(
+        tokenizer_class=tokenizer_class, model=SPM_FILE, vocab="vocab.json" if kind == "vocab" else None, offset=1,
+        unk_token=unk, special=special, languages=tuple(languages),
+        # where the source language's code goes: NLLB's legacy_behaviour puts it last
+        source=("text", "eos", "lang") if legacy else ("lang", "text", "eos"),
+        src_lang=tok.get("src_lang") or DEFAULT_SRC_LANG.get(tokenizer_class), tgt_lang=tok.get("tgt_lang"),
+        clean_up_tokenization_spaces=bool(tok.get("clean_up_tokenization_spaces", False)))
     return spec, files
 
 
@@ -355,7 +357,7 @@ BPE_FILES = ("vocab.json", "merges.txt")
 
 
 def byte_bpe_spec(directory: Path, tok: dict[str, Any], have: list[str],
-                  rows: int) -> tuple[dict[str, Any], list[str]]:
+                  rows: int) -> tuple[ByteBpeSpec, list[str]]:
     """BART's byte-level BPE (GPT-2's): vocab.json and merges.txt, `<s> text </s>`."""
     tokenizer_files.refuse_missing(directory, have, list(BPE_FILES), f"its {tok['tokenizer_class']}")
     vocab = tokenizer_files.read_vocab(directory / "vocab.json", rows, "shared")
@@ -370,11 +372,11 @@ def byte_bpe_spec(directory: Path, tok: dict[str, Any], have: list[str],
     absent = sorted(n for n in names.values() if n not in vocab)
     if absent:
         raise CheckpointError(f"{directory / 'vocab.json'}: no ids for the special tokens {absent}")
-    spec = {"kind": "byte-bpe", "vocab": "vocab.json", "merges": "merges.txt",
-            "add_prefix_space": bool(tok.get("add_prefix_space", False)),
-            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False)),
-            "special": {n: vocab[n] for n in names.values()}, "bos_token": names["bos"], "eos_token": names["eos"],
-            "unk_token": names["unk"]}
+    spec = ByteBpeSpec(vocab="vocab.json", merges="merges.txt",
+                       add_prefix_space=bool(tok.get("add_prefix_space", False)),
+                       clean_up_tokenization_spaces=bool(tok.get("clean_up_tokenization_spaces", False)),
+                       special={n: vocab[n] for n in names.values()}, bos_token=names["bos"], eos_token=names["eos"],
+                       unk_token=names["unk"])
     return spec, list(BPE_FILES)
 
 

@@ -3,7 +3,7 @@ Face Marian / OPUS-MT directory, or a state dict file: a torch.nn.Transformer mo
 seed tutorials' models, recognised from its keys (`arch` "auto") or named by `arch`.
 
 Returns the model, a description of the source (path, kind, sha256 of its weights) for the
-manifest, and the tokenizer (its tokenizer.json content and the files it needs) when the source
+manifest, and the tokenizer (its tokenizer.json spec and the files it needs) when the source
 has one. Formats xform cannot read are refused by name, with what it can read.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
 from xform.models.tokenizer_files import no_tokenizer_note
 from xform.models.transformer import Seq2SeqTransformer
+from xform.tokenizer_spec import TokenizerSpec, parse
 
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
@@ -35,7 +36,7 @@ XFORM_KEYS = ("src_embed.weight", "encoder_layers.0.self_attn.q_proj.weight")
 class LoadedModel:
     model: Seq2SeqTransformer
     source: dict
-    tokenizer: dict[str, Any] | None = None  # the bundle's tokenizer.json
+    tokenizer: TokenizerSpec | None = None  # the bundle's tokenizer.json
     # (file, name): copied into the bundle's tokenizer/ under that name
     tokenizer_files: list[tuple[Path, str]] = field(default_factory=list)
     generation: dict[str, Any] | None = None  # decoding defaults the model ships (Marian's generation_config)
@@ -108,7 +109,7 @@ def load_xform_dir(path: Path, kind: str) -> LoadedModel:
     tok = path / TOKENIZER_FILE
     tokenizer = None
     if tok.is_file():
-        tokenizer = read_json_object(tok, CheckpointError)
+        tokenizer = parse(read_json_object(tok, CheckpointError), str(tok), CheckpointError)
     return LoadedModel(model, {"path": str(path.resolve()), "kind": kind,
                                "sha256": sha256_file(path / WEIGHTS_FILE)}, tokenizer)
 

@@ -20,6 +20,7 @@ from xform.models import tokenizer_files
 from xform.models.checkpoint import load_state_into, load_torch_file
 from xform.models.layers import sinusoid_table
 from xform.models.transformer import Seq2SeqTransformer
+from xform.tokenizer_spec import MarianSpmSpec
 
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
@@ -272,8 +273,8 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     return out
 
 
-def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the bundle's tokenizer.json content, the files it needs from the directory); (None, [])
+def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[MarianSpmSpec | None, list[str]]:
+    """(the bundle's tokenizer.json spec, the files it needs from the directory); (None, [])
     without any tokenizer file. MarianTokenizer needs source.spm, target.spm and vocab.json, and
     target_vocab.json with separate_vocabs: one missing, ids beyond the model's embeddings, or a
     sentencepiece model whose pieces its vocabulary lacks is refused by name."""
@@ -295,6 +296,6 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
         raise CheckpointError(f"{directory / 'vocab.json'}: no id for the unknown token {unk!r}")
     tokenizer_files.refuse_uncovered(directory / "source.spm", directory / "vocab.json", source)
     tokenizer_files.refuse_uncovered(directory / "target.spm", directory / target_name, target)
-    spec = {"kind": "marian-spm", "files": have, "separate_vocabs": separate, "unk_token": unk,
-            "eos_token": tok_cfg.get("eos_token", "</s>"), "pad_token": tok_cfg.get("pad_token", "<pad>")}
+    spec = MarianSpmSpec(files=tuple(have), separate_vocabs=separate, unk_token=unk,
+                         eos_token=tok_cfg.get("eos_token", "</s>"), pad_token=tok_cfg.get("pad_token", "<pad>"))
     return spec, have

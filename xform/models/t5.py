@@ -31,6 +31,7 @@ from xform.files import sha256_file
 from xform.models import bart_family, marian, tokenizer_files
 from xform.models.checkpoint import load_state_into
 from xform.models.transformer import Seq2SeqTransformer
+from xform.tokenizer_spec import T5Spec
 
 FAMILIES = ("t5", "mt5")
 TIED_BY_DEFAULT = {"t5": True, "mt5": False}  # T5Config's and MT5Config's tie_word_embeddings default
@@ -166,8 +167,8 @@ TEXT_FILES = f"{SPM_FILE} (or tokenizer.json)"
 LANGUAGE_TOKEN = r"<2[^<>\s]+>"  # MADLAD-400's target-language tokens: <2de>, <2pt>, <2zh_Latn>
 
 
-def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the bundle's tokenizer.json content, the files it needs); (None, []) without any tokenizer
+def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[T5Spec | None, list[str]]:
+    """(the bundle's tokenizer.json spec, the files it needs); (None, []) without any tokenizer
     file. T5Tokenizer's sentencepiece model (spiece.model), whose ids are the model's, with its
     extra ids (<extra_id_N>) after the pieces; or, without it, the fast tokenizer's tokenizer.json.
     A MADLAD-400 vocabulary's <2xx> pieces are recorded as its target languages."""
@@ -190,14 +191,12 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
         raise bart_family.UnsupportedTokenizer(
             f"{directory / 'tokenizer_config.json'}: legacy false (T5Tokenizer's non-legacy handling of the text "
             "after special tokens) is not one xform reproduces from spiece.model: the bundle takes token ids")
-    spec: dict[str, Any] = {"kind": "t5", "unk_token": token("unk_token", "<unk>"),
-                            "extra_ids": int(tok.get("extra_ids", 100)),
-                            "clean_up_tokenization_spaces": bool(tok.get("clean_up_tokenization_spaces", False))}
-    if SPM_FILE in have and tok.get("legacy") is not False:
+    extra_ids = int(tok.get("extra_ids", 100))
+    slow = SPM_FILE in have and tok.get("legacy") is not False  # T5Tokenizer's spiece.model, else the fast file
+    if slow:
         proc, _ = tokenizer_files.spm_pieces(directory / SPM_FILE)
         pieces = [proc.IdToPiece(i) for i in range(proc.GetPieceSize())]
-        size, files = proc.GetPieceSize() + spec["extra_ids"], [SPM_FILE]
-        spec["model"] = SPM_FILE
+        size, files = proc.GetPieceSize() + extra_ids, [SPM_FILE]
     else:
         from xform.files import read_json_object
         data = read_json_object(directory / "tokenizer.json", CheckpointError, "a tokenizers file")
@@ -207,11 +206,11 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[dict[str, A
         pieces = [p[0] for p in vocab if isinstance(p, list) and p]
         added = [t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)]
         size, files = max([len(pieces) - 1, *[i for i in added if isinstance(i, int)]]) + 1, ["tokenizer.json"]
-        spec["fast"] = "tokenizer.json"
     if size > cfg.src_vocab_size:
         raise CheckpointError(f"{directory / files[0]}: {size} token ids, but the model's embedding has "
                               f"{cfg.src_vocab_size} rows: is it this model's tokenizer?")
-    languages = [p for p in pieces if re.fullmatch(LANGUAGE_TOKEN, p)]
-    if languages:
-        spec["languages"] = languages
+    spec = T5Spec(unk_token=token("unk_token", "<unk>"), extra_ids=extra_ids,
+                  clean_up_tokenization_spaces=bool(tok.get("clean_up_tokenization_spaces", False)),
+                  model=SPM_FILE if slow else None, fast=None if slow else "tokenizer.json",
+                  languages=tuple(p for p in pieces if re.fullmatch(LANGUAGE_TOKEN, p)))
     return spec, files

@@ -20,6 +20,7 @@ from typing import Any
 
 from xform.errors import CheckpointError
 from xform.files import load_spm
+from xform.tokenizer_spec import VocabSideSpec, VocabSpec
 
 TOKENIZE = {"whitespace": "word", "characters": "char", "sentencepiece": "spm"}
 SIDE_FILES = {"source": "source.model", "target": "target.model"}
@@ -95,11 +96,11 @@ def spm_size(path: Path, flag: str) -> int:
 
 
 def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
-                    ) -> tuple[dict[str, Any], list[tuple[Path, str]], list[str]]:
-    """The tokenizer.json content, the files (path, name in the bundle's tokenizer/) it needs, and
+                    ) -> tuple[VocabSpec, list[tuple[Path, str]], list[str]]:
+    """The tokenizer.json spec, the files (path, name in the bundle's tokenizer/) it needs, and
     notes for the user: what was inferred, and warnings where the vocabularies do not fit the model."""
     tokenize = files.tokenize
-    spec: dict[str, Any] = {"kind": "xform-vocab"}
+    spec: dict[str, VocabSideSpec] = {}
     copies: list[tuple[Path, str]] = []
     notes: list[str] = []
     sides = (("source", Path(files.src), "--src-vocab", config["src_vocab_size"]),
@@ -110,7 +111,7 @@ def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
             if tokenize not in (None, "sentencepiece"):
                 raise CheckpointError(f"{flag} {path}: a sentencepiece model, but --tokenize {tokenize}")
             sizes[side] = spm_size(path, flag)
-            spec[side] = {"unit": "spm", "model": SIDE_FILES[side]}
+            spec[side] = VocabSideSpec(unit="spm", model=SIDE_FILES[side])
             copies.append((path, SIDE_FILES[side]))
             continue
         if tokenize == "sentencepiece":
@@ -135,7 +136,7 @@ def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
             notes.append(f"{flag} {path.name}: no '<unk>' token: a line with a {kind} outside the vocabulary fails "
                          "alone")
         notes += ["warning: " + n for n in role_notes(tokens, config, flag, path)]
-        spec[side] = {"unit": unit, "tokens": tokens, "unk": "<unk>"}
+        spec[side] = VocabSideSpec(unit=unit, tokens=tuple(tokens), unk="<unk>")
     (_, src_path, _, src_rows), (_, tgt_path, _, tgt_rows) = sides
     if src_rows != tgt_rows and sizes["source"] == tgt_rows and sizes["target"] == src_rows:
         raise CheckpointError(f"--src-vocab {src_path} has {sizes['source']} tokens, the rows of the model's target "
@@ -148,6 +149,5 @@ def vocab_tokenizer(files: VocabFiles, config: dict[str, Any]
         if sizes[side] < rows:
             notes.append(f"warning: {flag} {path.name}: {sizes[side]} tokens for the {side} embedding's {rows} rows: "
                          f"ids {sizes[side]}..{rows - 1} have no text")
-    if files.src_bos:
-        spec["source_prefix"] = [config["bos_id"]]
-    return spec, copies, notes
+    prefix = (config["bos_id"],) if files.src_bos else ()
+    return VocabSpec(source=spec["source"], target=spec["target"], source_prefix=prefix), copies, notes

@@ -5,12 +5,12 @@ only for the kinds that use them. No torch, no transformers.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.files import read_json_object
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
+from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec
 
 
 class FairseqSpmTokenizer(Tokenizer):
@@ -22,36 +22,31 @@ class FairseqSpmTokenizer(Tokenizer):
 
     spm_words = True  # source pieces mark word starts with U+2581
 
-    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
+    def __init__(self, spec: FairseqSpmSpec, config: TransformerConfig, root: Path, source: str):
         self.cfg = config
-        self.clean = bool(data.get("clean_up_tokenization_spaces"))
+        self.clean = spec.clean_up_tokenization_spaces
         d = root / "tokenizer"
-        name = data.get("model")
-        if not isinstance(name, str) or Path(name).name != name:
+        name = spec.model
+        if Path(name).name != name:
             raise BundleError(f"{source}: model must name a file in tokenizer/, found {name!r}")
         self.spm = load_spm(d / name, source)
-        special, languages = data.get("special"), data.get("languages")
-        if not isinstance(special, dict) or not all(
-                isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in special.items()):
-            raise BundleError(f"{source}: special must be an object token -> id")
-        if not isinstance(languages, list) or not all(isinstance(t, str) and t in special for t in languages):
+        self.special: dict[str, int] = spec.special
+        if not all(t in self.special for t in spec.languages):
             raise BundleError(f"{source}: languages must list tokens of special")
-        self.special: dict[str, int] = special
-        self.languages: list[str] = languages  # keys of special: strings
-        unk = data.get("unk_token", "<unk>")
-        unk_id = self.special.get(unk) if isinstance(unk, str) else None
+        self.languages: list[str] = list(spec.languages)
+        unk_id = self.special.get(spec.unk_token)
         if unk_id is None:
-            raise BundleError(f"{source}: no id for the unknown token {data.get('unk_token')!r}")
+            raise BundleError(f"{source}: no id for the unknown token {spec.unk_token!r}")
         self.unk_id: int = unk_id
         self.vocab = None
-        if data.get("vocab"):
-            self.vocab = read_json_object(d / data["vocab"], BundleError, "a vocabulary token -> id")
+        if spec.vocab:
+            self.vocab = read_json_object(d / spec.vocab, BundleError, "a vocabulary token -> id")
             self.pieces = {i: t for t, i in self.vocab.items()}
-        self.offset = int(data.get("offset", 1))
-        self.template = data.get("source", ["lang", "text", "eos"])
+        self.offset = spec.offset
+        self.template = list(spec.source)
         if sorted(self.template) != ["eos", "lang", "text"]:
             raise BundleError(f"{source}: source must order lang, text and eos, found {self.template!r}")
-        self.src_lang, self.tgt_lang = data.get("src_lang"), data.get("tgt_lang")
+        self.src_lang, self.tgt_lang = spec.src_lang, spec.tgt_lang
         rows = config.src_vocab_size
         bad = sorted(t for t, i in self.special.items() if not 0 <= i < rows)
         if bad or self.spm.GetPieceSize() + self.offset > rows and self.vocab is None:
@@ -144,30 +139,29 @@ class ByteBpeTokenizer(Tokenizer):
     """BART's tokenizer: GPT-2's byte-level BPE from vocab.json and merges.txt, through the
     `tokenizers` library, the source framed as `<s> ... </s>`; special tokens skipped on decode."""
 
-    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
+    def __init__(self, spec: ByteBpeSpec, config: TransformerConfig, root: Path, source: str):
         try:
             from tokenizers import Tokenizer, decoders, models, pre_tokenizers
         except ImportError:
             raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: pip install tokenizers") from None
         d = root / "tokenizer"
-        for key in ("vocab", "merges"):
-            name = data.get(key)
-            if not isinstance(name, str) or Path(name).name != name or not (d / name).is_file():
+        for key, name in (("vocab", spec.vocab), ("merges", spec.merges)):
+            if Path(name).name != name or not (d / name).is_file():
                 raise BundleError(f"{source}: {key} must name a file in tokenizer/, found {name!r}")
         try:
-            self.bpe = Tokenizer(models.BPE.from_file(str(d / data["vocab"]), str(d / data["merges"])))
+            self.bpe = Tokenizer(models.BPE.from_file(str(d / spec.vocab), str(d / spec.merges)))
         except Exception as e:  # tokenizers raises its own exception type for a bad file
             raise BundleError(f"{d}: unreadable byte-level BPE files ({e})") from None
-        self.bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(data.get("add_prefix_space")))
+        self.bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=spec.add_prefix_space)
         self.bpe.decoder = decoders.ByteLevel()
-        self.special = data.get("special") or {}
-        self.cfg, self.clean = config, bool(data.get("clean_up_tokenization_spaces"))
+        self.special = spec.special
+        self.cfg, self.clean = config, spec.clean_up_tokenization_spaces
         rows = config.src_vocab_size
         if self.bpe.get_vocab_size() > rows:
             raise BundleError(f"{source}: the BPE vocabulary has {self.bpe.get_vocab_size()} ids, but the model's "
                               f"embedding has {rows} rows")
-        self.bos = self.special.get(data.get("bos_token", "<s>"))
-        self.unk_id = self.special.get(data.get("unk_token", "<unk>"))
+        self.bos = self.special.get(spec.bos_token)
+        self.unk_id = self.special.get(spec.unk_token)
         self.skip = set(self.special.values()) | {config.pad_id, config.eos_id, config.decoder_start_id}
 
     def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:

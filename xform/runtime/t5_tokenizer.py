@@ -14,11 +14,11 @@ No torch, no transformers.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
+from xform.tokenizer_spec import T5Spec
 
 
 class T5Tokenizer(Tokenizer):
@@ -26,25 +26,25 @@ class T5Tokenizer(Tokenizer):
     target_in_source = True  # a target language (MADLAD's <2xx>) is written into the source text
     tgt_lang = None  # no default target language: the text may carry its own <2xx>
 
-    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
+    def __init__(self, spec: T5Spec, config: TransformerConfig, root: Path, source: str):
         self.cfg = config
-        self.clean = bool(data.get("clean_up_tokenization_spaces"))
+        self.clean = spec.clean_up_tokenization_spaces
         d = root / "tokenizer"
         self.spm = self.fast = None
-        if data.get("model"):
-            name = data["model"]
-            if not isinstance(name, str) or Path(name).name != name:
+        if spec.model:
+            name = spec.model
+            if Path(name).name != name:
                 raise BundleError(f"{source}: model must name a file in tokenizer/, found {name!r}")
             self.spm = load_spm(d / name, source)
             self.size = self.spm.GetPieceSize()
-        elif data.get("fast"):
+        elif spec.fast:
             try:
                 from tokenizers import Tokenizer
             except ImportError:
                 raise BundleError(f"{source}: this bundle's tokenizer needs tokenizers: "
                                   "pip install tokenizers") from None
-            name = data["fast"]
-            if not isinstance(name, str) or Path(name).name != name or not (d / name).is_file():
+            name = spec.fast
+            if Path(name).name != name or not (d / name).is_file():
                 raise BundleError(f"{source}: fast must name a file in tokenizer/, found {name!r}")
             try:
                 self.fast = Tokenizer.from_file(str(d / name))
@@ -53,19 +53,13 @@ class T5Tokenizer(Tokenizer):
             self.size = self.fast.get_vocab_size()
         else:
             raise BundleError(f"{source}: a t5 tokenizer names its model (spiece.model) or fast (tokenizer.json)")
-        extra = data.get("extra_ids", 100)
-        if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
-            raise BundleError(f"{source}: extra_ids must be a non-negative integer, found {extra!r}")
-        self.extra_ids = extra if self.spm is not None else 0  # the fast vocabulary counts its own
+        self.extra_ids = spec.extra_ids if self.spm is not None else 0  # the fast vocabulary counts its own
         rows = config.src_vocab_size
         if self.size + self.extra_ids > rows:
             raise BundleError(f"{source}: {self.size + self.extra_ids} token ids, but the model's embedding has "
                               f"{rows} rows")
-        languages = data.get("languages", [])
-        if not isinstance(languages, list) or not all(isinstance(t, str) for t in languages):
-            raise BundleError(f"{source}: languages must be a list of tokens")
-        self.languages: list[str] = languages
-        self.unk_id = self.piece_id(data.get("unk_token", "<unk>"))
+        self.languages: list[str] = list(spec.languages)
+        self.unk_id = self.piece_id(spec.unk_token)
         # decoded text leaves out what T5Tokenizer's skip_special_tokens does: pad, eos, unk, extra ids
         self.skip = {config.pad_id, config.eos_id, config.decoder_start_id, self.unk_id}
         self.skip |= set(range(self.size, self.size + self.extra_ids))

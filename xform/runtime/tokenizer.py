@@ -13,12 +13,22 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 from xform import files
 from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError
 from xform.files import read_json_object
+from xform.tokenizer_spec import (
+    ByteBpeSpec,
+    FairseqSpmSpec,
+    MarianSpmSpec,
+    T5Spec,
+    TokenizerSpec,
+    VocabSideSpec,
+    VocabSpec,
+    parse,
+)
 
 
 def target_pieces(ids, eos_id: int, special: set, piece, replacements: dict[int, str] | None = None) -> list:
@@ -126,23 +136,16 @@ class VocabSide:
     sentencepiece model (`unit` spm) whose ids are the model's. Ids beyond the model's `rows`
     are refused at load."""
 
-    def __init__(self, spec: object, root: Path, source: str, side: str = "source", rows: int | None = None):
-        if not isinstance(spec, dict) or "unit" not in spec:
-            raise BundleError(f"{source}: the {side} side is not an object with a unit")
-        self.unit: str = spec["unit"]
-        if self.unit not in ("char", "word", "spm"):
-            raise BundleError(f"{source}: unit must be char, word or spm, found {self.unit!r}")
+    def __init__(self, spec: VocabSideSpec, root: Path, source: str, side: str = "source", rows: int | None = None):
+        self.unit: str = spec.unit
         if self.unit == "spm":
-            name = spec.get("model")
+            name = spec.model
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 raise BundleError(f"{source}: a sentencepiece side names a file in tokenizer/, found {name!r}")
             self.spm = load_spm(root / "tokenizer" / name, source)
             size = self.spm.GetPieceSize()
         else:
-            tokens = spec.get("tokens")
-            if not isinstance(tokens, list) or not all(t is None or isinstance(t, str) for t in tokens):
-                raise BundleError(f"{source}: the {side} tokens must be a list of strings")
-            self.tokens: list[str | None] = tokens
+            self.tokens: list[str | None] = list(spec.tokens)
             size = len(self.tokens)
         if rows is not None and size > rows:
             raise BundleError(f"{source}: the {side} vocabulary has {size} ids, but the model's {side} embedding has "
@@ -150,7 +153,7 @@ class VocabSide:
         if self.unit == "spm":
             return
         self.index = {t: i for i, t in enumerate(self.tokens) if t is not None}
-        self.unk = self.index.get(spec.get("unk", "<unk>"))
+        self.unk = self.index.get(spec.unk)
         self.keep_spaces = " " in self.index  # a character vocabulary with a space token
 
     def split(self, text: str) -> list[str]:
@@ -212,15 +215,11 @@ class VocabSide:
 
 
 class VocabTokenizer(Tokenizer):
-    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
-        if data.get("kind") != "xform-vocab":
-            raise BundleError(f"{source}: unknown tokenizer kind {data.get('kind')!r}; expected xform-vocab")
-        self.src = VocabSide(data.get("source"), root, source, "source", config.src_vocab_size)
-        self.tgt = VocabSide(data.get("target"), root, source, "target", config.tgt_vocab_size)
-        self.prefix = data.get("source_prefix", [])
-        if not isinstance(self.prefix, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.src_vocab_size
-                for i in self.prefix):
+    def __init__(self, spec: VocabSpec, config: TransformerConfig, root: Path, source: str):
+        self.src = VocabSide(spec.source, root, source, "source", config.src_vocab_size)
+        self.tgt = VocabSide(spec.target, root, source, "target", config.tgt_vocab_size)
+        self.prefix = list(spec.source_prefix)
+        if not all(0 <= i < config.src_vocab_size for i in self.prefix):
             raise BundleError(f"{source}: source_prefix {self.prefix!r} must be ids below src_vocab_size "
                               f"{config.src_vocab_size}")
         self.cfg = config
@@ -291,7 +290,7 @@ class SpmTokenizer(Tokenizer):
 
     LANGUAGE_CODE = re.compile(">>.+<<")
 
-    def __init__(self, data: dict[str, Any], config: TransformerConfig, root: Path, source: str):
+    def __init__(self, spec: MarianSpmSpec, config: TransformerConfig, root: Path, source: str):
         self.cfg = config
         d = root / "tokenizer"
 
@@ -308,18 +307,17 @@ class SpmTokenizer(Tokenizer):
                               "words) cannot be tokenized; re-export from a Marian directory holding both")
         self.spm_target = spm("target.spm")
         self.encoder = vocab("vocab.json")
-        self.separate = bool(data.get("separate_vocabs"))
+        self.separate = spec.separate_vocabs
         target = vocab("target_vocab.json") if self.separate else self.encoder
         for name, vocab_map, rows in (("vocab.json", self.encoder, config.src_vocab_size),
-                                      ("target_vocab.json" if data.get("separate_vocabs") else "vocab.json", target,
+                                      ("target_vocab.json" if self.separate else "vocab.json", target,
                                        config.tgt_vocab_size)):
             bad = [t for t, i in vocab_map.items()
                    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows]
             if bad:
                 raise BundleError(f"{d / name}: ids outside the model's vocabulary of {rows} (for {bad[:3]})")
         self.decoder = {i: t for t, i in target.items()}
-        unk = data.get("unk_token", "<unk>")
-        self.unk_token = unk
+        unk = self.unk_token = spec.unk_token
         if unk not in self.encoder:
             raise BundleError(f"{d / 'vocab.json'}: has no unknown token {unk!r}")
         self.unk_id = self.encoder[unk]
@@ -388,23 +386,16 @@ def clean_up_spaces(text: str) -> str:
     return text
 
 
+def tokenizer_kinds() -> dict[type[TokenizerSpec], Callable[..., Tokenizer]]:
+    """Each kind's spec -> its tokenizer (the fairseq and t5 modules import this one: imported here)."""
+    from xform.runtime.fairseq_tokenizer import ByteBpeTokenizer, FairseqSpmTokenizer
+    from xform.runtime.t5_tokenizer import T5Tokenizer
+    return {VocabSpec: VocabTokenizer, MarianSpmSpec: SpmTokenizer, FairseqSpmSpec: FairseqSpmTokenizer,
+            ByteBpeSpec: ByteBpeTokenizer, T5Spec: T5Tokenizer}
+
+
 def load_tokenizer(path: Path, config: TransformerConfig) -> "Tokenizer":
-    """The bundle's tokenizer, by the kind its tokenizer.json names."""
+    """The bundle's tokenizer, by the kind its tokenizer.json names (tokenizer_spec.parse)."""
     path = Path(path)
-    data = read_json_object(path, BundleError, "a tokenizer")
-    kind = data.get("kind")
-    if kind == "xform-vocab":
-        return VocabTokenizer(data, config, path.parent, str(path))
-    if kind == "marian-spm":
-        return SpmTokenizer(data, config, path.parent, str(path))
-    if kind == "fairseq-spm":
-        from xform.runtime.fairseq_tokenizer import FairseqSpmTokenizer
-        return FairseqSpmTokenizer(data, config, path.parent, str(path))
-    if kind == "byte-bpe":
-        from xform.runtime.fairseq_tokenizer import ByteBpeTokenizer
-        return ByteBpeTokenizer(data, config, path.parent, str(path))
-    if kind == "t5":
-        from xform.runtime.t5_tokenizer import T5Tokenizer
-        return T5Tokenizer(data, config, path.parent, str(path))
-    raise BundleError(f"{path}: unknown tokenizer kind {kind!r}; expected xform-vocab, marian-spm, fairseq-spm, "
-                      "byte-bpe or t5")
+    spec = parse(read_json_object(path, BundleError, "a tokenizer"), str(path))
+    return tokenizer_kinds()[type(spec)](spec, config, path.parent, str(path))
