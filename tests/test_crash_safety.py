@@ -49,12 +49,12 @@ def test_export_killed_at_random_points(tmp_path):
     full = min(timed(["export", "demo", "-o", str(tmp_path / "ref"), "--force"]) for _ in range(2))
     rng = random.Random(0)
     killed = 0
-    for trial in range(16):
+    for trial in range(10):
         args = ["export", "demo", "-o", str(target)] + (["--force"] if target.exists() else [])
         if killed_after(args, rng.uniform(0.05, full * 0.9)) == -signal.SIGKILL:
             killed += 1
         assert_absent_or_complete(target)
-    assert killed >= 10  # most trials were cut short, at different points
+    assert killed >= 6  # most trials were cut short, at different points
     subprocess.run([XFORM, "export", "demo", "-o", str(target), "--force"], check=True, capture_output=True)
     Bundle.open(target)
     assert leftovers(tmp_path, "b") == []
@@ -68,7 +68,7 @@ def test_build_engine_killed_at_random_points(tmp_path, checkpoint_dir):
              "--builder-opt-level", "0", "--force"]
     full = timed(build)
     rng = random.Random(int(os.environ.get("XFORM_KILL_SEED", "1")))
-    for trial in range(8):
+    for trial in range(5):
         killed_after(build, rng.uniform(0.2, full * 1.1))
         b = Bundle.open(bundle)  # the manifest always names engines that are there and match it
         for e in b.manifest.engines.values():
@@ -94,7 +94,7 @@ def test_json_report_killed_at_random_points(tmp_path, demo_bundle):
 
 
 def test_two_exports_racing_to_one_target(tmp_path):
-    for trial in range(3):
+    for trial in range(2):
         target = tmp_path / f"b{trial}"
         procs = [subprocess.Popen([XFORM, "export", "demo", "-o", str(target)], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for _ in range(2)]
