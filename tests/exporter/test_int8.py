@@ -275,3 +275,29 @@ def test_no_judgement_records_the_figures_refuses_nothing_and_run_warns(tmp_path
         (tmp_path / "s.txt").write_text("12\n")
         r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "c"), *extra, "--no-judgement"])
         assert r.exit_code != 0 and "--no-judgement goes with --precision fp16 / int8" in r.output
+
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(num_beams=3)])
+def test_the_check_in_row_chunks_equals_the_check_at_once(demo_bundle, monkeypatch, settings):
+    """The check holds one chunk of rows' logits at a time (a 256,000-id vocabulary's 64 sources
+    were gigabytes a side): on fp32 graphs, chunks of a few rows give one call's figures. (int8's
+    dynamic quantization scales activations by the whole batch, so its logits move with the chunk.)"""
+    from xform.exporter import check as check_module
+    from xform.runtime.decoding import GenerationConfig
+
+    def figures(logit_bytes):
+        monkeypatch.setattr(check_module, "LOGIT_BYTES", logit_bytes)
+        chunks = check_module.row_chunks
+        seen = []
+        monkeypatch.setattr(check_module, "row_chunks", lambda *a: seen.append(chunks(*a)) or seen[-1])
+        report = xform.check(demo_bundle, generation=GenerationConfig(max_new_tokens=12, **settings), batch=12)
+        return report.to_dict(), max(len(c) for c in seen)
+
+    (a, one), (b, many) = figures(1 << 40), figures(3 * 13 * xform.load(demo_bundle).config.tgt_vocab_size * 4)
+    assert one == 1 and many >= 4  # 12 rows in chunks of 3
+    for key in ("max_abs_err", "max_rel_err", "min_passing_atol"):
+        assert b[key] == pytest.approx(a[key], abs=2e-5) and b[key] < 1e-4, key  # fp32's kernel-order noise
+    exact = ("token_agreement", "tokens_compared", "first_divergence", "identical_tokens", "batch", "steps",
+             "nonfinite", "passed", "beam_hypotheses_identical")
+    assert {k: b[k] for k in exact} == {k: a[k] for k in exact} and a["passed"]

@@ -119,3 +119,30 @@ def test_fp32_tolerance_scales_with_a_steps_largest_logit():
     small[..., 5] = 10.0
     assert not compare_steps("ort", "fp32", small + np.float32(2e-4), small, small.argmax(-1), small.argmax(-1),
                              active, tol.atol, tol.rtol, 1.0).passed
+
+
+def test_compare_steps_over_row_chunks_merges_to_the_whole():
+    """merge_steps of compare_steps on row chunks is compare_steps on all rows (the check holds one
+    chunk's logits at a time), and logprob_drops is the log-softmax difference at eager's tokens."""
+    from xform.runtime.compare import compare_steps, logprob_drops, merge_steps
+    rng = np.random.default_rng(4)
+    B, n, V = 11, 6, 23
+    ref = rng.normal(0, 3, (B, n, V)).astype(np.float32)
+    got = (ref + rng.normal(0, 0.5, ref.shape)).astype(np.float32)
+    got[7, 0] = ref[7, 0]  # row 7 diverges first, at step 1: the earliest step, in a later chunk
+    got[:, 0] = ref[:, 0]
+    got[7, 1] = ref[7, 1] - 10 * (np.arange(V) == ref[7, 1].argmax())
+    active = np.arange(n)[None, :] < rng.integers(1, n + 1, B)[:, None]
+    whole = compare_steps("ort", "fp16", got, ref, got.argmax(-1), ref.argmax(-1), active, 0.0, 1e-2, 0.99)
+    parts = [(a, compare_steps("ort", "fp16", got[a:a + 4], ref[a:a + 4], got[a:a + 4].argmax(-1),
+                               ref[a:a + 4].argmax(-1), active[a:a + 4], 0.0, 1e-2, 0.99)) for a in range(0, B, 4)]
+    assert whole.first_divergence == (7, 1) or whole.first_divergence[1] == 1
+    assert merge_steps(parts).to_dict() == whole.to_dict()
+    eos, pad = 0, 1
+    tokens = rng.integers(2, V, (B, n))
+    tokens[3, 2], tokens[5, 4:] = eos, pad
+    drops = logprob_drops(tokens, got, ref, eos, pad)
+    lsm = lambda x: x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))  # noqa: E731
+    want = [lsm(ref[r].astype(np.float64))[t, tokens[r, t]] - lsm(got[r].astype(np.float64))[t, tokens[r, t]]
+            for r in range(B) for t in range(3 if r == 3 else 4 if r == 5 else n)]
+    np.testing.assert_allclose(drops, want, rtol=1e-12, atol=1e-12)

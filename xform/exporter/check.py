@@ -25,6 +25,8 @@ from xform.runtime.compare import (
     compare_decodes,
     compare_steps,
     decoded,
+    logprob_drops,
+    merge_steps,
     tolerance_for,
 )
 from xform.runtime.decoding import GenerationConfig
@@ -75,15 +77,8 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
         tokens = session.run(Request(src_ids, src_lengths, gen.updated(num_return_sequences=1))).ids
     if tokens.shape[1] == 0:
         raise XformError("--check generated no tokens; raise --new-tokens")
-    got_choice, got_logits = session.teacher_forced(src_ids, src_lengths, tokens)
-    ref_choice, ref_logits = reference.teacher_forced(src_ids, src_lengths, tokens)
-    # active: every step up to and including the row's end-of-sentence
-    ended = np.cumsum(tokens == cfg.eos_id, axis=1)
-    active = (ended == 0) | ((ended == 1) & (tokens == cfg.eos_id))
-    report = compare_steps(session.backend_name, session.bundle.precision, got_logits, ref_logits,
-                           got_choice, ref_choice, active,
-                           tol.atol if atol is None else atol, tol.rtol if rtol is None else rtol,
-                           tol.min_token_agreement)
+    report = compare_forced(session, reference, src_ids, src_lengths, tokens, tol.atol if atol is None else atol,
+                            tol.rtol if rtol is None else rtol, tol.min_token_agreement)
     report.strategy, report.sources = gen.strategy, sources
     ref = None
     if beams is not None:
@@ -92,12 +87,52 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     if tol.by_decodes or (sources == "sentences" and session.bundle.precision != "fp32"):
         ref_tokens = eager_decodes(reference, ref, src_ids, src_lengths, gen, cfg.pad_id)
         if tol.by_decodes:  # eager's own translations, teacher-forced through both sides
-            _, got_tf = session.teacher_forced(src_ids, src_lengths, ref_tokens)
-            _, ref_tf = reference.teacher_forced(src_ids, src_lengths, ref_tokens)
-            compare_decodes(report, tokens, ref_tokens, got_tf, ref_tf, cfg.eos_id, cfg.pad_id, tol)
+            drops = [logprob_drops(ref_tokens[rows], *forced_both(session, reference, src_ids, src_lengths,
+                                                                  ref_tokens, rows)[1::2], cfg.eos_id, cfg.pad_id)
+                     for rows in row_chunks(ref_tokens.shape, cfg.tgt_vocab_size)]
+            compare_decodes(report, tokens, ref_tokens, np.concatenate(drops), cfg.eos_id, cfg.pad_id, tol)
         # on sentences every reduced precision reports BLEU / chrF against eager (fp16: beside its logits)
         report.bleu_vs_eager, report.chrf_vs_eager = text_scores(session, tokens, ref_tokens)
     return report
+
+
+# one side's teacher-forced logits held at once: 64 sources x 33 steps of a 256,000-id vocabulary
+# (MADLAD-400's) were 2.2 GB a side, and the comparison's float64 temporaries several times that
+LOGIT_BYTES = 256 << 20
+
+
+def row_chunks(shape: tuple[int, ...], vocab: int) -> list[slice]:
+    """Consecutive row slices of a (rows, steps) token array whose logits fit LOGIT_BYTES."""
+    rows, steps = shape[0], shape[1]
+    n = max(1, LOGIT_BYTES // max(1, steps * vocab * 4))
+    return [slice(a, min(a + n, rows)) for a in range(0, rows, n)]
+
+
+def forced_both(session: Session, reference: Session, src_ids: np.ndarray, src_lengths: np.ndarray,
+                tokens: np.ndarray, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`tokens[rows]` teacher-forced through the backend and through eager PyTorch: (choices,
+    logits) of each, in that order."""
+    got = session.teacher_forced(src_ids[rows], src_lengths[rows], tokens[rows])
+    ref = reference.teacher_forced(src_ids[rows], src_lengths[rows], tokens[rows])
+    return got[0], got[1], ref[0], ref[1]
+
+
+def compare_forced(session: Session, reference: Session, src_ids: np.ndarray, src_lengths: np.ndarray,
+                   tokens: np.ndarray, atol: float, rtol: float, min_agreement: float) -> CheckReport:
+    """The backend's own decodes teacher-forced through both sides, logits and greedy choices
+    compared at every step up to and including each row's end-of-sentence, a chunk of rows at a
+    time (row_chunks) so that a large vocabulary's logits never all sit in memory."""
+    eos = session.config.eos_id
+    ended = np.cumsum(tokens == eos, axis=1)
+    active = (ended == 0) | ((ended == 1) & (tokens == eos))
+    parts = []
+    for rows in row_chunks(tokens.shape, session.config.tgt_vocab_size):
+        got_choice, got_logits, ref_choice, ref_logits = forced_both(session, reference, src_ids, src_lengths,
+                                                                     tokens, rows)
+        parts.append((rows.start, compare_steps(session.backend_name, session.bundle.precision, got_logits,
+                                                ref_logits, got_choice, ref_choice, active[rows], atol, rtol,
+                                                min_agreement)))
+    return merge_steps(parts)
 
 
 def eager_decodes(reference: Session, beams: Result | None, src_ids: np.ndarray, src_lengths: np.ndarray,

@@ -162,31 +162,59 @@ def decoded(row: np.ndarray, eos: int, pad: int) -> list[int]:
     return out
 
 
-def compare_decodes(report: CheckReport, got: np.ndarray, ref: np.ndarray, got_logits: np.ndarray,
-                    ref_logits: np.ndarray, eos: int, pad: int, tol: "Tolerance") -> None:
-    """Whole decodes (B, n) of the backend and of eager PyTorch, and both sides' logits (B, m, V)
-    teacher-forced on eager's decodes: how alike the translations are, and how many nats a token
-    eager's own translations lose under the backend."""
+def merge_steps(parts: list[tuple[int, CheckReport]]) -> CheckReport:
+    """One report from compare_steps' reports on consecutive row chunks (each with its first row):
+    the worst errors, the token agreement over every compared token, the earliest divergence (the
+    first row among those at the earliest step), as one call over every row gives."""
+    first_row, head = parts[0]
+    reports = [r for _, r in parts]
+    n = sum(r.tokens_compared for r in reports)
+    divergences = [(r.first_divergence[1], start + r.first_divergence[0]) for start, r in parts
+                   if r.first_divergence is not None]
+    first = min(divergences) if divergences else None
+    return CheckReport(
+        backend=head.backend, precision=head.precision, atol=head.atol, rtol=head.rtol,
+        min_token_agreement=head.min_token_agreement, max_abs_err=max(r.max_abs_err for r in reports),
+        max_rel_err=max(r.max_rel_err for r in reports), min_passing_atol=max(r.min_passing_atol for r in reports),
+        token_agreement=sum(r.token_agreement * r.tokens_compared for r in reports) / n if n else 1.0,
+        tokens_compared=n, identical_tokens=first is None,
+        first_divergence=None if first is None else (first[1], first[0]),
+        nonfinite=any(r.nonfinite for r in reports), batch=sum(r.batch for r in reports),
+        steps=max(r.steps for r in reports))
+
+
+def compare_decodes(report: CheckReport, got: np.ndarray, ref: np.ndarray, drops: np.ndarray, eos: int, pad: int,
+                    tol: "Tolerance") -> None:
+    """Whole decodes (B, n) of the backend and of eager PyTorch, and the nats each token of
+    eager's decodes loses under the backend (`drops`, logprob_drops' over every row): how alike
+    the translations are, and how much less likely eager's own translations are."""
     pairs = [(decoded(g, eos, pad), decoded(r, eos, pad)) for g, r in zip(got, ref)]
     report.judged_by = "decodes"
     report.decodes_compared = len(pairs)
     report.decodes_identical = float(np.mean([g == r for g, r in pairs]))
     report.decode_agreement = float(np.mean([1 - edit_distance(g, r) / max(len(g), len(r), 1) for g, r in pairs]))
-    steps = ref_logits.shape[1]
-    active = np.zeros((len(ref), steps), bool)
-    for i, (_, r) in enumerate(pairs):
-        active[i, :min(len(r), steps)] = True
-    idx = np.where(active, ref[:, :steps], 0)[..., None]
-    lp = lambda x: np.take_along_axis(log_softmax64(x), idx, axis=-1)[..., 0]  # noqa: E731
-    drop = (lp(ref_logits) - lp(got_logits))[active]
-    report.logprob_drop = float(drop.mean()) if drop.size else 0.0
+    report.logprob_drop = float(drops.mean()) if drops.size else 0.0
     report.min_decode_agreement, report.max_logprob_drop = tol.min_decode_agreement, tol.max_logprob_drop
 
 
-def log_softmax64(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+def logprob_drops(ref: np.ndarray, got_logits: np.ndarray, ref_logits: np.ndarray, eos: int, pad: int) -> np.ndarray:
+    """Eager's decodes `ref` (rows, n) teacher-forced through both sides (logits (rows, m, V)):
+    the log-prob each of their tokens loses under the backend, row by row (float64, as the whole
+    vocabulary's log-sum-exp is taken one row at a time to bound memory)."""
+    out = []
+    for row, got_row, ref_row in zip(ref, got_logits, ref_logits):
+        ids = decoded(row, eos, pad)[:ref_row.shape[0]]
+        if ids:
+            pick = (np.arange(len(ids)), np.asarray(ids))
+            out.append(token_logprobs(ref_row[:len(ids)], pick) - token_logprobs(got_row[:len(ids)], pick))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def token_logprobs(logits: np.ndarray, pick: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """log_softmax(logits)[pick] in float64, without the (n, V) log_softmax array."""
+    x = logits.astype(np.float64)
+    top = x.max(axis=-1)
+    return x[pick] - top - np.log(np.exp(x - top[:, None]).sum(axis=-1))
 
 
 @dataclass(frozen=True)
