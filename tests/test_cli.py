@@ -373,3 +373,13 @@ def test_check_with_an_input_file_says_how_many_lines_it_compares(runner, demo_b
     r = runner.invoke(main, ["run", "--help"])
     check_lines_help = " ".join(r.output.split()).split("--check-lines INTEGER RANGE", 1)[1].split("--atol")[0]
     assert "[default: 32;" in check_lines_help, check_lines_help
+
+
+def test_tgt_lang_with_forced_bos_id_is_refused_before_the_tokenizer_is_asked_for(tiny_bundle):
+    """A bundle without a tokenizer: --tgt-lang with --forced-bos-id is the two-names refusal (the
+    no-tokenizer one would advise giving --forced-bos-id, which was given); --tgt-lang alone is the
+    no-tokenizer one, saying what to give instead."""
+    r = CliRunner().invoke(main, ["run", str(tiny_bundle), "--check", "--tgt-lang", "fr", "--forced-bos-id", "5"])
+    assert r.exit_code == 2 and "--tgt-lang and --forced-bos-id both name the first token" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(tiny_bundle), "--check", "--tgt-lang", "fr"])
+    assert r.exit_code == 2 and "this bundle has no tokenizer, so no languages (give --forced-bos-id" in r.output

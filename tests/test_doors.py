@@ -108,7 +108,7 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
     from xform.errors import InputError
     python = demo.translator.translate_batch([LONG, SOURCE], truncate=True, return_scores=True, beam_size=beams)
     want = [(r.hypotheses[0], r.scores[0]) for r in python]
-    assert want[0][0] == demo.translate([LONG[:31]])[0] if beams == 1 else True  # cut to max_len
+    assert want[0][0] == demo.translate([LONG[:31]], num_beams=beams)[0]  # cut to max_len
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG, "--text", SOURCE, "--truncate", "--scores",
                                   "--num-beams", str(beams)])
     assert r.exit_code == 0, r.output

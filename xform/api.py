@@ -15,8 +15,10 @@ from xform.runtime.translator import Translator as TextTranslator
 
 __all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator"]
 
-# CTranslate2's compute types and the bundle precision each asks for ("default": the bundle's own)
-COMPUTE_TYPES = {"float32": "fp32", "float16": "fp16", "int8": "int8", "int8_float32": "int8"}
+# CTranslate2's compute types and the bundle precision each asks for ("default" and "auto": the
+# bundle's own; int8 with 16-bit activations is the nearest an int8 bundle has, int8 x fp32)
+COMPUTE_TYPES = {"float32": "fp32", "float16": "fp16", "int8": "int8", "int8_float32": "int8",
+                 "int8_float16": "int8", "int8_bfloat16": "int8"}
 
 
 def torch_backend(bundle, device: str, threads: int | None):
@@ -49,18 +51,19 @@ class Translator(TextTranslator):
     def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
                  backend: str = "ort"):
-        if device_index != 0:
-            raise XformError(f"device_index {device_index}: a Translator uses the first visible GPU; choose another "
+        from xform.runtime.bundle import Bundle
+        if device_index not in (0, [0], (0,)):
+            raise XformError(f"device_index {device_index}: a Translator uses one GPU, the first visible; choose it "
                              "with CUDA_VISIBLE_DEVICES")
         if inter_threads != 1:
             raise XformError(f"inter_threads {inter_threads}: a Translator decodes one batch at a time; run several "
                              "processes, or `xform corpus` for a file over workers")
-        session = load(model_path, backend=backend, device=device, threads=intra_threads or None)
-        if compute_type != "default" and COMPUTE_TYPES.get(compute_type) != session.bundle.precision:
-            raise XformError(f"compute_type {compute_type}: {model_path} is a {session.bundle.precision} bundle "
-                             f"(compute_type default or {_ct2_name(session.bundle.precision)}); export another "
+        bundle = Bundle.open(model_path)  # its precision is refused before any graph loads
+        if compute_type not in ("default", "auto") and COMPUTE_TYPES.get(compute_type) != bundle.precision:
+            raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision} bundle "
+                             f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
                              "precision with `xform export --precision fp16 / int8`")
-        super().__init__(session)
+        super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend))
 
 
 def _ct2_name(precision: str) -> str:

@@ -128,15 +128,16 @@ def test_compare_steps_over_row_chunks_merges_to_the_whole():
     rng = np.random.default_rng(4)
     B, n, V = 11, 6, 23
     ref = rng.normal(0, 3, (B, n, V)).astype(np.float32)
-    got = (ref + rng.normal(0, 0.5, ref.shape)).astype(np.float32)
-    got[7, 0] = ref[7, 0]  # row 7 diverges first, at step 1: the earliest step, in a later chunk
-    got[:, 0] = ref[:, 0]
-    got[7, 1] = ref[7, 1] - 10 * (np.arange(V) == ref[7, 1].argmax())
-    active = np.arange(n)[None, :] < rng.integers(1, n + 1, B)[:, None]
+    got = (ref + rng.normal(0, 0.01, ref.shape)).astype(np.float32)  # the same choices everywhere but:
+    active = np.arange(n)[None, :] < np.array([6, 5, 4, 6, 6, 2, 6, 6, 3, 6, 6])[:, None]
+    for row, step in ((1, 4), (7, 1), (9, 1), (10, 3)):  # the earliest step is 1, first in row 7 (chunk 1)
+        got[row, step, ref[row, step].argmax()] -= 100
+    got[8, 4, ref[8, 4].argmax()] -= 100  # row 8's step 4 is past its end: not compared
     whole = compare_steps("ort", "fp16", got, ref, got.argmax(-1), ref.argmax(-1), active, 0.0, 1e-2, 0.99)
     parts = [(a, compare_steps("ort", "fp16", got[a:a + 4], ref[a:a + 4], got[a:a + 4].argmax(-1),
                                ref[a:a + 4].argmax(-1), active[a:a + 4], 0.0, 1e-2, 0.99)) for a in range(0, B, 4)]
-    assert whole.first_divergence == (7, 1) or whole.first_divergence[1] == 1
+    assert whole.first_divergence == (7, 1) and whole.tokens_compared == int(active.sum())
+    assert whole.token_agreement == pytest.approx(1 - 4 / int(active.sum()))
     assert merge_steps(parts).to_dict() == whole.to_dict()
     eos, pad = 0, 1
     tokens = rng.integers(2, V, (B, n))

@@ -37,6 +37,11 @@ def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundl
     CTranslate2's constructor; what a bundle cannot do is refused by name."""
     from xform.errors import XformError
     t = xform.Translator(demo_bundle, device="cpu", compute_type="float32", intra_threads=1)
+    assert xform.Translator(demo_bundle, compute_type="auto", device_index=[0]).translate_batch(["7"])[0].hypotheses \
+        == demo.translate(["7"])
+    ids = np.array([5, 6], np.int64)
+    got = t.prefix_ids([ids, None, "", "forty"])  # ids as given, none, none, text through the target side
+    assert got[0] is ids and got[1:3] == [[], []] and got[3] == demo.target_ids("forty")
     assert isinstance(t, Translator) and t.session.bundle.precision == "fp32"
     out = t.translate_batch(["40512", "7"], beam_size=2)
     assert [r.hypotheses[0] for r in out] == demo.translate(["40512", "7"], num_beams=2)

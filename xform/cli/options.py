@@ -207,12 +207,15 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     vocabulary map checked against the loaded bundle; the map, read."""
     from xform.errors import InputError
 
-    if (src_lang or tgt_lang) and session.tokenizer is None:
-        raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so no "
-                               "languages (give --forced-bos-id for the target language's token id)")
+    # the first token's rule first (--tgt-lang with --forced-bos-id is refused, tokenizer or not); a
+    # --tgt-lang alone without a tokenizer is the refusal below, which says what to give instead
+    alone = session.tokenizer is None and tgt_lang is not None and settings.get("forced_bos_token_id") is None
     try:
-        if has_text or src_lang or tgt_lang:
+        if (has_text or src_lang or tgt_lang) and not alone:
             session.translator.first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+        if (src_lang or tgt_lang) and session.tokenizer is None:
+            raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so "
+                                   "no languages (give --forced-bos-id for the target language's token id)")
         if src_lang is not None:
             session.check_src_lang(src_lang)
     except InputError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from xform.config import TransformerConfig
-from xform.errors import XformError
+from xform.errors import InputError, XformError
 from xform.models.backend import TorchBackend
 from xform.runtime.bench import padded_sources
 from xform.runtime.bundle import Bundle
@@ -90,7 +90,8 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
             drops = [logprob_drops(ref_tokens[rows], *forced_both(session, reference, src_ids, src_lengths,
                                                                   ref_tokens, rows)[1::2], cfg.eos_id, cfg.pad_id)
                      for rows in row_chunks(ref_tokens.shape, cfg.tgt_vocab_size)]
-            compare_decodes(report, tokens, ref_tokens, np.concatenate(drops), cfg.eos_id, cfg.pad_id, tol)
+            compare_decodes(report, tokens, ref_tokens, np.concatenate(drops) if drops else np.zeros(0), cfg.eos_id,
+                            cfg.pad_id, tol)
         # on sentences every reduced precision reports BLEU / chrF against eager (fp16: beside its logits)
         report.bleu_vs_eager, report.chrf_vs_eager = text_scores(session, tokens, ref_tokens)
     return report
@@ -176,7 +177,10 @@ def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
     rows: list[list[int]] = []
     for n, line in lines:
         if session.tokenizer is not None:
-            rows.append(session.encode_text(line))
+            try:
+                rows.append(session.encode_text(line))
+            except InputError as e:  # a multilingual model's source language, say
+                raise XformError(f"--sample-file {path} line {n}: {e}") from None
             continue
         try:
             row = [int(t) for t in line.split()]

@@ -166,9 +166,12 @@ def merge_steps(parts: list[tuple[int, CheckReport]]) -> CheckReport:
     """One report from compare_steps' reports on consecutive row chunks (each with its first row):
     the worst errors, the token agreement over every compared token, the earliest divergence (the
     first row among those at the earliest step), as one call over every row gives."""
-    first_row, head = parts[0]
+    if not parts:
+        raise ValueError("merge_steps: no reports to merge")
+    head = parts[0][1]
     reports = [r for _, r in parts]
     n = sum(r.tokens_compared for r in reports)
+    agreeing = sum(round(r.token_agreement * r.tokens_compared) for r in reports)  # counts, as compare_steps
     divergences = [(r.first_divergence[1], start + r.first_divergence[0]) for start, r in parts
                    if r.first_divergence is not None]
     first = min(divergences) if divergences else None
@@ -176,7 +179,7 @@ def merge_steps(parts: list[tuple[int, CheckReport]]) -> CheckReport:
         backend=head.backend, precision=head.precision, atol=head.atol, rtol=head.rtol,
         min_token_agreement=head.min_token_agreement, max_abs_err=max(r.max_abs_err for r in reports),
         max_rel_err=max(r.max_rel_err for r in reports), min_passing_atol=max(r.min_passing_atol for r in reports),
-        token_agreement=sum(r.token_agreement * r.tokens_compared for r in reports) / n if n else 1.0,
+        token_agreement=agreeing / n if n else 1.0,
         tokens_compared=n, identical_tokens=first is None,
         first_divergence=None if first is None else (first[1], first[0]),
         nonfinite=any(r.nonfinite for r in reports), batch=sum(r.batch for r in reports),

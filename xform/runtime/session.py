@@ -229,7 +229,7 @@ class Session:
                                f"{type(target_prefix).__name__}", "target_prefix")
         if len(target_prefix) != batch:
             raise SettingError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
-                               "source (an empty list for none)", "target_prefix")
+                               "source (an empty one for none)", "target_prefix")
         vocab, out = self.config.tgt_vocab_size, []
         for i, p in enumerate(target_prefix):
             try:

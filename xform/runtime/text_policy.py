@@ -181,7 +181,7 @@ class TextPolicy:
         """The padded source ids of texts: each through the tokenizer, cut to max_len when
         `truncate`, else refused when longer. `names`: the door's names for src_lang, tgt_lang,
         text and truncate in its errors."""
-        n = {"src_lang": "src_lang", "tgt_lang": "tgt_lang", "text": "text", "truncate": "truncate=True",
+        n = {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "text": "text", "truncate": "truncate=True",
              **(names or {})}
         if self.tokenizer is None:
             raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
@@ -200,4 +200,5 @@ class TextPolicy:
     def prefix_ids(self, prefixes: Sequence[str | Sequence[int] | None]) -> list[list[int] | Sequence[int]]:
         """Target prefixes as ids: a text as the target tokenizer splits it ('' or None: none),
         ids kept. Their count and length are the session's to check (Session.check_prefix)."""
-        return [self.target_ids(p) if isinstance(p, str) and p else [] if not p else p for p in prefixes]
+        return [[] if p is None or (isinstance(p, str) and not p) else self.target_ids(p) if isinstance(p, str) else p
+                for p in prefixes]

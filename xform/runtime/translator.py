@@ -1,9 +1,10 @@
-"""The text-level translator above the numeric session: every text policy lives here.
+"""The text-level translator above the numeric session: the text policy (text_policy.py, its
+base) and the ways text arrives.
 
 `Session` (session.py) keeps the numbers: sources checked, the generation config, the request,
 the decoding loop, teacher-forced scoring. The `Translator` owns text: languages, target
-prefixes and bad words given as text (`bad_word_ids`: written once, for every door), truncation,
-vocabulary maps, unknown replacement, and line and file streams. Its public methods follow
+prefixes and bad words given as text, truncation, vocabulary maps, unknown replacement (the rules
+in TextPolicy, which every door calls), and line and file streams. Its public methods follow
 CTranslate2's `Translator` where they mean the same thing (`translate_batch`,
 `translate_iterable`, `translate_file`, `score_batch`, `generate_tokens`; `beam_size`,
 `num_hypotheses`, `max_decoding_length`, `return_scores`, `target_prefix`; results with
@@ -14,7 +15,7 @@ today's calls.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,9 +29,6 @@ from xform.runtime.request import GenerationStepResult, Request, ScoringResult, 
 from xform.runtime.text_policy import TextPolicy
 from xform.runtime.unknowns import decode_rows, unknown_warning
 from xform.runtime.vocab_map import VocabMap
-
-if TYPE_CHECKING:
-    pass
 
 # one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
 Translation = str | tuple[str, float] | tuple[str, float, list[float]]
@@ -66,15 +64,17 @@ class Translator(TextPolicy):
 
     def translate_iterable(self, source: Iterable[str | bytes], *, max_batch_size: int = 32,
                            batch_type: str = "examples", read_ahead: int = 8, return_scores: bool = False,
-                           src_lang: str | None = None, tgt_lang: str | None = None,
+                           src_lang: str | None = None, tgt_lang: str | None = None, truncate: bool = False,
                            **options: Any) -> Iterator[TranslationResult]:
         """Translate a stream of texts lazily, a window at a time (batching.py), in input order.
-        A line that cannot be translated raises InputError naming it (0-based)."""
+        A line that cannot be translated raises InputError naming it (0-based); `truncate` cuts a
+        line longer than max_len instead."""
         gen = self.generation(tgt_lang, options)
         tokens = batch_type == "tokens"
         lines = self.translate_lines(source, gen, None if tokens else max_batch_size, batch_type=batch_type,
                                      max_batch_tokens=max_batch_size if tokens else None, read_ahead=read_ahead,
-                                     return_scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang)
+                                     return_scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang,
+                                     truncate=truncate)
         for i, (_, translations, error) in enumerate(lines):
             if error is not None or translations is None:
                 raise InputError(f"line {i}: {error}")
