@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -215,6 +216,16 @@ def atomic_directory(target: Path, force: bool, owned: Owned = empty_directory) 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def shown(value: Any) -> str:
+    """A value as a JSON file spells it (null, true, "text"), cut to 80 characters: how an error
+    about a manifest's or a tokenizer.json's field shows what it found."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_json_object(path: Path, error: type[Exception] = BundleError, what: str = "") -> dict:

@@ -23,7 +23,7 @@ from typing import Any
 from xform.config import TransformerConfig, is_int
 from xform.contract import DECODER, GRAPHS, RESTRICTED, GraphSpec, cache_dtype, signature_for
 from xform.errors import BundleError, ConfigError
-from xform.files import TEMP, atomic_write, sha256_file
+from xform.files import TEMP, atomic_write, sha256_file, shown
 
 MANIFEST = "manifest.json"
 FORMAT = "xform-bundle"
@@ -54,7 +54,7 @@ class _Reader:
         self.where, self.data, self.what = where, data, what
 
     def fail(self, key: str, expected: str) -> BundleError:
-        return BundleError(f"{self.where}: {self.what}.{key} must be {expected}, found {_show(self.data.get(key))}")
+        return BundleError(f"{self.where}: {self.what}.{key} must be {expected}, found {shown(self.data.get(key))}")
 
     def text(self, key: str, optional: bool = False) -> Any:
         v = self.data.get(key)
@@ -90,15 +90,6 @@ class _Reader:
 
 def _kind(v: Any) -> str:
     return "null" if v is None else type(v).__name__
-
-
-def _show(v: Any) -> str:
-    """A value as the manifest spells it (JSON: null, true, "text"), cut to 80 characters."""
-    try:
-        text = json.dumps(v)
-    except (TypeError, ValueError):
-        text = repr(v)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -137,14 +128,14 @@ class SharedWeight:
         r = _Reader(where, data, what)
         dtype = data.get("dtype")
         if dtype not in SHARED_DTYPES:
-            raise BundleError(f"{where}: {what}.dtype {_show(dtype)} is not one of {list(SHARED_DTYPES)}")
+            raise BundleError(f"{where}: {what}.dtype {shown(dtype)} is not one of {list(SHARED_DTYPES)}")
         shape = data.get("shape")
         if not (isinstance(shape, list) and shape and all(is_int(d) and 1 <= d <= MAX_DIM for d in shape)):
-            raise BundleError(f"{where}: {what}.shape: implausible shape {_show(shape)} (a list of sizes in "
+            raise BundleError(f"{where}: {what}.shape: implausible shape {shown(shape)} (a list of sizes in "
                               "[1, 2^31])")
         names = r.strings("graphs")
         if not names or any(g not in graphs for g in names):
-            raise BundleError(f"{where}: {what}.graphs {_show(names)} must map this bundle's graphs to initializer "
+            raise BundleError(f"{where}: {what}.graphs {shown(names)} must map this bundle's graphs to initializer "
                               "names")
         return cls(r.text("file"), r.integer("offset", hi=1 << 62), dtype, tuple(shape), names)
 
@@ -200,7 +191,7 @@ class EngineEntry:
             if not (isinstance(v, list) and len(v) == 3 and all(is_int(d) and 1 <= d <= MAX_DIM for d in v)
                     and v[0] <= v[1] <= v[2]):
                 raise BundleError(f"{where}: {what}.profile.{axis} must be [min, opt, max], sizes in [1, 2^31] in "
-                                  f"that order, found {_show(v)}")
+                                  f"that order, found {shown(v)}")
         return cls(r.text("file"), r.text("graph"), r.text("flavor"), r.text("tensorrt_version"), r.text("onnx"),
                    r.text("onnx_sha256"), r.text("onnx_data_sha256", optional=True), r.text("precision"),
                    r.integer("max_sources", 1), r.integer("max_beams", 1), profile, r.mapping("target"),
@@ -411,5 +402,5 @@ def _read_generation(r: "_Reader", where: str, config: TransformerConfig) -> dic
         hi = config.tgt_vocab_size - 1 if key == "forced_bos_token_id" else MAX_DIM
         if v is not None and not (is_int(v) and 0 <= v <= hi):
             raise BundleError(f"{where}: generation.{key} must be an integer in [0, {hi}] or null, found "
-                              f"{_show(v)}")
+                              f"{shown(v)}")
     return generation

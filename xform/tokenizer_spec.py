@@ -20,12 +20,12 @@ Pure Python + json: no numpy, no sentencepiece.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
 from xform.config import is_int
 from xform.errors import BundleError
+from xform.files import shown
 
 UNITS = ("char", "word", "spm")
 
@@ -73,17 +73,8 @@ def json_field(kind: JsonType, default: Any = MISSING, key: str | None = None, o
     return field(default=default, metadata=meta)
 
 
-def _show(v: Any) -> str:
-    """A value as the file spells it (JSON: null, true, "text"), cut to 80 characters."""
-    try:
-        text = json.dumps(v)
-    except (TypeError, ValueError):
-        text = repr(v)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def malformed(source: str, key: str, expected: str, value: Any, error: type[Exception] = BundleError) -> Exception:
-    return error(f"{source}: tokenizer field {key!r} is malformed; expected {expected}, found {_show(value)}")
+    return error(f"{source}: tokenizer field {key!r} is malformed; expected {expected}, found {shown(value)}")
 
 
 def missing(source: str, key: str, expected: str, error: type[Exception] = BundleError) -> Exception:
@@ -238,7 +229,7 @@ def parse(data: Any, source: str, error: type[Exception] = BundleError) -> Token
     """The spec of a tokenizer.json's content, by its kind; `error` (BundleError: a bundle's file)
     naming `source` and the field otherwise."""
     if not isinstance(data, dict):
-        raise error(f"{source}: a tokenizer must be a JSON object, found {_show(data)}")
+        raise error(f"{source}: a tokenizer must be a JSON object, found {shown(data)}")
     kind = data.get("kind")
     spec = KINDS.get(kind) if isinstance(kind, str) else None
     if spec is None:

@@ -341,9 +341,9 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
     import onnxruntime
 
     from xform.exporter.check import check, read_sample
+    from xform.runtime.open import session_over
     from xform.runtime.ort_backend import OrtBackend
     from xform.runtime.session import Session
-    from xform.runtime.tokenizer import load_tokenizer
 
     backend = OrtBackend(bundle, "cpu")
     sessions = {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
@@ -356,9 +356,7 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
                             bundle.manifest.attention_layer)
     if tol.min_token_agreement == 1.0:
         figures.update(verify_greedy(model, Session(backend, bundle.config)))
-    # the bundle's tokenizer reads a sample file of text (a model without one takes ids)
-    tok = bundle.tokenizer_file
-    session = Session(backend, bundle.config, load_tokenizer(tok, bundle.config) if tok else None, bundle)
+    session = session_over(bundle, backend)  # with the bundle's tokenizer: a sample file of text reads through it
     src_ids, src_lengths = read_sample(sample_file, session) if sample_file is not None else (None, None)
     report = check(bundle.path, session=session, batch=8, src_len=12, max_new_tokens=32, src_ids=src_ids,
                    src_lengths=src_lengths)

@@ -63,11 +63,16 @@ class TextPolicy:
         return [self.bad_word_ids([w], flag)[0] if isinstance(w, str) else w for w in words]
 
     def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
+        """The padded source ids of texts, as long as they are (encode_batch cuts or refuses)."""
+        return self.session.pad(self.source_rows(texts, src_lang, tgt_lang))[0]
+
+    def source_rows(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None,
+                    src_flag: str = "--src-lang", tgt_flag: str = "--tgt-lang") -> list[list[int]]:
+        """Each text's source ids; a bundle without a tokenizer and an empty batch are refused."""
+        self.text  # noqa: B018 - refuses a bundle without a tokenizer
         if not texts:
             raise InputError("no text to translate (an empty batch)")
-        return self.session.pad([self.encode_text(t, src_lang, tgt_lang=tgt_lang) for t in texts])[0]
+        return [self.encode_text(t, src_lang, src_flag, tgt_lang, tgt_flag) for t in texts]
 
     def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
                     tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
@@ -183,15 +188,9 @@ class TextPolicy:
         text and truncate in its errors."""
         n = {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "text": "text", "truncate": "truncate=True",
              **(names or {})}
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        if not texts:
-            raise InputError("no text to translate (an empty batch)")
-        max_len, rows = self.config.max_len, []
-        for text in texts:
-            row = self.encode_text(text, src_lang, n["src_lang"], tgt_lang, n["tgt_lang"])
-            rows.append(self.truncated(row) if truncate and len(row) > max_len else row)
-        src = self.session.pad(rows)[0]
+        max_len = self.config.max_len
+        rows = self.source_rows(texts, src_lang, tgt_lang, n["src_lang"], n["tgt_lang"])
+        src = self.session.pad([self.truncated(r) if truncate and len(r) > max_len else r for r in rows])[0]
         if src.shape[1] > max_len:
             raise InputError(f"{n['text']}: {src.shape[1]} source tokens, more than the model's max_len {max_len} "
                              f"({n['truncate']} to cut it)")
