@@ -27,12 +27,13 @@ def torch_backend(bundle, device: str, threads: int | None):
 
 
 def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None,
-         threads: int | None = None, cache_capacity: int | None = None) -> Session:
+         threads: int | None = None, cache_capacity: int | None = None, allow_tf32: bool = False) -> Session:
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt. `cache_capacity`:
     the positions the graph backends' self-attention cache starts with (doubled when full;
-    default backend.INITIAL_CAPACITY)."""
+    default backend.INITIAL_CAPACITY). `allow_tf32`: ONNX Runtime on CUDA may run fp32 matmuls in
+    TF32 (faster, logits about 1e-3 off; the check then judges fp32 by fp16's tolerance)."""
     return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend,
-                        cache_capacity=cache_capacity)
+                        cache_capacity=cache_capacity, allow_tf32=allow_tf32)
 
 
 def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, **kw):
@@ -46,11 +47,12 @@ class Translator(TextTranslator):
     device_index, compute_type, inter_threads, intra_threads)` over a bundle, so a CTranslate2
     user changes the import and the path. The bundle's precision is fixed at export: a
     `compute_type` other than "default" must name it. `backend` picks ONNX Runtime (ort, the
-    default) or TensorRT (trt). docs/python.md lists where the arguments differ."""
+    default) or TensorRT (trt); `allow_tf32` lets fp32 matmuls on CUDA run in TF32 (off: fp32 is
+    fp32). docs/python.md lists where the arguments differ."""
 
     def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
-                 backend: str = "ort"):
+                 backend: str = "ort", allow_tf32: bool = False):
         from xform.runtime.bundle import Bundle
         if device_index not in (0, [0], (0,)):
             raise XformError(f"device_index {device_index}: a Translator uses one GPU, the first visible; choose it "
@@ -63,7 +65,8 @@ class Translator(TextTranslator):
             raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision} bundle "
                              f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
                              "precision with `xform export --precision fp16 / int8`")
-        super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend))
+        super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend,
+                                      allow_tf32=allow_tf32))
 
 
 def _ct2_name(precision: str) -> str:

@@ -157,6 +157,9 @@ def print_check(report) -> None:
     gross = report.gross_only  # random sources: a reduced precision is judged for gross breakage only
     t.add_row("sources", "random token ids" if report.sources == "random" else "given sentences",
               "gross breakage only" if gross else "")
+    if report.tf32:  # what TF32 costs: fp32 alone would be judged by atol 1e-4
+        t.add_row("TF32 matmuls (--allow-tf32)", f"on: max abs logit error {report.max_abs_err:.1e}",
+                  "fp16's tolerance; fp32 alone holds atol 1e-4")
     if by_decodes:  # a reduced precision is judged by its translations; logit errors are reported
         t.add_row("decodes alike (edits)", f"{report.decode_agreement:.2%} of {report.decodes_compared}",
                   "reported" if gross else f">= {report.min_decode_agreement:.0%}")
@@ -198,6 +201,9 @@ def print_bench(r) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cpu for torch and ort, cuda for trt.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads (default: all cores).")
+@click.option("--allow-tf32", is_flag=True,
+              help="--device cuda with ort: let fp32 matmuls run in TF32 (faster on Ampere and newer; logits about "
+                   "1e-3 off, so --check judges them by fp16's tolerance). Off by default: fp32 is fp32.")
 @click.option("--text", "texts", multiple=True, help="Text to translate; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=Path),
               help="Translate each line (read a --read-ahead window at a time, written in input order; a blank "
@@ -236,8 +242,8 @@ def print_bench(r) -> None:
 @text_options
 @generation_options
 @handle_errors
-def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_type, max_batch_tokens, max_rows,
-        read_ahead, output, echo,
+def run(bundle, backend, device, threads, allow_tf32, texts, input_file, batch_size, batch_type, max_batch_tokens,
+        max_rows, read_ahead, output, echo,
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
         iters, json_path, force, verbose,
@@ -258,12 +264,12 @@ def run(bundle, backend, device, threads, texts, input_file, batch_size, batch_t
         check_json_target(json_path, force, json_inputs)
     settings = generation_settings(greedy, **settings)
     batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
-    session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    session = xform.load(bundle, backend=backend, device=device, threads=threads, allow_tf32=allow_tf32)
     warn_unjudged(session)
     gen, vocab_map = decoding_for(session, bundle, backend, settings, bool(texts or input_file), max_new_tokens,
                                   src_lang, tgt_lang, replace_unknowns, vocab_map)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
-                    "generation": gen.to_dict()}
+                    "tf32": bool(getattr(session.backend, "tf32", False)), "generation": gen.to_dict()}
     failed = False
     checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
     if verbose:

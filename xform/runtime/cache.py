@@ -79,6 +79,12 @@ class HostRows:
             self.arrays = grown
         return slice(R, R + n)
 
+    def fill(self, rows: slice, new: "HostRows") -> None:
+        """Rows `rows` become `new`'s rows (a join's encoded sources), its length axis at the start
+        of ours (the rest stays zero)."""
+        for a, b in zip(self.arrays, new.arrays):
+            a[rows, :, :b.shape[2]] = b
+
     def release(self) -> None:
         """Drop the arrays (freed unless a view of them lives on); unusable until replaced."""
         self.arrays = []
@@ -173,6 +179,8 @@ class Rows(Protocol):
 
     def add(self, n: int, length: int | None = None) -> slice: ...
 
+    def fill(self, rows: slice, new) -> None: ...
+
     def release(self) -> None: ...
 
 
@@ -202,6 +210,12 @@ class DeviceOps(Protocol):
 
     def gather(self, rows: np.ndarray, src: list[int], dst: list[int], shape: tuple[int, ...]) -> None:
         """dst[i] (len(rows), *shape[1:]) = src[i] (shape) gathered by rows along the first axis."""
+
+    def upload(self, dst: int, array: np.ndarray) -> None:
+        """Host to device: a contiguous array's bytes to `dst` (done by the next sync)."""
+
+    def sync(self) -> None:
+        """Every copy and gather issued so far is done."""
 
 
 class DeviceRows:
@@ -262,6 +276,14 @@ class DeviceRows:
                 self.ops.copy_rows(d, length * w, s, L * w, L * w, R * H)
         self.current, self.shape = 1 - self.current, shape
         return slice(R, R + n)
+
+    def fill(self, rows: slice, new: "DeviceRows") -> None:
+        """Rows `rows` become `new`'s rows (a join's encoded sources), its length axis at the start
+        of ours (the rest stays zero): one strided copy a tensor."""
+        _, H, L, D = self.shape
+        S, w = new.shape[2], D * self.item
+        for dst, src in zip(self.addresses(), new.addresses()):
+            self.ops.copy_rows(dst + rows.start * H * L * w, L * w, src, S * w, S * w, (rows.stop - rows.start) * H)
 
     def release(self) -> None:
         for s in self.sets:

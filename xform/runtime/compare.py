@@ -55,6 +55,8 @@ class CheckReport:
     # BLEU and chrF of the backend's translations against eager PyTorch's (sacreBLEU, when installed)
     bleu_vs_eager: float | None = None
     chrf_vs_eager: float | None = None
+    # fp32 matmuls ran in TF32 (--allow-tf32 on CUDA, engines built --tf32): judged by TF32_TOLERANCE
+    tf32: bool = False
 
     @property
     def gross_only(self) -> bool:
@@ -260,5 +262,12 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-def tolerance_for(precision: str) -> Tolerance:
-    return TOLERANCES[precision]
+# fp32 graphs whose matmuls ran in TF32 (ONNX Runtime on CUDA with --allow-tf32, or engines built
+# --tf32): their inputs keep fp16's 10 mantissa bits, so fp16's tolerance, not fp32's
+TF32_TOLERANCE = Tolerance(0.0, 1e-2, 0.99, "fp32 with TF32 matmuls (inputs rounded to 10 mantissa bits, as fp16's): "
+                           "fp16's tolerance; fp32 alone holds atol 1e-4", 0.0, 2e-2)
+
+
+def tolerance_for(precision: str, tf32: bool = False) -> Tolerance:
+    """The bundle precision's tolerance; an fp32 bundle run with TF32 matmuls gets TF32_TOLERANCE."""
+    return TF32_TOLERANCE if tf32 and precision == "fp32" else TOLERANCES[precision]

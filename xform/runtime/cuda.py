@@ -36,13 +36,18 @@ def copy_rows(cudart, dst: int, dst_row: int, src: int, src_row: int, width: int
                                                 cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream), what)
 
 
+def device_ops(gather) -> "CudaOps":
+    """DeviceOps on device 0's default stream, its gather run by `gather` (a backend's reorder)."""
+    return CudaOps(import_cudart(), 0, gather)
+
+
 def zero(cudart, ptr: int, nbytes: int, stream, what: str) -> None:
     cuda_check(cudart, cudart.cudaMemsetAsync(ptr, 0, nbytes, stream), what)
 
 
 class CudaOps:
-    """runtime.cache.DeviceOps over the CUDA runtime: memory, strided copies on `stream`, and a
-    gather along rows run by the backend's reorder graph or engine."""
+    """runtime.cache.DeviceOps over the CUDA runtime: memory, strided copies and uploads on
+    `stream`, and a gather along rows run by the backend's reorder graph or engine."""
 
     def __init__(self, cudart, stream, gather):
         self.cudart, self.stream, self.run_gather = cudart, stream, gather
@@ -61,6 +66,12 @@ class CudaOps:
 
     def gather(self, rows, src, dst, shape) -> None:
         self.run_gather(rows, src, dst, shape)
+
+    def upload(self, dst: int, array) -> None:
+        """A host array to the device on the stream; the array must stay as it is until sync()."""
+        cuda_check(self.cudart, self.cudart.cudaMemcpyAsync(dst, array.ctypes.data, array.nbytes,
+                                                            self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                                                            self.stream), "a step input's copy to the device")
 
     def sync(self) -> None:
         cuda_check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")

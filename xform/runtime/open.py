@@ -24,18 +24,24 @@ def default_device(backend: str) -> str:
 
 
 def open_backend(bundle: Bundle, backend: str, device: str | None = None, threads: int | None = None,
-                 torch_factory: Callable | None = None, cache_capacity: int | None = None):
+                 torch_factory: Callable | None = None, cache_capacity: int | None = None,
+                 allow_tf32: bool = False):
     """The backend object; `torch_factory(bundle, device, threads)` makes the eager one;
-    `cache_capacity` the graph backends' first cache capacity (None: INITIAL_CAPACITY)."""
+    `cache_capacity` the graph backends' first cache capacity (None: INITIAL_CAPACITY);
+    `allow_tf32` lets ONNX Runtime on CUDA run fp32 matmuls in TF32 (off: fp32 is fp32)."""
     capacity = INITIAL_CAPACITY if cache_capacity is None else cache_capacity
     if capacity < 1:
         raise XformError(f"cache_capacity must be at least 1, got {capacity}")
     device = device or default_device(backend)
     if device not in DEVICES:
         raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
+    if allow_tf32 and backend != "ort":
+        raise XformError(f"--allow-tf32 (allow_tf32=True) is ONNX Runtime's: the {backend} backend " + (
+            "fixes TF32 when its engines are built (xform build-engine --tf32)" if backend == "trt"
+            else "is the fp32 reference and never uses TF32"))
     if backend == "ort":
         from xform.runtime.ort_backend import OrtBackend
-        return OrtBackend(bundle, device, threads, initial_capacity=capacity)
+        return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32)
     if backend == "trt":
         from xform.runtime.trt_backend import TrtBackend
         return TrtBackend(bundle, device, initial_capacity=capacity)
@@ -55,8 +61,9 @@ def session_over(bundle: Bundle, backend) -> Session:
 
 def open_session(bundle: str | Path | Bundle, backend: str = "ort", device: str | None = None,
                  threads: int | None = None, torch_factory: Callable | None = None,
-                 cache_capacity: int | None = None) -> Session:
+                 cache_capacity: int | None = None, allow_tf32: bool = False) -> Session:
     """Open (and verify) a bundle directory, or take an opened Bundle, and make its Session."""
     if not isinstance(bundle, Bundle):
         bundle = Bundle.open(bundle)
-    return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory, cache_capacity))
+    return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory, cache_capacity,
+                                             allow_tf32))

@@ -51,20 +51,22 @@ from xform.runtime.cache import (
     compact_sources,
     grown_capacity,
 )
-from xform.runtime.cuda import CudaOps, import_cudart
+from xform.runtime.cuda import CudaOps, device_ops
 from xform.runtime.decoding import log_softmax
 from xform.runtime.ort_files import SharedWeight, bind_host, import_onnxruntime, providers_for, session
 from xform.runtime.processors import Special
+from xform.runtime.step_inputs import StepInputs
 
 
 class OrtBackend:
     name = "ort"
 
     def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
-                 initial_capacity: int = INITIAL_CAPACITY):
+                 initial_capacity: int = INITIAL_CAPACITY, tf32: bool = False):
         self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
         ort = self.ort = import_onnxruntime()
-        providers = providers_for(device)
+        providers = providers_for(ort, device, tf32)
+        self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
         self.shared = [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
@@ -96,12 +98,13 @@ class OrtBackend:
         self.cache: Cache
         self.cross: Rows
         if self.ort_device == "cuda":
-            self.ops = CudaOps(import_cudart(), 0, self.run_reorder)
+            self.ops = device_ops(self.run_reorder)
             self.cache = DeviceCache(self.ops, len(self.cache_names), self.kv_dtype.itemsize)
             self.cross = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
         else:  # no rows until start()
             self.cache = HostCache(len(self.cache_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
             self.cross = HostRows(len(self.cross_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+        self.inputs = StepInputs(self.ops, self.ort_device)
         self.live = False  # a decode is running: from a start() that succeeded on
         # each decoder-step graph's IOBinding over the current rows, made at its next run (step_binding)
         self.bound: dict[str, Any] = {}
@@ -268,14 +271,8 @@ class OrtBackend:
             raise JoinRefused(f"the joining sources failed to encode: {type(e).__name__}: {e}") from e
         sources = self.cross.add(Bs, S)
         width = self.cross.shape[2]
-        if isinstance(new, HostRows):
-            assert isinstance(self.cross, HostRows)  # start() made it on the host, as `new` here
-            for a, b in zip(self.cross.arrays, new.arrays):
-                a[sources, :, :S] = b
-        else:
-            w = D * self.kv_dtype.itemsize
-            for dst, src in zip(self.cross.addresses(), new.addresses()):
-                new.ops.copy_rows(dst + sources.start * H * width * w, width * w, src, S * w, S * w, Bs * H)
+        self.cross.fill(sources, new)  # host rows into host rows, device rows into device rows
+        if isinstance(new, DeviceRows):
             new.release()
         grown = np.full((self.mask.shape[0] + Bs, width), MASK_VALUE, np.float32)
         grown[:self.mask.shape[0], :old_src] = self.mask
@@ -322,22 +319,23 @@ class OrtBackend:
             return dec
         dec = self.bound[graph] = (self.restricted_session() if graph == RESTRICTED
                                    else self.graph_session(graph)).io_binding()
-        R = self.rows
-        for name, a in (("input_ids", self.ids), ("positions", self.positions), ("src_mask", self.mask)):
-            bind_host(dec, "input", name, a)
+        R, inputs = self.rows, self.inputs  # inputs where the session reads them at each run (step_inputs.py)
+        inputs.bind(dec, "input_ids", self.ids, each_step=True)
+        inputs.bind(dec, "positions", self.positions, each_step=True)
+        inputs.bind(dec, "src_mask", self.mask)  # changes only with the rows: bound anew then
         if graph == RESTRICTED:  # the restricted decoder: the subset's rows of the table in, its logits out
-            bind_host(dec, "input", "out_weight", self.sub_weight)
-            bind_host(dec, "input", "out_bias", self.sub_bias)
+            inputs.bind(dec, "out_weight", self.sub_weight)
+            inputs.bind(dec, "out_bias", self.sub_bias)
             self.sub_logits, self.device_logits = self.sub_logits_buf[:R], None
             bind_host(dec, "output", "logits", self.sub_logits)
             self.bind_kv(dec)
             return dec
-        bind_host(dec, "input", "min_new_tokens", self.min_new)
+        inputs.bind(dec, "min_new_tokens", self.min_new, each_step=True)
         if self.attention_buf is not None:
             bind_host(dec, "output", "attention", self.attention_rows)
         if graph == DECODER_BEAM:  # only (rows, K) candidates leave it, into host buffers on every device
             assert self.cand_bufs is not None  # beam_step() sized them before binding
-            bind_host(dec, "input", "num_candidates", self.num_candidates)
+            inputs.bind(dec, "num_candidates", self.num_candidates)
             bind_host(dec, "output", "cand_logprobs", self.cand_bufs[0][:R])
             bind_host(dec, "output", "cand_ids", self.cand_bufs[1][:R])
         else:
@@ -346,7 +344,7 @@ class OrtBackend:
                 bind_host(dec, "output", "logits", self.logits)
             else:
                 self.device_logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32,
-                                                                                    "cuda", 0)
+                                                                                    self.ort_device, 0)
                 dec.bind_ortvalue_output("logits", self.device_logits)
         self.bind_kv(dec)
         return dec
@@ -381,6 +379,7 @@ class OrtBackend:
         if candidates and subset is None and self.fused_beams:
             return self.beam_step(candidates)
         dec = self.step_binding(DECODER if subset is None else RESTRICTED)
+        self.inputs.refresh()
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
@@ -414,6 +413,7 @@ class OrtBackend:
             self.num_candidates = np.array([k], np.int64)
             self.bound.pop(DECODER_BEAM, None)
         dec = self.step_binding(DECODER_BEAM)
+        self.inputs.refresh()
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()

@@ -81,6 +81,7 @@ class TrtBackend:
             raise BackendUnavailableError(f"the trt backend needs TensorRT, and none is installed (use --backend ort, "
                                           f"or install it: {TRT_INSTALL_HINT})")
         self.flavor, enc_entry, dec_entry, reorder_entry = pick_engines(bundle, flavor, installed)
+        self.tf32 = bool(dec_entry.details.get("tf32"))  # built --tf32: the check judges fp32 as TF32
         if gpu_info() is None:
             raise BackendUnavailableError("the trt backend needs an NVIDIA GPU with a CUDA driver; none was found "
                                           "(use --backend ort on this machine)")

@@ -1,0 +1,188 @@
+"""The ort backend's device branch (ONNX Runtime on CUDA), run end to end on the CPU through
+tests/runtime/cuda_double.py: IOBinding as a CUDA session's (a host input is copied when bound,
+device memory is read at each run), DeviceCache on a stream of queued copies, logits left on the
+device, the reorder graph as the gather. Tokens and scores must equal the host path's for greedy,
+beams 2 to 5 (the fused graph and the candidates graph), rows joining a running batch, finished
+rows leaving (compaction), cache growth, and the restricted decoder.
+
+On the H100's first run (issue 41) the step's inputs were host arrays bound once per set of rows,
+so every step after the first decoded step 0's ids: `test_host_inputs_bound_once_repeat_step_zero`
+puts that binding back and must see this double reproduce the failure."""
+import numpy as np
+import pytest
+
+import xform
+from tests.marian_fixtures import sources
+from tests.runtime.cuda_double import CudaBinding, CudaOrt, emulate_cuda
+from xform.contract import DECODER, DECODER_BEAM
+from xform.errors import BackendUnavailableError, XformError
+from xform.runtime import ort_files
+from xform.runtime.decoding import GenerationConfig
+from xform.runtime.scheduler import Scheduler
+from xform.runtime.step_inputs import StepInputs
+
+TEXTS = ["7", "999999", "40", "123456", "5", "88 12"]
+SCORE_ATOL = 1e-5
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    return emulate_cuda(monkeypatch)
+
+
+def pair(bundle, cuda, capacity=3):
+    """(host session, emulated-CUDA session) over the same bundle; a small first cache capacity so
+    that decodes grow it."""
+    host = xform.load(bundle, backend="ort", cache_capacity=capacity)
+    dev = xform.load(bundle, backend="ort", device="cuda", cache_capacity=capacity)
+    assert dev.backend.ops is cuda.ops and dev.backend.ops is not None and host.backend.ops is None
+    return host, dev
+
+
+def test_the_double_copies_host_inputs_when_bound_and_reads_device_memory_at_each_run(demo_bundle, cuda):
+    """The double itself: the reorder graph run twice on one binding, its beam_idx changed in
+    between. Bound from host memory the second run still sees the first value (copied when bound);
+    bound in device memory it sees the new one."""
+    session = cuda.InferenceSession(str(demo_bundle / "reorder.onnx"), None, ["CUDAExecutionProvider"])
+    shape = [3, *[d if isinstance(d, int) else 1 for d in session.get_inputs()[1].shape[1:]]]
+    cache = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    names = [i.name for i in session.get_inputs()][1:]
+    outs = [o.name for o in session.get_outputs()]
+
+    def run(device: bool):
+        binding = session.io_binding()
+        assert isinstance(binding, CudaBinding)
+        idx = np.array([0, 1], np.int64)
+        buf = np.empty_like(idx)
+        if device:
+            binding.bind_input("beam_idx", "cuda", 0, np.int64, [2], buf.ctypes.data)
+            buf[:] = idx
+        else:
+            binding.bind_input("beam_idx", "cpu", 0, np.int64, [2], idx.ctypes.data)
+        for n in names:
+            binding.bind_input(n, "cpu", 0, np.float32, shape, cache.ctypes.data)
+        got = [np.empty((2, *shape[1:]), np.float32) for _ in outs]
+        for n, g in zip(outs, got):
+            binding.bind_output(n, "cpu", 0, np.float32, list(g.shape), g.ctypes.data)
+        session.run_with_iobinding(binding)
+        (buf if device else idx)[:] = [2, 2]
+        session.run_with_iobinding(binding)
+        return got[0]
+    np.testing.assert_array_equal(run(device=False), cache[[0, 1]])
+    np.testing.assert_array_equal(run(device=True), cache[[2, 2]])
+
+
+def test_host_inputs_bound_once_repeat_step_zero(demo_bundle, cuda, monkeypatch):
+    """Today's fix undone (every step input bound from host memory, as before issue 41): on the
+    double, greedy decodes repeat their first token, as the H100 did ("hundred hundred ..."; no
+    growth within 12 steps, which would bind them anew)."""
+    from xform.runtime.ort_files import bind_host
+    host, dev = pair(demo_bundle, cuda, capacity=32)
+    monkeypatch.setattr(StepInputs, "bind", lambda self, binding, name, array, each_step=False:
+                        bind_host(binding, "input", name, array))
+    src = host.encode_texts(TEXTS[:2])
+    want, got = host.generate(src, max_new_tokens=12), dev.generate(src, max_new_tokens=12)
+    assert want.shape != got.shape or (want != got).any()
+    for row in got:  # each row's first token again and again, to the limit
+        assert len(row) == 12 and len(set(row.tolist())) == 1, got
+
+
+def test_greedy_with_growth_compaction_and_logits_equals_the_host(demo_bundle, cuda):
+    """Rows end at different steps and leave; the cache grows 3 -> 6 -> 12 -> 24; the logits
+    left on the device equal the host's; every step's inputs reached the device each step."""
+    host, dev = pair(demo_bundle, cuda)
+    src = host.encode_texts(TEXTS)
+    before = cuda.ops.uploads
+    want, got = host.generate(src, max_new_tokens=20), dev.generate(src, max_new_tokens=20)
+    np.testing.assert_array_equal(got, want)
+    steps = got.shape[1]
+    assert cuda.ops.uploads - before >= 3 * steps  # ids, positions, min_new_tokens at every step
+    assert dev.backend.cache.capacity > 3  # grew
+    hw, hl = host.teacher_forced(src, None, want)
+    dw, dl = dev.teacher_forced(src, None, want)
+    np.testing.assert_array_equal(dw, hw)
+    np.testing.assert_allclose(dl, hl, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("beams", [2, 3, 4, 5])
+def test_beams_equal_the_host_path(marians, cuda, beams, fused):
+    """Beam search through the fused graph and through decoder + candidates (the reorder graph as
+    the device gather each step, sources leaving as their hypotheses end): hypotheses and scores
+    equal the host path's."""
+    _, model, bundle = marians["swish-scaled"]
+    src, _ = sources(model.config, [7, 3, 9, 5], seed=beams)
+    host, dev = pair(bundle, cuda)
+    for s in (host, dev):
+        s.backend.fused_beams = fused
+    kw = dict(max_new_tokens=14, num_beams=beams, num_return_sequences=min(beams, 2), return_scores=True)
+    want, got = host.generate(src.numpy(), **kw), dev.generate(src.numpy(), **kw)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=0, atol=SCORE_ATOL)
+    assert (DECODER_BEAM if fused else DECODER) in dev.backend.sessions
+
+
+def test_rows_joining_a_running_batch_equal_the_host(demo_bundle, cuda):
+    """In-flight batching on the device: requests join at steps 0, 2, 3 and 6 (a longer source
+    widening the cross K/V), rows leave as they end; each result equals the host path's alone."""
+    from tests.runtime.test_scheduler import drive
+    host, dev = pair(demo_bundle, cuda)
+    reqs = [host.encode_texts([t]) for t in TEXTS[:4]] + [host.encode_texts(TEXTS[4:])]
+    plan = {0: [(reqs[0], {"max_new_tokens": 16})], 2: [(reqs[1], {"max_new_tokens": 16})],
+            3: [(reqs[2], {"max_new_tokens": 4}), (reqs[3], {"max_new_tokens": 16})],
+            6: [(reqs[4], {"max_new_tokens": 16})]}
+    futures = drive(Scheduler(dev, max_rows=16), plan)
+    for src, f, n in zip(reqs, futures, (16, 16, 4, 16, 16)):
+        np.testing.assert_array_equal(f.result(), host.generate(src, max_new_tokens=n))
+
+
+def test_restricted_decoder_equals_the_host(marians, cuda, tmp_path):
+    """A vocabulary restriction: the restricted decoder's table rows are device inputs bound
+    once a decode, its ids, positions and min_new_tokens each step."""
+    from xform.exporter.export import export_bundle
+    d, model, _ = marians["swish-scaled"]
+    bundle = export_bundle(d, tmp_path / "b", vocab_map=True).path
+    host, dev = pair(bundle, cuda)
+    src, _ = sources(model.config, [7, 3, 9], seed=2)
+    allowed = list(range(4, 40))
+    for kw in (dict(), dict(num_beams=3, min_new_tokens=4, return_scores=True)):
+        want = host.generate(src.numpy(), max_new_tokens=12, vocabulary=allowed, **kw)
+        got = dev.generate(src.numpy(), max_new_tokens=12, vocabulary=allowed, **kw)
+        if kw:
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_allclose(got[1], want[1], rtol=0, atol=SCORE_ATOL)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def test_check_passes_on_the_device_path(demo_bundle, cuda):
+    """`xform run --device cuda --check`'s comparison with eager PyTorch, on the double: every
+    token agrees and fp32 holds fp32's tolerance (the H100 gave 3.12% before the fix)."""
+    dev = xform.load(demo_bundle, backend="ort", device="cuda")
+    for gen in (None, GenerationConfig(max_new_tokens=16, num_beams=4)):
+        report = xform.check(demo_bundle, session=dev, texts=["01234567", "7654"], generation=gen)
+        assert report.passed and report.token_agreement == 1.0 and not report.tf32, report
+        assert report.atol == 1e-4
+
+
+def test_tf32_is_off_unless_asked_and_its_check_says_what_it_costs(demo_bundle, cuda):
+    """fp32 on CUDA is fp32: the CUDA provider is opened with use_tf32 0; --allow-tf32 opens it
+    with 1, and the check then judges by the TF32 tolerance and says so. TF32 on the CPU, the
+    eager reference or TensorRT (an engine-build setting) is refused by name."""
+    xform.load(demo_bundle, backend="ort", device="cuda")
+    assert cuda.providers and all(p[0] == ("CUDAExecutionProvider", {"use_tf32": "0"}) for p in cuda.providers)
+    cuda.providers.clear()
+    dev = xform.load(demo_bundle, backend="ort", device="cuda", allow_tf32=True)
+    assert all(p[0] == ("CUDAExecutionProvider", {"use_tf32": "1"}) for p in cuda.providers)
+    report = xform.check(demo_bundle, session=dev, texts=["01234567"])
+    assert report.tf32 and report.rtol == 1e-2 and report.atol == 0.0
+    for backend, device, words in (("ort", "cpu", "CUDA math mode"), ("torch", "cpu", "fp32 reference"),
+                                   ("trt", "cuda", "build-engine --tf32")):
+        with pytest.raises(XformError, match=words):
+            xform.load(demo_bundle, backend=backend, device=device, allow_tf32=True)
+
+
+def test_providers_of_a_cpu_onnxruntime_refuse_cuda():
+    with pytest.raises(BackendUnavailableError, match="onnxruntime-gpu"):
+        ort_files.providers_for(__import__("onnxruntime"), "cuda")
+    assert ort_files.providers_for(CudaOrt(), "cpu") == ["CPUExecutionProvider"]
