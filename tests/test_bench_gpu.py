@@ -1,0 +1,32 @@
+"""scripts/bench_gpu.py's smallest case on the CPU (`--device cpu --shape tiny`): the GPU
+benchmark's code runs in CI, every engine in its own process, xform's tokens equal transformers',
+figures written as JSON and Markdown. No timing is asserted."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_gpu_runs_its_smallest_case_on_the_cpu(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--device", "cpu", "--shape", "tiny",
+           "--batches", "1,3", "--beams", "1,2", "--new-tokens", "6", "--warmup", "0", "--iters", "1",
+           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "bench_gpu_cpu.json").read_text())
+    assert report["baseline"] == "transformers fp32" and report["device"] == "cpu"
+    rows = {(r["engine"], r["batch"], r["beams"]): r for r in report["rows"]}
+    assert set(rows) == {(e, b, k) for e in ("xform fp32", "transformers fp32") for b in (1, 3) for k in (1, 2)}
+    for (engine, batch, beams), r in rows.items():
+        assert r["tokens_per_s"] > 0 and r["step_ms_p50"] > 0 and r["peak_rss_mib"] > 0
+        if engine == "xform fp32":  # the same tokens as eager transformers, greedy and beams
+            assert r["tokens_equal_transformers"] == 1.0, r
+        else:
+            assert r["vs_baseline"] == 1.0 and r["tokens_equal_transformers"] is None
+    md = (tmp_path / "out" / "bench_gpu_cpu.md").read_text()
+    assert "python scripts/bench_gpu.py --device cpu" in md and "| xform fp32 | 3 | beam 2 |" in md
