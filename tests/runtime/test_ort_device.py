@@ -222,3 +222,20 @@ def test_providers_of_a_cpu_onnxruntime_refuse_cuda():
     with pytest.raises(BackendUnavailableError, match="onnxruntime-gpu"):
         ort_files.providers_for(cpu_only, "cuda")
     assert ort_files.providers_for(CudaOrt(), "cpu") == ["CPUExecutionProvider"]
+
+
+def test_run_cli_on_the_device_with_and_without_tf32(demo_bundle, cuda, tmp_path):
+    """`xform run --device cuda --check` passes (on the double) and records tf32 false; with
+    --allow-tf32 the check table says what TF32 cost; on the CPU the flag is refused by name."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--device", "cuda", "--check", "--text", "01234567",
+                                  "--text", "7654", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0 and "check passed" in r.output and "TF32" not in r.output, r.output
+    assert '"tf32": false' in (tmp_path / "r.json").read_text()
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--device", "cuda", "--allow-tf32", "--check",
+                                  "--text", "01234567"])
+    assert r.exit_code == 0 and "TF32 matmuls" in r.output and "fp16's tolerance" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--allow-tf32", "--text", "7"])
+    assert r.exit_code != 0 and "--allow-tf32" in r.output and "CUDA" in r.output, r.output

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 41, as one prepared script for a lent GPU machine (docs/gpu.md).
+#
+# On the GPU machine, from the checkout's root, after ../shared/gpu/pack.sh's parts were carried into
+# /tmp/gpu-parts:   . /tmp/gpu-parts/unpack.sh && bash scripts/gpu_session.sh "$OUT" [quick|full]
+#
+# quick: the ONNX Runtime CUDA tests (the device tests on the real provider, DeviceCache on CUDA memory)
+# and `xform run --device cuda --check` on the demo in fp32 and fp16, greedy and beam 4; full also runs
+# scripts/bench_gpu.py (Marian-base, batch 1 to 256, greedy and beam 4: about 6 minutes on an H100).
+# Every log goes to OUT; the exit status is the first failure's.
+set -u
+OUT=${1:?usage: gpu_session.sh OUT [quick|full]}; MODE=${2:-quick}
+mkdir -p "$OUT"; status=0
+step() { local name=$1; shift; echo "== $name: $*" | tee -a "$OUT/summary.txt"
+         "$@" >"$OUT/$name.log" 2>&1; local rc=$?; echo "   exit $rc" | tee -a "$OUT/summary.txt"
+         tail -n 25 "$OUT/$name.log"; [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c 'import onnxruntime as o, torch; print("onnxruntime", o.__version__, o.get_available_providers(), "torch", torch.__version__)' >> "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+step pytest python3 -m pytest -q -p no:cacheprovider tests/runtime/test_ort_device.py tests/runtime/test_cache.py -rs
+W=/tmp/xform-gpu; mkdir -p "$W"
+step export python3 -m xform export demo -o "$W/d32" --force
+step export16 python3 -m xform export demo -o "$W/d16" --precision fp16 --force
+for b in d32 d16; do
+  step "check-$b" python3 -m xform run "$W/$b" --device cuda --check --text 01234567 --text 7654 --text 40512
+  step "check-$b-beam4" python3 -m xform run "$W/$b" --device cuda --check --num-beams 4 --text 01234567 --text 7654
+done
+step check-tf32 python3 -m xform run "$W/d32" --device cuda --allow-tf32 --check --text 01234567 --text 7654
+if [ "$MODE" = full ]; then
+  step bench python3 scripts/bench_gpu.py --work "$W" --out "$OUT" --iters 3
+fi
+exit $status
