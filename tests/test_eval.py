@@ -1,6 +1,7 @@
 """`xform eval`: sacreBLEU's BLEU and chrF of a bundle's translations, against references and
 against a second system (eager PyTorch, another bundle); refusals by name."""
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
+from xform.files import current_umask
 
 sacrebleu = pytest.importorskip("sacrebleu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -117,6 +119,13 @@ def test_int8_against_eager_equals_eager_decodes_by_hand(demo8, files, tmp_path)
     assert data["sentence_chrf_delta"] == pytest.approx(deltas, abs=1e-3)
 
 
+def test_the_eval_extra_installs_what_eval_and_its_plot_need():
+    import tomllib
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    names = {re.split(r"[<>=\[]", d)[0] for d in extras["project"]["optional-dependencies"]["eval"]}
+    assert {"sacrebleu", "matplotlib"} <= names
+
+
 def test_plot_draws_the_differences_as_a_png(demo_bundle, demo8, files, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "d.png"
@@ -124,6 +133,7 @@ def test_plot_draws_the_differences_as_a_png(demo_bundle, demo8, files, tmp_path
     assert code == 0, output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert [p.name for p in tmp_path.iterdir()] == ["d.png"]  # no temporary left beside it
+    assert png.stat().st_mode & 0o777 == 0o666 & ~current_umask()  # the umask's mode, as every output's
     (tmp_path / "notes.txt").write_text("mine\n")
     code, output = run(demo8, "--source", files / "src.txt", "--against", demo_bundle, "--plot",
                        tmp_path / "notes.txt", "--force")

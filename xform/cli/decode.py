@@ -146,7 +146,7 @@ def output_file(path: Path | None):
         yield f
 
 
-def print_check(report) -> None:
+def print_check(report, steps: str = "") -> None:
     from xform.runtime.compare import GROSS_TOKEN_AGREEMENT
     t = Table(title=f"check: {report.backend} ({report.precision}, {report.strategy}) vs eager PyTorch, "
                     "teacher-forced on its best hypothesis")
@@ -170,8 +170,13 @@ def print_check(report) -> None:
     t.add_row("max abs logit error", f"{report.max_abs_err:.3e}",
               "reported" if by_decodes else f"atol {report.atol:g}, rtol {report.rtol:g}")
     t.add_row("max rel logit error", f"{report.max_rel_err:.3e}", "")
-    t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}",
-              "reported" if by_decodes else f"at rtol {report.rtol:g}")
+    if report.min_passing_atol == 0 and report.max_abs_err > 0:  # rtol alone covers every difference
+        t.add_row("smallest passing atol", f"none needed: rtol {report.rtol:g} x the step's largest logit covers "
+                  "every difference", "reported" if by_decodes else f"at rtol {report.rtol:g}")
+    else:
+        t.add_row("smallest passing atol", f"{report.min_passing_atol:.3e}",
+                  "reported" if by_decodes else f"at rtol {report.rtol:g}")
+    t.add_row("steps compared", f"{report.steps} (longest decode)", steps)
     t.add_row("token agreement", f"{report.token_agreement:.2%} of {report.tokens_compared}",
               f">= {GROSS_TOKEN_AGREEMENT if gross else report.min_token_agreement:.0%}")
     t.add_row("first divergence (row, step)", str(report.first_divergence) if report.first_divergence else "none", "")
@@ -338,21 +343,32 @@ def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, pr
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
 
 
+RANDOM_CHECK_TOKENS = 32  # run --check without text: new tokens a random source, unless --max-new-tokens
+
+
 def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report: dict) -> bool:
-    """run --check: the translated lines (else sources of its own) against eager PyTorch."""
+    """run --check: the translated lines (else sources of its own) against eager PyTorch. Lines
+    are decoded again with the very settings that printed them, so the check compares every step
+    of the translations shown (and, with beams, the same search); random sources stop at
+    RANDOM_CHECK_TOKENS new tokens unless --max-new-tokens says otherwise."""
     import xform
 
+    check_gen, steps = gen, "every step of the translations printed"
+    if not checked.texts:
+        cap = max_new_tokens or RANDOM_CHECK_TOKENS
+        check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, cap),
+                                min_new_tokens=min(gen.min_new_tokens, cap))
+        steps = f"random sources: up to {check_gen.max_new_tokens} new tokens each (--max-new-tokens N for more)"
     with err.status("checking against eager PyTorch"):
-        check_gen = gen.updated(max_new_tokens=min(gen.max_new_tokens, max_new_tokens or 32),
-                                min_new_tokens=min(gen.min_new_tokens, max_new_tokens or 32))
         rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
                           generation=check_gen, src_lang=src_lang)
     if checked.texts:
         out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
                   "--check-lines N for more)" if len(checked.texts) < checked.translated else
                   f"check on all {checked.translated} translated lines")
-    print_check(rep)
-    report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts), "lines_translated": checked.translated}
+    print_check(rep, steps)
+    report["check"] = {**rep.to_dict(), "lines_compared": len(checked.texts), "lines_translated": checked.translated,
+                       "steps_compared": steps}
     return rep.passed
 
 

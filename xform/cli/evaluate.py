@@ -120,19 +120,12 @@ def check_plot_target(path: Path, force: bool, inputs) -> None:
 
 
 def write_plot(report, path: Path, force: bool, inputs) -> None:
-    import os
-    import tempfile
-
+    """The PNG written atomically, with the mode any other output gets (0666 less the umask)."""
     from xform.exporter.evaluate import plot
+    from xform.files import atomic_file
     check_plot_target(path, force, inputs)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".png")
-    os.close(fd)
-    try:
-        plot(report, Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, binary=True) as f:
+        plot(report, f)
 
 
 def print_eval(report) -> None:

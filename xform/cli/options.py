@@ -305,7 +305,7 @@ def checked_generation(session, max_new_tokens, settings: dict):
     """The GenerationConfig for these flags over the bundle's defaults; bad combinations are usage errors."""
     from xform.errors import InputError
     try:
-        gen = session.generation_config(max_new_tokens or session.default_max_new_tokens(), **settings)
+        gen = session.generation_config(max_new_tokens, **settings)  # None: the bundle's cap
     except InputError as e:
         raise click.UsageError(str(e)) from None
     ignored = [flag for key, flag in SAMPLING_FLAGS.items() if settings.get(key) is not None]

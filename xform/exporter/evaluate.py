@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from xform.errors import XformError
 from xform.runtime.decoding import GenerationConfig
@@ -121,14 +121,15 @@ def evaluate(systems: list[System], references: list[str] | None, source: str, r
     return report
 
 
-def plot(report: EvalReport, path: Path) -> None:
-    """A histogram of the sentence chrF differences (matplotlib, only for --plot)."""
+def plot(report: EvalReport, out: Path | IO[bytes]) -> None:
+    """A histogram of the sentence chrF differences as a PNG (matplotlib, only for --plot), into a
+    path or a binary file."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise XformError("--plot needs matplotlib: pip install matplotlib") from None
+        raise XformError("--plot needs matplotlib: pip install -e '.[eval]' (or pip install matplotlib)") from None
     a, b = report.systems[0].name, report.systems[1].name
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(report.sentence_chrf_delta, bins=40)
@@ -136,5 +137,5 @@ def plot(report: EvalReport, path: Path) -> None:
     ax.set_ylabel("lines")
     ax.set_title(f"{len(report.sentence_chrf_delta)} lines, {report.identical:.1%} identical")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(out, format="png")
     plt.close(fig)

@@ -132,7 +132,8 @@ class GenerationConfig:
         def bad(name: str, message: str) -> None:
             problems.append((name, f"{named(name, names)} {message}"))
 
-        for name, low in (("max_new_tokens", 0), ("min_new_tokens", 0), ("num_beams", 1),
+        # max_new_tokens 0 would decode nothing: refused alike at every door (a decode makes a token)
+        for name, low in (("max_new_tokens", 1), ("min_new_tokens", 0), ("num_beams", 1),
                           ("num_return_sequences", 1), ("top_k", 0), ("no_repeat_ngram_size", 0)):
             if not whole(getattr(self, name), low):
                 bad(name, f"must be an integer >= {low}, got {getattr(self, name)!r}")

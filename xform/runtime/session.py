@@ -107,8 +107,18 @@ class Session:
         name the settings by `names` (decoding.named: None, the CLI's flags) and say which they
         are about (SettingError.settings)."""
         fields = generation_fields()
-        gen = GenerationConfig(**{k: v for k, v in self.generation_defaults.items() if k in fields})
-        gen = gen.updated(max_new_tokens=max_new_tokens, names=names, **settings)
+        defaults = {k: v for k, v in self.generation_defaults.items() if k in fields}
+        asked = {k for k, v in settings.items() if v is not None}
+        if "num_beams" not in asked and (settings.get("do_sample") or settings.get("return_alternatives")):
+            # sampling and alternatives are single-beam searches (CTranslate2: beam_size 1): asking
+            # for them sets aside a bundle's default beams unless beams are asked for too
+            defaults.pop("num_beams", None)
+        if max_new_tokens is None:
+            max_new_tokens = self.default_max_new_tokens()  # the bundle's cap, at every door
+        try:
+            gen = GenerationConfig(**defaults).updated(max_new_tokens=max_new_tokens, names=names, **settings)
+        except SettingError as e:
+            raise self.blame_defaults(e, defaults, asked) from None
         max_len = self.config.max_len
         if gen.max_new_tokens > max_len:
             raise SettingError(f"max_new_tokens {gen.max_new_tokens} exceeds the model's max_len {max_len}",
@@ -124,6 +134,17 @@ class Session:
                 raise SettingError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
                                    f"of {vocab}", name)
         return gen
+
+    def blame_defaults(self, error: SettingError, defaults: dict[str, Any], asked: set[str]) -> SettingError:
+        """A combination refused because of a bundle default the caller never gave: the message
+        says it is the bundle's default (its manifest's generation settings), not a flag typed."""
+        plain = GenerationConfig()
+        blamed = [f"{k} {v}" for k, v in defaults.items() if k not in asked and v != getattr(plain, k, v)
+                  and k in str(error)]
+        if not blamed:
+            return error
+        return SettingError(f"{error}\n  ({', '.join(blamed)}: this bundle's default, from its manifest's generation "
+                            "settings; set it to decide otherwise)", *error.settings)
 
     def default_max_new_tokens(self) -> int:
         """The bundle's decode cap (decoding.decode_cap): set at export, else the model's
@@ -142,8 +163,6 @@ class Session:
             known = sorted(generation_fields() | set(REQUEST_OPTIONS))
             raise InputError(f"unknown decoding settings {unknown}; known: {known}")
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        if max_new_tokens is None:
-            max_new_tokens = self.default_max_new_tokens()
         gen = self.generation_config(max_new_tokens, names, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
         return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),

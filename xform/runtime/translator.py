@@ -140,8 +140,7 @@ class Translator(TextPolicy):
         self.first_token(settings, tgt_lang)
         if settings.get("bad_words_ids"):
             settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        return self.session.generation_config(settings.pop("max_new_tokens", None)
-                                              or self.session.default_max_new_tokens(), **settings)
+        return self.session.generation_config(settings.pop("max_new_tokens", None), **settings)
 
     def text_request(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                      tgt_lang: str | None = None, replace_unknowns: bool = False,
