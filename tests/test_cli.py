@@ -17,12 +17,16 @@ def test_export_run_check_benchmark_json(runner, checkpoint_dir, tmp_path):
     r = runner.invoke(main, ["export", str(checkpoint_dir), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "greedy tokens identical" in r.output
+    # off a terminal (a log, CI) each stage is a line as it starts, the verification's too (issue 43)
+    stages = [line.split("] ", 1)[1] for line in r.output.splitlines() if line.startswith("[") and " s] " in line]
+    assert stages[:2] == ["exporting", "loading model"] and any(s.startswith("exporting decoder") for s in stages)
+    assert sum(s.startswith("verifying: ") for s in stages) >= 3, r.output
     js = tmp_path / "r.json"
     r = runner.invoke(main, ["run", str(out), "--backend", "ort", "--check", "--benchmark", "--batch", "2",
                              "--src-len", "6", "--new-tokens", "5", "--warmup", "1", "--iters", "2",
                              "--json", str(js)])
     assert r.exit_code == 0, r.output
-    assert "check passed" in r.output and "tokens/s" in r.output
+    assert "check passed" in r.output and "tokens/s" in r.output and "per-token latency" in r.output
     data = json.loads(js.read_text())
     assert data["check"]["passed"] and data["check"]["identical_tokens"]
     assert data["benchmark"]["batch"] == 2 and data["benchmark"]["new_tokens"] == 5

@@ -228,6 +228,29 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian byte-order mark)"),
+        (b"\x00\x00\xfe\xff", "UTF-32 (big-endian byte-order mark)"),
+        (b"\xff\xfe", "UTF-16 (little-endian byte-order mark)"), (b"\xfe\xff", "UTF-16 (big-endian byte-order mark)"))
+
+
+def not_utf8_text(path: Path, flag: str) -> str | None:
+    """Why a regular file of lines is plainly not UTF-8 text (a UTF-16 / UTF-32 byte-order mark,
+    or zero bytes in its first 4 KiB as UTF-16 has between ASCII letters), with how to convert
+    it; None when it may be UTF-8 (a pipe is not read ahead)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    found = next((name for bom, name in BOMS if head.startswith(bom)), None)
+    if found is None and head.count(b"\x00") * 4 >= len(head) > 0:
+        found = "UTF-16 or UTF-32 (zero bytes between the characters)"
+    if found is None:
+        return None
+    wide = "UTF-32" if found.startswith("UTF-32") else "UTF-16"
+    return (f"{flag} {path}: looks like {found}; xform reads UTF-8 text. Convert it first, for example: "
+            f"iconv -f {wide} -t UTF-8 {path} > {path.stem}.utf8{path.suffix}")
+
+
 def read_json_object(path: Path, error: type[Exception] = BundleError, what: str = "") -> dict:
     """A file holding one JSON object (`what`, for the message: a tokenizer, a vocabulary), or
     `error` naming the file and what is wrong with it."""

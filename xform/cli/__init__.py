@@ -11,8 +11,11 @@ Ctrl-C is exit 130.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+import time
+from typing import Callable, Iterator
 
 import click
 from rich.console import Console
@@ -26,6 +29,23 @@ out = Console(highlight=False, soft_wrap=True)
 
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def stages(first: str) -> Iterator[Callable[[str], None]]:
+    """What a long command is doing, stage by stage: a spinner on a terminal; elsewhere (a log, a
+    CI job, a pipe) one line a stage on stderr with the seconds so far, so no step is silent.
+    Yields the function that announces the next stage."""
+    if err.is_terminal:
+        with err.status(first) as status:
+            yield status.update
+        return
+    start = time.monotonic()
+
+    def announce(stage: str) -> None:
+        err.print(f"[{time.monotonic() - start:6.1f} s] {escape(stage)}", highlight=False)
+    announce(first)
+    yield announce
 
 
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command Ctrl-C stopped

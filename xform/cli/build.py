@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from xform.cli import err, handle_errors, main, out
+from xform.cli import err, handle_errors, main, out, stages
 from xform.errors import XformError
 from xform.manifest import PRECISIONS, Manifest
 from xform.models import STATE_DICT_ARCHS as ARCHS
@@ -117,13 +117,13 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
     vocab = None if src_vocab is None or tgt_vocab is None else VocabFiles(src_vocab, tgt_vocab, tokenize, src_bos)
     if attention_layer is not None and not with_attention:
         raise click.UsageError("--attention-layer goes with --with-attention")
-    with err.status("exporting") as status:
+    with stages("exporting") as stage:
         result = export_bundle(model, output, precision=precision, opset=opset, exporter=exporter, force=force,
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
                                judge=not no_judgement,
-                               progress=lambda msg: status.update(msg))
+                               progress=stage)
     print_export(result, precision, exporter)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)

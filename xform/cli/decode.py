@@ -132,7 +132,10 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
 
 @contextlib.contextmanager
 def output_file(path: Path | None):
-    """The --output file (written atomically: renamed into place when every line is written), or None."""
+    """The --output file (written atomically: renamed into place when every line is written), or
+    None. On Ctrl-C it keeps what was translated: the lines written so far, which are the first
+    lines' translations in input order, are renamed into place (never half a line), and stderr
+    says so and points to `xform corpus` for work that resumes."""
     if path is None:
         yield None
         return
@@ -142,8 +145,18 @@ def output_file(path: Path | None):
         f = stack.enter_context(atomic_file(path))
     except OSError as e:  # its directory missing or not writable: before any decoding
         raise XformError(f"--output {path}: {e.strerror or e}") from None
+    interrupted = False
     with stack:
-        yield f
+        try:
+            yield f
+        except KeyboardInterrupt:
+            interrupted = True  # handled here, so that atomic_file keeps what was written
+    if interrupted:
+        with open(path, "rb") as done:
+            n = sum(1 for _ in done)
+        err.print(f"interrupted: {path} holds the {n} translation lines written before it, the first lines' in "
+                  "input order; `xform corpus` translates a file in shards and resumes where it stopped")
+        raise KeyboardInterrupt
 
 
 def print_check(report, steps: str = "") -> None:
@@ -193,7 +206,8 @@ def print_check(report, steps: str = "") -> None:
 def print_bench(r) -> None:
     t = Table(title=f"benchmark: {r.backend} {r.precision}, {r.strategy}, batch {r.batch}, src_len {r.src_len}, "
                     f"{r.new_tokens} new tokens, median of {r.iters}")
-    for col in ("tokens/s", "latency p50 ms", "p90 ms", "p99 ms", "peak RSS MiB"):
+    # one decoder step makes one token a row: its time is the per-token latency a user waits
+    for col in ("tokens/s", "per-token latency p50 ms", "p90 ms", "p99 ms", "peak RSS MiB"):
         t.add_column(col, justify="right")
     t.add_row(f"{r.tokens_per_s:,.1f}", f"{r.latency_ms_p50:.2f}", f"{r.latency_ms_p90:.2f}",
               f"{r.latency_ms_p99:.2f}", f"{r.peak_rss_mib:,.0f}")

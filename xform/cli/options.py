@@ -41,10 +41,13 @@ def write_json(path: Path, data: dict, force: bool, inputs: list[tuple[str, Path
     atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
-def check_readable(flag: str, path: Path) -> None:
-    """Refuse a path that is no file of lines to read: missing, a directory, unreadable. A named
-    pipe or a process substitution's /dev/fd/N is read as a file is."""
+def check_readable(flag: str, path: Path, text: bool = True) -> None:
+    """Refuse a path that is no file of lines to read: missing, a directory, unreadable, or (`text`)
+    plainly not UTF-8 (UTF-16, with the command that converts it). A named pipe or a process
+    substitution's /dev/fd/N is read as a file is."""
     import os
+
+    from xform.files import not_utf8_text
 
     if path.is_dir():
         raise XformError(f"{flag} {path}: is a directory; expected a file of lines (or - for standard input)")
@@ -52,6 +55,9 @@ def check_readable(flag: str, path: Path) -> None:
         raise XformError(f"{flag} {path}: no such file")
     if not os.access(path, os.R_OK):
         raise XformError(f"{flag} {path}: not readable (permission denied)")
+    why = not_utf8_text(path, flag) if text else None
+    if why is not None:
+        raise XformError(why)
 
 
 def count_lines(path: Path | None) -> int | None:

@@ -13,6 +13,7 @@ does only the rest.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -209,13 +210,14 @@ class RayPool:
         self.stall_timeout = stall_timeout
         options = remote.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, max_task_retries=-1,
                                  scheduling_strategy="SPREAD")
+        self.pending: dict = {}  # the shards submitted and not yet answered (run)
         self.actors: list[Any] = [ray_call(partial(options.remote, job, i), f"starting worker {i}")
                                   for i in range(workers)]
 
     def run(self, todo: Iterator[ShardTask]) -> Iterator[ShardResult]:
         import ray
 
-        pending: dict = {}  # ref -> (worker, task)
+        pending: dict = self.pending  # ref -> (worker, task); what close() finds here was cut short
 
         def submit(worker: int) -> None:
             task = next(todo, None)
@@ -257,8 +259,17 @@ class RayPool:
             raise XformError(f"worker {worker}, {task.label}: Ray failed ({type(e).__name__}: {cause(e)})") from None
 
     def close(self) -> None:
+        """Stop the workers. A run cut short (Ctrl-C, an error) leaves shards on them: killed one by
+        one, each would fail in Ray with retries left and Ray would print a "task failed" line for
+        each (four on a Ctrl-C of two workers), though stopping them is this run's own doing. So
+        the driver then leaves the cluster first, which stops every actor of its job, and nothing
+        of the stop is printed."""
         import ray
 
+        if self.pending:
+            os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"  # and none of the abandoned results' errors
+            ray.shutdown()  # the job ends: Ray stops its actors (connect's own shutdown is then a no-op)
+            return
         for actor in self.actors:
             ray.kill(actor)
 

@@ -29,7 +29,10 @@ def sacrebleu_module():
 
 
 def read_lines(flag: str, path: Path) -> list[str]:
-    """The lines of a text file (UTF-8), refused by name when missing, unreadable or empty."""
+    """The lines of a text file (UTF-8), refused by name when missing, unreadable, UTF-16 or empty."""
+    from xform.files import not_utf8_text
+    if (why := not_utf8_text(Path(path), flag)) is not None:
+        raise XformError(why)
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:

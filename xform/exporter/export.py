@@ -207,8 +207,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             tokenizer=TokenizerEntry("tokenizer.json", tuple(notes)) if loaded.tokenizer is not None else None,
             tolerance=tolerance_record(tol), versions=versions)
         manifest.write(tmp)
-        progress("verifying against eager PyTorch on onnxruntime")
-        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge)
+        manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
         c = manifest.verification["check"]
         manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} ({c['batch']} sources)"
                                            if sample_file else UNJUDGED if not judge else "random sources"
@@ -333,11 +332,12 @@ def tolerance_record(tol) -> dict:
             "reason": tol.reason}
 
 
-def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, judge: bool = True) -> dict:
+def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, judge: bool = True,
+                  progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Graph by graph against eager; greedy tokens against the oracle (fp32: identical); then the
     teacher-forced check of `xform run --check`, which must pass: on the sample file's sources when
     given, else on random ones (for a reduced precision: judged for gross breakage only; with
-    `judge` False recorded, not judged)."""
+    `judge` False recorded, not judged). `progress` hears each stage as it starts."""
     import onnxruntime
 
     from xform.exporter.check import check, read_sample
@@ -345,6 +345,7 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
     from xform.runtime.ort_backend import OrtBackend
     from xform.runtime.session import Session
 
+    progress("verifying: opening the graphs on onnxruntime")
     backend = OrtBackend(bundle, "cpu")
     sessions = {ENCODER: backend.encoder, DECODER: backend.decoder, REORDER: backend.reorder,
                 CANDIDATES: backend.candidates}
@@ -352,12 +353,16 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
         sessions[DECODER_BEAM] = backend.graph_session(DECODER_BEAM)
     if bundle.has_graph(RESTRICTED):
         sessions[RESTRICTED] = backend.restricted_session()
+    progress(f"verifying: {len(sessions)} graphs one by one against eager PyTorch")
     figures = verify_graphs(model, sessions, {g: bundle.graph_spec(g) for g in sessions}, tol,
                             bundle.manifest.attention_layer)
     if tol.min_token_agreement == 1.0:
+        progress("verifying: greedy tokens against eager PyTorch's")
         figures.update(verify_greedy(model, Session(backend, bundle.config)))
     session = session_over(bundle, backend)  # with the bundle's tokenizer: a sample file of text reads through it
     src_ids, src_lengths = read_sample(sample_file, session) if sample_file is not None else (None, None)
+    progress("verifying: decoding and comparing step by step with eager PyTorch (the check of run --check)"
+             + (f" on --sample-file {Path(sample_file).name}" if sample_file is not None else ""))
     report = check(bundle.path, session=session, batch=8, src_len=12, max_new_tokens=32, src_ids=src_ids,
                    src_lengths=src_lengths)
     figures["check"] = report.to_dict()

@@ -116,6 +116,7 @@ class Translator(TextPolicy):
         settings = generation_settings(options)
         if settings.get("num_beams", 1) != 1:
             raise InputError("generate_tokens: beam_size 1 only (beam search decides its tokens at its end)")
+        settings["num_beams"] = 1  # greedy or sampling, whatever beams the bundle decodes with by default
         if target_prefix:
             settings["target_prefix"] = [target_prefix]
         decode = self.session.decode_item(self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang,
