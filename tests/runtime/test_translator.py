@@ -88,3 +88,96 @@ def test_iterable_file_scores_and_tokens(demo, tmp_path):
     assert demo.tokenizer.decode([s.token_id for s in steps]) == got[0]
     with pytest.raises(InputError, match="beam_size 1 only"):
         next(t.generate_tokens("40512", beam_size=2))
+
+
+# -- the Python door as CTranslate2 users write it (issue 42 item 6) -------------------------------
+def test_a_string_where_a_list_belongs_is_refused_in_one_sentence(demo):
+    t = demo.translator
+    for call in (lambda: t.translate_batch("40512"), lambda: list(t.translate_iterable("40512")),
+                 lambda: t.translate_batch(["40512"], target_prefix="forty")):
+        with pytest.raises(InputError, match=r"got a str \(it would translate each character\)"):
+            call()
+    with pytest.raises(InputError, match=r"source\[1\]: expected a text"):
+        t.translate_batch(["7", 7])
+
+
+def test_ctranslate2_token_lists_join_back_where_the_tokenizer_is_sentencepiece(demo, marian_text):
+    """A SentencePiece bundle takes CTranslate2's token lists (▁ marks a word): the same
+    translation as the text; a tokenizer whose tokens do not spell the text is refused, asking
+    for the text."""
+    t = marian_text.translator
+    text = "the cat sleeps"
+    pieces = marian_text.tokenizer.source_pieces(text)
+    assert any(p.startswith("\u2581") for p in pieces)
+    assert t.translate_batch([pieces])[0].hypotheses == t.translate_batch([text])[0].hypotheses
+    with pytest.raises(InputError, match="pass the text itself"):
+        demo.translator.translate_batch([["40512"]])
+
+
+@pytest.fixture(scope="module")
+def marian_text(tmp_path_factory):
+    pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+    from tests.marian_fixtures import build_text_marian
+    from xform.exporter.export import export_bundle
+    d = tmp_path_factory.mktemp("spm") / "m"
+    d.mkdir()
+    build_text_marian(d, 2, 5, encoder_layers=1, decoder_layers=1, activation_function="relu", scale_embedding=True)
+    return xform.load(export_bundle(d, tmp_path_factory.mktemp("spm") / "b").path)
+
+
+@pytest.mark.parametrize("batch_type,size", [("examples", 2), ("tokens", 9)])
+def test_translate_batch_takes_max_batch_size_and_batch_type(demo, batch_type, size):
+    texts = ["40512", "7", "123456", "88", "999999"]
+    want = demo.translator.translate_batch(texts, beam_size=2, return_scores=True)
+    got = demo.translator.translate_batch(texts, beam_size=2, return_scores=True, max_batch_size=size,
+                                          batch_type=batch_type)
+    assert [r.hypotheses for r in got] == [r.hypotheses for r in want]
+    np.testing.assert_allclose([r.scores for r in got], [r.scores for r in want], rtol=1e-5)
+
+
+def test_a_misspelt_option_is_named_with_the_nearest_at_every_python_door(demo, tmp_path):
+    t = demo.translator
+    (tmp_path / "in.txt").write_text("7\n")
+    for call in (lambda: t.translate_batch(["7"], beam_sise=2), lambda: list(t.translate_iterable(["7"], beam_sise=2)),
+                 lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", beam_sise=2),
+                 lambda: demo.generate(demo.encode_texts(["7"]), num_beam=2)):
+        with pytest.raises(InputError, match=r"did you mean 'num_beams'\?|did you mean 'beam_size'\?"):
+            call()
+
+
+def test_zero_new_tokens_is_refused_alike_at_every_door(demo, demo_bundle, tmp_path):
+    """max_decoding_length / max_new_tokens 0 decoded nothing in one door, the cap of 256 in others
+    and crashed beams with an IndexError: refused alike now."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    from xform.serving.handler import execute
+    t = demo.translator
+    (tmp_path / "in.txt").write_text("7\n")
+    for call in (lambda: t.translate_batch(["7"], max_decoding_length=0),
+                 lambda: t.translate_batch(["7"], max_decoding_length=0, beam_size=3),
+                 lambda: list(t.translate_iterable(["7"], max_decoding_length=0)),
+                 lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", max_decoding_length=0),
+                 lambda: demo.translate(["7"], max_new_tokens=0)):
+        with pytest.raises(InputError, match="max_new_tokens.* must be an integer >= 1, got 0"):
+            call()
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--max-new-tokens", "0"])
+    assert r.exit_code == 2 and "--max-new-tokens" in r.output
+    served = execute(demo, [{"text": np.array([[b"7"]], dtype=object), "max_new_tokens": np.array([[0]], np.int32)}])
+    assert isinstance(served[0], str) and "max_new_tokens" in served[0]
+
+
+def test_an_empty_source_is_an_empty_translation_at_every_door(demo, demo_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    from xform.serving.handler import execute
+    t = demo.translator
+    got = t.translate_batch(["7", "", "40512"], return_scores=True)
+    assert got[1].hypotheses == [""] and got[1].scores == [0.0] and got[0].hypotheses == demo.translate(["7"])
+    assert [r.hypotheses for r in t.translate_iterable(["", "7"])] == [[""], demo.translate(["7"])]
+    assert t.translate_batch([""], beam_size=2, num_hypotheses=2)[0].hypotheses == ["", ""]
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "", "--text", "7"])
+    assert r.exit_code == 0 and r.output.splitlines()[0] == "\t", r.output
+    served = execute(demo, [{"text": np.array([[b""], [b"7"]], dtype=object)}])[0]
+    assert served["translation"].reshape(-1).tolist() == [b"", demo.translate(["7"])[0].encode()]

@@ -17,6 +17,9 @@ import numpy as np
 
 from xform.runtime.decoding import GenerationConfig
 
+# a request's options that are not generation settings (Session.request)
+REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
+
 
 @dataclass(frozen=True, eq=False)
 class Request:

@@ -16,9 +16,10 @@ from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
+from xform.runtime.controls import refuse_unknown
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
-from xform.runtime.request import Request, Result
+from xform.runtime.request import REQUEST_OPTIONS, Request, Result
 from xform.runtime.tokenizer import Tokenizer
 from xform.runtime.translator import Translation, Translator
 from xform.runtime.unknowns import word_span
@@ -32,8 +33,6 @@ def generation_fields() -> set[str]:
     return {f.name for f in fields(GenerationConfig)}
 
 
-# a request's options that are not generation settings (Session.request)
-REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
 
 
 class Session:
@@ -158,10 +157,7 @@ class Session:
         generation config's fields (decoding.GenerationConfig: any of them) and the request's
         options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps a default."""
         options = {k: settings.pop(k) for k in REQUEST_OPTIONS if k in settings}
-        unknown = sorted(set(settings) - generation_fields())
-        if unknown:
-            known = sorted(generation_fields() | set(REQUEST_OPTIONS))
-            raise InputError(f"unknown decoding settings {unknown}; known: {known}")
+        refuse_unknown(settings, generation_fields() | set(REQUEST_OPTIONS), "decoding setting")
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         gen = self.generation_config(max_new_tokens, names, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)

@@ -38,29 +38,90 @@ class Translator(TextPolicy):
     (text_policy.py) and the ways text arrives."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
-    def translate_batch(self, source: Sequence[str], target_prefix: Sequence[str | None] | None = None, *,
-                        return_scores: bool = False, src_lang: str | None = None, tgt_lang: str | None = None,
-                        replace_unknowns: bool = False, suppress_sequences: Sequence[str] | None = None,
-                        **options: Any) -> list[TranslationResult]:
-        """Translate texts; one TranslationResult a text. `options`: CTranslate2's names
+    def translate_batch(self, source: Sequence[str] | Sequence[Sequence[str]],
+                        target_prefix: Sequence[str | Sequence[str] | None] | None = None, *, max_batch_size: int = 0,
+                        batch_type: str = "examples", return_scores: bool = False, src_lang: str | None = None,
+                        tgt_lang: str | None = None, replace_unknowns: bool = False,
+                        suppress_sequences: Sequence[str] | None = None, **options: Any) -> list[TranslationResult]:
+        """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
         sampling_topk / topp / temperature, repetition_penalty, no_repeat_ngram_size,
-        return_alternatives) or the generation config's. `target_prefix`: one text (or None) a
-        source; `suppress_sequences`: phrases never generated (CTranslate2: token lists)."""
+        return_alternatives) or the generation config's; a name neither knows is refused with the
+        nearest. A source is a text, or CTranslate2's token list where the tokenizer's pieces
+        join back into text (SentencePiece); an empty one translates to empty hypotheses, as a
+        blank line does. `max_batch_size` > 0 decodes at most that many sources (`batch_type`
+        "tokens": padded source tokens) at a time, longest first. `target_prefix`: one text (or
+        None) a source; `suppress_sequences`: phrases never generated (CTranslate2: token lists)."""
+        texts = self.source_texts(source, "source")
+        prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise InputError(f"target_prefix has {len(prefixes)} entries for {len(texts)} sources: one a source")
         settings = generation_settings(options)
-        if target_prefix is not None:
-            settings["target_prefix"] = [p or "" for p in target_prefix]
         if suppress_sequences:
             settings["bad_words_ids"] = list(suppress_sequences)
-        request = self.text_request(list(source), src_lang=src_lang, tgt_lang=tgt_lang,
-                                    replace_unknowns=replace_unknowns, return_scores=return_scores, **settings)
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        results: dict[int, TranslationResult] = {}
+        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang):
+            rows = [todo[j] for j in batch]
+            if prefixes is not None:
+                settings["target_prefix"] = [prefixes[i] or "" for i in rows]
+            request = self.text_request([texts[i] for i in rows], src_lang=src_lang, tgt_lang=tgt_lang,
+                                        replace_unknowns=replace_unknowns, return_scores=return_scores, **settings)
+            results.update(zip(rows, self.results(request, [texts[i] for i in rows], replace_unknowns)))
+        n = (len(next(iter(results.values())).hypotheses) if results else
+             settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
+        blank = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
+        return [results.get(i, blank) for i in range(len(texts))]
+
+    def results(self, request: Request, texts: list[str], replace_unknowns: bool) -> list[TranslationResult]:
+        """A text request run: its TranslationResults, one a source."""
         result = self.session.run(request)
         n = len(result) // request.batch
-        texts = self.decode_rows(result.ids, n, request.sources(), list(source),
-                                 result.attention if replace_unknowns else None)
+        decoded = self.decode_rows(result.ids, n, request.sources(), texts,
+                                   result.attention if replace_unknowns else None)
         scores = [float(s) for s in result.scores] if result.scores is not None else []
-        return [TranslationResult(texts[i * n:(i + 1) * n], scores[i * n:(i + 1) * n])
-                for i in range(request.batch)]
+        return [TranslationResult(decoded[i * n:(i + 1) * n], scores[i * n:(i + 1) * n]) for i in range(request.batch)]
+
+    def batches(self, texts: list[str], max_batch_size: int, batch_type: str, src_lang: str | None,
+                tgt_lang: str | None) -> list[list[int]]:
+        """translate_batch's batches: indices into `texts`, all at once without max_batch_size, else
+        as batching.plan groups them (longest first; "tokens" counts padded source tokens)."""
+        if not texts:
+            return []
+        if not max_batch_size:
+            return [list(range(len(texts)))]
+        tokens = batch_type == "tokens"
+        batching = Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None)
+        return plan([len(self.encode_text(t, src_lang, "src_lang", tgt_lang, "tgt_lang")) for t in texts], batching)
+
+    def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
+        """A method's list of texts: each a text, or CTranslate2's token list joined back into text
+        where the tokenizer's pieces mark words (SentencePiece's ▁); `optional`: None for none. A
+        string where the list belongs, or anything else, is refused in one sentence."""
+        if isinstance(items, (str, bytes)):
+            raise InputError(f"{name}: expected a list of texts, one a source, got a {type(items).__name__} (it "
+                             "would translate each character): wrap one text in a list, [text]")
+        if not isinstance(items, Sequence):
+            raise InputError(f"{name}: expected a list of texts, one a source, got {type(items).__name__}")
+        out = []
+        for i, item in enumerate(items):
+            if item is None and optional:
+                out.append("")
+            elif isinstance(item, str):
+                out.append(item)
+            elif isinstance(item, Sequence) and all(isinstance(t, str) for t in item):
+                out.append(self.joined(item, f"{name}[{i}]"))
+            else:
+                raise InputError(f"{name}[{i}]: expected a text (or a list of tokens), got {type(item).__name__}")
+        return out
+
+    def joined(self, tokens: Sequence[str], name: str) -> str:
+        """CTranslate2's token list as the text it spells: SentencePiece pieces, ▁ marking a word's
+        start. Other tokenizers' tokens do not say where words begin: refused, asking for text."""
+        if not self.text.spm_words:
+            raise InputError(f"{name}: a list of tokens; this bundle's tokenizer is not SentencePiece, so its tokens "
+                             "do not spell the text back: pass the text itself (the bundle tokenizes it)")
+        return "".join(tokens).replace("\u2581", " ").strip()
 
     def translate_iterable(self, source: Iterable[str | bytes], *, max_batch_size: int = 32,
                            batch_type: str = "examples", read_ahead: int = 8, return_scores: bool = False,
@@ -69,6 +130,9 @@ class Translator(TextPolicy):
         """Translate a stream of texts lazily, a window at a time (batching.py), in input order.
         A line that cannot be translated raises InputError naming it (0-based); `truncate` cuts a
         line longer than max_len instead."""
+        if isinstance(source, (str, bytes)):
+            raise InputError(f"source: expected an iterable of texts, got a {type(source).__name__} (it would "
+                             "translate each character): wrap one text in a list, [text]")
         gen = self.generation(tgt_lang, options)
         tokens = batch_type == "tokens"
         lines = self.translate_lines(source, gen, None if tokens else max_batch_size, batch_type=batch_type,

@@ -225,10 +225,30 @@ def trim(out: np.ndarray, pad: int) -> np.ndarray:
     return out[:, :keep]
 
 
+def blanked(result: Result, texts: list[str] | None, n: int, pad: int) -> Result:
+    """An empty (or blank) source text translates to nothing, as a blank line does at every other
+    door: its n hypotheses' ids all pad (no token), their scores 0, whatever the decode made of it."""
+    blank = [i for i, t in enumerate(texts or []) if not t.strip()]
+    if not blank:
+        return result
+    rows = np.concatenate([np.arange(i * n, (i + 1) * n) for i in blank])
+    ids = result.ids.copy()
+    ids[rows] = pad
+
+    def zeroed(a: np.ndarray | None) -> np.ndarray | None:
+        if a is None:
+            return None
+        a = a.copy()
+        a[rows] = 0
+        return a
+    return Result(ids, zeroed(result.scores), zeroed(result.token_scores), zeroed(result.attention))
+
+
 def job_outputs(session, job: Job, result: Result) -> dict[str, np.ndarray]:
     """A request's outputs from its Result."""
     request = job.request
     n = len(result) // request.batch  # hypotheses a row: num_return_sequences
+    result = blanked(result, job.texts, n, session.pad_id)
     ids = trim(result.ids, session.pad_id)
     outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
     if session.tokenizer is not None:

@@ -67,7 +67,8 @@ class TextStream:
         self.session, self.send = session, send
         self.ids: list[list[int]] = [[] for _ in job.rows]
         self.text = ["" for _ in job.rows]
-        self.ended = np.zeros(len(job.rows), bool)
+        # an empty source text streams nothing (its final answer is empty: handler.blanked)
+        self.ended = np.array([not t.strip() for t in job.texts] if job.texts else [False] * len(job.rows), bool)
 
     def feed(self, step_ids: np.ndarray) -> None:
         s = self.session
