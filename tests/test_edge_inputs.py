@@ -30,7 +30,7 @@ def test_every_input_line_gets_one_output_line_in_order(demo_bundle, tmp_path):
                    f"{'9' * 31}\t{out[6].split(chr(9))[1]}", f"{'9' * 32}\t", "12\ttwelve"]
     assert out[6].split("\t")[1]  # 31 digits + end-of-sentence = max_len 32: translated
     assert f"{f}:4: not UTF-8" in r.stderr
-    assert f"{f}:7: 33 source tokens (end-of-sentence included), more than the model's max_len 32" in r.stderr
+    assert f"{f}:7: 33 source tokens, more than the model's max_len 32 (--truncate to cut it)" in r.stderr
     assert "2 of 9 lines could not be translated" in r.stderr
     report = json.loads((tmp_path / "r.json").read_text())["translations"]
     assert len(report) == 9 and report[4]["error"].startswith("not UTF-8") and report[8]["target"] == "twelve"

@@ -151,15 +151,18 @@ class Session:
         return decode_cap(self.generation_defaults, self.config.max_len)[0]
 
     def request(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
-                names: Mapping[str, str] | None = None, texts: Sequence[str] | None = None,
-                replace_unknowns: bool = False, **settings: Any) -> Request:
-        """The Python door: `generate`'s arguments as one checked Request. `settings` are the
-        generation config's fields (decoding.GenerationConfig: any of them) and the request's
-        options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps a default."""
+                generation: GenerationConfig | None = None, names: Mapping[str, str] | None = None,
+                texts: Sequence[str] | None = None, replace_unknowns: bool = False, **settings: Any) -> Request:
+        """The one builder of a Request, for every door: `generate`'s arguments checked. `settings`
+        are the generation config's fields (decoding.GenerationConfig: any of them) and the
+        request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps
+        a default. `generation`: a config made already (generation_config), instead of settings."""
         options = {k: settings.pop(k) for k in REQUEST_OPTIONS if k in settings}
         refuse_unknown(settings, generation_fields() | set(REQUEST_OPTIONS), "decoding setting")
+        if generation is not None and (settings or max_new_tokens is not None):
+            raise InputError(f"a request takes a generation config or settings, not both: {sorted(settings)}")
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        gen = self.generation_config(max_new_tokens, names, **settings)
+        gen = generation or self.generation_config(max_new_tokens, names, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
         return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
                        bool(options.get("return_scores")), bool(options.get("return_token_scores")),
@@ -302,9 +305,9 @@ class Session:
                on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
                return_attention: bool = False, vocabulary=None):
         """`generate` with a GenerationConfig made already: what it returns."""
-        request = self.request_for(src_ids, src_lengths, gen, target_prefix=target_prefix,
-                                   return_scores=return_scores, return_token_scores=return_token_scores,
-                                   return_attention=return_attention, vocabulary=vocabulary)
+        request = self.request(src_ids, src_lengths, generation=gen, target_prefix=target_prefix,
+                               return_scores=return_scores, return_token_scores=return_token_scores,
+                               return_attention=return_attention, vocabulary=vocabulary)
         return self.run(request, on_step).astuple()
 
     def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
@@ -377,13 +380,6 @@ class Session:
         for i, r in enumerate(rows):
             src[i, :len(r)] = r
         return src, np.array([len(r) for r in rows], np.int64)
-
-    def request_for(self, src_ids, src_lengths, gen: GenerationConfig, *, target_prefix=None,
-                    **returns: Any) -> Request:
-        """A Request for a GenerationConfig made already: sources and prefix checked."""
-        src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        prefix = self.check_prefix(target_prefix, src_ids.shape[0], gen)
-        return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)), **returns)
 
     # -- text: the translator's (translator.py), kept here for today's calls ----------------------
     def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:

@@ -162,6 +162,16 @@ class TextPolicy:
         if self.tokenizer is None or self.tokenizer.target_unk_id is None:
             raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
 
+    def fit(self, ids: list[int], truncate: bool, how: str = "truncate=True") -> list[int]:
+        """A source's ids within the model's max_len, the one rule of every door: cut to it with
+        `truncate` (truncated), else refused (InputError) naming `how` the door cuts it."""
+        max_len = self.config.max_len
+        if len(ids) <= max_len:
+            return ids
+        if truncate:
+            return self.truncated(ids)
+        raise InputError(f"{len(ids)} source tokens, more than the model's max_len {max_len} ({how} to cut it)")
+
     def truncated(self, ids: list[int]) -> list[int]:
         """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
         n = self.config.max_len
@@ -188,13 +198,11 @@ class TextPolicy:
         text and truncate in its errors."""
         n = {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "text": "text", "truncate": "truncate=True",
              **(names or {})}
-        max_len = self.config.max_len
         rows = self.source_rows(texts, src_lang, tgt_lang, n["src_lang"], n["tgt_lang"])
-        src = self.session.pad([self.truncated(r) if truncate and len(r) > max_len else r for r in rows])[0]
-        if src.shape[1] > max_len:
-            raise InputError(f"{n['text']}: {src.shape[1]} source tokens, more than the model's max_len {max_len} "
-                             f"({n['truncate']} to cut it)")
-        return src
+        try:
+            return self.session.pad([self.fit(r, truncate, n["truncate"]) for r in rows])[0]
+        except InputError as e:
+            raise InputError(f"{n['text']}: {e}") from None
 
     def prefix_ids(self, prefixes: Sequence[str | Sequence[int] | None]) -> list[list[int] | Sequence[int]]:
         """Target prefixes as ids: a text as the target tokenizer splits it ('' or None: none),

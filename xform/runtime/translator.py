@@ -41,7 +41,8 @@ class Translator(TextPolicy):
     def translate_batch(self, source: Sequence[str] | Sequence[Sequence[str]],
                         target_prefix: Sequence[str | Sequence[str] | None] | None = None, *, max_batch_size: int = 0,
                         batch_type: str = "examples", return_scores: bool = False, src_lang: str | None = None,
-                        tgt_lang: str | None = None, replace_unknowns: bool = False,
+                        tgt_lang: str | None = None, replace_unknowns: bool = False, truncate: bool = False,
+                        vocab_map: "VocabMap | str | Path | None" = None,
                         suppress_sequences: Sequence[str] | None = None, **options: Any) -> list[TranslationResult]:
         """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
@@ -51,7 +52,9 @@ class Translator(TextPolicy):
         join back into text (SentencePiece); an empty one translates to empty hypotheses, as a
         blank line does. `max_batch_size` > 0 decodes at most that many sources (`batch_type`
         "tokens": padded source tokens) at a time, longest first. `target_prefix`: one text (or
-        None) a source; `suppress_sequences`: phrases never generated (CTranslate2: token lists)."""
+        None) a source; `suppress_sequences`: phrases never generated (CTranslate2: token lists);
+        `truncate` cuts a source over max_len (else refused); `vocab_map` restricts each batch to
+        the target ids its sources allow (a bundle exported --with-vocab-map)."""
         texts = self.source_texts(source, "source")
         prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
         if prefixes is not None and len(prefixes) != len(texts):
@@ -66,7 +69,8 @@ class Translator(TextPolicy):
             if prefixes is not None:
                 settings["target_prefix"] = [prefixes[i] or "" for i in rows]
             request = self.text_request([texts[i] for i in rows], src_lang=src_lang, tgt_lang=tgt_lang,
-                                        replace_unknowns=replace_unknowns, return_scores=return_scores, **settings)
+                                        replace_unknowns=replace_unknowns, return_scores=return_scores,
+                                        truncate=truncate, vocab_map=vocab_map, **settings)
             results.update(zip(rows, self.results(request, [texts[i] for i in rows], replace_unknowns)))
         n = (len(next(iter(results.values())).hypotheses) if results else
              settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
@@ -310,16 +314,16 @@ class Translator(TextPolicy):
                         prefix = self.target_ids(prefix_text)
                     except InputError as e:
                         ids, error = None, f"target prefix: {e}"
-                if ids is not None and len(ids) > self.config.max_len:
-                    if truncate:
-                        n = len(ids)
-                        ids = self.truncated(ids)
-                        if on_warning is not None:
-                            on_warning(index, f"{n} source tokens cut to the model's max_len {len(ids)} (--truncate)")
+                if ids is not None:  # within max_len: the rule every door shares (TextPolicy.fit)
+                    try:
+                        cut = self.fit(ids, truncate, "--truncate")
+                    except InputError as e:
+                        ids, error = None, str(e)
                     else:
-                        error = (f"{len(ids)} source tokens (end-of-sentence included), more than the "
-                                 f"model's max_len {self.config.max_len} (--truncate cuts such lines)")
-                        ids = None
+                        if len(cut) < len(ids) and on_warning is not None:
+                            on_warning(index, f"{len(ids)} source tokens cut to the model's max_len {len(cut)} "
+                                              "(--truncate)")
+                        ids = cut
                 if ids is not None and on_warning is not None:
                     warning = unknown_warning(self.text, ids)
                     if warning:
@@ -386,10 +390,9 @@ class Translator(TextPolicy):
             if texts is None:
                 raise XformError("a vocabulary map chooses a batch's target ids from its sources' texts: none given")
             vocabulary = self.allowed_ids(vocab_map, texts)
-        request = self.session.request_for(*self.session.pad(sources), gen, target_prefix=target_prefix,
-                                           return_scores=bool(return_scores),
-                                           return_token_scores=return_scores == "tokens",
-                                           return_attention=replace_unknowns, vocabulary=vocabulary)
+        request = self.session.request(*self.session.pad(sources), generation=gen, target_prefix=target_prefix,
+                                       return_scores=bool(return_scores), return_token_scores=return_scores == "tokens",
+                                       return_attention=replace_unknowns, vocabulary=vocabulary)
         result = self.session.run(request)
         rows = result.ids
         if on_batch is not None:
