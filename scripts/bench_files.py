@@ -141,8 +141,9 @@ def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> lis
         session = xform.load(paths["xform-int8" if "int8" in name else "xform-fp32"], threads=THREADS)
         gen = session.generation_config(args.max_new_tokens, num_beams=beams,
                                         early_stopping=True if name in EARLY_ENGINES else None)
-        out = session.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=args.max_batch_tokens)
-        return [t[0] if t else "" for _, t, _ in out]
+        from xform.runtime.batching import Batching
+        out = session.translate_lines(lines, gen, Batching("tokens", max_batch_tokens=args.max_batch_tokens))
+        return [line.hypotheses[0] if line.hypotheses else "" for line in out]
     if name.startswith("ctranslate2"):
         import ctranslate2
         import sentencepiece as spm

@@ -89,8 +89,9 @@ def main() -> None:
     gen = s.generation_config(args.max_new_tokens, num_beams=args.beams, length_penalty=1.0, early_stopping=False,
                               num_return_sequences=1)
     t0 = time.perf_counter()
-    done = sum(1 for _, targets, error in s.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=100_000,
-                                                              max_rows=args.max_batch_rows) if error is None)
+    from xform.runtime.batching import Batching
+    batching = Batching("tokens", max_batch_tokens=100_000, max_rows=args.max_batch_rows)
+    done = sum(1 for line in s.translate_lines(lines, gen, batching) if line.error is None)
     dt = time.perf_counter() - t0
     steps = runs["decoder_beam"] + runs["decoder"]
     print(f"translated {done}/{len(lines)} lines in {dt:.0f} s (one cold pass on a shared machine: not a timing)")

@@ -58,7 +58,7 @@ def child(bundle: str, path: str, lines: int, beams: int, threads: int, setting:
         text = [next(f) for _ in range(lines)]
     gen = s.generation_config(128, num_beams=beams)
     t0 = time.perf_counter()
-    done = sum(1 for _, _, error in s.translate_lines(text, gen) if error is None)
+    done = sum(1 for line in s.translate_lines(text, gen) if line.error is None)
     return {"lines": done, "seconds": round(time.perf_counter() - t0, 1), "loaded_mib": round(loaded),
             "peak_mib": round(peak_rss_mib()), "after_mib": round(rss_mib())}
 

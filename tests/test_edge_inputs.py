@@ -9,6 +9,8 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
+from xform.runtime.batching import Batching
+from xform.runtime.request import LineResult
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,9 @@ def test_every_input_line_gets_one_output_line_in_order(demo_bundle, tmp_path):
 def test_characters_outside_a_vocabulary_without_unk_fail_alone(demo, monkeypatch):
     monkeypatch.setattr(demo.tokenizer.src, "unk", None)
     results = list(demo.translate_lines(["12", "1x2", "7"], demo.generation_config(10)))
-    assert results[0] == ("12", ["twelve"], None) and results[2] == ("7", ["seven"], None)
-    assert results[1][1] is None and "'x' is not in the source vocabulary and it has no <unk>" in results[1][2]
+    assert results[0] == LineResult("12", ["twelve"]) and results[2] == LineResult("7", ["seven"])
+    assert results[1].hypotheses == [] and "'x' is not in the source vocabulary and it has no <unk>" in \
+        results[1].error
 
 
 def test_a_thousand_lines_stream_in_windows_and_keep_their_order(demo, demo_bundle, tmp_path):
@@ -52,10 +55,10 @@ def test_a_thousand_lines_stream_in_windows_and_keep_their_order(demo, demo_bund
             consumed.append(n)
             yield n
 
-    results = demo.translate_lines(lines(), demo.generation_config(16), batch_size=64)
+    results = demo.translate_lines(lines(), demo.generation_config(16), Batching(batch_size=64))
     first = next(results)
     assert len(consumed) == 8 * 64  # one window (read_ahead 8 batches) read, no more: not the file
-    got = [first[1][0]] + [t[0] for _, t, _ in results]
+    got = [first.hypotheses[0]] + [r.hypotheses[0] for r in results]
     assert got == demo.translate(numbers, max_new_tokens=16)
     f = tmp_path / "many.txt"
     f.write_text("\n".join(numbers) + "\n")

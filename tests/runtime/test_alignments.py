@@ -11,6 +11,7 @@ import xform
 from tests.marian_fixtures import sources
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
+from xform.runtime.request import TextOptions
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 ATOL = 1e-5
@@ -128,9 +129,9 @@ def test_replace_unknowns_copies_the_attended_source_word(text_model_aligned):
     assert session.translate([text], target_prefix=[[unk]], replace_unknowns=True) == [want]
     assert want.startswith("".join(pieces[start:end]).replace("\u2581", " ").strip())
     assert session.translate([text], target_prefix=[[unk]]) == [session.tokenizer.decode(ids[0])] != [want]
-    lines = list(session.translate_lines([(text, None)], session.generation_config(MAX_NEW), replace_unknowns=True,
-                                         prefix_column=False))
-    assert lines[0][1] == session.translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
+    lines = list(session.translate_lines([(text, None)], session.generation_config(MAX_NEW),
+                                         text=TextOptions(replace_unknowns=True)))
+    assert lines[0].hypotheses == session.translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
 
 
 @pytest.mark.parametrize("word", ["dog", "469"])

@@ -47,10 +47,15 @@ def alone(demo, line) -> list[str]:
     return demo.translate([line], max_new_tokens=MAX_NEW)
 
 
+def triple(result):
+    """A LineResult as (text, translations or None, error or None)."""
+    return result.text, None if result.error is not None else result.hypotheses, result.error
+
+
 def check_results(demo, lines, results):
     """Input order; each translation that of its line alone; bad lines failed alone, blank ones blank."""
     assert len(results) == len(lines)
-    for line, (text, targets, error) in zip(lines, results):
+    for line, (text, targets, error) in zip(lines, map(triple, results)):
         if isinstance(line, bytes):
             assert text == "\ufffd\ufffd 12" and targets is None and error.startswith("not UTF-8")
         elif not line.strip():
@@ -73,14 +78,14 @@ def no_unk(demo, monkeypatch):
                                       dict(batch_type="tokens", max_batch_tokens=40, read_ahead=3)])
 def test_results_come_in_input_order_each_as_its_line_alone(demo, batching):
     lines = with_bad_lines(numbers(60))
-    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), **batching))
+    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(**batching)))
     check_results(demo, lines, results)
 
 
 @pytest.mark.usefixtures("no_unk")
 def test_a_window_is_sorted_longest_first_and_cut_into_batch_size_lines(demo, decoded):
     lines = with_bad_lines(numbers(60, seed=1))
-    list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), 4, read_ahead=3))
+    list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=4, read_ahead=3)))
     window = 12  # read_ahead 3 x batch_size 4 lines, the bad and blank ones included
     expected = []
     for w in range(0, len(lines), window):
@@ -100,9 +105,9 @@ def test_token_batches_stay_within_max_batch_tokens_and_pad_less_than_file_order
     lines = numbers(80, seed=2) + ["9" * 31] + numbers(20, seed=3)  # 32 tokens: more than 20, runs alone
     expected = [alone(demo, x) for x in lines]
     decoded.clear()
-    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), batch_type="tokens",
-                                        max_batch_tokens=20, read_ahead=4))
-    assert [t for _, t, _ in results] == expected
+    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW),
+                                        Batching("tokens", max_batch_tokens=20, read_ahead=4)))
+    assert [r.hypotheses for r in results] == expected
     sorted_batches = list(decoded)
     assert ((1, 32), [32]) in sorted_batches
     for (rows, width), lengths in sorted_batches:
@@ -130,10 +135,10 @@ def test_a_window_is_read_ahead_batches_worth_and_no_more(demo):
             yield x
 
     gen = demo.generation_config(MAX_NEW)
-    next(demo.translate_lines(lines(), gen, 8, read_ahead=5))
+    next(demo.translate_lines(lines(), gen, Batching(batch_size=8, read_ahead=5)))
     assert len(consumed) == 40
     consumed.clear()
-    next(demo.translate_lines(lines(), gen, batch_type="tokens", max_batch_tokens=30, read_ahead=2))
+    next(demo.translate_lines(lines(), gen, Batching("tokens", max_batch_tokens=30, read_ahead=2)))
     tokens = [len(x) + 1 for x in consumed]
     assert sum(tokens) >= 60 and sum(tokens[:-1]) < 60  # the window closed on reaching 2 x 30 tokens
 
@@ -142,8 +147,8 @@ def test_a_window_is_read_ahead_batches_worth_and_no_more(demo):
 def test_on_batch_counts_every_line_and_the_generated_tokens(demo):
     calls = []
     lines = with_bad_lines(numbers(30, seed=5))
-    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), 6,
-                                        on_batch=lambda n, tokens: calls.append((n, tokens))))
+    results = list(map(triple, demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=6),
+                                                    on_batch=lambda n, tokens: calls.append((n, tokens)))))
     assert sum(n for n, _ in calls) == len(lines)
     words = sum(len(t[0].split()) + 1 for _, t, e in results if t and t[0])  # a word a token, plus end-of-sentence
     assert sum(tokens for _, tokens in calls) == words
@@ -160,7 +165,7 @@ def test_on_batch_counts_every_line_and_the_generated_tokens(demo):
 ])
 def test_bad_batching_fails_at_the_call(demo, kwargs, fragment):
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), **kwargs)
+        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(**kwargs))
 
 
 def test_plan_ties_keep_input_order_and_batch_size_also_limits_token_batches():
@@ -197,7 +202,8 @@ def test_a_file_of_short_lines_at_beam_4_stays_within_the_row_budget(demo, monke
     monkeypatch.setattr(backend, "buffers", spy)
     lines = [str(n) for n in range(1, 61)]  # 60 short lines: 2 or 3 source tokens each
     gen = demo.generation_config(MAX_NEW, num_beams=4)
-    results = list(demo.translate_lines(lines, gen, batch_type="tokens", max_batch_tokens=10_000, max_rows=24))
+    results = list(map(triple, demo.translate_lines(lines, gen, Batching("tokens", max_batch_tokens=10_000,
+                                                                         max_rows=24))))
     assert rows_seen and max(rows_seen) <= 24, rows_seen
     assert backend.logits_buf is None or backend.logits_buf.shape[0] <= 24
     for line, (_, targets, error) in zip(lines[:8], results):
@@ -206,4 +212,4 @@ def test_a_file_of_short_lines_at_beam_4_stays_within_the_row_budget(demo, monke
 
 def test_a_bad_row_limit_fails_at_the_call(demo):
     with pytest.raises(InputError, match=r"max_rows \(--max-batch-rows\) must be an integer >= 1"):
-        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), max_rows=0)
+        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(max_rows=0))

@@ -234,6 +234,9 @@ def go(plan, record, job, session, ray: RayRun) -> dict:
         try:
             return run_pool(plan, record, pool, {"ray": ray.address, "workers": ray.workers, "threads": threads,
                                                  "nodes": len(cluster.nodes), "cluster_cpus": cluster.cpus})
+        except BaseException:
+            pool.abandon()  # the command leaves the cluster anyway: its workers stop without Ray's noise
+            raise
         finally:
             pool.close()
 

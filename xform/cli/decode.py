@@ -45,8 +45,8 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
 def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
                      src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
                      replace_unknowns: bool = False, vocab_map=None, tgt_lang: str | None = None):
-    """(label, text, translations or None, error or None) for each (label, line), in input order.
-    `tgt_lang` reaches the sources only where the model writes it there (MADLAD-400's <2xx>)."""
+    """(label, LineResult) for each (label, line), in input order. `tgt_lang` reaches the sources
+    only where the model writes it there (MADLAD-400's <2xx>)."""
     labels: list[str] = []
 
     def lines():
@@ -61,14 +61,11 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
         if len(warned) <= MAX_WARNINGS:
             err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(message)}")
 
-    results = session.translate_lines(lines(), gen, batching.batch_size, batch_type=batching.batch_type,
-                                      max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead,
-                                      max_rows=batching.max_rows,
-                                      on_batch=on_batch, on_warning=on_warning, return_scores=scores,
-                                      src_lang=src_lang, truncate=truncate, prefix_column=prefix_column,
-                                      replace_unknowns=replace_unknowns, vocab_map=vocab_map, tgt_lang=tgt_lang)
-    for i, (text, targets, error) in enumerate(results):
-        yield labels[i], text, targets, error
+    from xform.runtime.request import TextOptions
+    text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
+    for i, result in enumerate(session.translate_lines(lines(), gen, batching, text, on_batch=on_batch,
+                                                       on_warning=on_warning)):
+        yield labels[i], result
     if len(warned) > MAX_WARNINGS:
         err.print(f"[bold yellow]warning:[/] {len(warned)} warnings in all (the first {MAX_WARNINGS} are above)")
 
@@ -104,29 +101,28 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
         if echo:
             click.echo(f"{text}\t{target}{rest}")
 
-    for count, (label, text, targets, error) in enumerate(results, 1):
-        if error is not None:
+    for count, (label, line) in enumerate(results, 1):
+        text = line.text
+        if line.error is not None:
             errors += 1
-            err.print(f"[bold red]error:[/] {escape(label)}: {escape(error)}")
-            report["translations"].append({"source": text, "error": error})
+            err.print(f"[bold red]error:[/] {escape(label)}: {escape(line.error)}")
+            report["translations"].append({"source": text, "error": line.error})
             for _ in range(n):  # the output keeps one line per input line
                 emit(text, "", "\t\t" if scores == "tokens" else "\t" if scores else "")
             continue
         if text.strip():
             checked.add(text)
-        for tgt in targets:
+        for k, tgt in enumerate(line.hypotheses):
+            entry = {"source": text, "target": tgt}
+            rest = ""
+            if scores:
+                entry["score"] = line.scores[k]
+                rest = f"\t{line.scores[k]:.4f}"  # plain tab-separated lines, for scripts
             if scores == "tokens":
-                tgt, score, per_token = tgt
-                report["translations"].append({"source": text, "target": tgt, "score": score,
-                                               "token_scores": per_token})
-                emit(text, tgt, f"\t{score:.4f}\t" + " ".join(f"{v:.4f}" for v in per_token))
-            elif scores:
-                tgt, score = tgt
-                report["translations"].append({"source": text, "target": tgt, "score": score})
-                emit(text, tgt, f"\t{score:.4f}")  # plain tab-separated lines, for scripts
-            else:
-                report["translations"].append({"source": text, "target": tgt})
-                emit(text, tgt)
+                entry["token_scores"] = line.token_scores[k]
+                rest += "\t" + " ".join(f"{v:.4f}" for v in line.token_scores[k])
+            report["translations"].append(entry)
+            emit(text, tgt, rest)
     return errors, count
 
 

@@ -258,18 +258,23 @@ class RayPool:
         except exceptions.RayError as e:
             raise XformError(f"worker {worker}, {task.label}: Ray failed ({type(e).__name__}: {cause(e)})") from None
 
-    def close(self) -> None:
-        """Stop the workers. A run cut short (Ctrl-C, an error) leaves shards on them: killed one by
-        one, each would fail in Ray with retries left and Ray would print a "task failed" line for
-        each (four on a Ctrl-C of two workers), though stopping them is this run's own doing. So
-        the driver then leaves the cluster first, which stops every actor of its job, and nothing
-        of the stop is printed."""
+    def abandon(self) -> None:
+        """A run cut short (Ctrl-C, an error) on its way out of the cluster: killed one by one, each
+        worker's shards in flight would fail in Ray with retries left, and Ray would print a "task
+        failed" line for each (four on a Ctrl-C of two workers), though stopping them is this run's
+        own doing. So the driver leaves the cluster now, which stops every actor of its job, and
+        nothing of the stop is printed. Only for a caller about to leave anyway (the command)."""
         import ray
 
         if self.pending:
-            os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"  # and none of the abandoned results' errors
+            os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"  # nor the abandoned results' errors
             ray.shutdown()  # the job ends: Ray stops its actors (connect's own shutdown is then a no-op)
-            return
+            self.actors = []
+
+    def close(self) -> None:
+        """Stop the workers (none left after abandon)."""
+        import ray
+
         for actor in self.actors:
             ray.kill(actor)
 

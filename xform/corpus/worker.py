@@ -13,29 +13,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from xform.corpus.shards import Shard, ShardTask
 from xform.runtime.batching import Batching
 from xform.runtime.decoding import GenerationConfig
+from xform.runtime.request import LineResult, TextOptions
 from xform.runtime.vocab_map import VocabMap
-
-
-@dataclass(frozen=True)
-class TextOptions:
-    """How lines become sources and translations become results, besides the generation config:
-    `translate_lines`' text arguments. scores: False, True (a score a translation) or "tokens"."""
-    scores: bool | str = False
-    src_lang: str | None = None
-    tgt_lang: str | None = None
-    truncate: bool = False
-    prefix_column: bool = False
-    replace_unknowns: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -81,21 +67,21 @@ class LineTranslator:
             if on_batch is not None:
                 on_batch(lines_done, tokens)
 
-        results = self.session.translate_lines(
-            lines, job.gen, batching.batch_size, batch_type=batching.batch_type,
-            max_batch_tokens=batching.max_batch_tokens, read_ahead=batching.read_ahead, max_rows=batching.max_rows,
-            on_batch=counted, on_warning=lambda i, message: done.warnings.append((i, message)),
-            return_scores=text.scores, src_lang=text.src_lang, truncate=text.truncate,
-            prefix_column=text.prefix_column, replace_unknowns=text.replace_unknowns, vocab_map=job.vocab_map,
-            tgt_lang=text.tgt_lang)
-        for _, translations, error in results:
-            done.lines.append((None if translations is None else [as_json(t) for t in translations], error))
+        results = self.session.translate_lines(lines, job.gen, batching, replace(text, vocab_map=job.vocab_map),
+                                               on_batch=counted,
+                                               on_warning=lambda i, message: done.warnings.append((i, message)))
+        for line in results:
+            done.lines.append((None if line.error is not None else as_json(line, text.scores), line.error))
         return done
 
 
-def as_json(translation) -> str | list:
-    """A translation as a shard's file holds it: a text, or [text, score(, [log-probs])]."""
-    return translation if isinstance(translation, str) else list(translation)
+def as_json(line: LineResult, scores: bool | str) -> list:
+    """A line's translations as a shard's file holds them: texts, or [text, score(, [log-probs])] each."""
+    if not scores:
+        return list(line.hypotheses)
+    if scores == "tokens":
+        return [[h, s, t] for h, s, t in zip(line.hypotheses, line.scores, line.token_scores)]
+    return [[h, s] for h, s in zip(line.hypotheses, line.scores)]
 
 
 @dataclass

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import IO, Callable
 
 from xform.errors import XformError
+from xform.runtime.batching import Batching
 from xform.runtime.decoding import GenerationConfig
+from xform.runtime.request import TextOptions
 from xform.runtime.session import Session
 
 WORST = 10  # sentences printed where the bundle loses most against the other system
@@ -87,11 +89,12 @@ def translate_file(name: str, session: Session, lines: list[str], gen: Generatio
     with its number. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>)."""
     start = time.perf_counter()
     out = []
-    for n, (_, targets, error) in enumerate(session.translate_lines(lines, gen, batch_size, src_lang=src_lang,
-                                                                    on_batch=on_batch, tgt_lang=tgt_lang), 1):
-        if error is not None:
-            raise XformError(f"--source line {n}: {error}")
-        out.append(targets[0] if targets else "")
+    text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang)
+    for n, line in enumerate(session.translate_lines(lines, gen, Batching(batch_size=batch_size), text,
+                                                     on_batch=on_batch), 1):
+        if line.error is not None:
+            raise XformError(f"--source line {n}: {line.error}")
+        out.append(line.hypotheses[0] if line.hypotheses else "")
     return System(name, out, time.perf_counter() - start)
 
 

@@ -11,7 +11,8 @@ int64 within the vocabulary, the generation config within the model, the prefixe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +100,39 @@ class Result:
             return None if a is None else a[::n]
         return replace(self, ids=self.ids[::n], scores=best(self.scores), token_scores=best(self.token_scores),
                        attention=best(self.attention))
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How texts become sources and translations become results, besides the generation config:
+    what every text entry point takes (the CLI's text flags, the translator's keywords, `xform
+    corpus` and `xform.ray` parse into it). `scores`: False, True (a score a translation) or
+    "tokens" (and each token's log-prob); `prefix_column`: a line is `source<TAB>target prefix`;
+    `vocab_map`: a VocabMap or its file (a bundle exported --with-vocab-map), not part of
+    `to_dict` (a corpus records its own)."""
+    scores: bool | str = False
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    truncate: bool = False
+    prefix_column: bool = False
+    replace_unknowns: bool = False
+    vocab_map: Any = None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vocab_map"}
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """One line of a stream translated (Translator.translate_lines): its text as read, its
+    num_return_sequences `hypotheses` (a blank line: empty ones; a line that failed: none, and
+    its `error`), their `scores` when asked (else empty) and each one's `token_scores` when asked
+    ("tokens"; else empty)."""
+    text: str
+    hypotheses: list[str]
+    scores: list[float] = field(default_factory=list)
+    token_scores: list[list[float]] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,16 @@ from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
+from xform.runtime.batching import Batching
 from xform.runtime.controls import refuse_unknown
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
-from xform.runtime.request import REQUEST_OPTIONS, Request, Result
+from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions
 from xform.runtime.tokenizer import Tokenizer
-from xform.runtime.translator import Translation, Translator
+from xform.runtime.translator import Translator
 from xform.runtime.unknowns import word_span
 
-__all__ = ["Session", "Translation", "Translator", "word_span"]
+__all__ = ["Session", "Translator", "word_span"]
 from xform.runtime.vocab_map import VocabMap
 
 
@@ -386,10 +387,10 @@ class Session:
         """Translator.translate: translations in input order, num_return_sequences a text."""
         return self.translator.translate(texts, max_new_tokens, **settings)
 
-    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None,
-                        **options: Any) -> Iterator[tuple[str, list | None, str | None]]:
-        """Translator.translate_lines: (text, translations or None, error or None) a line."""
-        return self.translator.translate_lines(lines, gen, batch_size, **options)
+    def translate_lines(self, lines: Iterable, gen: GenerationConfig, batching: Batching | None = None,
+                        text: TextOptions | None = None, **callbacks: Any) -> Iterator[LineResult]:
+        """Translator.translate_lines: a LineResult a line, in input order."""
+        return self.translator.translate_lines(lines, gen, batching, text, **callbacks)
 
     def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
         return self.translator.encode_texts(texts, src_lang, tgt_lang)

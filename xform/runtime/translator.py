@@ -1,5 +1,5 @@
-"""The text-level translator above the numeric session: the text policy (text_policy.py, its
-base) and the ways text arrives.
+"""The text-level translator above the numeric session: the text policy (text_policy.py), line
+streams (text_lines.py), and CTranslate2's calls.
 
 `Session` (session.py) keeps the numbers: sources checked, the generation config, the request,
 the decoding loop, teacher-forced scoring. The `Translator` owns text: languages, target
@@ -15,27 +15,22 @@ today's calls.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
-import numpy as np
-
-from xform.errors import InputError, XformError
+from xform.errors import InputError
 from xform.files import atomic_file
-from xform.runtime.batching import Batching, plan, windows
+from xform.runtime.batching import Batching, plan
 from xform.runtime.controls import ct2_settings as generation_settings
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.loop import Batch
-from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TranslationResult
-from xform.runtime.text_policy import TextPolicy
-from xform.runtime.unknowns import decode_rows, unknown_warning
+from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TextOptions, TranslationResult
+from xform.runtime.text_lines import LineStream
 from xform.runtime.vocab_map import VocabMap
 
-# one translation of a text: the text; with scores, (text, score); with token scores, (text, score, token log-probs)
-Translation = str | tuple[str, float] | tuple[str, float, list[float]]
 
-class Translator(TextPolicy):
+class Translator(LineStream):
     """Text in, text out, over a Session (`xform.load(...).translator`): the text policy
-    (text_policy.py) and the ways text arrives."""
+    (text_policy.py), line streams (text_lines.py) and CTranslate2's calls."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
     def translate_batch(self, source: Sequence[str] | Sequence[Sequence[str]],
@@ -139,18 +134,13 @@ class Translator(TextPolicy):
                              "translate each character): wrap one text in a list, [text]")
         gen = self.generation(tgt_lang, options)
         tokens = batch_type == "tokens"
-        lines = self.translate_lines(source, gen, None if tokens else max_batch_size, batch_type=batch_type,
-                                     max_batch_tokens=max_batch_size if tokens else None, read_ahead=read_ahead,
-                                     return_scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang,
-                                     truncate=truncate)
-        for i, (_, translations, error) in enumerate(lines):
-            if error is not None or translations is None:
-                raise InputError(f"line {i}: {error}")
-            if return_scores:
-                pairs = [t for t in translations if isinstance(t, tuple)]
-                yield TranslationResult([t[0] for t in pairs], [t[1] for t in pairs])
-            else:
-                yield TranslationResult([str(t) for t in translations])
+        batching = Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None,
+                            read_ahead)
+        text = TextOptions(return_scores, src_lang, tgt_lang, truncate)
+        for i, line in enumerate(self.translate_lines(source, gen, batching, text)):
+            if line.error is not None:
+                raise InputError(f"line {i}: {line.error}")
+            yield TranslationResult(line.hypotheses, line.scores)
 
     def translate_file(self, input_path: str | Path, output_path: str | Path, *, max_batch_size: int = 32,
                        src_lang: str | None = None, tgt_lang: str | None = None, **options: Any) -> int:
@@ -244,176 +234,3 @@ class Translator(TextPolicy):
         result = self.session.run(request)
         return self.decode_rows(result.ids, len(result) // request.batch, request.sources(), list(texts),
                                 result.attention if replace_unknowns else None)
-
-    # -- line and file streams ------------------------------------------------------------------
-    def translate_lines(self, lines: Iterable[str | bytes], gen: GenerationConfig, batch_size: int | None = None, *,
-                        batch_type: str = "examples", max_batch_tokens: int | None = None, read_ahead: int = 8,
-                        max_rows: int | None = None, on_batch: Callable[[int, int], None] | None = None,
-                        on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                        src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                        replace_unknowns: bool = False, vocab_map: "VocabMap | str | Path | None" = None,
-                        tgt_lang: str | None = None) -> Iterator[tuple[str, list | None, str | None]]:
-        """Translate a stream of lines, yielding in input order, for each line: (its text, its
-        translations (num_return_sequences of them) or None, an error or None).
-
-        Lines are read `read_ahead` batches' worth at a time (a window; memory holds one); a
-        window is sorted by source length, cut into batches (`batch_type` examples: `batch_size`
-        lines, default 32; tokens: at most `max_batch_tokens` padded source tokens, see
-        batching.Batching; `max_rows`: decoder rows, lines x beams or samples, default
-        batching.DEFAULT_MAX_ROWS), decoded, and its results yielded in input order. A blank line
-        translates to nothing without decoding; a line that cannot be translated (not UTF-8, a
-        word outside a vocabulary without <unk>, longer than max_len) gets its error and the
-        other lines are translated. `on_batch(lines, tokens)`, when given, is called as lines
-        are done: how many, and the target tokens generated for them. `on_warning(index, message)`,
-        when given, hears of a line (0-based) most of whose tokens are unknown to the source
-        vocabulary: it is translated, but likely not in the model's language or tokenization.
-        With return_scores, each translation is a (text, score) pair, the score as generate()
-        returns it; with return_scores "tokens", a (text, score, token log-probs) triple. A line
-        may be a (source, target prefix) pair, or, with `prefix_column`, a line
-        `source<TAB>target prefix`: its translation continues after the prefix (an empty prefix
-        is none). With `replace_unknowns`, an unknown target token (<unk>) becomes the source
-        word of the piece it attends to most (a bundle exported --with-attention; CTranslate2's
-        replace_unknowns). With a `vocab_map` (a VocabMap or its file; a bundle exported
-        --with-vocab-map), each batch decodes over the target ids its sources allow. A line of
-        more source tokens than max_len fails alone, or with `truncate` is cut to max_len (its
-        first max_len - 1 tokens and end-of-sentence, as CTranslate2's max_input_length does) and
-        reported through `on_warning`. `tgt_lang`: a target language written into each source
-        (MADLAD-400's <2xx>; a forced first token is the caller's `gen`). Bad settings raise
-        InputError at once."""
-        if self.tokenizer is None:
-            raise XformError("this bundle has no tokenizer; pass token ids to generate() instead of text")
-        batching = Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)  # checked now
-        if src_lang is not None or tgt_lang is not None:  # an unknown language is refused at the call
-            self.encode_text("", src_lang, tgt_lang=tgt_lang)
-        if replace_unknowns:
-            self.check_replace_unknowns()
-        vocab_map = self.vocab_map(vocab_map)
-        return self.translate_windows(lines, gen, batching, on_batch, on_warning, return_scores, src_lang, truncate,
-                                      prefix_column, replace_unknowns, vocab_map, tgt_lang)
-
-    def translate_windows(self, lines: Iterable, gen: GenerationConfig, batching: Batching,
-                          on_batch: Callable[[int, int], None] | None = None,
-                          on_warning: Callable[[int, str], None] | None = None, return_scores: bool | str = False,
-                          src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                          replace_unknowns: bool = False, vocab_map: VocabMap | None = None,
-                          tgt_lang: str | None = None):
-        def encoded():
-            for index, line in enumerate(lines):
-                prefix_text = None
-                if isinstance(line, tuple):
-                    line, prefix_text = line
-                elif prefix_column:  # source<TAB>prefix, split before decoding: the tab is one byte
-                    line, _, prefix_text = line.partition(b"\t" if isinstance(line, bytes) else "\t")
-                    if isinstance(prefix_text, bytes):
-                        prefix_text = prefix_text.rstrip(b"\r\n").decode("utf-8", "replace")
-                    prefix_text = prefix_text.rstrip("\r\n")
-                text, ids, error = self.encode_line(line, src_lang, tgt_lang)
-                prefix: list[int] = []
-                if prefix_text and ids is not None:
-                    try:
-                        prefix = self.target_ids(prefix_text)
-                    except InputError as e:
-                        ids, error = None, f"target prefix: {e}"
-                if ids is not None:  # within max_len: the rule every door shares (TextPolicy.fit)
-                    try:
-                        cut = self.fit(ids, truncate, "--truncate")
-                    except InputError as e:
-                        ids, error = None, str(e)
-                    else:
-                        if len(cut) < len(ids) and on_warning is not None:
-                            on_warning(index, f"{len(ids)} source tokens cut to the model's max_len {len(cut)} "
-                                              "(--truncate)")
-                        ids = cut
-                if ids is not None and on_warning is not None:
-                    warning = unknown_warning(self.text, ids)
-                    if warning:
-                        on_warning(index, warning)
-                yield text, ids, error, prefix
-
-        for window in windows(encoded(), lambda e: len(e[1]) if e[1] is not None else 1, batching):
-            yield from self.translate_window(window, gen, batching, on_batch, return_scores, replace_unknowns,
-                                             vocab_map)
-
-    def translate_window(self, window: list[tuple[str, list[int] | None, str | None, list[int]]],
-                         gen: GenerationConfig, batching: Batching, on_batch: Callable[[int, int], None] | None = None,
-                         return_scores: bool | str = False, replace_unknowns: bool = False,
-                         vocab_map: VocabMap | None = None):
-        """The window's (text, translations or None, error or None) in input order; its sources
-        decoded in batches of like length."""
-        todo = [(i, ids) for i, (_, ids, _, _) in enumerate(window) if ids is not None]
-        done: dict[int, list[Translation]] = {}
-        per_line = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences  # decoder rows a line
-        for batch in plan([len(ids) for _, ids in todo], batching, per_line):
-            rows = [todo[j][0] for j in batch]
-            prefixes = [window[i][3] for i in rows]
-            texts = [window[i][0] for i in rows]
-            done.update(zip(rows, self.decode_sources([todo[j][1] for j in batch], gen, on_batch, return_scores,
-                                                       prefixes if any(prefixes) else None, texts, replace_unknowns,
-                                                       vocab_map)))
-        if on_batch is not None and len(todo) < len(window):
-            on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
-        n = gen.num_return_sequences
-        # nothing decoded: log-probability 0
-        nothing: Translation = ("", 0.0, []) if return_scores == "tokens" else ("", 0.0) if return_scores else ""
-        blank = [nothing] * n
-        for i, (text, ids, error, _) in enumerate(window):
-            yield text, done[i] if ids is not None else None if error else blank, error
-
-    def encode_line(self, line: str | bytes, src_lang: str | None = None,
-                    tgt_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
-        if isinstance(line, bytes):
-            raw = line.rstrip(b"\r\n")
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return raw.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
-        line = line.rstrip("\r\n")
-        if not line.strip():
-            return line, None, None
-        try:
-            ids = self.encode_text(line, src_lang, tgt_lang=tgt_lang)
-        except InputError as e:
-            return line, None, str(e)
-        return line, ids, None
-
-    def decode_sources(self, sources: list[list[int]], gen: GenerationConfig,
-                        on_batch: Callable[[int, int], None] | None = None, return_scores: bool | str = False,
-                        target_prefix: list[list[int]] | None = None, texts: list[str] | None = None,
-                        replace_unknowns: bool = False, vocab_map: VocabMap | None = None) -> list[list[Translation]]:
-        """Decode source id rows together: for each, its num_return_sequences translations (with
-        return_scores, (text, score) pairs; "tokens": (text, score, token log-probs)). Given the
-        sources' `texts`: with replace_unknowns, unknown target tokens are replaced by the source
-        words of the pieces they attend to; with a vocab_map, the batch decodes over the target ids its
-        sources' n-grams allow."""
-        vocabulary = None
-        if vocab_map is not None:
-            if texts is None:
-                raise XformError("a vocabulary map chooses a batch's target ids from its sources' texts: none given")
-            vocabulary = self.allowed_ids(vocab_map, texts)
-        request = self.session.request(*self.session.pad(sources), generation=gen, target_prefix=target_prefix,
-                                       return_scores=bool(return_scores), return_token_scores=return_scores == "tokens",
-                                       return_attention=replace_unknowns, vocabulary=vocabulary)
-        result = self.session.run(request)
-        rows = result.ids
-        if on_batch is not None:
-            on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
-        n = gen.num_return_sequences
-        decoded = self.decode_rows(rows, n, sources, texts, result.attention if replace_unknowns else None)
-        out: list[Translation]
-        if return_scores == "tokens":
-            assert result.scores is not None and result.token_scores is not None  # asked for
-            out = [(t, float(sc), [float(v) for v, i in zip(tk, r) if i != self.pad_id])
-                   for t, sc, tk, r in zip(decoded, result.scores, result.token_scores, rows)]
-        elif return_scores:
-            assert result.scores is not None  # asked for
-            out = [(t, float(sc)) for t, sc in zip(decoded, result.scores)]
-        else:
-            out = list(decoded)
-        return [out[i * n:(i + 1) * n] for i in range(len(sources))]
-
-    def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
-                    texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
-        """Text of generated rows, n a source; with `attention`, each unknown target token written
-        as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
-        framing = {self.pad_id, self.eos_id, self.config.bos_id}
-        return decode_rows(self.text, framing, rows, n, sources, texts, attention)
