@@ -372,9 +372,20 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
         log.warning("%s export not judged (--no-judgement): its figures are recorded, its quality is unknown",
                     bundle.precision)
         return figures
+    refuse_failed(report, bundle.precision, on)
+    if report.gross_only:
+        log.warning("%s export judged on random token ids, which a trained model never sees: only gross breakage "
+                    "is judged (NaNs, scale errors). Give --sample-file with sentences of yours to judge its "
+                    "translations", bundle.precision)
+    figures["onnxruntime"] = onnxruntime.__version__
+    return figures
+
+
+def refuse_failed(report, precision: str, on: str) -> None:
+    """The verification's check failed: a ToleranceError with its figures (`on`: the sources)."""
     if not report.passed and report.judged_by == "decodes":
         raise ToleranceError(
-            f"{bundle.precision} graphs translate unlike eager PyTorch ({on}): whole decodes "
+            f"{precision} graphs translate unlike eager PyTorch ({on}): whole decodes "
             f"{report.decode_agreement:.2%} "
             f"alike over {report.decodes_compared} sources ("
             f"{'not judged' if report.gross_only else f'needed {report.min_decode_agreement:.0%}'}; identical "
@@ -384,14 +395,8 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
             f"error {report.max_abs_err:.3g}")
     if not report.passed:
         raise ToleranceError(
-            f"{bundle.precision} graphs fail the check against eager PyTorch ({on}): max abs logit error "
+            f"{precision} graphs fail the check against eager PyTorch ({on}): max abs logit error "
             f"{report.max_abs_err:.3g} (smallest passing atol {report.min_passing_atol:.3g} at rtol {report.rtol:g}, "
             f"allowed atol {report.atol:g}), token agreement {report.token_agreement:.2%} "
             f"(needed {GROSS_TOKEN_AGREEMENT if report.gross_only else report.min_token_agreement:.0%}), first "
             f"divergence {report.first_divergence}")
-    if report.gross_only:
-        log.warning("%s export judged on random token ids, which a trained model never sees: only gross breakage "
-                    "is judged (NaNs, scale errors). Give --sample-file with sentences of yours to judge its "
-                    "translations", bundle.precision)
-    figures["onnxruntime"] = onnxruntime.__version__
-    return figures

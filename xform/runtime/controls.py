@@ -11,11 +11,8 @@ This module is data only: it imports nothing of xform, so every layer may read i
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
-
-from xform.errors import InputError
+from typing import Any, Mapping
 
 # how a control's value is written, and so its click type and its Triton tensor:
 #   int     an integer (TYPE_INT32 [1])        float  a number (TYPE_FP32 [1])
@@ -112,28 +109,9 @@ CT2_NAMES = {"beam_size": "num_beams", "num_hypotheses": "num_return_sequences",
              "sampling_topk": "top_k", "sampling_topp": "top_p", "sampling_temperature": "temperature"}
 
 
-def refuse_unknown(names: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
-    """An InputError naming each unknown name, with the nearest known one where one is near (a
-    misspelt option), and the known ones."""
-    known = sorted(set(known))
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        said = [f"{u!r} (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(u, known, 1)) else repr(u)
-                for u in unknown]
-        raise InputError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(said)}; known: "
-                         f"{', '.join(known)}")
-
-
-def ct2_settings(options: dict[str, Any], also: Iterable[str] = ()) -> dict[str, Any]:
-    """CTranslate2's option names as generation settings; the generation config's own names and the
-    request's options pass through, `also` (a method's other keywords) too; any other name is
-    refused with the nearest known one. sampling_topk > 1 samples (CTranslate2's rule: 1, its
-    default, is greedy)."""
-    from dataclasses import fields
-
-    from xform.runtime.generation import GenerationConfig
-    from xform.runtime.request import REQUEST_OPTIONS
-    refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS, *also])
+def ct2_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2's option names as generation settings; the generation config's own names pass
+    through. sampling_topk > 1 samples (CTranslate2's rule: 1, its default, is greedy)."""
     settings = {CT2_NAMES.get(k, k): v for k, v in options.items() if v is not None}
     if "top_k" in settings and "do_sample" not in settings:
         settings["do_sample"] = settings["top_k"] != 1

@@ -11,15 +11,29 @@ int64 within the vocabulary, the generation config within the model, the prefixe
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
+from xform.errors import InputError
 from xform.runtime.decoding import GenerationConfig
 
 # a request's options that are not generation settings (Session.request)
 REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
+
+
+def refuse_unknown(names: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
+    """An InputError naming each unknown name, with the nearest known one where one is near (a
+    misspelt option), and the known ones: every Python door's refusal of a name it does not take."""
+    known = sorted(set(known))
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        said = [f"{u!r} (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(u, known, 1)) else repr(u)
+                for u in unknown]
+        raise InputError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(said)}; known: "
+                         f"{', '.join(known)}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,10 +17,9 @@ from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching
-from xform.runtime.controls import refuse_unknown
 from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
 from xform.runtime.loop import Batch, Decode
-from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions
+from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions, refuse_unknown
 from xform.runtime.tokenizer import Tokenizer
 from xform.runtime.translator import Translator
 from xform.runtime.unknowns import word_span

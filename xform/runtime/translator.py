@@ -14,18 +14,34 @@ today's calls.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from xform.errors import InputError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan
-from xform.runtime.controls import ct2_settings as generation_settings
+from xform.runtime.controls import CT2_NAMES, ct2_settings
 from xform.runtime.decoding import GenerationConfig
 from xform.runtime.loop import Batch
-from xform.runtime.request import GenerationStepResult, Request, ScoringResult, TextOptions, TranslationResult
+from xform.runtime.request import (
+    REQUEST_OPTIONS,
+    GenerationStepResult,
+    Request,
+    ScoringResult,
+    TextOptions,
+    TranslationResult,
+    refuse_unknown,
+)
 from xform.runtime.text_lines import LineStream
 from xform.runtime.vocab_map import VocabMap
+
+
+def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """A translator method's options as generation settings (controls.ct2_settings): CTranslate2's
+    names, the generation config's and the request's; another name is refused with the nearest."""
+    refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
+    return ct2_settings(options)
 
 
 class Translator(LineStream):
