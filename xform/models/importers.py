@@ -18,6 +18,7 @@ from xform.errors import CheckpointError
 from xform.files import read_json_object, sha256_file
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from xform.models.huggingface import UnsupportedTokenizer
 from xform.models.tokenizer_files import no_tokenizer_note
 from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import TokenizerSpec, parse
@@ -92,7 +93,6 @@ def with_tokenizer(path: Path, model: Seq2SeqTransformer, source: dict[str, Any]
     """A Hugging Face directory's model with its tokenizer (`spec_of`: the importer's tokenizer_spec,
     which refuses an incomplete one); without any tokenizer file, or with one xform does not
     reproduce, the model alone and a note saying what text needs."""
-    from xform.models.bart_family import UnsupportedTokenizer
     try:
         spec, files = spec_of(path, model.cfg)
     except UnsupportedTokenizer as e:

@@ -28,8 +28,18 @@ import torch
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
 from xform.files import sha256_file
-from xform.models import bart_family, marian, tokenizer_files
+from xform.models import tokenizer_files
 from xform.models.checkpoint import load_state_into
+from xform.models.huggingface import (
+    ACTIVATIONS,
+    UnsupportedTokenizer,
+    WeightMap,
+    model_type,
+    processor_defaults,
+    read_json,
+    read_weights,
+    refuse_problems,
+)
 from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import T5Spec
 
@@ -40,7 +50,7 @@ REFUSED_TYPES = {"umt5": "UMT5 learns a relative position bias in every layer; x
 
 
 def is_t5_dir(directory: Path) -> bool:
-    return bart_family.model_type(directory) in FAMILIES
+    return model_type(directory) in FAMILIES
 
 
 def feed_forward(proj: object) -> tuple[str | None, bool, str | None]:
@@ -52,10 +62,10 @@ def feed_forward(proj: object) -> tuple[str | None, bool, str | None]:
     if (len(parts) > 1 and parts[0] != "gated") or len(parts) > 2:
         return None, False, f"feed_forward_proj {proj!r} is not `ACT` or `gated-ACT`"
     act = "gelu_new" if proj == "gated-gelu" else parts[-1]
-    if act not in marian.ACTIVATIONS:
+    if act not in ACTIVATIONS:
         return None, False, (f"feed_forward_proj {proj!r}: activation {act!r} is not one of "
-                             f"{sorted(marian.ACTIVATIONS)}")
-    return marian.ACTIVATIONS[act], parts[0] == "gated", None
+                             f"{sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[act], parts[0] == "gated", None
 
 
 def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
@@ -71,7 +81,7 @@ def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> Tr
         problems.append(problem)
     if get("is_encoder_decoder", True) is not True:
         problems.append("is_encoder_decoder is false (a decoder-only T5); xform exports encoder-decoders")
-    bart_family.refuse_problems(problems, generation, get, source, family)
+    refuse_problems(problems, generation, get, source, family)
     pad = get("pad_token_id", 0)
     eos = generation.get("eos_token_id", get("eos_token_id", 1))
     eos = eos[0] if isinstance(eos, list) else eos
@@ -138,7 +148,7 @@ def embedding_aliases(cfg: TransformerConfig) -> dict[str, list[str]]:
 
 
 def convert_t5_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    w = marian.WeightMap(theirs)
+    w = WeightMap(theirs)
     w.embeddings(cfg, embedding_aliases(cfg))
     w.named(layer_names(cfg))
     return w.result(source, "a T5 model")
@@ -147,11 +157,11 @@ def convert_t5_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], so
 def load_t5(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
     """(model, source description) from a T5 / mT5 / MADLAD-400 directory."""
     directory = Path(directory)
-    hf = marian.read_json(directory / "config.json")
+    hf = read_json(directory / "config.json")
     gen_path = directory / "generation_config.json"
-    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
+    generation = read_json(gen_path) if gen_path.is_file() else {}
     cfg = t5_config(hf, generation, str(directory / "config.json"))
-    theirs, weights_path = marian.read_weights(directory)
+    theirs, weights_path = read_weights(directory)
     state = convert_t5_state(cfg, dict(theirs), str(weights_path))
     model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
     source = {"path": str(directory.resolve()), "kind": f"huggingface-{hf['model_type']}",
@@ -159,7 +169,7 @@ def load_t5(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
     return model, source
 
 
-generation_defaults = bart_family.generation_defaults
+generation_defaults = processor_defaults
 
 SPM_FILE = "spiece.model"
 TOKENIZER_FILES = (SPM_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -180,7 +190,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[T5Spec | No
         if have:
             tokenizer_files.refuse_missing(directory, have, [SPM_FILE], "a T5 tokenizer")
         return None, []
-    tok = marian.read_json(directory / "tokenizer_config.json") if "tokenizer_config.json" in have else {}
+    tok = read_json(directory / "tokenizer_config.json") if "tokenizer_config.json" in have else {}
 
     def token(key: str, default: str) -> str:
         t = tok.get(key, default)
@@ -188,7 +198,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[T5Spec | No
         return t if isinstance(t, str) else default
 
     if tok.get("legacy") is False and SPM_FILE in have and "tokenizer.json" not in have:
-        raise bart_family.UnsupportedTokenizer(
+        raise UnsupportedTokenizer(
             f"{directory / 'tokenizer_config.json'}: legacy false (T5Tokenizer's non-legacy handling of the text "
             "after special tokens) is not one xform reproduces from spiece.model: the bundle takes token ids")
     extra_ids = int(tok.get("extra_ids", 100))
