@@ -1,7 +1,7 @@
 """Import Hugging Face directories of the BART family: M2M100 and NLLB (`model_type` m2m_100),
 mBART / mBART-50 (mbart) and BART (bart), without transformers.
 
-They are Marian's encoder-decoder (the same parameter names, layer_names) with these
+They are Marian's encoder-decoder (the same parameter names, huggingface.layer_names) with these
 differences, each expressed in the TransformerConfig or taken out at import:
 
 | | M2M100 / NLLB | mBART | BART |
@@ -30,25 +30,17 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import sha256_file
 from xform.models import tokenizer_files
-from xform.models.checkpoint import load_state_into
 from xform.models.huggingface import (
     ACTIVATIONS,
     UnsupportedTokenizer,
     WeightMap,
     layer_names,
-    model_type,
     one_width_problems,
-    processor_defaults,
     read_json,
-    read_weights,
     refuse_problems,
 )
-from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec, TokenizerSpec
-
-FAMILIES = ("m2m_100", "mbart", "bart")
 
 
 class Shape(TypedDict):
@@ -67,20 +59,13 @@ SHAPES = {
 LEARNED_OFFSET = 2  # BART's and mBART's learned position tables start two rows in
 
 
-def is_family_dir(directory: Path) -> bool:
-    return model_type(directory) in FAMILIES
-
-
 def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
     """TransformerConfig from a config.json of the family (+ generation_config.json); refuses
     with every reason at once."""
     # any JSON value, or None when absent: TransformerConfig checks the type and range of each
     get: Callable[..., Any] = hf.get
     family = get("model_type")
-    problems = []
-    if family not in FAMILIES:
-        problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
-    problems += one_width_problems(hf)
+    problems = one_width_problems(hf)
     act = get("activation_function", "gelu" if family != "m2m_100" else "relu")
     if act not in ACTIVATIONS:
         problems.append(f"activation_function {act!r} is not one of {sorted(ACTIVATIONS)}")
@@ -137,7 +122,7 @@ def position_table(cfg: TransformerConfig, family: str, theirs: dict[str, torch.
     return table[LEARNED_OFFSET:]
 
 
-def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, torch.Tensor],
+def convert_family_state(family: str, cfg: TransformerConfig, theirs: dict[str, torch.Tensor],
                          source: str) -> dict[str, torch.Tensor]:
     w = WeightMap(theirs)
     w.embeddings(cfg)
@@ -159,24 +144,6 @@ def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, 
         w.output_bias(cfg)
     return w.result(source, f"a {family} model")
 
-
-def load_family(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from an M2M100 / NLLB, mBART or BART directory."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-    cfg = family_config(hf, generation, str(directory / "config.json"))
-    family = hf["model_type"]
-    theirs, weights_path = read_weights(directory)
-    state = convert_family_state(cfg, family, dict(theirs), str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": f"huggingface-{family}", "sha256": sha256_file(weights_path),
-              "weights": weights_path.name, "notes": []}
-    return model, source
-
-
-generation_defaults = processor_defaults
 
 # transformers' tokenizer classes of the family whose text xform reproduces: sentencepiece pieces,
 # mapped to model ids by fairseq's offset (NLLB, mBART-50) or through vocab.json (M2M100), with
@@ -210,11 +177,10 @@ FAMILY_TOKENIZERS = {"m2m_100": "an NLLB or M2M100 tokenizer", "mbart": "an mBAR
                      "bart": "a BART tokenizer"}
 
 
-def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
+def tokenizer_config(family: str, directory: Path, have: list[str]) -> dict[str, Any]:
     """tokenizer_config.json with its tokenizer_class; without a class, the one transformers'
     AutoTokenizer falls back on for the model type (M2M100's by its vocab.json). Without the file,
     only where that class needs nothing from it (BART's, M2M100's): else refused, naming it."""
-    family = model_type(directory) or ""
     if "tokenizer_config.json" not in have:
         guess = {"bart": "BartTokenizer", "m2m_100": "M2M100Tokenizer" if "vocab.json" in have else None}.get(family)
         if guess is None:
@@ -229,7 +195,7 @@ def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
     return tok
 
 
-def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSpec | None, list[str]]:
+def tokenizer_spec(family: str, directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSpec | None, list[str]]:
     """(the bundle's tokenizer.json spec, the files it needs from the directory); (None, [])
     without any tokenizer file. A file the tokenizer needs that is missing, or files that do not
     fit each other or the model's embedding, is refused by name; a tokenizer class xform does not
@@ -238,7 +204,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSp
     have = tokenizer_files.present(directory, TOKENIZER_FILES)
     if not have:
         return None, []
-    tok = tokenizer_config(directory, have)
+    tok = tokenizer_config(family, directory, have)
     tokenizer_class = tok.get("tokenizer_class")
     if tokenizer_class in BYTE_BPE:
         return byte_bpe_spec(directory, tok, have, cfg.src_vocab_size)

@@ -21,6 +21,7 @@ from xform.models.checkpoint import load_torch_file
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+GENERATION_FILE = "generation_config.json"
 # generation settings transformers applies and xform does not: refused when they would act
 UNSUPPORTED_GENERATION = {"encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
                           "diversity_penalty": 0.0, "exponential_decay_length_penalty": None,
@@ -37,15 +38,13 @@ def read_json(path: Path) -> dict[str, Any]:
     return read_json_object(path, CheckpointError)
 
 
-def model_type(directory: Path) -> str | None:
-    cfg = directory / "config.json"
-    if not cfg.is_file():
-        return None
-    try:
-        found = read_json(cfg).get("model_type")
-    except CheckpointError:
-        return None
-    return found if isinstance(found, str) else None
+def read_generation(directory: Path) -> tuple[dict[str, Any], str]:
+    """generation_config.json ({} without one), and the file the decoding defaults come from: it,
+    else config.json."""
+    path = directory / GENERATION_FILE
+    if path.is_file():
+        return read_json(path), str(path)
+    return {}, str(directory / "config.json")
 
 
 def one_width_problems(hf: dict[str, Any]) -> list[str]:
@@ -185,15 +184,11 @@ class WeightMap:
         return self.ours
 
 
-def generation_defaults(directory: str | Path) -> dict[str, Any]:
-    """How the model is meant to decode, from generation_config.json (else config.json), as the
-    manifest records it: num_beams, length_penalty, early_stopping, max_length (with the start
-    token, as transformers counts) and forced_eos (transformers' forced_eos_token_id)."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-
+def generation_defaults(hf: dict[str, Any], generation: dict[str, Any], source: str) -> dict[str, Any]:
+    """How the model is meant to decode, from generation_config.json (else config.json: `hf`), as
+    the manifest records it (`source`: the file it came from): num_beams, length_penalty,
+    early_stopping, max_length (with the start token, as transformers counts) and forced_eos
+    (transformers' forced_eos_token_id). Marian's record."""
     def get(key, default):
         return generation.get(key, hf.get(key, default))
 
@@ -203,22 +198,18 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     forced = forced[0] if isinstance(forced, list) else forced
     out = {"num_beams": int(get("num_beams", 1) or 1), "length_penalty": float(get("length_penalty", 1.0)),
            "early_stopping": get("early_stopping", False), "forced_eos": forced is not None and forced == eos,
-           "source": str(gen_path if gen_path.is_file() else directory / "config.json")}
+           "source": source}
     if get("max_length", None) is not None:
         out["max_length"] = int(get("max_length", None))
     return out
 
 
-def processor_defaults(directory: str | Path) -> dict[str, Any]:
+def processor_defaults(hf: dict[str, Any], generation: dict[str, Any], source: str) -> dict[str, Any]:
     """generation_defaults plus the forced first token (transformers' forced_bos_token_id) when
     the model ships one, its min_length as min_new_tokens (end-of-sentence suppressed until then,
     as transformers does), the logits processors xform reproduces (RECORDED_GENERATION) and
     bad_words_ids' multi-token sequences: the BART and T5 families' record."""
-    directory = Path(directory)
-    out = generation_defaults(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
+    out = generation_defaults(hf, generation, source)
     forced = generation.get("forced_bos_token_id", hf.get("forced_bos_token_id"))
     if forced is not None:
         out["forced_bos_token_id"] = int(forced)

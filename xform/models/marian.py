@@ -14,29 +14,19 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import sha256_file
-from xform.models import huggingface, tokenizer_files
-from xform.models.checkpoint import load_state_into
+from xform.models import tokenizer_files
 from xform.models.huggingface import (
     ACTIVATIONS,
     WeightMap,
     layer_names,
-    model_type,
     one_width_problems,
     read_json,
-    read_weights,
 )
 from xform.models.layers import sinusoid_table
-from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import MarianSpmSpec
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
 TEXT_FILES = "source.spm, target.spm and vocab.json"  # what text needs, for the note of a model without them
-generation_defaults = huggingface.generation_defaults
-
-
-def is_marian_dir(path: Path) -> bool:
-    return model_type(path) == "marian"
 
 
 def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
@@ -44,8 +34,6 @@ def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
     problems = []
     # any JSON value, or None when absent: TransformerConfig checks the type and range of each
     get: Callable[..., Any] = hf.get
-    if get("model_type") != "marian":
-        problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
     problems += one_width_problems(hf)
     act = get("activation_function", "gelu")
     if act not in ACTIVATIONS:
@@ -107,21 +95,6 @@ def convert_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], sourc
             if theirs[key].shape != table.shape or not torch.allclose(theirs[key].float(), table, atol=1e-5):
                 w.problems.append(f"{key} is not Marian's sinusoidal table for max_position_embeddings {cfg.max_len}")
     return w.result(source, "a Marian model")
-
-
-def load_marian(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from a Marian directory."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-    cfg = marian_config(hf, generation, str(directory / "config.json"))
-    theirs, weights_path = read_weights(directory)
-    state = convert_state(cfg, {k: v for k, v in theirs.items()}, str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": "huggingface-marian", "sha256": sha256_file(weights_path),
-              "weights": weights_path.name, "notes": []}
-    return model, source
 
 
 def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[MarianSpmSpec | None, list[str]]:

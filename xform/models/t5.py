@@ -15,8 +15,9 @@ field (docs/design.md "The T5 family"):
 
 The decoder starts from the pad id. In fp16 graphs the feed-forward output projection and the
 residual stream stay fp32 (`fp32_ffn_output`; docs/design.md, "T5 in fp16"). What the config names
-and xform cannot express is refused by name: UMT5 (its own model_type: a relative bias in every
-layer), a `feed_forward_proj` of an activation xform lacks, a decoder-only config.
+and xform cannot express is refused by name: UMT5 (its own model_type, refused by families.py's
+table: a relative bias in every layer), a `feed_forward_proj` of an activation xform lacks, a
+decoder-only config.
 """
 from __future__ import annotations
 
@@ -27,30 +28,18 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import sha256_file
 from xform.models import tokenizer_files
-from xform.models.checkpoint import load_state_into
 from xform.models.huggingface import (
     ACTIVATIONS,
     UnsupportedTokenizer,
     WeightMap,
-    model_type,
-    processor_defaults,
     read_json,
-    read_weights,
     refuse_problems,
 )
-from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import T5Spec
 
-FAMILIES = ("t5", "mt5")
 TIED_BY_DEFAULT = {"t5": True, "mt5": False}  # T5Config's and MT5Config's tie_word_embeddings default
 DEFAULT_MAX_LEN = 512  # T5's n_positions where a config records it; relative positions have no table
-REFUSED_TYPES = {"umt5": "UMT5 learns a relative position bias in every layer; xform shares one per stack"}
-
-
-def is_t5_dir(directory: Path) -> bool:
-    return model_type(directory) in FAMILIES
 
 
 def feed_forward(proj: object) -> tuple[str | None, bool, str | None]:
@@ -74,8 +63,6 @@ def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> Tr
     get: Callable[..., Any] = hf.get
     family = get("model_type")
     problems = []
-    if family not in FAMILIES:
-        problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
     activation, gated, problem = feed_forward(get("feed_forward_proj", "relu"))
     if problem:
         problems.append(problem)
@@ -153,23 +140,6 @@ def convert_t5_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], so
     w.named(layer_names(cfg))
     return w.result(source, "a T5 model")
 
-
-def load_t5(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from a T5 / mT5 / MADLAD-400 directory."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-    cfg = t5_config(hf, generation, str(directory / "config.json"))
-    theirs, weights_path = read_weights(directory)
-    state = convert_t5_state(cfg, dict(theirs), str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": f"huggingface-{hf['model_type']}",
-              "sha256": sha256_file(weights_path), "weights": weights_path.name, "notes": []}
-    return model, source
-
-
-generation_defaults = processor_defaults
 
 SPM_FILE = "spiece.model"
 TOKENIZER_FILES = (SPM_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
