@@ -88,7 +88,7 @@ def test_models_guide_refuses_only_the_generation_settings_the_importer_refuses(
     """docs/models.md's M2M100 / BART section's list of refused generation settings is the
     importer's, and names none of those it records as the bundle's defaults (n-gram blocking,
     repetition penalty)."""
-    from xform.models.bart_family import RECORDED_GENERATION, UNSUPPORTED_GENERATION
+    from xform.models.huggingface import RECORDED_GENERATION, UNSUPPORTED_GENERATION
 
     section = (README.parent / "docs" / "models.md").read_text().split("## M2M100, NLLB, mBART, BART", 1)[1].split("\n## ", 1)[0]
     refused = re.search(r"Refused by name[^:]*: generation settings xform does not reproduce\s*\((.*?)\)",

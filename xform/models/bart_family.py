@@ -1,7 +1,7 @@
 """Import Hugging Face directories of the BART family: M2M100 and NLLB (`model_type` m2m_100),
 mBART / mBART-50 (mbart) and BART (bart), without transformers.
 
-They are Marian's encoder-decoder (the same parameter names, marian.layer_names) with these
+They are Marian's encoder-decoder (the same parameter names, huggingface.layer_names) with these
 differences, each expressed in the TransformerConfig or taken out at import:
 
 | | M2M100 / NLLB | mBART | BART |
@@ -30,13 +30,17 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import sha256_file
-from xform.models import marian, tokenizer_files
-from xform.models.checkpoint import load_state_into
-from xform.models.transformer import Seq2SeqTransformer
+from xform.models import tokenizer_files
+from xform.models.huggingface import (
+    ACTIVATIONS,
+    UnsupportedTokenizer,
+    WeightMap,
+    layer_names,
+    one_width_problems,
+    read_json,
+    refuse_problems,
+)
 from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec, TokenizerSpec
-
-FAMILIES = ("m2m_100", "mbart", "bart")
 
 
 class Shape(TypedDict):
@@ -53,27 +57,6 @@ SHAPES = {
     "bart": Shape(norm_position="post", final_norm=False, embedding_norm=True, output_bias=True),
 }
 LEARNED_OFFSET = 2  # BART's and mBART's learned position tables start two rows in
-# generation settings transformers applies and xform does not: refused when they would act
-UNSUPPORTED_GENERATION = {"encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
-                          "diversity_penalty": 0.0, "exponential_decay_length_penalty": None,
-                          "begin_suppress_tokens": None, "sequence_bias": None, "renormalize_logits": False}
-# ... and those it does, recorded as the bundle's decoding defaults (BART-large-CNN's n-gram blocking)
-RECORDED_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "suppress_tokens": None}
-
-
-def model_type(directory: Path) -> str | None:
-    cfg = directory / "config.json"
-    if not cfg.is_file():
-        return None
-    try:
-        found = marian.read_json(cfg).get("model_type")
-    except CheckpointError:
-        return None
-    return found if isinstance(found, str) else None
-
-
-def is_family_dir(directory: Path) -> bool:
-    return model_type(directory) in FAMILIES
 
 
 def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
@@ -82,13 +65,10 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
     # any JSON value, or None when absent: TransformerConfig checks the type and range of each
     get: Callable[..., Any] = hf.get
     family = get("model_type")
-    problems = []
-    if family not in FAMILIES:
-        problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
-    problems += marian.one_width_problems(hf)
+    problems = one_width_problems(hf)
     act = get("activation_function", "gelu" if family != "m2m_100" else "relu")
-    if act not in marian.ACTIVATIONS:
-        problems.append(f"activation_function {act!r} is not one of {sorted(marian.ACTIVATIONS)}")
+    if act not in ACTIVATIONS:
+        problems.append(f"activation_function {act!r} is not one of {sorted(ACTIVATIONS)}")
     if not get("tie_word_embeddings", True):
         problems.append("tie_word_embeddings is false; the family's output projection is the shared embedding")
     bad_words = generation.get("bad_words_ids", get("bad_words_ids")) or []
@@ -102,28 +82,13 @@ def family_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
             src_vocab_size=get("vocab_size"), tgt_vocab_size=get("vocab_size"), d_model=get("d_model"),
             n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
             n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
-            activation=marian.ACTIVATIONS[act], layer_norm_eps=1e-5, norm_bias=True, attn_bias=True,
+            activation=ACTIVATIONS[act], layer_norm_eps=1e-5, norm_bias=True, attn_bias=True,
             ffn_bias=True, scale_embedding=bool(get("scale_embedding", family == "m2m_100")), **SHAPES[family],
             positions="learned", share_embeddings=True, tie_output=True, pad_id=pad, bos_id=start, eos_id=eos,
             decoder_start_id=start, max_len=get("max_position_embeddings", 1024),
             banned_ids=tuple(sorted({w[0] for w in bad_words if len(w) == 1} - {pad})))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
-
-
-def refuse_problems(problems: list[str], generation: dict[str, Any], get: Callable[..., Any], source: str,
-                    family: str) -> None:
-    """Refuse a Hugging Face config with every reason at once: `problems` found by the family's
-    reader, and each generation setting xform does not reproduce (generation_config.json's, else
-    config.json's through `get`)."""
-    for key, neutral in UNSUPPORTED_GENERATION.items():
-        value = generation.get(key, get(key, neutral))
-        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
-            problems.append(f"{key} {value!r}: xform does not reproduce it (remove it from generation_config.json "
-                            "/ config.json to export; decoding then differs from transformers' with it)")
-    if problems:
-        raise ConfigError(f"{source}: this {family} config cannot be expressed by xform:\n  - "
-                          + "\n  - ".join(problems))
 
 
 def fairseq_sinusoids(rows: int, dim: int, padding_idx: int) -> torch.Tensor:
@@ -157,11 +122,11 @@ def position_table(cfg: TransformerConfig, family: str, theirs: dict[str, torch.
     return table[LEARNED_OFFSET:]
 
 
-def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, torch.Tensor],
+def convert_family_state(family: str, cfg: TransformerConfig, theirs: dict[str, torch.Tensor],
                          source: str) -> dict[str, torch.Tensor]:
-    w = marian.WeightMap(theirs)
+    w = WeightMap(theirs)
     w.embeddings(cfg)
-    names = marian.layer_names(cfg)
+    names = layer_names(cfg)
     for side, our_side in (("encoder", "src"), ("decoder", "tgt")):
         table = position_table(cfg, family, theirs, side, w.problems)
         if table is not None:
@@ -180,48 +145,6 @@ def convert_family_state(cfg: TransformerConfig, family: str, theirs: dict[str, 
     return w.result(source, f"a {family} model")
 
 
-def load_family(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from an M2M100 / NLLB, mBART or BART directory."""
-    directory = Path(directory)
-    hf = marian.read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
-    cfg = family_config(hf, generation, str(directory / "config.json"))
-    family = hf["model_type"]
-    theirs, weights_path = marian.read_weights(directory)
-    state = convert_family_state(cfg, family, dict(theirs), str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": f"huggingface-{family}", "sha256": sha256_file(weights_path),
-              "weights": weights_path.name, "notes": []}
-    return model, source
-
-
-def generation_defaults(directory: str | Path) -> dict[str, Any]:
-    """Marian's record (beams, length penalty, early stopping, max_length, forced_eos) plus the
-    forced first token (transformers' forced_bos_token_id) when the model ships one, and its
-    min_length as min_new_tokens (end-of-sentence suppressed until then, as transformers does)."""
-    directory = Path(directory)
-    out = marian.generation_defaults(directory)
-    hf = marian.read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
-    forced = generation.get("forced_bos_token_id", hf.get("forced_bos_token_id"))
-    if forced is not None:
-        out["forced_bos_token_id"] = int(forced)
-    min_length = generation.get("min_length", hf.get("min_length")) or 0
-    if min_length > 1:  # transformers counts the decoder start in min_length
-        out["min_new_tokens"] = int(min_length) - 1
-    for key, neutral in RECORDED_GENERATION.items():
-        value = generation.get(key, hf.get(key))
-        if value is not None and value != neutral and value != []:
-            out[key] = value
-    bad_words = generation.get("bad_words_ids", hf.get("bad_words_ids")) or []
-    sequences = [w for w in bad_words if len(w) > 1]  # single ids are the config's banned ids
-    if sequences:
-        out["bad_words_ids"] = sequences
-    return out
-
-
 # transformers' tokenizer classes of the family whose text xform reproduces: sentencepiece pieces,
 # mapped to model ids by fairseq's offset (NLLB, mBART-50) or through vocab.json (M2M100), with
 # language codes as added tokens; and where the source's language code goes
@@ -232,9 +155,6 @@ SPM_FILE = "sentencepiece.bpe.model"
 DEFAULT_SRC_LANG = {"NllbTokenizer": "eng_Latn", "NllbTokenizerFast": "eng_Latn", "MBart50Tokenizer": "en_XX",
                     "MBart50TokenizerFast": "en_XX"}
 
-
-class UnsupportedTokenizer(CheckpointError):
-    """The directory's tokenizer is not one xform reproduces: the model exports, taking ids."""
 
 # transformers" M2M100Tokenizer FAIRSEQ_LANGUAGE_CODES (tokenization_m2m_100.py): M2M100"s language tokens
 # are "__<code>__" at ids len(vocab.json) + index; its tokenizer_config.json does not list them
@@ -257,18 +177,17 @@ FAMILY_TOKENIZERS = {"m2m_100": "an NLLB or M2M100 tokenizer", "mbart": "an mBAR
                      "bart": "a BART tokenizer"}
 
 
-def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
+def tokenizer_config(family: str, directory: Path, have: list[str]) -> dict[str, Any]:
     """tokenizer_config.json with its tokenizer_class; without a class, the one transformers'
     AutoTokenizer falls back on for the model type (M2M100's by its vocab.json). Without the file,
     only where that class needs nothing from it (BART's, M2M100's): else refused, naming it."""
-    family = model_type(directory) or ""
     if "tokenizer_config.json" not in have:
         guess = {"bart": "BartTokenizer", "m2m_100": "M2M100Tokenizer" if "vocab.json" in have else None}.get(family)
         if guess is None:
             tokenizer_files.refuse_missing(directory, have, [SPM_FILE, "tokenizer_config.json"],
                                            FAMILY_TOKENIZERS.get(family, "its tokenizer"))
         return {"tokenizer_class": guess}
-    tok = marian.read_json(directory / "tokenizer_config.json")
+    tok = read_json(directory / "tokenizer_config.json")
     if not tok.get("tokenizer_class"):  # AutoTokenizer's fallback: the model type's tokenizer
         guesses = {"bart": "BartTokenizer",  # mBART's two tokenizers frame differently: not guessed
                    "m2m_100": "M2M100Tokenizer" if "vocab.json" in have else "NllbTokenizer"}
@@ -276,7 +195,7 @@ def tokenizer_config(directory: Path, have: list[str]) -> dict[str, Any]:
     return tok
 
 
-def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSpec | None, list[str]]:
+def tokenizer_spec(family: str, directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSpec | None, list[str]]:
     """(the bundle's tokenizer.json spec, the files it needs from the directory); (None, [])
     without any tokenizer file. A file the tokenizer needs that is missing, or files that do not
     fit each other or the model's embedding, is refused by name; a tokenizer class xform does not
@@ -285,7 +204,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[TokenizerSp
     have = tokenizer_files.present(directory, TOKENIZER_FILES)
     if not have:
         return None, []
-    tok = tokenizer_config(directory, have)
+    tok = tokenizer_config(family, directory, have)
     tokenizer_class = tok.get("tokenizer_class")
     if tokenizer_class in BYTE_BPE:
         return byte_bpe_spec(directory, tok, have, cfg.src_vocab_size)

@@ -46,7 +46,11 @@ def read_config(directory: str | Path) -> TransformerConfig:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; an xform checkpoint is a directory with {CONFIG_FILE} and "
                               f"{WEIGHTS_FILE}")
-    data = read_json_object(path, CheckpointError)
+    return config_from(read_json_object(path, CheckpointError), path)
+
+
+def config_from(data: dict, path: Path) -> TransformerConfig:
+    """The TransformerConfig an xform checkpoint's parsed config.json (at `path`) holds."""
     try:
         return TransformerConfig.from_dict(data, source=str(path))
     except ConfigError as e:
@@ -77,12 +81,13 @@ def load_state_into(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], s
     return model.eval()
 
 
-def load_checkpoint(directory: str | Path) -> Seq2SeqTransformer:
+def load_checkpoint(directory: str | Path, cfg: TransformerConfig | None = None) -> Seq2SeqTransformer:
+    """The checkpoint's model; its config read from the directory unless given (already read)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    cfg = read_config(directory)
+    cfg = cfg or read_config(directory)
     path = directory / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(f"{path}: missing weights file")

@@ -1,23 +1,27 @@
 """Resolve a MODEL argument to a model: a bundled name, an xform checkpoint directory, a Hugging
-Face Marian / OPUS-MT directory, or a state dict file: a torch.nn.Transformer model or one of the
-seed tutorials' models, recognised from its keys (`arch` "auto") or named by `arch`.
+Face directory of a family families.py's table imports (Marian, the BART and T5 families), or a
+state dict file: a torch.nn.Transformer model or one of the seed tutorials' models, recognised from
+its keys (`arch` "auto") or named by `arch`.
 
+A directory's config.json is read once (read_model_config): without a model_type it is an xform
+checkpoint's, with one the table's record of that type loads the directory (load_hf_dir).
 Returns the model, a description of the source (path, kind, sha256 of its weights) for the
 manifest, and the tokenizer (its tokenizer.json spec and the files it needs) when the source
 has one. Formats xform cannot read are refused by name, with what it can read.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from xform.errors import CheckpointError
 from xform.files import read_json_object, sha256_file
 from xform.models import STATE_DICT_ARCHS as ARCHS
-from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from xform.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, config_from, load_checkpoint, load_state_into
+from xform.models.families import Family, directories, family_of
+from xform.models.huggingface import UnsupportedTokenizer, read_generation, read_weights
 from xform.models.tokenizer_files import no_tokenizer_note
 from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import TokenizerSpec, parse
@@ -25,7 +29,7 @@ from xform.tokenizer_spec import TokenizerSpec, parse
 BUNDLED = ("demo",)
 TOKENIZER_FILE = "tokenizer.json"
 KNOWN = (f"a bundled name ({', '.join(BUNDLED)}), an xform checkpoint directory ({CONFIG_FILE} + {WEIGHTS_FILE}), "
-         "a Hugging Face Marian, M2M100 / NLLB, mBART, BART, T5 / Flan-T5 / MADLAD-400 or mT5 directory, or a state "
+         f"a Hugging Face {directories()} directory, or a state "
          "dict file (.pt / .pth / .bin / .safetensors) of a torch.nn.Transformer or seed tutorial model")
 TORCH_NN = "torch-nn-transformer"
 # keys xform itself names its parameters with, to recognise a bare xform state dict
@@ -50,62 +54,60 @@ def resolve_model(ref: str | Path, arch: str | None = None, hparams: dict[str, A
     """A state dict's source record says whether its layout was recognised (arch "auto")."""
     path = Path(ref)
     if arch == "auto" and not path.is_file():
-        arch = None  # a bundled name, a Marian or an xform checkpoint directory: recognised as always
+        arch = None  # a bundled name, a Hugging Face or an xform checkpoint directory: recognised as always
     if arch is not None or (str(ref) not in BUNDLED and path.is_file()):
         return load_state_dict_file(path, arch or "auto", hparams or {})
     if hparams:
         raise CheckpointError(f"hyper-parameters {sorted(hparams)} are only for state dict files")
     if str(ref) in BUNDLED:
-        return load_xform_dir(bundled_path(str(ref)), f"bundled:{ref}")
+        return load_directory(bundled_path(str(ref)), f"bundled:{ref}")
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; MODEL is {KNOWN}")
-    from xform.models import bart_family, marian, t5
-    if marian.is_marian_dir(path):
-        model, source = marian.load_marian(path)
-        return with_tokenizer(path, model, source, marian.tokenizer_spec, marian.TEXT_FILES,
-                              marian.generation_defaults(path))
-    if bart_family.is_family_dir(path):
-        model, source = bart_family.load_family(path)
-        return with_tokenizer(path, model, source, bart_family.tokenizer_spec,
-                              bart_family.TEXT_FILES[str(bart_family.model_type(path))],
-                              bart_family.generation_defaults(path))
-    if t5.is_t5_dir(path):
-        model, source = t5.load_t5(path)
-        return with_tokenizer(path, model, source, t5.tokenizer_spec, t5.TEXT_FILES, t5.generation_defaults(path))
-    cfg_file = path / CONFIG_FILE
-    if cfg_file.is_file():
-        try:
-            model_type = json.loads(cfg_file.read_text()).get("model_type")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            model_type = None
-        if model_type in t5.REFUSED_TYPES:
-            raise CheckpointError(f"{cfg_file}: model_type {model_type!r}: {t5.REFUSED_TYPES[model_type]}")
-        if model_type is not None:
-            raise CheckpointError(f"{cfg_file}: a Hugging Face config of model_type {model_type!r}; xform imports "
-                                  "model_type marian, m2m_100 (M2M100, NLLB), mbart, bart, t5 (T5, Flan-T5, "
-                                  "MADLAD-400), mt5 and xform checkpoints")
-    return load_xform_dir(path, "xform-checkpoint")
+    return load_directory(path, "xform-checkpoint")
 
 
-def with_tokenizer(path: Path, model: Seq2SeqTransformer, source: dict[str, Any], spec_of: Callable[..., Any],
-                   text_files: str, generation: dict[str, Any]) -> LoadedModel:
-    """A Hugging Face directory's model with its tokenizer (`spec_of`: the importer's tokenizer_spec,
-    which refuses an incomplete one); without any tokenizer file, or with one xform does not
-    reproduce, the model alone and a note saying what text needs."""
-    from xform.models.bart_family import UnsupportedTokenizer
+def read_model_config(directory: Path) -> dict[str, Any]:
+    """A model directory's config.json, read and parsed once whatever the model (an xform
+    checkpoint's, a Hugging Face model's): missing, unreadable, not JSON or not a JSON object is
+    refused naming the file and what is wrong with it."""
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; MODEL is {KNOWN}")
+    return read_json_object(path, CheckpointError)
+
+
+def load_directory(path: Path, kind: str) -> LoadedModel:
+    """An xform checkpoint (`kind`), or a Hugging Face directory by the record of its model_type."""
+    config = read_model_config(path)
+    if config.get("model_type") is None:
+        return load_xform_dir(path, kind, config)
+    return load_hf_dir(path, family_of(config["model_type"], path / CONFIG_FILE), config)
+
+
+def load_hf_dir(path: Path, family: Family, hf: dict[str, Any]) -> LoadedModel:
+    """A Hugging Face directory's model by its family's record (`hf`: config.json, read), with
+    its tokenizer (the record's, which refuses an incomplete one); without any tokenizer file,
+    or with one xform does not reproduce, the model alone and a note saying what text needs."""
+    generation, generation_source = read_generation(path)
+    cfg = family.config(hf, generation, str(path / CONFIG_FILE))
+    theirs, weights = read_weights(path)
+    model = load_state_into(Seq2SeqTransformer(cfg), family.convert(cfg, dict(theirs), str(weights)), str(weights))
+    source: dict[str, Any] = {"path": str(path.resolve()), "kind": f"huggingface-{family.model_type}",
+                              "sha256": sha256_file(weights), "weights": weights.name, "notes": []}
+    defaults = family.generation(hf, generation, generation_source)
     try:
-        spec, files = spec_of(path, model.cfg)
+        spec, files = family.tokenizer(path, cfg)
     except UnsupportedTokenizer as e:
         spec, files = None, []
         source["notes"].append(str(e))
     else:
         if spec is None:
-            source["notes"].append(no_tokenizer_note(path, text_files))
-    return LoadedModel(model, source, spec, [(path / f, f) for f in files], generation)
+            source["notes"].append(no_tokenizer_note(path, family.text_files))
+    return LoadedModel(model, source, spec, [(path / f, f) for f in files], defaults)
 
 
-def load_xform_dir(path: Path, kind: str) -> LoadedModel:
-    model = load_checkpoint(path)
+def load_xform_dir(path: Path, kind: str, config: dict[str, Any]) -> LoadedModel:
+    model = load_checkpoint(path, config_from(config, path / CONFIG_FILE))
     tok = path / TOKENIZER_FILE
     tokenizer = None
     if tok.is_file():

@@ -7,7 +7,6 @@ from `pytorch_model.bin` loaded with `weights_only=True` (no arbitrary unpicklin
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,44 +14,19 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import read_json_object, sha256_file
 from xform.models import tokenizer_files
-from xform.models.checkpoint import load_state_into, load_torch_file
+from xform.models.huggingface import (
+    ACTIVATIONS,
+    WeightMap,
+    layer_names,
+    one_width_problems,
+    read_json,
+)
 from xform.models.layers import sinusoid_table
-from xform.models.transformer import Seq2SeqTransformer
 from xform.tokenizer_spec import MarianSpmSpec
 
-ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
 TEXT_FILES = "source.spm, target.spm and vocab.json"  # what text needs, for the note of a model without them
-
-
-def is_marian_dir(path: Path) -> bool:
-    cfg = path / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("model_type") == "marian"
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return read_json_object(path, CheckpointError)
-
-
-def one_width_problems(hf: dict[str, Any]) -> list[str]:
-    """xform has one head count and one d_ff for both stacks; a config with two is refused."""
-    get, problems = hf.get, []
-    if get("encoder_attention_heads") != get("decoder_attention_heads"):
-        problems.append(f"encoder_attention_heads ({get('encoder_attention_heads')}) differs from "
-                        f"decoder_attention_heads ({get('decoder_attention_heads')}); xform has one head count")
-    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
-        problems.append(f"encoder_ffn_dim ({get('encoder_ffn_dim')}) differs from decoder_ffn_dim "
-                        f"({get('decoder_ffn_dim')}); xform has one d_ff")
-    return problems
 
 
 def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
@@ -60,8 +34,6 @@ def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
     problems = []
     # any JSON value, or None when absent: TransformerConfig checks the type and range of each
     get: Callable[..., Any] = hf.get
-    if get("model_type") != "marian":
-        problems.append(f"model_type is {get('model_type')!r}, not 'marian'")
     problems += one_width_problems(hf)
     act = get("activation_function", "gelu")
     if act not in ACTIVATIONS:
@@ -105,115 +77,6 @@ def marian_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -
         raise ConfigError(f"{source}: {e}") from None
 
 
-# per stack: xform's attention -> Marian's, xform's residual block -> Marian's LayerNorm
-STACKS = {
-    "encoder": ({"self_attn": "self_attn"}, {"attn_block": "self_attn_layer_norm", "ffn_block": "final_layer_norm"}),
-    "decoder": ({"self_attn": "self_attn", "cross_attn": "encoder_attn"},
-                {"self_block": "self_attn_layer_norm", "cross_block": "encoder_attn_layer_norm",
-                 "ffn_block": "final_layer_norm"}),
-}
-
-
-def layer_names(cfg: TransformerConfig) -> dict[str, str]:
-    """xform parameter name -> Marian parameter name, for every layer parameter of the model."""
-    names: dict[str, str] = {}
-    depth = {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
-    for side, (attns, norms) in STACKS.items():
-        for i in range(depth[side]):
-            ours, theirs = f"{side}_layers.{i}", f"model.{side}.layers.{i}"
-            for kind in ("weight", "bias"):
-                for our_attn, their_attn in attns.items():
-                    for p in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                        names[f"{ours}.{our_attn}.{p}.{kind}"] = f"{theirs}.{their_attn}.{p}.{kind}"
-                for block, their_norm in norms.items():
-                    names[f"{ours}.{block}.norm.{kind}"] = f"{theirs}.{their_norm}.{kind}"
-                for fc in ("fc1", "fc2"):
-                    names[f"{ours}.ffn.{fc}.{kind}"] = f"{theirs}.{fc}.{kind}"
-    return names
-
-
-def embedding_aliases(cfg: TransformerConfig) -> dict[str, list[str]]:
-    """xform embedding parameter -> the Marian names that may hold it. Tied weights may be saved
-    once or under every name: the first present is used, any other present must equal it."""
-    tied_head = ["lm_head.weight"] if cfg.tie_output else []
-    if cfg.share_embeddings:
-        out = {"src_embed.weight": ["model.shared.weight", "model.encoder.embed_tokens.weight",
-                                    "model.decoder.embed_tokens.weight", *tied_head]}
-    else:
-        out = {"src_embed.weight": ["model.encoder.embed_tokens.weight", "model.shared.weight"],
-               "tgt_embed.weight": ["model.decoder.embed_tokens.weight", *tied_head]}
-    if not cfg.tie_output:
-        out["lm_head.weight"] = ["lm_head.weight"]
-    return out
-
-
-def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    for name in WEIGHT_FILES:
-        path = directory / name
-        if not path.is_file():
-            continue
-        if not name.endswith(".safetensors"):
-            state = load_torch_file(path)
-            if not isinstance(state, dict):
-                raise CheckpointError(f"{path}: expected a dict of parameter names to tensors, found "
-                                      f"{type(state).__name__}")
-            return state, path
-        try:
-            from safetensors.torch import load_file
-            return load_file(str(path)), path
-        except Exception as e:  # safetensors raises several types for a corrupt file
-            raise CheckpointError(f"{path}: unreadable weights ({type(e).__name__}: {e})") from None
-    raise CheckpointError(f"{directory}: no weights; expected one of {WEIGHT_FILES}")
-
-
-class WeightMap:
-    """Their state dict mapped onto xform's names, with every problem gathered: the embedding
-    aliases (tied tables saved under one or several names, which must agree), named parameters,
-    and at the end whatever was neither used nor expected. Shared by the Marian, BART-family and
-    T5 importers."""
-
-    def __init__(self, theirs: dict[str, torch.Tensor]):
-        self.theirs = theirs
-        self.ours: dict[str, torch.Tensor] = {}
-        self.used: set[str] = set()
-        self.problems: list[str] = []
-
-    def embeddings(self, cfg: TransformerConfig, aliases: dict[str, list[str]] | None = None) -> None:
-        """The embedding tables by their aliases (Marian's names unless `aliases` gives others)."""
-        for name, candidates in (aliases or embedding_aliases(cfg)).items():
-            present = [c for c in candidates if c in self.theirs]
-            if not present:
-                self.problems.append(f"missing {' or '.join(candidates)}")
-                continue
-            self.ours[name] = self.theirs[present[0]]
-            for other in present[1:]:
-                if not torch.equal(self.theirs[other], self.theirs[present[0]]):
-                    self.problems.append(f"{other} should be tied to {present[0]} but differs")
-            self.used.update(present)
-
-    def named(self, names: dict[str, str]) -> None:
-        for name, their_name in names.items():
-            if their_name in self.theirs:
-                self.ours[name] = self.theirs[their_name]
-                self.used.add(their_name)
-            else:
-                self.problems.append(f"missing {their_name}")
-
-    def output_bias(self, cfg: TransformerConfig) -> None:
-        bias = self.theirs.get("final_logits_bias")
-        self.ours["output_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(cfg.tgt_vocab_size)
-        self.used.add("final_logits_bias")
-
-    def result(self, source: str, what: str) -> dict[str, torch.Tensor]:
-        unexpected = sorted(set(self.theirs) - self.used)
-        if unexpected:
-            self.problems.append(f"unexpected weights {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        if self.problems:
-            raise CheckpointError(f"{source}: weights do not match {what} of this config:\n  - "
-                                  + "\n  - ".join(self.problems))
-        return self.ours
-
-
 def convert_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     w = WeightMap(theirs)
     w.embeddings(cfg)
@@ -232,45 +95,6 @@ def convert_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], sourc
             if theirs[key].shape != table.shape or not torch.allclose(theirs[key].float(), table, atol=1e-5):
                 w.problems.append(f"{key} is not Marian's sinusoidal table for max_position_embeddings {cfg.max_len}")
     return w.result(source, "a Marian model")
-
-
-def load_marian(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from a Marian directory."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-    cfg = marian_config(hf, generation, str(directory / "config.json"))
-    theirs, weights_path = read_weights(directory)
-    state = convert_state(cfg, {k: v for k, v in theirs.items()}, str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": "huggingface-marian", "sha256": sha256_file(weights_path),
-              "weights": weights_path.name, "notes": []}
-    return model, source
-
-
-def generation_defaults(directory: str | Path) -> dict[str, Any]:
-    """How the model is meant to decode, from generation_config.json (else config.json), as the
-    manifest records it: num_beams, length_penalty, early_stopping, max_length (with the start
-    token, as transformers counts) and forced_eos (transformers' forced_eos_token_id)."""
-    directory = Path(directory)
-    hf = read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else {}
-
-    def get(key, default):
-        return generation.get(key, hf.get(key, default))
-
-    eos = get("eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) else eos
-    forced = get("forced_eos_token_id", None)
-    forced = forced[0] if isinstance(forced, list) else forced
-    out = {"num_beams": int(get("num_beams", 1) or 1), "length_penalty": float(get("length_penalty", 1.0)),
-           "early_stopping": get("early_stopping", False), "forced_eos": forced is not None and forced == eos,
-           "source": str(gen_path if gen_path.is_file() else directory / "config.json")}
-    if get("max_length", None) is not None:
-        out["max_length"] = int(get("max_length", None))
-    return out
 
 
 def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[MarianSpmSpec | None, list[str]]:

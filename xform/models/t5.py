@@ -15,8 +15,9 @@ field (docs/design.md "The T5 family"):
 
 The decoder starts from the pad id. In fp16 graphs the feed-forward output projection and the
 residual stream stay fp32 (`fp32_ffn_output`; docs/design.md, "T5 in fp16"). What the config names
-and xform cannot express is refused by name: UMT5 (its own model_type: a relative bias in every
-layer), a `feed_forward_proj` of an activation xform lacks, a decoder-only config.
+and xform cannot express is refused by name: UMT5 (its own model_type, refused by families.py's
+table: a relative bias in every layer), a `feed_forward_proj` of an activation xform lacks, a
+decoder-only config.
 """
 from __future__ import annotations
 
@@ -27,20 +28,18 @@ import torch
 
 from xform.config import TransformerConfig
 from xform.errors import CheckpointError, ConfigError
-from xform.files import sha256_file
-from xform.models import bart_family, marian, tokenizer_files
-from xform.models.checkpoint import load_state_into
-from xform.models.transformer import Seq2SeqTransformer
+from xform.models import tokenizer_files
+from xform.models.huggingface import (
+    ACTIVATIONS,
+    UnsupportedTokenizer,
+    WeightMap,
+    read_json,
+    refuse_problems,
+)
 from xform.tokenizer_spec import T5Spec
 
-FAMILIES = ("t5", "mt5")
 TIED_BY_DEFAULT = {"t5": True, "mt5": False}  # T5Config's and MT5Config's tie_word_embeddings default
 DEFAULT_MAX_LEN = 512  # T5's n_positions where a config records it; relative positions have no table
-REFUSED_TYPES = {"umt5": "UMT5 learns a relative position bias in every layer; xform shares one per stack"}
-
-
-def is_t5_dir(directory: Path) -> bool:
-    return bart_family.model_type(directory) in FAMILIES
 
 
 def feed_forward(proj: object) -> tuple[str | None, bool, str | None]:
@@ -52,10 +51,10 @@ def feed_forward(proj: object) -> tuple[str | None, bool, str | None]:
     if (len(parts) > 1 and parts[0] != "gated") or len(parts) > 2:
         return None, False, f"feed_forward_proj {proj!r} is not `ACT` or `gated-ACT`"
     act = "gelu_new" if proj == "gated-gelu" else parts[-1]
-    if act not in marian.ACTIVATIONS:
+    if act not in ACTIVATIONS:
         return None, False, (f"feed_forward_proj {proj!r}: activation {act!r} is not one of "
-                             f"{sorted(marian.ACTIVATIONS)}")
-    return marian.ACTIVATIONS[act], parts[0] == "gated", None
+                             f"{sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[act], parts[0] == "gated", None
 
 
 def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> TransformerConfig:
@@ -64,14 +63,12 @@ def t5_config(hf: dict[str, Any], generation: dict[str, Any], source: str) -> Tr
     get: Callable[..., Any] = hf.get
     family = get("model_type")
     problems = []
-    if family not in FAMILIES:
-        problems.append(f"model_type is {family!r}, not one of {FAMILIES}")
     activation, gated, problem = feed_forward(get("feed_forward_proj", "relu"))
     if problem:
         problems.append(problem)
     if get("is_encoder_decoder", True) is not True:
         problems.append("is_encoder_decoder is false (a decoder-only T5); xform exports encoder-decoders")
-    bart_family.refuse_problems(problems, generation, get, source, family)
+    refuse_problems(problems, generation, get, source, family)
     pad = get("pad_token_id", 0)
     eos = generation.get("eos_token_id", get("eos_token_id", 1))
     eos = eos[0] if isinstance(eos, list) else eos
@@ -138,28 +135,11 @@ def embedding_aliases(cfg: TransformerConfig) -> dict[str, list[str]]:
 
 
 def convert_t5_state(cfg: TransformerConfig, theirs: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    w = marian.WeightMap(theirs)
+    w = WeightMap(theirs)
     w.embeddings(cfg, embedding_aliases(cfg))
     w.named(layer_names(cfg))
     return w.result(source, "a T5 model")
 
-
-def load_t5(directory: str | Path) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
-    """(model, source description) from a T5 / mT5 / MADLAD-400 directory."""
-    directory = Path(directory)
-    hf = marian.read_json(directory / "config.json")
-    gen_path = directory / "generation_config.json"
-    generation = marian.read_json(gen_path) if gen_path.is_file() else {}
-    cfg = t5_config(hf, generation, str(directory / "config.json"))
-    theirs, weights_path = marian.read_weights(directory)
-    state = convert_t5_state(cfg, dict(theirs), str(weights_path))
-    model = load_state_into(Seq2SeqTransformer(cfg), state, str(weights_path))
-    source = {"path": str(directory.resolve()), "kind": f"huggingface-{hf['model_type']}",
-              "sha256": sha256_file(weights_path), "weights": weights_path.name, "notes": []}
-    return model, source
-
-
-generation_defaults = bart_family.generation_defaults
 
 SPM_FILE = "spiece.model"
 TOKENIZER_FILES = (SPM_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -180,7 +160,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[T5Spec | No
         if have:
             tokenizer_files.refuse_missing(directory, have, [SPM_FILE], "a T5 tokenizer")
         return None, []
-    tok = marian.read_json(directory / "tokenizer_config.json") if "tokenizer_config.json" in have else {}
+    tok = read_json(directory / "tokenizer_config.json") if "tokenizer_config.json" in have else {}
 
     def token(key: str, default: str) -> str:
         t = tok.get(key, default)
@@ -188,7 +168,7 @@ def tokenizer_spec(directory: Path, cfg: TransformerConfig) -> tuple[T5Spec | No
         return t if isinstance(t, str) else default
 
     if tok.get("legacy") is False and SPM_FILE in have and "tokenizer.json" not in have:
-        raise bart_family.UnsupportedTokenizer(
+        raise UnsupportedTokenizer(
             f"{directory / 'tokenizer_config.json'}: legacy false (T5Tokenizer's non-legacy handling of the text "
             "after special tokens) is not one xform reproduces from spiece.model: the bundle takes token ids")
     extra_ids = int(tok.get("extra_ids", 100))

@@ -5,7 +5,7 @@ missing (a target side tokenized with the source's sentencepiece model scores an
 nonsense); a directory with none of them exports for token ids, with a note that text needs a
 tokenizer. The files present must agree with each other and with the model: vocabulary ids inside
 the embedding, sentencepiece pieces found in the vocabulary that maps them to ids. Which files
-each tokenizer needs is the importer's (marian.py, bart_family.py); the checks are here. No torch.
+each tokenizer needs is the importer's (marian.py, bart_family.py, t5.py); the checks are here. No torch.
 """
 from __future__ import annotations
 
