@@ -140,6 +140,15 @@ def write_separate_tokenizer(directory: Path) -> tuple[int, int]:
     return len(source), len(target)
 
 
+def text_marian_bundle(tmp_path_factory, name: str, seed: int, steps: int, **config) -> Path:
+    """A text Marian (build_text_marian) exported to a bundle of its own: its path."""
+    from xform.exporter.export import export_bundle
+    d = tmp_path_factory.mktemp(name) / "marian"
+    d.mkdir()
+    build_text_marian(d, seed, steps, **config)
+    return export_bundle(d, tmp_path_factory.mktemp(name) / "bundle").path
+
+
 def build_text_marian(directory: Path, seed: int, steps: int, **config):
     """A Marian with the sentencepiece tokenizer files of write_tokenizer, trained `steps` steps
     from torch seed `seed` and saved in `directory`: a model text goes through."""

@@ -30,12 +30,9 @@ def run(*args):
 def text_marian(tmp_path_factory):
     """A Marian with a sentencepiece tokenizer and 64 positions: translations longer than 32 tokens."""
     pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
-    from tests.marian_fixtures import build_text_marian
-    from xform.exporter.export import export_bundle
-    d = tmp_path_factory.mktemp("hour") / "marian"
-    d.mkdir()
-    build_text_marian(d, 3, 10, encoder_layers=1, decoder_layers=2, activation_function="relu", scale_embedding=True)
-    return export_bundle(d, tmp_path_factory.mktemp("hour") / "bundle").path
+    from tests.marian_fixtures import text_marian_bundle
+    return text_marian_bundle(tmp_path_factory, "hour", 3, 10, encoder_layers=1, decoder_layers=2,
+                              activation_function="relu", scale_embedding=True)
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -111,12 +108,21 @@ def test_a_utf16_file_is_named_with_the_command_that_converts_it(demo_bundle, tm
     assert run("run", demo_bundle, "--input-file", plain).exit_code == 0
 
 
-def wait_for(what, check, timeout: float, proc):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert proc.poll() is None, f"ended before {what}: {proc.stderr.read() if proc.stderr else ''}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.02)
+def interrupt(proc, what: str, ready, timeout: float) -> str:
+    """Ctrl-C `proc` (a command with its stderr piped) once `ready()`, waiting at most `timeout`
+    s for it; its stderr (and stdout, where piped together) when it has ended."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, f"ended before {what}: {proc.communicate()[0 if proc.stdout else 1]}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        return out if out is not None else err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo_bundle, tmp_path):
@@ -129,15 +135,9 @@ def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo
     proc = subprocess.Popen([sys.executable, "-m", "xform", "run", str(demo_bundle), "--input-file", str(src),
                              "--output", str(out), "--batch-size", "8", "--read-ahead", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        def partial() -> bool:  # the temporary beside --output holds some lines
-            return any(p.stat().st_size > 200 for p in tmp_path.iterdir() if p.name not in ("in.txt", "out.txt"))
-        wait_for("translations written", partial, 120, proc)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    def partial() -> bool:  # the temporary beside --output holds some lines
+        return any(p.stat().st_size > 200 for p in tmp_path.iterdir() if p.name not in ("in.txt", "out.txt"))
+    stderr = interrupt(proc, "translations written", partial, 120)
     assert proc.returncode == 130, stderr
     got = out.read_text().splitlines()
     assert 0 < len(got) < len(lines) and "xform corpus" in stderr, stderr

@@ -242,20 +242,14 @@ def test_a_ctrl_c_of_a_ray_corpus_says_it_stopped_without_ray_tracebacks(ray_clu
     on, and none of Ray's "task failed" lines for the shards the stopped workers held (it printed
     one a shard in flight). The workers are gone: the same command again gets their CPUs and
     finishes the file."""
-    from tests.test_first_hour import wait_for
+    from tests.test_first_hour import interrupt
     src, out = tmp_path / "in.txt", tmp_path / "out"
     src.write_text("\n".join(numbers(800, 3)) + "\n")
     args = [demo_bundle, src, "--output-dir", out, "--ray", ray_cluster.address, "--workers", 2, "--threads", 1,
             "--num-beams", 4, "--shard-lines", 20]
     proc = subprocess.Popen([sys.executable, "-m", "xform", "corpus", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    try:
-        wait_for("a finished shard", lambda: len(list((out / SHARDS).glob("*.json"))) >= 2, 180, proc)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    output = interrupt(proc, "a finished shard", lambda: len(list((out / SHARDS).glob("*.json"))) >= 2, 180)
     assert proc.returncode == 130, output
     assert "run the same command again" in output, output
     assert "failed" not in output and "Traceback" not in output and "Unhandled error" not in output, output

@@ -117,12 +117,9 @@ def test_ctranslate2_token_lists_join_back_where_the_tokenizer_is_sentencepiece(
 @pytest.fixture(scope="module")
 def marian_text(tmp_path_factory):
     pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
-    from tests.marian_fixtures import build_text_marian
-    from xform.exporter.export import export_bundle
-    d = tmp_path_factory.mktemp("spm") / "m"
-    d.mkdir()
-    build_text_marian(d, 2, 5, encoder_layers=1, decoder_layers=1, activation_function="relu", scale_embedding=True)
-    return xform.load(export_bundle(d, tmp_path_factory.mktemp("spm") / "b").path)
+    from tests.marian_fixtures import text_marian_bundle
+    return xform.load(text_marian_bundle(tmp_path_factory, "spm", 2, 5, encoder_layers=1, decoder_layers=1,
+                                         activation_function="relu", scale_embedding=True))
 
 
 @pytest.mark.parametrize("batch_type,size", [("examples", 2), ("tokens", 9)])
