@@ -208,6 +208,7 @@ def test_a_file_that_is_not_a_checkpoint_gets_one_line(tmp_path):
                                       "--n-heads", "3", "--bos-id", "1", "--eos-id", "2"])
         assert r.exit_code == 1 and f"{name}: {message}" in r.output, (name, r.output)
         # the error is one line; off a terminal, export's stage lines ("[   0.0 s] loading model") come before it
-        assert len([ln for ln in r.output.strip().splitlines() if not re.match(r"\[ *[\d.]+ s\] ", ln)]) == 1, r.output
+        said = [ln for ln in r.output.strip().splitlines() if not re.match(r"\[ *[\d.]+ s\] ", ln)]
+        assert len(said) == 1, r.output
         assert "weights_only" not in r.output and "Traceback" not in r.output
     assert not (tmp_path / "b").exists()
