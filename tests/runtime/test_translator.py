@@ -178,3 +178,18 @@ def test_an_empty_source_is_an_empty_translation_at_every_door(demo, demo_bundle
     assert r.exit_code == 0 and r.output.splitlines()[0] == "\t", r.output
     served = execute(demo, [{"text": np.array([[b""], [b"7"]], dtype=object)}])[0]
     assert served["translation"].reshape(-1).tolist() == [b"", demo.translate(["7"])[0].encode()]
+
+
+def test_generate_tokens_gives_pieces_that_join_back_into_the_text(marian_text):
+    """CTranslate2's generate_tokens yields the vocabulary's tokens: SentencePiece pieces keep their
+    word-start mark (the text of each token alone lost it, and with it the spaces), so joined they
+    spell the translation."""
+    t = marian_text.translator
+    vocab = marian_text.tokenizer.target_vocabulary()
+    marked = [i for p, i in vocab.items() if p.startswith("\u2581") and len(p) > 1]
+    assert marked and all(t.piece(i).startswith("\u2581") for i in marked)
+    kw = dict(max_decoding_length=12, min_decoding_length=8)
+    steps = list(t.generate_tokens("the cat sleeps", **kw))
+    assert [s.token for s in steps] == [t.piece(s.token_id) for s in steps]
+    text = "".join(s.token for s in steps if s.token_id != marian_text.eos_id).replace("\u2581", " ").strip()
+    assert text == t.translate_batch(["the cat sleeps"], beam_size=1, **kw)[0].hypotheses[0]

@@ -203,9 +203,17 @@ class Translator(LineStream):
             batch.step()
             token = int(out[0, decode.step - 1])
             last = decode.done or token == self.eos_id
-            yield GenerationStepResult(decode.step - 1, token, self.text.decode([token]), last)
+            yield GenerationStepResult(decode.step - 1, token, self.piece(token), last)
             if last:
                 return
+
+    def piece(self, token_id: int) -> str:
+        """A target id as the vocabulary writes it (CTranslate2's tokens): SentencePiece's pieces
+        keep their word-start mark, so joined they spell the text ("".join(tokens) with "▁" as a
+        space); end-of-sentence and the like as the vocabulary names them."""
+        if getattr(self, "pieces", None) is None:
+            self.pieces = {i: t for t, i in self.text.target_vocabulary().items()}
+        return self.pieces.get(token_id, "")
 
     # -- the Python door for text ---------------------------------------------------------------
     def generation(self, tgt_lang: str | None, options: dict[str, Any]) -> GenerationConfig:
