@@ -69,7 +69,8 @@ def test_graphs_have_contract_names_and_dynamic_axes(tiny_bundle):
             assert dims == list(t.shape), (t.name, dims)
     dec = onnx.load(str(bundle.graph_file(DECODER)))
     assert not any(n.op_type in ("If", "Loop") for n in dec.graph.node)
-    assert any(n.op_type == "ArgMax" for n in dec.graph.node)
+    # the greedy choice is in the graph: each row's best two (TopK), no Where over (rows, vocab) (issue 44)
+    assert any(n.op_type == "TopK" for n in dec.graph.node) and not any(n.op_type == "ArgMax" for n in dec.graph.node)
     # 3 decoder layers: logits, next ids, 3 x (key, value)
     assert len(dec.graph.output) == 2 + 2 * 3
 
