@@ -88,7 +88,7 @@ def sources(vocab: int, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 # -- the engines: each (src, lens, beams, new_tokens, on_step) -> ids (B, new_tokens) ---------------------
 def xform_engine(bundle: Path, device: str):
     import xform
-    from xform.runtime.decoding import GenerationConfig
+    from xform.runtime.generation import GenerationConfig
     session = xform.load(bundle, backend="ort", device=device)
 
     def run(src, lens, beams, new, on_step):

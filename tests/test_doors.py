@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import xform
-from xform.runtime import controls, decoding
+from xform.runtime import controls, decoding, generation
 from xform.runtime import session as session_module
 from xform.serving import tensors
 from xform.serving.handler import execute
@@ -133,7 +133,7 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
     import xform.cli.decode
     from xform.serving.repository import ModelOptions, config_pbtxt
     fake = dataclasses.make_dataclass("FakeGenerationConfig", [("fake_control", int, 0)],
-                                      bases=(decoding.GenerationConfig,), frozen=True)
+                                      bases=(generation.GenerationConfig,), frozen=True)
     monkeypatch.setattr(session_module, "GenerationConfig", fake)
     monkeypatch.setattr(controls, "CONTROLS", [*controls.CONTROLS, controls.Control(
         "fake_control", "--fake-control", "int", "A control of this test.", tensor="fake_control", least=1)])

@@ -40,7 +40,7 @@ OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform update
 PRECISIONS = ("fp32", "fp16", "int8")
 SHARED_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1}  # dtype -> bytes per element
 MAX_DIM = 1 << 31
-# generation defaults the runtime reads itself (decoding.decode_cap, Session's forced first token);
+# generation defaults the runtime reads itself (generation.decode_cap, Session's forced first token);
 # the decoding settings among them go through GenerationConfig's own validation
 GENERATION_INTS = ("max_new_tokens", "max_length", "forced_bos_token_id")
 

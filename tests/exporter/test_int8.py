@@ -284,7 +284,7 @@ def test_the_check_in_row_chunks_equals_the_check_at_once(demo_bundle, monkeypat
     were gigabytes a side): on fp32 graphs, chunks of a few rows give one call's figures. (int8's
     dynamic quantization scales activations by the whole batch, so its logits move with the chunk.)"""
     from xform.exporter import check as check_module
-    from xform.runtime.decoding import GenerationConfig
+    from xform.runtime.generation import GenerationConfig
 
     def figures(logit_bytes):
         monkeypatch.setattr(check_module, "LOGIT_BYTES", logit_bytes)

@@ -2,10 +2,31 @@
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from tests.conftest import make_model, padded_batch
 from tests.variants import VARIANTS
-from xform.models.transformer import EncoderOutput, cached_greedy_decode, greedy_decode
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, greedy_decode
+
+
+def cached_greedy_decode(model: Seq2SeqTransformer, src_ids: Tensor, src_lengths: Tensor,
+                         max_new_tokens: int, min_new_tokens: int = 0) -> Tensor:
+    """Greedy decoding with the KV cache, one token a step, as the exported graphs run it."""
+    cfg = model.cfg
+    enc = model.encode(src_ids, src_lengths)
+    tok = torch.full((src_ids.shape[0], 1), cfg.start_id, dtype=torch.long)
+    done = torch.zeros(src_ids.shape[0], dtype=torch.bool)
+    past, out = None, []
+    for step in range(max_new_tokens):
+        logits, past = model.decode(tok, enc, past)
+        nxt = model.suppress(logits[:, -1], step, min_new_tokens).argmax(-1)
+        nxt = torch.where(done, cfg.pad_id, nxt)
+        out.append(nxt)
+        done |= nxt == cfg.eos_id
+        tok = nxt[:, None]
+        if done.all():
+            break
+    return torch.stack(out, 1) if out else torch.zeros(src_ids.shape[0], 0, dtype=torch.long)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -20,7 +20,7 @@ from tests.runtime.cuda_double import CudaBinding, CudaOrt, emulate_cuda
 from xform.contract import DECODER, DECODER_BEAM
 from xform.errors import BackendUnavailableError, XformError
 from xform.runtime import ort_files
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.scheduler import Scheduler
 from xform.runtime.step_inputs import StepInputs
 

@@ -225,5 +225,5 @@ def print_text_report(bundle: Path, manifest: Manifest) -> None:
 
 
 def decode_cap_of(manifest: Manifest) -> tuple[int, str]:
-    from xform.runtime.decoding import decode_cap
+    from xform.runtime.generation import decode_cap
     return decode_cap(manifest.generation, manifest.config.max_len)

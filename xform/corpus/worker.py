@@ -19,7 +19,7 @@ from typing import Callable
 
 from xform.corpus.shards import Shard, ShardTask
 from xform.runtime.batching import Batching
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import LineResult, TextOptions
 from xform.runtime.vocab_map import VocabMap
 

@@ -29,7 +29,7 @@ from xform.runtime.compare import (
     merge_steps,
     tolerance_for,
 )
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.open import open_backend, open_session, session_over
 from xform.runtime.request import Request, Result
 from xform.runtime.session import Session

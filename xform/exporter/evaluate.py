@@ -14,7 +14,7 @@ from typing import IO, Callable
 
 from xform.errors import XformError
 from xform.runtime.batching import Batching
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import TextOptions
 from xform.runtime.session import Session
 

@@ -1,8 +1,12 @@
-"""Trace the model's `encode` / `decode` seams into the two ONNX graphs of the contract.
+"""Trace the model's `encode` / `decode` seams into the ONNX graphs of the contract: the encoder,
+the decoder step (its greedy choice included), the reorder, candidates and restricted-decoder
+graphs (the fused beam step is beam_graph.py's).
 
-The wrapper modules only flatten the model's structured inputs and outputs into the tensor lists
-of xform/contract.py; all computation is the model's own. Tracing uses the TorchScript exporter
-(`dynamo=False`), which keeps a zero-length past valid (docs/design.md "The K/V cache").
+The wrapper modules flatten the model's structured inputs and outputs into the tensor lists of
+xform/contract.py; the computation is the model's own, but for what decoding adds after the
+logits (the greedy choice, the candidates' ranking), written here once for every graph. Tracing
+uses the TorchScript exporter (`dynamo=False`), which keeps a zero-length past valid
+(docs/design.md "The K/V cache").
 It does not verify (verify.py) or write manifests (export.py).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ A row says how each front door takes the control: the CLI's flag and help (cli's
 `generation_options` makes the click options from the rows), the Python keyword (the field's
 own name: `Session.generate(**settings)` takes any field) and the Triton input, when served
 (serving/tensors.py makes config.pbtxt's inputs, the handler's parsing and the docs' table from
-the rows). Adding a control is a field of `GenerationConfig` (decoding.py) and a row here; a test
+the rows). Adding a control is a field of `GenerationConfig` (generation.py) and a row here; a test
 adds a fake one and reaches it from all three doors (tests/test_doors.py).
 
 This module is data only: it imports nothing of xform, so every layer may read it.

@@ -1,6 +1,6 @@
 """Decoding strategies: greedy, sampling and beam search, as small state machines over numpy.
 
-The loop that drives a backend is written once (session.py); a strategy only says how many rows
+The loop that drives a backend is written once (loop.py); a strategy only says how many rows
 the backend decodes, what to feed it next, and which cached row each new row continues:
 
     strategy.rows                     # rows the backend decodes (batch x beams, or x samples)
@@ -29,17 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from xform.runtime.generation import (  # noqa: F401 - decoding's names before generation.py
-    DEFAULT_MAX_NEW_TOKENS,
-    GenerationConfig,
-    decode_cap,
-    flag,
-    int_id,
-    named,
-    number,
-    whole,
-)
-from xform.runtime.processors import NEG, Processors, Special, log_softmax  # noqa: F401 - decoding's names
+from xform.runtime.generation import GenerationConfig
+from xform.runtime.processors import NEG, Processors, Special, log_softmax
 
 
 class Strategy(Protocol):

@@ -89,7 +89,7 @@ class GenerationConfig:
     # the first generated token, whatever the logits say (transformers' forced_bos_token_id: a
     # multilingual model's target language); it scores 0, as transformers' processor gives it
     forced_bos_token_id: int | None = None
-    # transformers' repetition controls, with its semantics (decoding.Processors)
+    # transformers' repetition controls, with its semantics (processors.Processors)
     repetition_penalty: float = 1.0  # > 0; 1.0: off
     no_repeat_ngram_size: int = 0  # 0: off
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # id sequences never generated, besides pad and banned ids

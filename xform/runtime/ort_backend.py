@@ -52,9 +52,8 @@ from xform.runtime.cache import (
     grown_capacity,
 )
 from xform.runtime.cuda import CudaOps, device_ops
-from xform.runtime.decoding import log_softmax
 from xform.runtime.ort_files import SharedWeight, bind_host, import_onnxruntime, providers_for, session
-from xform.runtime.processors import Special
+from xform.runtime.processors import Special, log_softmax
 from xform.runtime.step_inputs import StepInputs
 
 

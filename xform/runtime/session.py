@@ -17,14 +17,15 @@ from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching
-from xform.runtime.decoding import GenerationConfig, Special, decode_cap, int_id, log_softmax, make_strategy, named
+from xform.runtime.decoding import make_strategy
+from xform.runtime.generation import GenerationConfig, decode_cap, int_id, named
 from xform.runtime.loop import Batch, Decode
+from xform.runtime.processors import Special, log_softmax
 from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions, refuse_unknown
 from xform.runtime.tokenizer import Tokenizer
 from xform.runtime.translator import Translator
-from xform.runtime.unknowns import word_span
 
-__all__ = ["Session", "Translator", "word_span"]
+__all__ = ["Session"]
 from xform.runtime.vocab_map import VocabMap
 
 
@@ -103,7 +104,7 @@ class Session:
                           **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
         (None keeps a default); checked against the model's max_len and target vocabulary. Errors
-        name the settings by `names` (decoding.named: None, the CLI's flags) and say which they
+        name the settings by `names` (generation.named: None, the CLI's flags) and say which they
         are about (SettingError.settings)."""
         fields = generation_fields()
         defaults = {k: v for k, v in self.generation_defaults.items() if k in fields}
@@ -146,7 +147,7 @@ class Session:
                             "settings; set it to decide otherwise)", *error.settings)
 
     def default_max_new_tokens(self) -> int:
-        """The bundle's decode cap (decoding.decode_cap): set at export, else the model's
+        """The bundle's decode cap (generation.decode_cap): set at export, else the model's
         max_length - 1, else 256; never beyond max_len."""
         return decode_cap(self.generation_defaults, self.config.max_len)[0]
 
@@ -154,7 +155,7 @@ class Session:
                 generation: GenerationConfig | None = None, names: Mapping[str, str] | None = None,
                 texts: Sequence[str] | None = None, replace_unknowns: bool = False, **settings: Any) -> Request:
         """The one builder of a Request, for every door: `generate`'s arguments checked. `settings`
-        are the generation config's fields (decoding.GenerationConfig: any of them) and the
+        are the generation config's fields (generation.GenerationConfig: any of them) and the
         request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps
         a default. `generation`: a config made already (generation_config), instead of settings."""
         options = {k: settings.pop(k) for k in REQUEST_OPTIONS if k in settings}
@@ -212,7 +213,7 @@ class Session:
         return_attention, last, each token's attention over the source (B x num_return_sequences,
         n, src_len): the cross-attention of the decoder layer the bundle was exported with
         (--with-attention), averaged over heads, 0 after the end. Unset settings take
-        the bundle's defaults (max_new_tokens: the bundle's cap, decoding.decode_cap: 256 unless
+        the bundle's defaults (max_new_tokens: the bundle's cap, generation.decode_cap: 256 unless
         the bundle or the model sets one). `run(request(...))` gives the same as a named Result.
 
         `target_prefix`: one id list a source (empty allowed): decoding continues after it and the

@@ -15,7 +15,7 @@ import numpy as np
 
 from xform.errors import InputError, XformError
 from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import LineResult, TextOptions
 from xform.runtime.text_policy import TextPolicy
 from xform.runtime.unknowns import decode_rows, unknown_warning

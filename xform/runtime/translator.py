@@ -22,7 +22,7 @@ from xform.errors import InputError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan
 from xform.runtime.controls import CT2_NAMES, ct2_settings
-from xform.runtime.decoding import GenerationConfig
+from xform.runtime.generation import GenerationConfig
 from xform.runtime.loop import Batch
 from xform.runtime.request import (
     REQUEST_OPTIONS,
