@@ -48,16 +48,18 @@ from xform.runtime.cache import (
     HostCache,
     HostRows,
     Rows,
-    compact_sources,
     grown_capacity,
 )
 from xform.runtime.cuda import CudaOps, device_ops
+from xform.runtime.ort_beams import BeamOps
 from xform.runtime.ort_files import SharedWeight, bind_host, import_onnxruntime, providers_for, session
-from xform.runtime.processors import Special, log_softmax
+from xform.runtime.ort_restriction import Restriction
 from xform.runtime.step_inputs import StepInputs
 
 
-class OrtBackend:
+class OrtBackend(Restriction, BeamOps):
+    """Sessions and their bindings, the rows' buffers and the step; vocabulary restriction is
+    ort_restriction.py's, the beam operations ort_beams.py's."""
     name = "ort"
 
     def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
@@ -159,35 +161,6 @@ class OrtBackend:
                 opts.add_initializer(w.graphs[graph], w.value)
         return session(ort, self.bundle.graph_file(graph), opts, self.providers)
 
-    def restricted_session(self) -> Any:
-        """The restricted decoder's session, opened at first use (its weights mapped once with the
-        decoder's: manifest shared_weights)."""
-        if self.restricted is None:
-            self.restricted = self.open_session(RESTRICTED)
-        return self.restricted
-
-    def restrict(self, ids: np.ndarray | None) -> None:
-        """Decode the next batches over the target ids `ids` only (sorted, unique, int64): the
-        restricted decoder's projection over those rows of the output table, the others' logits
-        -inf; None: the whole vocabulary again. Call before start()."""
-        if ids is None:
-            self.subset = None
-            return
-        if not self.has_restriction:
-            raise InputError("a vocabulary restriction needs the restricted decoder: export the bundle with "
-                             "--with-vocab-map")
-        if self.table is None:
-            from safetensors.numpy import load_file
-            table = self.bundle.manifest.output_table
-            assert table is not None  # Manifest.from_json: the restricted decoder comes with its table
-            self.table = load_file(str(self.bundle.file(table)))
-            self.restricted_session()
-        self.subset = np.ascontiguousarray(ids, np.int64)
-        self.sub_weight = np.ascontiguousarray(self.table["weight"][self.subset])
-        self.sub_bias = np.ascontiguousarray(self.table["bias"][self.subset])
-        self.special = Special.from_config(self.bundle.config)
-        self.blocked = self.special.never(self.subset)
-
     # -- the backend interface -------------------------------------------------------------------
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
         """The encoder on the Bs sources; the decoder then runs Bs x group rows over them."""
@@ -283,10 +256,6 @@ class OrtBackend:
         self.positions_buf[rows] = 0  # spare rows of the buffers may hold a row that left
         self.bind_rows()
         return rows
-
-    @property
-    def rows(self) -> int:
-        return self.cache.shape[0]
 
     def bind_rows(self) -> None:
         """Follow the rows (after start, a gather, a growth): the per-row views, and every
@@ -401,52 +370,6 @@ class OrtBackend:
         self.positions += 1
         return out
 
-    def beam_step(self, k: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """A beam step through the fused graph (decoder + candidates): only each row's k best
-        log-probs and ids come back, (rows, k) each; the (rows, vocab) logits never leave the
-        session run. The next ids are the best candidates (the suppressed argmax)."""
-        R = self.rows
-        if self.cand_bufs is None or self.cand_bufs[0].shape[1] != k or len(self.cand_bufs[0]) < R:
-            n = max(R, len(self.ids_buf))
-            self.cand_bufs = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
-            self.num_candidates = np.array([k], np.int64)
-            self.bound.pop(DECODER_BEAM, None)
-        dec = self.step_binding(DECODER_BEAM)
-        self.inputs.refresh()
-        if self.ops is not None:
-            self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
-            dec.synchronize_inputs()
-        self.graph_session(DECODER_BEAM).run_with_iobinding(dec)
-        dec.synchronize_outputs()
-        self.cache.write(self.positions)
-        self.positions += 1
-        lp, ids = self.cand_bufs[0][:R].copy(), self.cand_bufs[1][:R].copy()
-        return ids[:, 0].copy(), (lp, ids)
-
-    def restricted_outputs(self, subset: npt.NDArray[np.int64], want_logits: bool, candidates: int):
-        """What the decoder and candidates graphs give, from the logits of `subset` on the host: the
-        next ids (pad and banned ids never, end-of-sentence not before min_new_tokens), each row's
-        best candidates (log-softmax over the subset, the same suppressions), or the logits over
-        the whole vocabulary (-inf outside the subset)."""
-        sub = self.sub_logits
-        blocked = self.special.not_now(subset, self.blocked, self.positions < self.min_new)
-        if candidates:
-            lp = log_softmax(sub)
-            lp[blocked] = -np.inf
-            k = min(candidates, lp.shape[1])
-            top = np.argpartition(-lp, k - 1, axis=1)[:, :k]
-            vals = np.take_along_axis(lp, top, 1)
-            order = np.argsort(-vals, axis=1, kind="stable")
-            top, vals = np.take_along_axis(top, order, 1), np.take_along_axis(vals, order, 1)
-            return subset[top[:, 0]], (vals.astype(np.float32), subset[top])
-        self.next_ids[:] = subset[np.where(blocked, -np.inf, sub).argmax(1)]
-        if not want_logits:
-            return self.next_ids.copy(), None
-        logits = self.logits
-        assert logits is not None  # with a subset, on the host on every device (buffers())
-        logits[:, subset] = sub  # -inf elsewhere since start()
-        return self.next_ids.copy(), logits.copy()
-
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
         averaged over heads. Only for a bundle exported --with-attention."""
@@ -454,43 +377,3 @@ class OrtBackend:
             raise XformError("no attention to return: this bundle was exported without --with-attention, or no "
                              "decode is running")
         return self.attention_rows.copy()
-
-    def run_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates graph over the logits where they are; only (R, k) values come back."""
-        cb = self.candidates.io_binding()
-        if self.logits is not None:  # on the host (the CPU), else on the device
-            bind_host(cb, "input", "logits", self.logits)
-        else:
-            cb.bind_ortvalue_input("logits", self.device_logits)
-        cb.bind_cpu_input("num_candidates", np.array([k], np.int64))
-        bind_host(cb, "input", "min_new_tokens", self.min_new)
-        bind_host(cb, "input", "positions", self.positions)
-        lp, ids = np.empty((self.rows, k), np.float32), np.empty((self.rows, k), np.int64)
-        bind_host(cb, "output", "cand_logprobs", lp)
-        bind_host(cb, "output", "cand_ids", ids)
-        self.candidates.run_with_iobinding(cb)
-        cb.synchronize_outputs()
-        return lp, ids
-
-    def gather(self, rows: np.ndarray) -> None:
-        """Row i continues row rows[i] (and its position); fewer rows than before drop the others,
-        and with them every source none of the remaining rows reads (its cross K/V and mask)."""
-        before, g = self.rows, self.group
-        if self.ops is not None:
-            self.ops.sync()  # the last step's cache writes (default stream) land before the reorder reads
-        self.positions[:len(rows)] = self.positions[rows]
-        self.cache.gather(rows, int(self.positions[:len(rows)].max()) if len(rows) else 0)
-        sources = compact_sources(self.cross, rows, g, before)
-        if sources is not None:
-            self.mask = np.ascontiguousarray(self.mask[sources])
-        if len(rows) < before or self.ops is not None:  # on the host a reorder keeps every address
-            self.bind_rows()
-
-    def run_reorder(self, rows: np.ndarray, src: list[int], dst: list[int], shape) -> None:
-        """DeviceOps.gather on CUDA: the reorder graph from one buffer set into the other."""
-        rb = self.reorder.io_binding()
-        rb.bind_cpu_input("beam_idx", rows)
-        self.bind_tensors(rb, "input", self.cache_names, src, shape)
-        self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
-        self.reorder.run_with_iobinding(rb)
-        rb.synchronize_outputs()
