@@ -8,8 +8,8 @@ the session's own. A binding reused step after step over host inputs therefore d
 ids again and again on CUDA while the CPU is right (docs/gpu.md, "The first run"). So inputs are
 bound in the memory of the session's device: on the CPU the backend's numpy arrays themselves,
 updated in place between runs; on a device, one device buffer an input, written from the host
-array when bound and, for the inputs that change each step, again before every run
-(`refresh`, then the ops' sync). Neither relies on ONNX Runtime copying host memory at a run.
+array when bound, or, for the inputs that change each step, before every run (`refresh`, then
+the ops' sync). Neither relies on ONNX Runtime copying host memory at a run.
 
 A device buffer only grows; it is reallocated only at a binding, and every binding is made anew
 whenever the rows change (OrtBackend.bind_rows), so no binding keeps a freed address.
@@ -34,16 +34,19 @@ class StepInputs:
 
     def bind(self, binding, name: str, array: np.ndarray, each_step: bool = False) -> None:
         """Bind input `name` to `array`'s values: in place on the CPU; on a device, copied into its
-        buffer now and, with `each_step`, again at every refresh()."""
+        buffer now, or with `each_step` at every refresh() (which comes before every run: a copy at
+        the binding too would be the same bytes twice)."""
         if self.ops is None:
             bind_host(binding, "input", name, array)
             return
         if each_step:  # refreshed from this very array: the backend's view, updated in place
             assert array.flags.c_contiguous, name
             self.each_step[name] = array
-        array = self.held[name] = np.ascontiguousarray(array)  # unchanged until the copy's sync
+        else:
+            array = self.held[name] = np.ascontiguousarray(array)  # unchanged until the copy's sync
         ptr = self.address(name, array.nbytes)
-        self.ops.upload(ptr, array)
+        if not each_step:
+            self.ops.upload(ptr, array)
         binding.bind_input(name, self.device, 0, array.dtype, list(array.shape), ptr)
 
     def address(self, name: str, nbytes: int) -> int:
