@@ -15,6 +15,7 @@ today's calls.
 from __future__ import annotations
 
 from dataclasses import fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -42,6 +43,19 @@ def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
     names, the generation config's and the request's; another name is refused with the nearest."""
     refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
     return ct2_settings(options)
+
+
+def refuse_one_text(items: Any, name: str) -> None:
+    """A str or bytes where a list of texts belongs (it would translate each character): refused."""
+    if isinstance(items, (str, bytes)):
+        raise InputError(f"{name}: expected a list of texts, one a source, got a {type(items).__name__} (it would "
+                         "translate each character): wrap one text in a list, [text]")
+
+
+def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> Batching:
+    """CTranslate2's max_batch_size and batch_type as a Batching: examples, or padded source tokens."""
+    tokens = batch_type == "tokens"
+    return Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None, read_ahead)
 
 
 class Translator(LineStream):
@@ -105,17 +119,14 @@ class Translator(LineStream):
             return []
         if not max_batch_size:
             return [list(range(len(texts)))]
-        tokens = batch_type == "tokens"
-        batching = Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None)
-        return plan([len(self.encode_text(t, src_lang, "src_lang", tgt_lang, "tgt_lang")) for t in texts], batching)
+        return plan([len(self.encode_text(t, src_lang, "src_lang", tgt_lang, "tgt_lang")) for t in texts],
+                    ct2_batching(max_batch_size, batch_type))
 
     def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
         """A method's list of texts: each a text, or CTranslate2's token list joined back into text
         where the tokenizer's pieces mark words (SentencePiece's ▁); `optional`: None for none. A
         string where the list belongs, or anything else, is refused in one sentence."""
-        if isinstance(items, (str, bytes)):
-            raise InputError(f"{name}: expected a list of texts, one a source, got a {type(items).__name__} (it "
-                             "would translate each character): wrap one text in a list, [text]")
+        refuse_one_text(items, name)
         if not isinstance(items, Sequence):
             raise InputError(f"{name}: expected a list of texts, one a source, got {type(items).__name__}")
         out = []
@@ -145,13 +156,9 @@ class Translator(LineStream):
         """Translate a stream of texts lazily, a window at a time (batching.py), in input order.
         A line that cannot be translated raises InputError naming it (0-based); `truncate` cuts a
         line longer than max_len instead."""
-        if isinstance(source, (str, bytes)):
-            raise InputError(f"source: expected an iterable of texts, got a {type(source).__name__} (it would "
-                             "translate each character): wrap one text in a list, [text]")
+        refuse_one_text(source, "source")
         gen = self.generation(tgt_lang, options)
-        tokens = batch_type == "tokens"
-        batching = Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None,
-                            read_ahead)
+        batching = ct2_batching(max_batch_size, batch_type, read_ahead)
         text = TextOptions(return_scores, src_lang, tgt_lang, truncate)
         for i, line in enumerate(self.translate_lines(source, gen, batching, text)):
             if line.error is not None:
@@ -207,12 +214,15 @@ class Translator(LineStream):
             if last:
                 return
 
+    @cached_property
+    def pieces(self) -> dict[int, str]:
+        """Target id -> the vocabulary's token (read once, at the first generate_tokens)."""
+        return {i: t for t, i in self.text.target_vocabulary().items()}
+
     def piece(self, token_id: int) -> str:
         """A target id as the vocabulary writes it (CTranslate2's tokens): SentencePiece's pieces
         keep their word-start mark, so joined they spell the text ("".join(tokens) with "▁" as a
         space); end-of-sentence and the like as the vocabulary names them."""
-        if getattr(self, "pieces", None) is None:
-            self.pieces = {i: t for t, i in self.text.target_vocabulary().items()}
         return self.pieces.get(token_id, "")
 
     # -- the Python door for text ---------------------------------------------------------------
