@@ -57,6 +57,12 @@ class DecoderGraph(nn.Module):
         return (logits, next_ids, *[t for kv in new for t in kv], *attention)
 
 
+def never_bias(model: Seq2SeqTransformer, logits: Tensor) -> Tensor:
+    """(V,): -inf at the ids never generated (pad, banned), 0 elsewhere: suppression as one Add."""
+    blocked = model.blocked_ids(0, 0, logits.device)
+    return torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
+
+
 def greedy_choice(model: Seq2SeqTransformer, logits: Tensor, positions: Tensor, min_new_tokens: Tensor) -> Tensor:
     """Each row's best id after Seq2SeqTransformer.suppress (pad and banned ids never,
     end-of-sentence not before min_new_tokens), in one pass over the (R, V) logits: the static
@@ -64,9 +70,7 @@ def greedy_choice(model: Seq2SeqTransformer, logits: Tensor, positions: Tensor, 
     an end-of-sentence the row may not end with yet (a Where and an ArgMax over (R, V) were 11% of
     Marian-base's greedy graph at 256 rows, docs/benchmarks.md)."""
     cfg = model.cfg
-    blocked = model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
-    bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
-    _, ids = torch.topk(logits + bias, 2, dim=-1)  # (R, 2)
+    _, ids = torch.topk(logits + never_bias(model, logits), 2, dim=-1)  # (R, 2)
     early = positions < min_new_tokens  # (R,)
     return torch.where((ids[:, 0] == cfg.eos_id) & early, ids[:, 1], ids[:, 0])
 
@@ -121,9 +125,7 @@ def rank_candidates(model: Seq2SeqTransformer, logits: Tensor, num_candidates: T
     # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base); the
     # per-row end-of-sentence limit touches the (R,) end-of-sentence column only
     cfg = model.cfg
-    blocked = model.blocked_ids(0, 0, logits.device)  # (V,): pad and banned ids
-    bias = torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
-    scores = torch.log_softmax(logits, dim=-1) + bias  # (R, V)
+    scores = torch.log_softmax(logits, dim=-1) + never_bias(model, logits)  # (R, V)
     # one more candidate than asked, then end-of-sentence struck from the rows still short of
     # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
     # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
