@@ -61,7 +61,8 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     cfg = session.config
     if texts:
         src_ids = session.encode_texts(texts, src_lang)
-    tf32 = bool(getattr(session.backend, "tf32", False))  # TF32 matmuls: fp32 judged as TF32 (compare.py)
+    # fp32 matmuls in TF32 (--allow-tf32, engines built --tf32): judged as TF32 (compare.py)
+    tf32 = bool(getattr(session.backend, "tf32", False)) and session.bundle.precision == "fp32"
     tol = tolerance_for(session.bundle.precision, tf32)
     sources = "sentences" if src_ids is not None else "random"
     if src_ids is None:
@@ -80,7 +81,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
         raise XformError("--check generated no tokens; raise --new-tokens")
     report = compare_forced(session, reference, src_ids, src_lengths, tokens, tol.atol if atol is None else atol,
                             tol.rtol if rtol is None else rtol, tol.min_token_agreement)
-    report.strategy, report.sources, report.tf32 = gen.strategy, sources, tf32 and session.bundle.precision == "fp32"
+    report.strategy, report.sources, report.tf32 = gen.strategy, sources, tf32
     ref = None
     if beams is not None:
         ref = reference.run(Request(src_ids, src_lengths, gen, return_scores=True))

@@ -34,8 +34,6 @@ def generation_fields() -> set[str]:
     return {f.name for f in fields(GenerationConfig)}
 
 
-
-
 class Session:
     def __init__(self, backend: Backend, config: TransformerConfig, tokenizer: Tokenizer | None = None, bundle=None):
         self.backend = backend
