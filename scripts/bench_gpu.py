@@ -45,13 +45,13 @@ SHAPES = {"base": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=32000),
 SRC_LEN = 32
 
 
-def build_model(shape: str, work: Path) -> Path:
+def build_model(shape: str, work: Path, tokenizer: bool = False) -> Path:
     """The Hugging Face Marian directory: bench_peers' Marian-base (with its synthetic tokenizer,
     which CTranslate2's converter reads), or the tiny one (no tokenizer: xform and transformers
     read ids)."""
-    sys.path.insert(0, str(SCRIPTS))
-    import bench_peers
-    if shape == "base":
+    if shape == "base" and tokenizer:  # CTranslate2's converter reads bench_peers' synthetic tokenizer
+        sys.path.insert(0, str(SCRIPTS))
+        import bench_peers
         return bench_peers.build_model(work)
     import torch
     from transformers import MarianConfig, MarianMTModel
@@ -298,7 +298,7 @@ def main() -> None:
     kinds = ("xform", "transformers", "ctranslate2") if a.shape == "base" else ("xform", "transformers")
     names = a.engines.split(",") if a.engines else [f"{k} {p}" for k in kinds for p in precisions]
     a.work.mkdir(parents=True, exist_ok=True)
-    hf = build_model(a.shape, a.work)
+    hf = build_model(a.shape, a.work, any(n.startswith("ctranslate2") for n in names))
     paths: dict = {"hf": hf, "work": a.work}
     for p in {n.rsplit(" ", 1)[1] for n in names if n.startswith("xform")}:
         paths[f"xform-{p}"] = export(hf, a.work, p)
