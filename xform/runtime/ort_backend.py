@@ -70,7 +70,10 @@ class OrtBackend(Restriction, BeamOps):
         self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
-        self.shared = [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
+        # (on the CPU only: a CUDA session places its weights on the device and refuses host ones,
+        # with a warning each, loading them from the graph's own file instead)
+        self.shared = ([SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
+                       if self.ort_device == "cpu" else [])
         self.bundle, self.threads, self.providers = bundle, threads, providers
         # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
         self.fused_beams = bundle.has_graph(DECODER_BEAM)
