@@ -32,6 +32,7 @@ import argparse
 import json
 import multiprocessing as mp
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -307,7 +308,7 @@ def main() -> None:
             "iters": a.iters, "vocab": SHAPES[a.shape]["vocab"], "timeout": a.timeout}
     results = measure(names, paths, args)
     baseline = "transformers fp16" if a.device == "cuda" else "transformers fp32"
-    report = {"command": "python scripts/bench_gpu.py " + " ".join(sys.argv[1:]), "device": a.device,
+    report = {"command": "python scripts/bench_gpu.py " + shlex.join(sys.argv[1:]), "device": a.device,
               "shape": a.shape, "new_tokens": a.new_tokens, "baseline": baseline, "machine": machine(a.device),
               "versions": versions(), "rows": summarize(results, baseline)}
     a.out.mkdir(parents=True, exist_ok=True)
