@@ -52,7 +52,7 @@ from xform.runtime.cache import (
 )
 from xform.runtime.cuda import CudaOps, device_ops
 from xform.runtime.ort_beams import BeamOps
-from xform.runtime.ort_files import SharedWeight, bind_host, import_onnxruntime, providers_for, session
+from xform.runtime.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
 from xform.runtime.ort_restriction import Restriction
 from xform.runtime.step_inputs import StepInputs
 
@@ -69,11 +69,7 @@ class OrtBackend(Restriction, BeamOps):
         providers = providers_for(ort, device, tf32)
         self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
         self.ort_device = "cuda" if device == "cuda" else "cpu"
-        # weights shared by the graphs: one read-only mapping of the bundle's file, kept alive here
-        # (on the CPU only: a CUDA session places its weights on the device and refuses host ones,
-        # with a warning each, loading them from the graph's own file instead)
-        self.shared = ([SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights]
-                       if self.ort_device == "cpu" else [])
+        self.shared = shared_weights(ort, bundle, self.ort_device)  # kept alive here: the sessions read them
         self.bundle, self.threads, self.providers = bundle, threads, providers
         # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
         self.fused_beams = bundle.has_graph(DECODER_BEAM)

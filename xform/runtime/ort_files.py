@@ -65,6 +65,13 @@ class SharedWeight:
         drop_cached(self.path, self.offset, self.nbytes)
 
 
+def shared_weights(ort, bundle: Bundle, device: str) -> list[SharedWeight]:
+    """The weights several graphs share, each one read-only mapping of the bundle's file, for
+    sessions on `device`: on the CPU only (a CUDA session places its weights on the device and
+    refuses host ones, with a warning each, loading them from the graph's own file instead)."""
+    return [SharedWeight(ort, bundle, w) for w in bundle.manifest.shared_weights] if device == "cpu" else []
+
+
 def session(ort, path, opts, providers):
     """An InferenceSession; a graph ONNX Runtime refuses (corrupt, or external data outside the
     bundle) is a BundleError naming the file."""
