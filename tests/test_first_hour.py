@@ -109,16 +109,16 @@ def test_a_utf16_file_is_named_with_the_command_that_converts_it(demo_bundle, tm
     assert run("run", demo_bundle, "--input-file", plain).exit_code == 0
 
 
-def interrupt(proc, what: str, ready, timeout: float) -> str:
-    """Ctrl-C `proc` (a command with its stderr piped) once `ready()`, waiting at most `timeout`
-    s for it; its stderr (and stdout, where piped together) when it has ended."""
+def interrupt(proc, what: str, ready, timeout: float, sig: int = signal.SIGINT) -> str:
+    """Ctrl-C `proc` (a command with its stderr piped; or send it `sig`) once `ready()`, waiting
+    at most `timeout` s for it; its stderr (and stdout, where piped together) when it has ended."""
     try:
         deadline = time.monotonic() + timeout
         while not ready():
             assert proc.poll() is None, f"ended before {what}: {proc.communicate()[0 if proc.stdout else 1]}"
             assert time.monotonic() < deadline, f"no {what} within {timeout} s"
             time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         return out if out is not None else err
     finally:
@@ -126,9 +126,11 @@ def interrupt(proc, what: str, ready, timeout: float) -> str:
             proc.kill()
 
 
-def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo_bundle, tmp_path):
-    """Ctrl-C during `run --output`: the file holds the translations written so far, which are
-    the first lines' in input order, whole lines only; stderr says so and names `xform corpus`."""
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo_bundle, tmp_path, sig, code):
+    """Ctrl-C or SIGTERM during `run --output`: the file holds the translations written so far,
+    which are the first lines' in input order, whole lines only; stderr says so and names
+    `xform corpus`; no temporary is left (SIGTERM killed the process on the spot and left one)."""
     rng = np.random.default_rng(0)
     lines = [str(int(n)) for n in rng.integers(1, 999999, 3000)]
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
@@ -138,8 +140,8 @@ def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     def partial() -> bool:  # the temporary beside --output holds some lines
         return any(p.stat().st_size > 200 for p in tmp_path.iterdir() if p.name not in ("in.txt", "out.txt"))
-    stderr = interrupt(proc, "translations written", partial, 120)
-    assert proc.returncode == 130, stderr
+    stderr = interrupt(proc, "translations written", partial, 120, sig)
+    assert proc.returncode == code, stderr
     got = out.read_text().splitlines()
     assert 0 < len(got) < len(lines) and "xform corpus" in stderr, stderr
     want = xform.load(demo_bundle).translate(lines[:len(got)])

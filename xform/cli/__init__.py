@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import signal
 import sys
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -49,21 +51,43 @@ def stages(first: str) -> Iterator[Callable[[str], None]]:
 
 
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command Ctrl-C stopped
+TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, systemd, a job scheduler) raised where the command is, as Ctrl-C is, so that
+    it leaves what Ctrl-C leaves: temporaries removed, what is kept kept (`run --output`'s
+    translations so far), workers stopped. Without it the process died on the spot."""
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def stopped_code(e: KeyboardInterrupt) -> int:
+    """The exit code of a command a signal stopped: 143 for SIGTERM, 130 for Ctrl-C."""
+    return TERMINATED if isinstance(e, Terminated) else INTERRUPTED
 
 
 def handle_errors(fn):
     """The one place where library errors become exit codes; Ctrl-C is exit 130 with one line,
-    not click's "Aborted!" and exit 1."""
+    not click's "Aborted!" and exit 1, and SIGTERM exit 143 after the same clean-up (a command
+    with a stop of its own, `serve`, installs its handler over this one while it runs)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
         try:
             return fn(*args, **kwargs)
         except XformError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}")
             sys.exit(1)
-        except KeyboardInterrupt:
-            err.print("interrupted")
-            sys.exit(INTERRUPTED)
+        except KeyboardInterrupt as e:
+            err.print("terminated" if isinstance(e, Terminated) else "interrupted")
+            sys.exit(stopped_code(e))
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     return wrapper
 
 

@@ -14,7 +14,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from xform.cli import INTERRUPTED, err, handle_errors, main, out
+from xform.cli import err, handle_errors, main, out, stopped_code
 from xform.cli.options import (
     batching_options,
     check_json_target,
@@ -112,10 +112,10 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
     record = Record.open(output_dir, plan.identity, force)
     try:
         report = go(plan, record, job, own, RayRun(ray_address, workers, oversubscribe, max_restarts, stall_timeout))
-    except KeyboardInterrupt:  # the workers are stopped on the way out (RayPool.close, the local one)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the workers are stopped on the way out (RayPool.close)
         err.print(f"interrupted: the workers are stopped and every finished shard is recorded in {output_dir}; run "
                   "the same command again to go on where it stopped")
-        sys.exit(INTERRUPTED)
+        sys.exit(stopped_code(e))
     finally:
         record.close()
     report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(),

@@ -141,18 +141,18 @@ def output_file(path: Path | None):
         f = stack.enter_context(atomic_file(path))
     except OSError as e:  # its directory missing or not writable: before any decoding
         raise XformError(f"--output {path}: {e.strerror or e}") from None
-    interrupted = False
+    stop: KeyboardInterrupt | None = None
     with stack:
         try:
             yield f
-        except KeyboardInterrupt:
-            interrupted = True  # handled here, so that atomic_file keeps what was written
-    if interrupted:
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (cli.Terminated)
+            stop = e  # handled here, so that atomic_file keeps what was written
+    if stop is not None:
         with open(path, "rb") as done:
             n = sum(1 for _ in done)
         err.print(f"interrupted: {path} holds the {n} translation lines written before it, the first lines' in "
                   "input order; `xform corpus` translates a file in shards and resumes where it stopped")
-        raise KeyboardInterrupt
+        raise stop
 
 
 def print_check(report, steps: str = "") -> None:
