@@ -9,7 +9,7 @@ the file has --lines sentences of 3 to 80 words (skewed short, as text is), so o
 varied lengths. Every engine translates the same text file, text in and text out, with its best
 settings for files, in a process of its own with 2 threads, one engine at a time:
 
-- xform (ONNX Runtime, fp32 and int8): `Session.translate_lines`, the code behind
+- xform (ONNX Runtime, fp32 and int8): `Translator.translate_lines`, the code behind
   `xform run --input-file`: windows of 8 batches read ahead, sorted by length, batches of at
   most --max-batch-tokens source tokens;
 - CTranslate2 (fp32 and int8): `translate_iterable` with the same token budget
@@ -39,6 +39,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from xform.runtime.translator import Translator
 
 THREADS = 2
 ENGINES = ("xform ort fp32", "xform ort int8", "xform ort fp32 early", "xform ort int8 early", "ctranslate2 fp32",
@@ -142,7 +144,7 @@ def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> lis
         gen = session.generation_config(args.max_new_tokens, num_beams=beams,
                                         early_stopping=True if name in EARLY_ENGINES else None)
         from xform.runtime.batching import Batching
-        out = session.translate_lines(lines, gen, Batching("tokens", max_batch_tokens=args.max_batch_tokens))
+        out = Translator(session).translate_lines(lines, gen, Batching("tokens", max_batch_tokens=args.max_batch_tokens))
         return [line.hypotheses[0] if line.hypotheses else "" for line in out]
     if name.startswith("ctranslate2"):
         import ctranslate2

@@ -6,7 +6,7 @@
 
 The model and the file are scripts/bench_files.py's (a trained Marian-base, 2,000 lines of 3 to 80
 words), translated by the same code as there (bench_files.translate, one process per engine):
-xform fp32 and int8 (`Session.translate_lines`, what `xform run --input-file` runs), CTranslate2
+xform fp32 and int8 (`Translator.translate_lines`, what `xform run --input-file` runs), CTranslate2
 fp32 and int8 (converted to decode what transformers decodes), and transformers eager fp32
 (`generate`, batches of 16), greedy and beam 4 (the model's default), with transformers'
 stopping rule everywhere but CTranslate2 (its patience 1; docs/bench_files.md).

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xform.runtime.translator import Translator
+
 
 def pct(xs, qs=(50, 90, 99)):
     return [float(v) for v in np.percentile(np.array(xs) * 1000, qs)] if xs else [float("nan")] * len(qs)
@@ -76,7 +78,7 @@ def engine_mode(bundle, requests, clients, args):
     with Scheduler(session, max_rows=args.max_rows) as scheduler:
         def one(state, text, n):
             t0 = time.perf_counter()
-            ids = scheduler.submit(session.encode_texts([text]), max_new_tokens=n).result()
+            ids = scheduler.submit(Translator(session).encode_texts([text]), max_new_tokens=n).result()
             session.tokenizer.decode(ids[0])
             return time.perf_counter() - t0, int((ids != pad).sum()), None
         for r in requests[:4]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xform.runtime.translator import Translator
+
 PREFIXES = ("one", "forty", "nine hundred", "seven thousand")
 
 
@@ -123,10 +125,10 @@ def reference_answer(session, req: Request) -> dict:
     """The request decoded alone in-process: what the server must answer."""
     settings: dict = {"max_new_tokens": req.max_new_tokens, "num_beams": req.num_beams, "return_scores": True}
     if req.prefix is not None:
-        settings["target_prefix"] = [session.target_ids(req.prefix)]
+        settings["target_prefix"] = [Translator(session).target_ids(req.prefix)]
     if req.repetition_penalty is not None:
         settings["repetition_penalty"] = req.repetition_penalty
     if req.no_repeat_ngram_size is not None:
         settings["no_repeat_ngram_size"] = req.no_repeat_ngram_size
-    ids, scores = session.generate(session.encode_texts([req.text]), **settings)
+    ids, scores = session.generate(Translator(session).encode_texts([req.text]), **settings)
     return {"ids": ids, "text": session.tokenizer.decode(ids[0]), "score": float(scores[0])}

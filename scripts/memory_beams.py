@@ -5,7 +5,7 @@ returns to the host, on ONNX Runtime (issue 30 item 3: logits never leave a beam
                                           [--max-batch-rows 256] [--threads 2] [--unfused]
 
 The file: --lines sentences of 3 to 12 words of the bundle's own target-side tokens (short, as
-issue 30's profile had them), translated with `Session.translate_lines` (what `xform run
+issue 30's profile had them), translated with `Translator.translate_lines` (what `xform run
 --input-file` runs) at --beams beams. `--unfused` runs the beam steps through the decoder and
 candidates graphs even when the bundle has the fused one (a bundle without it always does). Run
 each setting in a process of its own: the peak is the process's. Not a speed benchmark (one cold
@@ -19,6 +19,8 @@ import time
 from collections import Counter
 
 import numpy as np
+
+from xform.runtime.translator import Translator
 
 
 def main() -> None:
@@ -91,7 +93,7 @@ def main() -> None:
     t0 = time.perf_counter()
     from xform.runtime.batching import Batching
     batching = Batching("tokens", max_batch_tokens=100_000, max_rows=args.max_batch_rows)
-    done = sum(1 for line in s.translate_lines(lines, gen, batching) if line.error is None)
+    done = sum(1 for line in Translator(s).translate_lines(lines, gen, batching) if line.error is None)
     dt = time.perf_counter() - t0
     steps = runs["decoder_beam"] + runs["decoder"]
     print(f"translated {done}/{len(lines)} lines in {dt:.0f} s (one cold pass on a shared machine: not a timing)")

@@ -3,7 +3,7 @@
 
     python scripts/memory_options.py BUNDLE FILE [--lines 500] [--beams 4] [--threads 2]
 
-Each setting translates the first --lines lines of FILE with `Session.translate_lines` (what
+Each setting translates the first --lines lines of FILE with `Translator.translate_lines` (what
 `xform run --input-file` runs) in a process of its own, and reports that process's peak RSS, its
 RSS after loading, and the seconds it took (one pass; a hint, not a timing, on a shared machine).
 The settings are applied to every ONNX Runtime session the backend opens:
@@ -25,6 +25,8 @@ import json
 import subprocess
 import sys
 import time
+
+from xform.runtime.translator import Translator
 
 SETTINGS = {"default": {}, "no-prepack": {"prepack": False}, "no-arena": {"arena": False},
             "no-prepack+no-arena": {"prepack": False, "arena": False}, "shared-arena": {"shared": 0},
@@ -58,7 +60,7 @@ def child(bundle: str, path: str, lines: int, beams: int, threads: int, setting:
         text = [next(f) for _ in range(lines)]
     gen = s.generation_config(128, num_beams=beams)
     t0 = time.perf_counter()
-    done = sum(1 for line in s.translate_lines(text, gen) if line.error is None)
+    done = sum(1 for line in Translator(s).translate_lines(text, gen) if line.error is None)
     return {"lines": done, "seconds": round(time.perf_counter() - t0, 1), "loaded_mib": round(loaded),
             "peak_mib": round(peak_rss_mib()), "after_mib": round(rss_mib())}
 
@@ -76,7 +78,7 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(child(args.bundle, args.file, args.lines, args.beams, args.threads, SETTINGS[args.child])))
         return
-    print(f"| setting | lines | loaded MiB | peak MiB | after MiB | seconds (hint) |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| setting | lines | loaded MiB | peak MiB | after MiB | seconds (hint) |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     for name in args.settings.split(","):
         out = subprocess.run([sys.executable, __file__, args.bundle, args.file, "--lines", str(args.lines), "--beams",
                               str(args.beams), "--threads", str(args.threads), "--child", name],

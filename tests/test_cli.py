@@ -5,6 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from xform.cli import main
+from xform.runtime.translator import Translator
 
 
 @pytest.fixture
@@ -196,7 +197,7 @@ def test_scores_on_the_command_line_for_beams_and_samples(runner, demo_bundle, t
     import xform
     session = xform.load(demo_bundle)
     texts = ["40512", "7", "999"]
-    src = session.encode_texts(texts)
+    src = Translator(session).encode_texts(texts)
     for flags, settings in ((["--num-beams", "4", "--num-return-sequences", "2"],
                              dict(num_beams=4, num_return_sequences=2)),
                             (["--sample", "--seed", "5", "--num-return-sequences", "3", "--top-k", "5"],
@@ -249,24 +250,24 @@ def test_decoding_controls_on_the_command_line(runner, demo_bundle, tmp_path):
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[0], "--target-prefix", "forty one",
                              "--text", texts[1], "--target-prefix", ""])
     assert r.exit_code == 0, r.output
-    want = [session.translate([texts[0]], target_prefix=["forty one"])[0], session.translate([texts[1]])[0]]
+    want = [Translator(session).translate([texts[0]], target_prefix=["forty one"])[0], Translator(session).translate([texts[1]])[0]]
     assert [line.split("\t")[1] for line in r.output.splitlines()] == want and want[0].startswith("forty one")
     f = tmp_path / "in.tsv"
     f.write_text("40512\tforty one\n7\t\n123456\tone hundred twenty four\n")
     r = runner.invoke(main, ["run", str(demo_bundle), "--input-file", str(f), "--prefix-column"])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines() == [
-        f"40512\t{want[0]}", f"7\t{session.translate(['7'])[0]}",
-        f"123456\t{session.translate(['123456'], target_prefix=['one hundred twenty four'])[0]}"]
+        f"40512\t{want[0]}", f"7\t{Translator(session).translate(['7'])[0]}",
+        f"123456\t{Translator(session).translate(['123456'], target_prefix=['one hundred twenty four'])[0]}"]
     flags = ["--repetition-penalty", "3.0", "--no-repeat-ngram-size", "1", "--bad-words", "thousand",
              "--suppress-tokens", "5,6"]
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[1], "--token-scores", *flags])
     assert r.exit_code == 0, r.output
     ids, score, tokens = session.generate(
-        session.encode_texts([texts[1]]), repetition_penalty=3.0, no_repeat_ngram_size=1, suppress_tokens=[5, 6],
-        bad_words_ids=[session.target_ids("thousand")], return_token_scores=True)
+        Translator(session).encode_texts([texts[1]]), repetition_penalty=3.0, no_repeat_ngram_size=1, suppress_tokens=[5, 6],
+        bad_words_ids=[Translator(session).target_ids("thousand")], return_token_scores=True)
     row = r.output.splitlines()[0].split("\t")
-    assert row[1] == session.tokenizer.decode(ids[0]) != session.translate([texts[1]])[0]
+    assert row[1] == session.tokenizer.decode(ids[0]) != Translator(session).translate([texts[1]])[0]
     assert float(row[2]) == pytest.approx(float(score[0]), abs=1e-4)
     assert [float(v) for v in row[3].split()] == pytest.approx(tokens[0][ids[0] != session.pad_id].tolist(), abs=1e-4)
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[0], "--target-prefix", "forty",
@@ -304,7 +305,7 @@ def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_pat
     assert "attention" in session.bundle.graph_spec("decoder").output_names
     r = runner.invoke(main, ["run", str(out), "--text", "40512", "--replace-unknowns"])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines() == [f"40512\t{xform.load(demo_bundle).translate(['40512'])[0]}"]
+    assert r.output.splitlines() == [f"40512\t{xform.Translator(demo_bundle).translate(['40512'])[0]}"]
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", "40512", "--replace-unknowns"])
     assert r.exit_code == 2 and "export the bundle with --with-attention" in r.output, r.output
     r = runner.invoke(main, ["export", "demo", "-o", str(tmp_path / "x"), "--attention-layer", "0"])

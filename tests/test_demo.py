@@ -9,6 +9,7 @@ import pytest
 
 import xform
 from xform.models.importers import bundled_path
+from xform.runtime.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from train_demo import to_words  # noqa: E402
@@ -28,7 +29,7 @@ def test_training_report_says_exact_on_held_out():
 def test_translates_numbers_exactly(demo):
     rng = random.Random(123)
     numbers = [0, 7, 13, 40, 100, 105, 1000, 40512, 999999] + [rng.randrange(10 ** 6) for _ in range(200)]
-    got = demo.translate([str(n) for n in numbers])
+    got = Translator(demo).translate([str(n) for n in numbers])
     wrong = [(n, g) for n, g in zip(numbers, got) if g != to_words(n)]
     assert not wrong, wrong[:5]
 
@@ -41,7 +42,7 @@ def test_check_on_text_identical_tokens(demo_bundle, demo):
 
 def test_torch_backend_translates_the_same(demo_bundle, demo):
     texts = ["123456", "20", "5"]
-    assert xform.load(demo_bundle, backend="torch").translate(texts) == demo.translate(texts)
+    assert xform.Translator(demo_bundle, backend="torch").translate(texts) == Translator(demo).translate(texts)
 
 
 def test_unknown_characters_map_to_unk_and_long_input_is_refused(demo):
@@ -52,14 +53,14 @@ def test_unknown_characters_map_to_unk_and_long_input_is_refused(demo):
     assert unk is not None and ids.count(unk) == 1 and ids[2] == unk
     assert demo.tokenizer.unknown(ids) == (1, 4)
     assert demo.tokenizer.encode("1234").count(unk) == 0
-    assert len(demo.translate(["12x4"])) == 1
+    assert len(Translator(demo).translate(["12x4"])) == 1
     with pytest.raises(xform.XformError, match=r"41 source tokens, more than the model's max_len 32 \(truncate=True"):
-        demo.translate(["1" * 40])
-    assert demo.translate(["1" * 40], truncate=True) == demo.translate(["1" * 31])  # cut to max_len
+        Translator(demo).translate(["1" * 40])
+    assert Translator(demo).translate(["1" * 40], truncate=True) == Translator(demo).translate(["1" * 31])  # cut to max_len
 
 
 def test_generate_matches_translate(demo):
-    src = demo.encode_texts(["40512", "7"])
+    src = Translator(demo).encode_texts(["40512", "7"])
     out = demo.generate(src, max_new_tokens=20)
     assert [demo.tokenizer.decode(r) for r in out] == ["forty thousand five hundred twelve", "seven"]
     assert out.dtype == np.int64

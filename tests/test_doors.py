@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import xform
-from xform.runtime import controls, decoding, generation
+from xform.runtime import controls, generation
 from xform.runtime import session as session_module
+from xform.runtime.translator import Translator
 from xform.serving import tensors
 from xform.serving.handler import execute
 
@@ -74,7 +75,7 @@ def demo(demo_bundle):
 @pytest.mark.parametrize("kw, flags, inputs", REQUESTS, ids=[",".join(r[0]) or "defaults" for r in REQUESTS])
 def test_three_doors_give_the_same_tokens_and_text(demo, demo_bundle, kw, flags, inputs):
     from xform.cli import main
-    python = demo.translate([SOURCE], **kw)
+    python = Translator(demo).translate([SOURCE], **kw)
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, *flags])
     assert r.exit_code == 0, r.output
     cli = [line.split("\t")[1] for line in r.stdout.splitlines()]
@@ -87,10 +88,10 @@ def test_three_doors_give_the_same_tokens_and_text(demo, demo_bundle, kw, flags,
     assert [t.decode() for t in served.reshape(-1)] == python
     ids_kw = {**kw}
     if "target_prefix" in ids_kw:
-        ids_kw["target_prefix"] = [demo.target_ids(p) for p in ids_kw["target_prefix"]]
+        ids_kw["target_prefix"] = [Translator(demo).target_ids(p) for p in ids_kw["target_prefix"]]
     if "bad_words_ids" in ids_kw:
-        ids_kw["bad_words_ids"] = [demo.target_ids(w) for w in ids_kw["bad_words_ids"]]
-    ids = demo.generate(demo.encode_texts([SOURCE]), **ids_kw)
+        ids_kw["bad_words_ids"] = [Translator(demo).target_ids(w) for w in ids_kw["bad_words_ids"]]
+    ids = demo.generate(Translator(demo).encode_texts([SOURCE]), **ids_kw)
     got = out["hypothesis_ids"].reshape(len(ids), -1) if "hypothesis_ids" in out else out["output_ids"]
     np.testing.assert_array_equal(got[:, :ids.shape[1]], ids)
     assert (got[:, ids.shape[1]:] == demo.pad_id).all()
@@ -106,9 +107,9 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
     Triton (truncate, return_scores); refused alike without truncation."""
     from xform.cli import main
     from xform.errors import InputError
-    python = demo.translator.translate_batch([LONG, SOURCE], truncate=True, return_scores=True, beam_size=beams)
+    python = Translator(demo).translate_batch([LONG, SOURCE], truncate=True, return_scores=True, beam_size=beams)
     want = [(r.hypotheses[0], r.scores[0]) for r in python]
-    assert want[0][0] == demo.translate([LONG[:31]], num_beams=beams)[0]  # cut to max_len
+    assert want[0][0] == Translator(demo).translate([LONG[:31]], num_beams=beams)[0]  # cut to max_len
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG, "--text", SOURCE, "--truncate", "--scores",
                                   "--num-beams", str(beams)])
     assert r.exit_code == 0, r.output
@@ -120,7 +121,7 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
         assert [t for t, _ in got] == [t for t, _ in want]
         np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=0, atol=1e-4)  # CLI prints 4 places
     with pytest.raises(InputError, match="41 source tokens, more than the model's max_len 32"):
-        demo.translator.translate_batch([LONG])
+        Translator(demo).translate_batch([LONG])
     assert "more than the model's max_len 32" in execute(demo, [{"text": text(LONG)}])[0]
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG])
     assert r.exit_code == 1 and "more than the model's max_len 32" in r.output, r.output
@@ -149,8 +150,8 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
         r = CliRunner().invoke(xform.cli.main, ["run", str(demo_bundle), "--text", SOURCE, "--fake-control", "7"])
         assert r.exit_code == 0, r.output
         assert seen == [7]
-        demo.generate(demo.encode_texts([SOURCE]), fake_control=8)
-        demo.translate([SOURCE], fake_control=9)
+        demo.generate(Translator(demo).encode_texts([SOURCE]), fake_control=8)
+        Translator(demo).translate([SOURCE], fake_control=9)
         out = execute(demo, [{"text": text(SOURCE), "fake_control": i32(10)},
                              {"text": text(SOURCE), "fake_control": i32(0)}])
         assert seen == [7, 8, 9, 10], seen

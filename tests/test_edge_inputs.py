@@ -11,6 +11,7 @@ import xform
 from xform.cli import main
 from xform.runtime.batching import Batching
 from xform.runtime.request import LineResult
+from xform.runtime.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_every_input_line_gets_one_output_line_in_order(demo_bundle, tmp_path):
 
 def test_characters_outside_a_vocabulary_without_unk_fail_alone(demo, monkeypatch):
     monkeypatch.setattr(demo.tokenizer.src, "unk", None)
-    results = list(demo.translate_lines(["12", "1x2", "7"], demo.generation_config(10)))
+    results = list(Translator(demo).translate_lines(["12", "1x2", "7"], demo.generation_config(10)))
     assert results[0] == LineResult("12", ["twelve"]) and results[2] == LineResult("7", ["seven"])
     assert results[1].hypotheses == [] and "'x' is not in the source vocabulary and it has no <unk>" in \
         results[1].error
@@ -55,11 +56,11 @@ def test_a_thousand_lines_stream_in_windows_and_keep_their_order(demo, demo_bund
             consumed.append(n)
             yield n
 
-    results = demo.translate_lines(lines(), demo.generation_config(16), Batching(batch_size=64))
+    results = Translator(demo).translate_lines(lines(), demo.generation_config(16), Batching(batch_size=64))
     first = next(results)
     assert len(consumed) == 8 * 64  # one window (read_ahead 8 batches) read, no more: not the file
     got = [first.hypotheses[0]] + [r.hypotheses[0] for r in results]
-    assert got == demo.translate(numbers, max_new_tokens=16)
+    assert got == Translator(demo).translate(numbers, max_new_tokens=16)
     f = tmp_path / "many.txt"
     f.write_text("\n".join(numbers) + "\n")
     r = run(demo_bundle, "--input-file", str(f), "--batch-size", "100", "--max-new-tokens", "16")
@@ -83,7 +84,7 @@ def test_token_batches_from_the_command_line_keep_one_line_per_input_line(demo, 
     r = run(demo_bundle, "--input-file", str(f), "--batch-type", "tokens", "--max-batch-tokens", "40",
             "--read-ahead", "3", "--max-new-tokens", "24")
     assert r.exit_code == 1, r.output  # 41 tokens: more than max_len
-    expected = [t[0] for t in (demo.translate([n], max_new_tokens=24) for n in numbers)]
+    expected = [t[0] for t in (Translator(demo).translate([n], max_new_tokens=24) for n in numbers)]
     assert r.stdout.splitlines() == ([f"{n}\t{t}" for n, t in zip(numbers[:50], expected)] + ["\t", "4" * 40 + "\t"]
                                      + [f"{n}\t{t}" for n, t in zip(numbers[50:], expected[50:])])
     assert f"{f}:52:" in r.stderr and "1 of 202 lines could not be translated" in r.stderr

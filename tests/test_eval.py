@@ -39,7 +39,7 @@ def test_scores_equal_sacrebleu_on_the_same_translations(demo_bundle, files, tmp
     code, output = run(demo_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
                        "--json", tmp_path / "e.json")
     assert code == 0, output
-    hyps = xform.load(demo_bundle).translate([str(n) for n in NUMBERS])
+    hyps = xform.Translator(demo_bundle).translate([str(n) for n in NUMBERS])
     refs = (files / "ref.txt").read_text().splitlines()
     data = json.loads((tmp_path / "e.json").read_text())
     assert data["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
@@ -70,8 +70,8 @@ def test_int8_against_fp32_equals_the_same_figures_by_hand(demo_bundle, demo8, f
                        "--json", tmp_path / "e.json")
     assert code == 0, output
     texts = [str(n) for n in NUMBERS]
-    a = xform.load(int8).translate(texts, num_beams=2)
-    b = xform.load(demo_bundle).translate(texts, num_beams=2)
+    a = xform.Translator(int8).translate(texts, num_beams=2)
+    b = xform.Translator(demo_bundle).translate(texts, num_beams=2)
     data = json.loads((tmp_path / "e.json").read_text())
     assert data["bleu"] == pytest.approx(sacrebleu.corpus_bleu(a, [b]).score, abs=1e-9)  # fp32's as the reference
     assert data["identical"] == pytest.approx(sum(x == y for x, y in zip(a, b)) / len(a))
@@ -104,8 +104,8 @@ def test_int8_against_eager_equals_eager_decodes_by_hand(demo8, files, tmp_path)
                        "--json", tmp_path / "e.json")
     assert code == 0, output
     texts = [str(n) for n in NUMBERS]
-    ours = xform.load(demo8).translate(texts)
-    eager = xform.load(demo8, backend="torch").translate(texts)
+    ours = xform.Translator(demo8).translate(texts)
+    eager = xform.Translator(demo8, backend="torch").translate(texts)
     refs = (files / "ref.txt").read_text().splitlines()
     data = json.loads((tmp_path / "e.json").read_text())
     (a, b) = data["systems"]

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
+from xform.runtime.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_check_compares_every_step_of_the_translations_printed(text_marian, tmp_
             "--max-new-tokens", 60, "--num-beams", beams, "--check", "--json", js)
     assert r.exit_code == 0, r.output
     session = xform.load(text_marian)
-    printed = session.generate(session.encode_texts(texts), min_new_tokens=40, max_new_tokens=60, num_beams=beams)
+    printed = session.generate(Translator(session).encode_texts(texts), min_new_tokens=40, max_new_tokens=60, num_beams=beams)
     longest = int((printed != session.pad_id).sum(1).max())
     check = json.loads(js.read_text())["check"]
     assert longest > 40 and check["steps"] == longest, (check["steps"], longest)
@@ -144,7 +145,7 @@ def test_run_output_interrupted_keeps_the_first_lines_translations_in_order(demo
     assert proc.returncode == code, stderr
     got = out.read_text().splitlines()
     assert 0 < len(got) < len(lines) and "xform corpus" in stderr, stderr
-    want = xform.load(demo_bundle).translate(lines[:len(got)])
+    want = xform.Translator(demo_bundle).translate(lines[:len(got)])
     assert got == want  # the first lines, in order
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary left
 

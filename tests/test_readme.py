@@ -57,7 +57,7 @@ def test_python_snippet_runs_as_pasted(tmp_path, monkeypatch, capsys):
                      README.read_text(), re.S).group(1)
     scope: dict = {}
     exec(compile(code, "README.md python-snippet", "exec"), scope)
-    assert scope["session"].translate(["40512", "7"]) == ["forty thousand five hundred twelve", "seven"]
+    assert scope["translator"].translate(["40512", "7"]) == ["forty thousand five hundred twelve", "seven"]
     assert scope["ids"].shape[0] == 4 and scope["scores"].shape == (4,) and scope["report"].passed
     assert scope["per_token"].shape == scope["best"].shape
     np.testing.assert_allclose(scope["best_scores"] * (scope["best"] != 0).sum(1), scope["per_token"].sum(1),

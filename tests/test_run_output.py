@@ -12,7 +12,7 @@ def test_output_is_one_translation_a_line(demo_bundle, tmp_path):
     out = tmp_path / "out.txt"
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(out)])
     assert r.exit_code == 0, r.output
-    want = xform.load(demo_bundle).translate(["40512", "7", "123456"])
+    want = xform.Translator(demo_bundle).translate(["40512", "7", "123456"])
     assert out.read_text().splitlines() == [want[0], want[1], "", want[2]]
     assert r.stdout == ""
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(src), "--output", str(out), "--echo"])

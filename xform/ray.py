@@ -25,21 +25,26 @@ from xform.corpus.worker import Job, LineTranslator, TextOptions
 from xform.errors import InputError
 from xform.runtime.batching import Batching
 from xform.runtime.open import open_session
+from xform.runtime.translator import Translator
 
 __all__ = ["Translate"]
 
 
 class Translate:
-    """For `Dataset.map_batches(Translate, fn_constructor_kwargs={"bundle": ...}, concurrency=N)`."""
+    """For `Dataset.map_batches(Translate, fn_constructor_kwargs={"bundle": ...}, concurrency=N)`.
+    `prefix_column`: a column of target prefixes (a text or None a row) each translation continues."""
 
     def __init__(self, bundle: str | Path, column: str = "text", output_column: str = "translation",
                  error_column: str | None = "error", *, backend: str = "ort", device: str | None = None,
                  threads: int | None = None, src_lang: str | None = None, tgt_lang: str | None = None,
                  truncate: bool = False, return_scores: bool = False, batch_size: int | None = None,
-                 max_batch_tokens: int | None = None, **options: Any):
+                 max_batch_tokens: int | None = None, prefix_column: str | None = None, **options: Any):
         self.column, self.output_column, self.error_column = column, output_column, error_column
+        self.prefix_column = prefix_column
         session = open_session(bundle, backend, device, threads)
-        gen = session.translator.generation(tgt_lang, dict(options))
+        text_layer = Translator(session)
+        text_layer.check_languages(src_lang, tgt_lang)  # an unknown language is refused here, not per batch
+        gen = text_layer.generation(tgt_lang, dict(options))
         batching = Batching("tokens" if max_batch_tokens else "examples", batch_size, max_batch_tokens)
         text = TextOptions(scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang, truncate=truncate)
         self.translator = LineTranslator(session, Job(str(bundle), gen, text, batching, backend, device, threads))
@@ -50,7 +55,12 @@ class Translate:
         if self.column not in batch:
             raise InputError(f"xform.ray.Translate: the batch has no column {self.column!r} (columns: "
                              f"{', '.join(batch)}); give column=")
-        texts = [t if isinstance(t, (str, bytes)) else "" for t in batch[self.column]]  # None: blank
+        texts: list = [t if isinstance(t, (str, bytes)) else "" for t in batch[self.column]]  # None: blank
+        if self.prefix_column is not None:
+            if self.prefix_column not in batch:
+                raise InputError(f"xform.ray.Translate: the batch has no prefix column {self.prefix_column!r} "
+                                 f"(columns: {', '.join(batch)})")
+            texts = [(t, p if isinstance(p, str) else "") for t, p in zip(texts, batch[self.prefix_column])]
         done = self.translator.translate(texts)
         failed = [(i, e) for i, (_, e) in enumerate(done.lines) if e is not None]
         if failed and self.error_column is None:

@@ -10,6 +10,7 @@ import xform
 from tests.conftest import make_model
 from xform.exporter.export import export_bundle
 from xform.models.checkpoint import save_checkpoint
+from xform.runtime.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_demo_fp16_keeps_token_agreement(tmp_path):
     session = xform.load(bundle, backend="ort")
     report = xform.check(bundle, session=session, texts=texts)
     assert report.passed and report.token_agreement >= 0.99 and report.tokens_compared > 1000
-    translations = session.translate(texts)
+    translations = Translator(session).translate(texts)
     exact = np.mean([t == to_words(int(s)) for s, t in zip(texts, translations)])
     assert exact >= 0.99
     from click.testing import CliRunner

@@ -15,6 +15,7 @@ from xform.exporter import export
 from xform.exporter.export import export_bundle
 from xform.exporter.graphs import save_with_external_data
 from xform.runtime.compare import decoded
+from xform.runtime.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from train_demo import to_words  # noqa: E402
@@ -49,7 +50,7 @@ def test_demo_int8_token_agreement_and_logit_bound(demo8):
     report = xform.check(demo8, session=session, texts=texts)
     assert report.passed and report.precision == "int8"
     assert report.token_agreement >= 0.90 and report.max_rel_err <= 0.1 and report.tokens_compared > 1000
-    exact = np.mean([t == to_words(int(s)) for s, t in zip(texts, session.translate(texts))])
+    exact = np.mean([t == to_words(int(s)) for s, t in zip(texts, Translator(session).translate(texts))])
     assert exact >= 0.90
     # judged by its translations: whole decodes against eager's, eager's tokens' log-probs under both
     assert report.judged_by == "decodes" and report.decodes_compared == len(texts)

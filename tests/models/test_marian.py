@@ -150,7 +150,7 @@ def test_translate_text_equals_transformers(text_model):
     with torch.no_grad():
         hf = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=16)
     expected = tok.batch_decode(hf, skip_special_tokens=True)
-    assert xform.load(bundle, backend="ort").translate(TEXTS, max_new_tokens=16) == expected
+    assert xform.Translator(bundle, backend="ort").translate(TEXTS, max_new_tokens=16) == expected
     assert any(expected)
 
 
@@ -160,8 +160,7 @@ def test_text_translation_offline_without_transformers(text_model):
     _, model, tok, bundle = text_model
     code = f"""
 import sys, xform
-s = xform.load({str(bundle)!r}, backend="ort")
-print(s.translate(["the red cat sleeps"], max_new_tokens=8)[0])
+print(xform.Translator({str(bundle)!r}, backend="ort").translate(["the red cat sleeps"], max_new_tokens=8)[0])
 assert "transformers" not in sys.modules and "torch" not in sys.modules
 """
     r = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,

@@ -19,6 +19,7 @@ from tests.test_tokenizer_spec import assert_round_trip
 from xform.cli import main
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
+from xform.runtime.translator import Translator
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 spm = pytest.importorskip("sentencepiece")
@@ -94,7 +95,7 @@ def test_token_ids_equal_transformers(bundles, name):
     unk = 0
     for text in SENTENCES:
         want = reference(text).input_ids
-        assert session.encode_text(text) == want, text
+        assert Translator(session).encode_text(text) == want, text
         unk += want.count(reference.unk_token_id)
         ids = want[:-1] + [5, 7]
         assert session.tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), ids
@@ -120,25 +121,25 @@ def test_madlad_target_language_is_the_source_token(bundles):
     assert session.tokenizer.codes == ["de", "pt", "zh_Latn"]
     text = "the dog runs fast"
     want = reference(f"<2pt> {text}").input_ids
-    assert session.encode_text(text, tgt_lang="pt") == want
-    assert session.encode_text(text, tgt_lang="<2pt>") == want  # the token itself names it too
+    assert Translator(session).encode_text(text, tgt_lang="pt") == want
+    assert Translator(session).encode_text(text, tgt_lang="<2pt>") == want  # the token itself names it too
     assert reference.convert_ids_to_tokens(want).count("<2pt>") == 1
     # translate: the token goes into the source, no first target token is forced
-    out = session.translate([text], max_new_tokens=4, tgt_lang="pt")
+    out = Translator(session).translate([text], max_new_tokens=4, tgt_lang="pt")
     src = np.array([want])
     assert out == [session.tokenizer.decode(session.generate(src, max_new_tokens=4)[0])]
-    assert session.target_language("pt") is None
+    assert Translator(session).target_language("pt") is None
     with pytest.raises(InputError, match="--tgt-lang 'xx': not a language of this model; known: de, pt, zh_Latn"):
-        session.translate([text], tgt_lang="xx")
+        Translator(session).translate([text], tgt_lang="xx")
     with pytest.raises(InputError, match="takes no source language"):
-        session.translate([text], src_lang="en")
+        Translator(session).translate([text], src_lang="en")
 
 
 def test_t5_takes_no_language(bundles):
     _, bundle = bundles["t5"]
     session = xform.load(bundle, backend="ort")
     with pytest.raises(InputError, match="--tgt-lang de: this model's tokenizer has no languages"):
-        session.translate(["the cat"], tgt_lang="de")
+        Translator(session).translate(["the cat"], tgt_lang="de")
 
 
 def test_cli_run_tgt_lang(bundles, tmp_path):

@@ -24,6 +24,7 @@ from xform.models.backend import TorchBackend
 from xform.models.importers import resolve_model
 from xform.runtime.compare import tolerance_for
 from xform.runtime.session import Session
+from xform.runtime.translator import Translator
 
 SRC_V, TGT_V, MAX_NEW = 37, 41, 10
 LENGTHS = [7, 3, 6, 5, 2, 4]
@@ -233,7 +234,7 @@ def test_text_in_and_out_with_sentencepiece_models(users, tmp_path):
                                                 "target": {"unit": "spm", "model": "target.model"}}
     session = xform.load(out, backend="ort")
     texts = lines[:5]
-    got = session.translate(texts, max_new_tokens=MAX_NEW)
+    got = Translator(session).translate(texts, max_new_tokens=MAX_NEW)
     for text, g in zip(texts, got):
         ref, _ = tn.tutorial_greedy(model, src_sp.encode(text) + [3], 2, 3, 1, MAX_NEW)
         assert g == tgt_sp.decode([i for i in ref if i not in (1, 2, 3)])

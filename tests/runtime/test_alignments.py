@@ -12,6 +12,7 @@ from tests.marian_fixtures import sources
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
 from xform.runtime.request import TextOptions
+from xform.runtime.translator import Translator
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 ATOL = 1e-5
@@ -118,7 +119,7 @@ def test_replace_unknowns_copies_the_attended_source_word(text_model_aligned):
     session = text_model_aligned
     text = "a blue dog zzz runs fast"
     unk = session.tokenizer.target_unk_id
-    src = session.encode_texts([text])
+    src = Translator(session).encode_texts([text])
     ids, att = session.generate(src, max_new_tokens=MAX_NEW, target_prefix=[[unk]], return_attention=True)
     pieces = session.tokenizer.source_pieces(text)
     body = [j for j, i in enumerate(src[0]) if i not in (session.eos_id, session.pad_id)]
@@ -126,12 +127,12 @@ def test_replace_unknowns_copies_the_attended_source_word(text_model_aligned):
     start = max(k for k in range(j + 1) if pieces[k].startswith("\u2581"))
     end = min([k for k in range(j + 1, len(pieces)) if pieces[k].startswith("\u2581") or not pieces[k]])
     want = session.tokenizer.decode(ids[0], {0: "".join(pieces[start:end])})
-    assert session.translate([text], target_prefix=[[unk]], replace_unknowns=True) == [want]
+    assert Translator(session).translate([text], target_prefix=[[unk]], replace_unknowns=True) == [want]
     assert want.startswith("".join(pieces[start:end]).replace("\u2581", " ").strip())
-    assert session.translate([text], target_prefix=[[unk]]) == [session.tokenizer.decode(ids[0])] != [want]
-    lines = list(session.translate_lines([(text, None)], session.generation_config(MAX_NEW),
+    assert Translator(session).translate([text], target_prefix=[[unk]]) == [session.tokenizer.decode(ids[0])] != [want]
+    lines = list(Translator(session).translate_lines([(text, None)], session.generation_config(MAX_NEW),
                                          text=TextOptions(replace_unknowns=True)))
-    assert lines[0].hypotheses == session.translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
+    assert lines[0].hypotheses == Translator(session).translate([text], max_new_tokens=MAX_NEW, replace_unknowns=True)
 
 
 @pytest.mark.parametrize("word", ["dog", "469"])
@@ -141,7 +142,7 @@ def test_replace_unknowns_copies_the_whole_word_once_spaced_as_words(text_model_
     space, not two."""
     session = text_model_aligned
     text = "the dog 469 runs"
-    src = session.encode_text(text)
+    src = Translator(session).encode_text(text)
     pieces = session.tokenizer.source_pieces(text)
     starts = [k for k, p in enumerate(pieces) if p.startswith("\u2581")] + [len(pieces) - 1]
     spans = {"".join(pieces[a:b]): (a, b) for a, b in zip(starts, starts[1:])}
@@ -153,10 +154,10 @@ def test_replace_unknowns_copies_the_whole_word_once_spaced_as_words(text_model_
     ids = np.array([vocab["\u2581B"], vocab["\u2581"], unk, unk, session.eos_id])
     attention = np.zeros((1, len(ids), len(src)), np.float32)
     attention[0, :, j] = 1.0
-    assert session.decode_rows(ids[None], 1, [src], [text], attention) == [f"B {word}"]
+    assert Translator(session).decode_rows(ids[None], 1, [src], [text], attention) == [f"B {word}"]
     # without the source text: the vocabulary's pieces of the same word (an unknown one is <unk>)
     want = "B dog" if word == "dog" else "B <unk>"
-    assert session.decode_rows(ids[None], 1, [src], None, attention) == [want]
+    assert Translator(session).decode_rows(ids[None], 1, [src], None, attention) == [want]
 
 
 @pytest.fixture(scope="module")

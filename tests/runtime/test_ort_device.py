@@ -23,6 +23,7 @@ from xform.runtime import ort_files
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.scheduler import Scheduler
 from xform.runtime.step_inputs import StepInputs
+from xform.runtime.translator import Translator
 
 TEXTS = ["7", "999999", "40", "123456", "5", "88 12"]
 SCORE_ATOL = 1e-5
@@ -103,7 +104,7 @@ def test_host_inputs_bound_once_repeat_step_zero(demo_bundle, cuda, monkeypatch)
     host, dev = pair(demo_bundle, cuda, capacity=32)
     monkeypatch.setattr(StepInputs, "bind", lambda self, binding, name, array, each_step=False:
                         bind_host(binding, "input", name, array))
-    src = host.encode_texts(TEXTS[:2])
+    src = Translator(host).encode_texts(TEXTS[:2])
     want, got = host.generate(src, max_new_tokens=12), dev.generate(src, max_new_tokens=12)
     assert want.shape != got.shape or (want != got).any()
     for row in got:  # each row's first token again and again, to the limit
@@ -114,7 +115,7 @@ def test_greedy_with_growth_compaction_and_logits_equals_the_host(demo_bundle, d
     """Rows end at different steps and leave; the cache grows 3 -> 6 -> 12 -> 24; the logits
     left on the device equal the host's; every step's inputs reached the device each step."""
     host, dev = pair(demo_bundle, device)
-    src = host.encode_texts(TEXTS)
+    src = Translator(host).encode_texts(TEXTS)
     before = device.ops.uploads if device else 0
     want, got = host.generate(src, max_new_tokens=20), dev.generate(src, max_new_tokens=20)
     np.testing.assert_array_equal(got, want)
@@ -150,7 +151,7 @@ def test_rows_joining_a_running_batch_equal_the_host(demo_bundle, device):
     widening the cross K/V), rows leave as they end; each result equals the host path's alone."""
     from tests.runtime.test_scheduler import drive
     host, dev = pair(demo_bundle, device)
-    reqs = [host.encode_texts([t]) for t in TEXTS[:4]] + [host.encode_texts(TEXTS[4:])]
+    reqs = [Translator(host).encode_texts([t]) for t in TEXTS[:4]] + [Translator(host).encode_texts(TEXTS[4:])]
     plan = {0: [(reqs[0], {"max_new_tokens": 16})], 2: [(reqs[1], {"max_new_tokens": 16})],
             3: [(reqs[2], {"max_new_tokens": 4}), (reqs[3], {"max_new_tokens": 16})],
             6: [(reqs[4], {"max_new_tokens": 16})]}

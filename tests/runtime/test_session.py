@@ -7,6 +7,7 @@ import xform
 from tests.conftest import make_model, padded_batch
 from xform.errors import InputError, XformError
 from xform.models.transformer import greedy_decode
+from xform.runtime.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_bad_lengths_and_limits(session):
 
 def test_translate_needs_a_tokenizer(session):
     with pytest.raises(XformError, match="no tokenizer"):
-        session.translate(["12"])
+        Translator(session).translate(["12"])
 
 
 def test_unknown_backend_and_device(tiny_bundle):

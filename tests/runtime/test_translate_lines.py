@@ -1,4 +1,4 @@
-"""Session.translate_lines as a production engine reads a file: windows read ahead, sorted by
+"""Translator.translate_lines as a production engine reads a file: windows read ahead, sorted by
 source length, batched by examples or by tokens, results in input order, bad lines failing alone."""
 import numpy as np
 import pytest
@@ -6,6 +6,7 @@ import pytest
 import xform
 from xform.errors import InputError
 from xform.runtime.batching import Batching, plan
+from xform.runtime.translator import Translator
 
 MAX_NEW = 24
 
@@ -44,7 +45,7 @@ def with_bad_lines(lines: list[str]) -> list:
 
 
 def alone(demo, line) -> list[str]:
-    return demo.translate([line], max_new_tokens=MAX_NEW)
+    return Translator(demo).translate([line], max_new_tokens=MAX_NEW)
 
 
 def triple(result):
@@ -78,14 +79,14 @@ def no_unk(demo, monkeypatch):
                                       dict(batch_type="tokens", max_batch_tokens=40, read_ahead=3)])
 def test_results_come_in_input_order_each_as_its_line_alone(demo, batching):
     lines = with_bad_lines(numbers(60))
-    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(**batching)))
+    results = list(Translator(demo).translate_lines(lines, demo.generation_config(MAX_NEW), Batching(**batching)))
     check_results(demo, lines, results)
 
 
 @pytest.mark.usefixtures("no_unk")
 def test_a_window_is_sorted_longest_first_and_cut_into_batch_size_lines(demo, decoded):
     lines = with_bad_lines(numbers(60, seed=1))
-    list(demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=4, read_ahead=3)))
+    list(Translator(demo).translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=4, read_ahead=3)))
     window = 12  # read_ahead 3 x batch_size 4 lines, the bad and blank ones included
     expected = []
     for w in range(0, len(lines), window):
@@ -105,7 +106,7 @@ def test_token_batches_stay_within_max_batch_tokens_and_pad_less_than_file_order
     lines = numbers(80, seed=2) + ["9" * 31] + numbers(20, seed=3)  # 32 tokens: more than 20, runs alone
     expected = [alone(demo, x) for x in lines]
     decoded.clear()
-    results = list(demo.translate_lines(lines, demo.generation_config(MAX_NEW),
+    results = list(Translator(demo).translate_lines(lines, demo.generation_config(MAX_NEW),
                                         Batching("tokens", max_batch_tokens=20, read_ahead=4)))
     assert [r.hypotheses for r in results] == expected
     sorted_batches = list(decoded)
@@ -135,10 +136,10 @@ def test_a_window_is_read_ahead_batches_worth_and_no_more(demo):
             yield x
 
     gen = demo.generation_config(MAX_NEW)
-    next(demo.translate_lines(lines(), gen, Batching(batch_size=8, read_ahead=5)))
+    next(Translator(demo).translate_lines(lines(), gen, Batching(batch_size=8, read_ahead=5)))
     assert len(consumed) == 40
     consumed.clear()
-    next(demo.translate_lines(lines(), gen, Batching("tokens", max_batch_tokens=30, read_ahead=2)))
+    next(Translator(demo).translate_lines(lines(), gen, Batching("tokens", max_batch_tokens=30, read_ahead=2)))
     tokens = [len(x) + 1 for x in consumed]
     assert sum(tokens) >= 60 and sum(tokens[:-1]) < 60  # the window closed on reaching 2 x 30 tokens
 
@@ -147,7 +148,7 @@ def test_a_window_is_read_ahead_batches_worth_and_no_more(demo):
 def test_on_batch_counts_every_line_and_the_generated_tokens(demo):
     calls = []
     lines = with_bad_lines(numbers(30, seed=5))
-    results = list(map(triple, demo.translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=6),
+    results = list(map(triple, Translator(demo).translate_lines(lines, demo.generation_config(MAX_NEW), Batching(batch_size=6),
                                                     on_batch=lambda n, tokens: calls.append((n, tokens)))))
     assert sum(n for n, _ in calls) == len(lines)
     words = sum(len(t[0].split()) + 1 for _, t, e in results if t and t[0])  # a word a token, plus end-of-sentence
@@ -165,7 +166,7 @@ def test_on_batch_counts_every_line_and_the_generated_tokens(demo):
 ])
 def test_bad_batching_fails_at_the_call(demo, kwargs, fragment):
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(**kwargs))
+        Translator(demo).translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(**kwargs))
 
 
 def test_plan_ties_keep_input_order_and_batch_size_also_limits_token_batches():
@@ -202,14 +203,14 @@ def test_a_file_of_short_lines_at_beam_4_stays_within_the_row_budget(demo, monke
     monkeypatch.setattr(backend, "buffers", spy)
     lines = [str(n) for n in range(1, 61)]  # 60 short lines: 2 or 3 source tokens each
     gen = demo.generation_config(MAX_NEW, num_beams=4)
-    results = list(map(triple, demo.translate_lines(lines, gen, Batching("tokens", max_batch_tokens=10_000,
+    results = list(map(triple, Translator(demo).translate_lines(lines, gen, Batching("tokens", max_batch_tokens=10_000,
                                                                          max_rows=24))))
     assert rows_seen and max(rows_seen) <= 24, rows_seen
     assert backend.logits_buf is None or backend.logits_buf.shape[0] <= 24
     for line, (_, targets, error) in zip(lines[:8], results):
-        assert error is None and targets == demo.translate([line], max_new_tokens=MAX_NEW, num_beams=4)
+        assert error is None and targets == Translator(demo).translate([line], max_new_tokens=MAX_NEW, num_beams=4)
 
 
 def test_a_bad_row_limit_fails_at_the_call(demo):
     with pytest.raises(InputError, match=r"max_rows \(--max-batch-rows\) must be an integer >= 1"):
-        demo.translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(max_rows=0))
+        Translator(demo).translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(max_rows=0))

@@ -13,23 +13,23 @@ def demo(demo_bundle):
 
 
 def test_translate_batch_speaks_ctranslate2s_names(demo):
-    t = demo.translator
+    t = Translator(demo)
     assert isinstance(t, Translator)
     out = t.translate_batch(["40512", "7"], beam_size=4, num_hypotheses=2, return_scores=True, max_decoding_length=12)
-    want = demo.translate(["40512", "7"], num_beams=4, num_return_sequences=2, max_new_tokens=12)
+    want = Translator(demo).translate(["40512", "7"], num_beams=4, num_return_sequences=2, max_new_tokens=12)
     assert [r.hypotheses for r in out] == [want[:2], want[2:]]
-    _, scores = demo.generate(demo.encode_texts(["40512", "7"]), max_new_tokens=12, num_beams=4, num_return_sequences=2,
+    _, scores = demo.generate(Translator(demo).encode_texts(["40512", "7"]), max_new_tokens=12, num_beams=4, num_return_sequences=2,
                               return_scores=True)
     np.testing.assert_allclose([s for r in out for s in r.scores], scores, rtol=1e-6)
     assert t.translate_batch(["40512"])[0].scores == []
     prefixed = t.translate_batch(["40512", "7"], target_prefix=["forty", None])
-    assert [r.hypotheses[0] for r in prefixed] == [demo.translate(["40512"], target_prefix=["forty"])[0],
-                                                  demo.translate(["7"])[0]]
-    assert t.translate_batch(["123456"], suppress_sequences=["hundred"])[0].hypotheses == demo.translate(
+    assert [r.hypotheses[0] for r in prefixed] == [Translator(demo).translate(["40512"], target_prefix=["forty"])[0],
+                                                  Translator(demo).translate(["7"])[0]]
+    assert t.translate_batch(["123456"], suppress_sequences=["hundred"])[0].hypotheses == Translator(demo).translate(
         ["123456"], bad_words_ids=["hundred"])
     sampled = t.translate_batch(["123456"], sampling_topk=5, sampling_temperature=2.0, seed=3)
-    assert sampled[0].hypotheses == demo.translate(["123456"], do_sample=True, top_k=5, temperature=2.0, seed=3)
-    assert t.translate_batch(["123456"], sampling_topk=1)[0].hypotheses == demo.translate(["123456"])  # greedy
+    assert sampled[0].hypotheses == Translator(demo).translate(["123456"], do_sample=True, top_k=5, temperature=2.0, seed=3)
+    assert t.translate_batch(["123456"], sampling_topk=1)[0].hypotheses == Translator(demo).translate(["123456"])  # greedy
 
 
 def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundle, demo):
@@ -38,13 +38,13 @@ def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundl
     from xform.errors import XformError
     t = xform.Translator(demo_bundle, device="cpu", compute_type="float32", intra_threads=1)
     assert xform.Translator(demo_bundle, compute_type="auto", device_index=[0]).translate_batch(["7"])[0].hypotheses \
-        == demo.translate(["7"])
+        == Translator(demo).translate(["7"])
     ids = np.array([5, 6], np.int64)
     got = t.prefix_ids([ids, None, "", "forty"])  # ids as given, none, none, text through the target side
-    assert got[0] is ids and got[1:3] == [[], []] and got[3] == demo.target_ids("forty")
+    assert got[0] is ids and got[1:3] == [[], []] and got[3] == Translator(demo).target_ids("forty")
     assert isinstance(t, Translator) and t.session.bundle.precision == "fp32"
     out = t.translate_batch(["40512", "7"], beam_size=2)
-    assert [r.hypotheses[0] for r in out] == demo.translate(["40512", "7"], num_beams=2)
+    assert [r.hypotheses[0] for r in out] == Translator(demo).translate(["40512", "7"], num_beams=2)
     for kw, fragment in ((dict(compute_type="int8"), "compute_type int8: "),
                          (dict(device_index=1), "CUDA_VISIBLE_DEVICES"),
                          (dict(inter_threads=2), "inter_threads 2"),
@@ -57,16 +57,16 @@ def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundl
 
 def test_bad_words_from_text_are_checked_at_every_door(demo):
     with pytest.raises(InputError, match="a phrase gives no target tokens"):
-        demo.translate(["40512"], bad_words_ids=[""])
+        Translator(demo).translate(["40512"], bad_words_ids=[""])
     with pytest.raises(InputError, match="a phrase gives no target tokens"):
-        demo.translator.translate_batch(["40512"], suppress_sequences=[" "])
+        Translator(demo).translate_batch(["40512"], suppress_sequences=[" "])
 
 
 def test_iterable_file_scores_and_tokens(demo, tmp_path):
-    t = demo.translator
+    t = Translator(demo)
     lines = ["40512", "7", "123456"]
     got = [r.hypotheses[0] for r in t.translate_iterable(iter(lines), max_batch_size=2)]
-    assert got == demo.translate(lines)
+    assert got == Translator(demo).translate(lines)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.txt"
@@ -79,8 +79,8 @@ def test_iterable_file_scores_and_tokens(demo, tmp_path):
         t.translate_file(tmp_path / "bad.txt", out)
     assert out.read_text().splitlines() == got  # nothing half-written
     scored = t.score_batch(["40512"], got[:1])
-    ids = demo.encode_target(got[0])
-    want = demo.score(demo.encode_texts(["40512"]), np.array([ids], np.int64))
+    ids = Translator(demo).encode_target(got[0])
+    want = demo.score(Translator(demo).encode_texts(["40512"]), np.array([ids], np.int64))
     assert scored[0].tokens == ids
     np.testing.assert_allclose(scored[0].log_probs, want["tokens"][0], rtol=1e-6)
     steps = list(t.generate_tokens("40512"))
@@ -92,7 +92,7 @@ def test_iterable_file_scores_and_tokens(demo, tmp_path):
 
 # -- the Python door as CTranslate2 users write it (issue 42 item 6) -------------------------------
 def test_a_string_where_a_list_belongs_is_refused_in_one_sentence(demo):
-    t = demo.translator
+    t = Translator(demo)
     for call in (lambda: t.translate_batch("40512"), lambda: list(t.translate_iterable("40512")),
                  lambda: t.translate_batch(["40512"], target_prefix="forty")):
         with pytest.raises(InputError, match=r"got a str \(it would translate each character\)"):
@@ -105,13 +105,13 @@ def test_ctranslate2_token_lists_join_back_where_the_tokenizer_is_sentencepiece(
     """A SentencePiece bundle takes CTranslate2's token lists (▁ marks a word): the same
     translation as the text; a tokenizer whose tokens do not spell the text is refused, asking
     for the text."""
-    t = marian_text.translator
+    t = Translator(marian_text)
     text = "the cat sleeps"
     pieces = marian_text.tokenizer.source_pieces(text)
     assert any(p.startswith("\u2581") for p in pieces)
     assert t.translate_batch([pieces])[0].hypotheses == t.translate_batch([text])[0].hypotheses
     with pytest.raises(InputError, match="pass the text itself"):
-        demo.translator.translate_batch([["40512"]])
+        Translator(demo).translate_batch([["40512"]])
 
 
 @pytest.fixture(scope="module")
@@ -125,19 +125,19 @@ def marian_text(tmp_path_factory):
 @pytest.mark.parametrize("batch_type,size", [("examples", 2), ("tokens", 9)])
 def test_translate_batch_takes_max_batch_size_and_batch_type(demo, batch_type, size):
     texts = ["40512", "7", "123456", "88", "999999"]
-    want = demo.translator.translate_batch(texts, beam_size=2, return_scores=True)
-    got = demo.translator.translate_batch(texts, beam_size=2, return_scores=True, max_batch_size=size,
+    want = Translator(demo).translate_batch(texts, beam_size=2, return_scores=True)
+    got = Translator(demo).translate_batch(texts, beam_size=2, return_scores=True, max_batch_size=size,
                                           batch_type=batch_type)
     assert [r.hypotheses for r in got] == [r.hypotheses for r in want]
     np.testing.assert_allclose([r.scores for r in got], [r.scores for r in want], rtol=1e-5)
 
 
 def test_a_misspelt_option_is_named_with_the_nearest_at_every_python_door(demo, tmp_path):
-    t = demo.translator
+    t = Translator(demo)
     (tmp_path / "in.txt").write_text("7\n")
     for call in (lambda: t.translate_batch(["7"], beam_sise=2), lambda: list(t.translate_iterable(["7"], beam_sise=2)),
                  lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", beam_sise=2),
-                 lambda: demo.generate(demo.encode_texts(["7"]), num_beam=2)):
+                 lambda: demo.generate(Translator(demo).encode_texts(["7"]), num_beam=2)):
         with pytest.raises(InputError, match=r"did you mean 'num_beams'\?|did you mean 'beam_size'\?"):
             call()
 
@@ -149,13 +149,13 @@ def test_zero_new_tokens_is_refused_alike_at_every_door(demo, demo_bundle, tmp_p
 
     from xform.cli import main
     from xform.serving.handler import execute
-    t = demo.translator
+    t = Translator(demo)
     (tmp_path / "in.txt").write_text("7\n")
     for call in (lambda: t.translate_batch(["7"], max_decoding_length=0),
                  lambda: t.translate_batch(["7"], max_decoding_length=0, beam_size=3),
                  lambda: list(t.translate_iterable(["7"], max_decoding_length=0)),
                  lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", max_decoding_length=0),
-                 lambda: demo.translate(["7"], max_new_tokens=0)):
+                 lambda: Translator(demo).translate(["7"], max_new_tokens=0)):
         with pytest.raises(InputError, match="max_new_tokens.* must be an integer >= 1, got 0"):
             call()
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--max-new-tokens", "0"])
@@ -169,22 +169,22 @@ def test_an_empty_source_is_an_empty_translation_at_every_door(demo, demo_bundle
 
     from xform.cli import main
     from xform.serving.handler import execute
-    t = demo.translator
+    t = Translator(demo)
     got = t.translate_batch(["7", "", "40512"], return_scores=True)
-    assert got[1].hypotheses == [""] and got[1].scores == [0.0] and got[0].hypotheses == demo.translate(["7"])
-    assert [r.hypotheses for r in t.translate_iterable(["", "7"])] == [[""], demo.translate(["7"])]
+    assert got[1].hypotheses == [""] and got[1].scores == [0.0] and got[0].hypotheses == Translator(demo).translate(["7"])
+    assert [r.hypotheses for r in t.translate_iterable(["", "7"])] == [[""], Translator(demo).translate(["7"])]
     assert t.translate_batch([""], beam_size=2, num_hypotheses=2)[0].hypotheses == ["", ""]
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "", "--text", "7"])
     assert r.exit_code == 0 and r.output.splitlines()[0] == "\t", r.output
     served = execute(demo, [{"text": np.array([[b""], [b"7"]], dtype=object)}])[0]
-    assert served["translation"].reshape(-1).tolist() == [b"", demo.translate(["7"])[0].encode()]
+    assert served["translation"].reshape(-1).tolist() == [b"", Translator(demo).translate(["7"])[0].encode()]
 
 
 def test_generate_tokens_gives_pieces_that_join_back_into_the_text(marian_text):
     """CTranslate2's generate_tokens yields the vocabulary's tokens: SentencePiece pieces keep their
     word-start mark (the text of each token alone lost it, and with it the spaces), so joined they
     spell the translation."""
-    t = marian_text.translator
+    t = Translator(marian_text)
     vocab = marian_text.tokenizer.target_vocabulary()
     marked = [i for p, i in vocab.items() if p.startswith("\u2581") and len(p) > 1]
     assert marked and all(t.piece(i).startswith("\u2581") for i in marked)

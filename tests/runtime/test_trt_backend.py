@@ -11,6 +11,7 @@ from tests.conftest import make_model, padded_batch, require_gpu_stack, requires
 from xform.errors import InputError
 from xform.exporter.engine import build_engines
 from xform.exporter.export import export_bundle
+from xform.runtime.translator import Translator
 
 pytestmark = requires_gpu
 
@@ -50,7 +51,7 @@ def test_trt_check_against_eager(gpu_bundles, name):
 
 def test_trt_translates_demo(gpu_bundles):
     s = xform.load(gpu_bundles["demo32"], backend="trt")
-    assert s.translate(["40512", "7", "999999"], max_new_tokens=24) == [
+    assert Translator(s).translate(["40512", "7", "999999"], max_new_tokens=24) == [
         "forty thousand five hundred twelve", "seven", "nine hundred ninety nine thousand nine hundred ninety nine"]
 
 

@@ -13,6 +13,7 @@ from tests.marian_fixtures import sources
 from xform.cli import main
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
+from xform.runtime.translator import Translator
 from xform.runtime.vocab_map import VocabMap
 
 SCORE_ATOL = 1e-4
@@ -133,13 +134,13 @@ def test_run_with_a_vocab_map_equals_the_masked_model(text_restrictable, tmp_pat
                                   *[a for t in texts for a in ("--text", t)]])
     assert r.exit_code == 0, r.output
     got = [line.split("\t")[1] for line in r.output.splitlines()]
-    assert got == session.translate(texts, max_new_tokens=8, vocab_map=f)
+    assert got == Translator(session).translate(texts, max_new_tokens=8, vocab_map=f)
     vmap = VocabMap.load(f, target)
     allowed = vmap.ids_for([session.tokenizer.source_pieces(t) for t in texts])
     assert {target[p] for p in pieces[:2] + pieces[3:6]} <= set(allowed.tolist())  # always, and the 2-gram's
     assert target[pieces[0]] in allowed and len(allowed) < 10
     unk = session.tokenizer.target_unk_id
-    ids = masked(session, session.encode_texts(texts), list(allowed) + [unk], max_new_tokens=8)
+    ids = masked(session, Translator(session).encode_texts(texts), list(allowed) + [unk], max_new_tokens=8)
     assert got == [session.tokenizer.decode(r) for r in ids]
     f.write_text("\t\u2581nope_not_a_piece\n")
     r = CliRunner().invoke(main, ["run", str(bundle), "--vocab-map", str(f), "--text", "the red cat"])

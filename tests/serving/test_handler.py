@@ -1,10 +1,11 @@
-"""What one Triton execute call does, without Triton: responses equal Session.translate / generate
+"""What one Triton execute call does, without Triton: responses equal Translator.translate / generate
 for each request alone, and a bad request gets an error naming the tensor while the others in
 the same call are still answered."""
 import numpy as np
 import pytest
 
 import xform
+from xform.runtime.translator import Translator
 from xform.serving.handler import ServerFault, execute
 
 
@@ -31,9 +32,9 @@ def test_a_batch_of_requests_answers_each_as_alone(demo):
     ]
     out = execute(demo, requests)
     assert [o["translation"].reshape(-1).tolist() for o in out[:2]] == [
-        [t.encode() for t in demo.translate(["40512"])], [t.encode() for t in demo.translate(["7", "999999"])]]
+        [t.encode() for t in Translator(demo).translate(["40512"])], [t.encode() for t in Translator(demo).translate(["7", "999999"])]]
     np.testing.assert_array_equal(out[2]["output_ids"], demo.generate(np.array([[5, 6, 7, 2]]), max_new_tokens=3))
-    assert out[3]["translation"][0, 0].decode() == demo.translate(["123456"], num_beams=3)[0]
+    assert out[3]["translation"][0, 0].decode() == Translator(demo).translate(["123456"], num_beams=3)[0]
     np.testing.assert_array_equal(out[4]["output_ids"], demo.generate(np.array([[9, 2, 0, 0], [4, 5, 2, 0]])))
     assert out[2]["output_ids"].shape == (1, 3) and out[0]["output_ids"].dtype == np.int64
 
@@ -90,9 +91,9 @@ def test_the_cli_names_its_flags_where_a_request_names_its_inputs(demo):
     with pytest.raises(InputError, match=r"repetition_penalty \(--repetition-penalty\) must be a number > 0"):
         demo.generation_config(repetition_penalty=-1.0)
     with pytest.raises(InputError, match="^--tgt-lang xx: this model's tokenizer has no languages$"):
-        demo.target_language("xx")
+        Translator(demo).target_language("xx")
     with pytest.raises(InputError, match="^--src-lang xx: this model's tokenizer has no languages$"):
-        demo.check_src_lang("xx")
+        Translator(demo).check_src_lang("xx")
 
 
 def test_an_engine_error_relayed_keeps_its_kind():
@@ -117,7 +118,7 @@ def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):
 
 def test_decoding_controls_per_request_answer_as_alone(demo):
     """target_prefix, repetition controls, bad words, suppressed ids, scores and truncate as inputs:
-    each response equals Session.translate / generate with those settings for that request alone."""
+    each response equals Translator.translate / generate with those settings for that request alone."""
     f32 = lambda v: np.array([[v]], np.float32)  # noqa: E731
     flag = lambda v: np.array([[v]], bool)  # noqa: E731
     long_text = "9" * 40  # more source tokens than the demo model's max_len
@@ -132,20 +133,20 @@ def test_decoding_controls_per_request_answer_as_alone(demo):
     out = execute(demo, requests)
     assert not any(isinstance(o, str) for o in out), out
     got = [[t.decode() for t in o["translation"].reshape(-1)] for o in out]
-    assert got[0] == [demo.translate(["40512"], target_prefix=["forty"])[0], demo.translate(["7"])[0]]
+    assert got[0] == [Translator(demo).translate(["40512"], target_prefix=["forty"])[0], Translator(demo).translate(["7"])[0]]
     assert got[0][0].startswith("forty")
-    assert got[1] == demo.translate(["123456"], repetition_penalty=2.5, no_repeat_ngram_size=1)
-    assert got[2] == demo.translate(["123456"], bad_words_ids=["hundred"]) and "hundred" not in got[2][0]
-    assert got[1] != demo.translate(["123456"]) and got[2] != demo.translate(["123456"])
-    ids, scores, tokens = demo.generate(demo.encode_texts(["40512"]), suppress_tokens=[5, 6], return_token_scores=True)
+    assert got[1] == Translator(demo).translate(["123456"], repetition_penalty=2.5, no_repeat_ngram_size=1)
+    assert got[2] == Translator(demo).translate(["123456"], bad_words_ids=["hundred"]) and "hundred" not in got[2][0]
+    assert got[1] != Translator(demo).translate(["123456"]) and got[2] != Translator(demo).translate(["123456"])
+    ids, scores, tokens = demo.generate(Translator(demo).encode_texts(["40512"]), suppress_tokens=[5, 6], return_token_scores=True)
     np.testing.assert_array_equal(out[3]["output_ids"], ids)
     np.testing.assert_allclose(out[3]["scores"], scores[:, None], rtol=1e-6)
     np.testing.assert_allclose(out[3]["token_scores"], tokens, rtol=1e-6)
     assert "scores" not in out[0] and out[3]["scores"].dtype == np.float32
-    cut = demo.truncated(demo.encode_text(long_text))
+    cut = Translator(demo).truncated(Translator(demo).encode_text(long_text))
     np.testing.assert_array_equal(out[4]["output_ids"], demo.generate(np.array([cut])))
-    ids, scores = demo.generate(demo.encode_texts(["40512"]), num_beams=2, return_scores=True,
-                                target_prefix=[demo.target_ids("forty one")])
+    ids, scores = demo.generate(Translator(demo).encode_texts(["40512"]), num_beams=2, return_scores=True,
+                                target_prefix=[Translator(demo).target_ids("forty one")])
     assert got[5][0] == demo.tokenizer.decode(ids[0]) and got[5][0].startswith("forty one")
     np.testing.assert_allclose(out[5]["scores"][:, 0], scores, rtol=1e-6)
 
@@ -171,16 +172,16 @@ def test_replace_unknowns_is_an_input(demo, tmp_path_factory):
     aligned = xform.load(export_bundle("demo", tmp_path_factory.mktemp("aligned") / "b", attention_layer=-1).path)
     flag = np.array([[True]], bool)
     out = execute(aligned, [{"text": text("40512", "7"), "replace_unknowns": flag}, {"text": text("40512")}])
-    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == aligned.translate(["40512", "7"],
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == Translator(aligned).translate(["40512", "7"],
                                                                                         replace_unknowns=True)
-    assert out[1]["translation"][0, 0].decode() == aligned.translate(["40512"])[0]
+    assert out[1]["translation"][0, 0].decode() == Translator(aligned).translate(["40512"])[0]
     out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")},
                          {"text": text("40512"), "return_attention": flag}])
     assert isinstance(out[0], str) and "input 'replace_unknowns'" in out[0] and "--with-attention" in out[0]
     assert not isinstance(out[1], str)
     assert isinstance(out[2], str) and "input 'return_attention'" in out[2]
     out = execute(aligned, [{"text": text("40512", "7"), "return_attention": flag, "num_beams": i32(2)}])
-    ids, att = aligned.generate(aligned.encode_texts(["40512", "7"]), num_beams=2, return_attention=True)
+    ids, att = aligned.generate(Translator(aligned).encode_texts(["40512", "7"]), num_beams=2, return_attention=True)
     np.testing.assert_allclose(out[0]["attention"], att[:, :out[0]["attention"].shape[1]], rtol=0, atol=1e-7)
     assert out[0]["attention"].shape[0] == 2 and "attention" not in execute(aligned, [{"text": text("7")}])[0]
 
@@ -196,12 +197,12 @@ def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):
     words = sorted(session.tokenizer.target_vocabulary())
     vmap_file = root / "map.txt"
     vmap_file.write_text("\t" + " ".join(w for w in words if w in ("forty", "thousand", "five", "seven")) + "\n")
-    vmap = session.vocab_map(vmap_file)
+    vmap = Translator(session).vocab_map(vmap_file)
     ids = np.array([[5, 6, 7, 2]], np.int64)
     out = execute(session, [{"text": text("40512", "7")}, {"src_ids": ids}], vmap)
-    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == session.translate(["40512", "7"],
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == Translator(session).translate(["40512", "7"],
                                                                                         vocab_map=vmap)
-    assert out[0]["translation"][0, 0].decode() != session.translate(["40512"])[0]
+    assert out[0]["translation"][0, 0].decode() != Translator(session).translate(["40512"])[0]
     np.testing.assert_array_equal(out[1]["output_ids"], session.generate(ids))
     model = write_model(path, root / "repo", ModelOptions(vocab_map=vmap_file))
     assert (model / "1" / "vocab_map.txt").read_text() == vmap_file.read_text()
@@ -222,15 +223,15 @@ def test_n_best_and_alternatives_per_request(demo):
          "num_return_sequences": k},
         {"text": text("40512"), "num_return_sequences": k},  # greedy has one answer: refused alone
     ])
-    src = demo.encode_texts(["40512", "7"])
+    src = Translator(demo).encode_texts(["40512", "7"])
     ids, scores = demo.generate(src, num_beams=4, num_return_sequences=3, return_scores=True)
     assert out[0]["hypothesis_ids"].shape[:2] == (2, 3)
     np.testing.assert_array_equal(out[0]["hypothesis_ids"].reshape(6, -1)[:, :ids.shape[1]], ids)
     assert [t.decode() for t in out[0]["hypotheses"].reshape(-1)] == [demo.tokenizer.decode(r) for r in ids]
     np.testing.assert_allclose(out[0]["hypothesis_scores"].reshape(-1), scores, rtol=1e-6)
     np.testing.assert_array_equal(out[0]["output_ids"], ids[::3][:, :out[0]["output_ids"].shape[1]])
-    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == demo.translate(["40512", "7"], num_beams=4)
-    alts = demo.translate(["40512"], target_prefix=["forty"], return_alternatives=True, num_return_sequences=3)
+    assert [t.decode() for t in out[0]["translation"].reshape(-1)] == Translator(demo).translate(["40512", "7"], num_beams=4)
+    alts = Translator(demo).translate(["40512"], target_prefix=["forty"], return_alternatives=True, num_return_sequences=3)
     assert [t.decode() for t in out[1]["hypotheses"].reshape(-1)] == alts and len(set(alts)) == 3
     assert isinstance(out[2], str) and "input 'num_return_sequences'" in out[2]
 
@@ -255,13 +256,13 @@ def test_greedy_requests_of_different_lengths_decode_together_cut_to_their_own(d
         del demo.backend.start
     assert sorted(calls) == [1, 3], calls  # the three greedy requests in one decode, the beams in their own
     for r, n in zip(out, (3, 12, 6)):
-        ids, score, tokens = demo.generate(demo.encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
+        ids, score, tokens = demo.generate(Translator(demo).encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
         np.testing.assert_array_equal(r["output_ids"], ids)
         np.testing.assert_allclose(r["scores"][:, 0], score, rtol=0, atol=1e-5)
         np.testing.assert_allclose(r["token_scores"], tokens[:, :ids.shape[1]], rtol=0, atol=1e-6)
-        assert r["translation"][0, 0].decode() == demo.translate(["123456"], max_new_tokens=n)[0]
+        assert r["translation"][0, 0].decode() == Translator(demo).translate(["123456"], max_new_tokens=n)[0]
     np.testing.assert_array_equal(out[3]["output_ids"],
-                                  demo.generate(demo.encode_texts(["999999"]), max_new_tokens=4, num_beams=2))
+                                  demo.generate(Translator(demo).encode_texts(["999999"]), max_new_tokens=4, num_beams=2))
 
 
 def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
@@ -272,7 +273,7 @@ def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
     try:
         out = execute(demo, [{"text": text("123456"), "max_new_tokens": i32(n)} for n in (3, 12)])
         for r, n in zip(out, (3, 12)):
-            np.testing.assert_array_equal(r["output_ids"], demo.generate(demo.encode_texts(["123456"]),
+            np.testing.assert_array_equal(r["output_ids"], demo.generate(Translator(demo).encode_texts(["123456"]),
                                                                          max_new_tokens=n))
         assert out[0]["output_ids"][0, -1] == demo.eos_id
     finally:

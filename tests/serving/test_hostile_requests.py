@@ -13,6 +13,7 @@ import pytest
 import xform
 from tests.conftest import requires_triton
 from tests.serving.test_server import start
+from xform.runtime.translator import Translator
 from xform.serving.repository import ModelOptions
 
 pytestmark = [pytest.mark.serve, requires_triton]
@@ -76,7 +77,7 @@ def session(demo_bundle):
 def test_hostile_requests_are_400_naming_the_input_and_the_server_serves_on(demo_bundle, tmp_path, session,
                                                                              scheduling):
     server, name = start(demo_bundle, tmp_path, ModelOptions(scheduling=scheduling, max_rows=16))
-    want = session.translate(["40512"])[0]
+    want = Translator(session).translate(["40512"])[0]
     url = f"{server.http_url}/v2/models/{name}/infer"
     good = body(text("40512"))
     stop, disturbed = threading.Event(), []
@@ -132,7 +133,7 @@ def test_not_utf8_and_a_vanishing_grpc_stream(demo_bundle, tmp_path, session):
         gone.close()  # the channel closes under the stream: no stop_stream, no cancel
         t.set_data_from_numpy(np.array([[b"40512"]], dtype=object))
         r = client.infer(name, [t])
-        assert r.as_numpy("translation")[0, 0].decode() == session.translate(["40512"])[0]
+        assert r.as_numpy("translation")[0, 0].decode() == Translator(session).translate(["40512"])[0]
         client.close()
     finally:
         server.stop()

@@ -5,6 +5,7 @@ import pytest
 import xform
 from xform.errors import InputError
 from xform.runtime.scheduler import Cancelled, Scheduler
+from xform.runtime.translator import Translator
 from xform.serving.handler import job_outputs, parse
 from xform.serving.inflight import TextStream, submit
 
@@ -31,7 +32,7 @@ def test_a_stream_spells_the_translation_and_the_result_is_the_handlers(session)
     future = submit(scheduler, session, job, TextStream(session, job, sent.append))
     scheduler.run_until_idle()
     outputs = job_outputs(session, job, future.result())
-    want = session.translate(texts)
+    want = Translator(session).translate(texts)
     assert [t.decode() for t in outputs["translation"].reshape(-1)] == want
     for r, text in enumerate(want):
         assert "".join(part["translation"][r, 0].decode() for part in sent) == text
@@ -74,7 +75,7 @@ def test_the_watcher_cancels_a_request_whose_client_went_away(session):
     for f in (go, broken):
         with pytest.raises(Cancelled):
             f.result()
-    np.testing.assert_array_equal(stay.result().ids, session.generate(session.encode_texts([long_text])))
+    np.testing.assert_array_equal(stay.result().ids, session.generate(Translator(session).encode_texts([long_text])))
 
 
 def test_streaming_refuses_several_sequences_a_row(session):

@@ -18,6 +18,7 @@ import pytest
 import xform
 from tests.conftest import requires_triton
 from tests.serving.test_server import grpc, http, infer, start
+from xform.runtime.translator import Translator
 from xform.serving.repository import ModelOptions
 
 pytestmark = [pytest.mark.serve, requires_triton]
@@ -101,8 +102,8 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
     import tritonclient.http as th
     server, name = served
     texts = ["40512", "7", "999999"]
-    want = session.translate(texts)
-    ids = session.generate(session.encode_texts(texts))
+    want = Translator(session).translate(texts)
+    ids = session.generate(Translator(session).encode_texts(texts))
     h, g = http(server), grpc(server)  # closed at the end: an open connection holds Triton's exit 30 s
     assert infer(h, th, name, texts=texts)[1] == want
     assert infer(g, tg, name, texts=texts)[1] == want
@@ -110,7 +111,7 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
     s = Stream(server)
     try:
         for i, text in enumerate(texts):
-            one = session.generate(session.encode_texts([text]))
+            one = session.generate(Translator(session).encode_texts([text]))
             check_stream(s.ask(name + "-stream", [text], f"r{i}"), [want[i]], one)
         # stream false on the decoupled model: one final response
         (kind, got_ids, got_text), = s.ask(name + "-stream", texts, "plain", stream=False)
@@ -137,7 +138,7 @@ def test_the_readme_streaming_line(served, session):
     with urllib.request.urlopen("http://" + url.split("://")[-1], body.encode(), timeout=30) as r:
         events = [json.loads(line[len("data: "):]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
     text = json.loads(body)["text"]
-    want = session.translate([text])[0]
+    want = Translator(session).translate([text])[0]
     assert events[-1]["translation"] == want
     assert "".join(e["translation"] for e in events[:-1]) == want
     assert len(events) - 1 == len(events[-1]["output_ids"])  # one event a generated token, end-of-sentence too
@@ -149,7 +150,7 @@ def test_32_streaming_clients_lose_nothing(served, session):
     server, name = served
     rng = np.random.default_rng(3)
     numbers = [[str(n) for n in rng.integers(0, 10**int(rng.integers(1, 7)), 4)] for _ in range(32)]
-    want = {n: session.translate([n])[0] for row in numbers for n in row}
+    want = {n: Translator(session).translate([n])[0] for row in numbers for n in row}
     results, errors = {}, []
 
     def client(c):
@@ -171,7 +172,7 @@ def test_32_streaming_clients_lose_nothing(served, session):
     assert len(results) == 32 * 4 and time.monotonic() - t0 < 120
     for (c, i), responses in results.items():
         n = numbers[c][i]
-        check_stream(responses, [want[n]], session.generate(session.encode_texts([n])))
+        check_stream(responses, [want[n]], session.generate(Translator(session).encode_texts([n])))
 
 
 def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
@@ -185,7 +186,7 @@ def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
     s = Stream(server)
     try:
         texts = [str(987000 + 7 * i) for i in range(24)]  # eleven words each
-        want = dict(zip(texts, session.translate(texts)))
+        want = dict(zip(texts, Translator(session).translate(texts)))
         for i, t in enumerate(texts):  # written without waiting: the engine's execute gets them together
             s.client.async_stream_infer(name + "-stream", stream_inputs([t], stream=False), request_id=t,
                                         enable_empty_final_response=True)
@@ -215,7 +216,7 @@ def test_cancelled_streams_leave_and_the_others_go_on(served, session):
     others' answers are whole and right, and the server serves on."""
     server, name = served
     long_text = "999999 999999 999999 999999"
-    want = session.translate([long_text])[0]
+    want = Translator(session).translate([long_text])[0]
     done, errors = {}, []
 
     def quitter(c):
@@ -239,7 +240,7 @@ def test_cancelled_streams_leave_and_the_others_go_on(served, session):
         t.join(60)
     assert not errors and len(done) == 8
     for responses in done.values():
-        check_stream(responses, [want], session.generate(session.encode_texts([long_text])))
+        check_stream(responses, [want], session.generate(Translator(session).encode_texts([long_text])))
     assert http(server).is_server_live()
 
 
@@ -275,5 +276,5 @@ def test_the_readme_grpc_stream_snippet(served, session, capsys):
                                                                                   f"{name}-stream")
     exec(compile(code, "docs/serving.md grpc-stream-snippet", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
-    want = session.translate(["40512"])[0]
+    want = Translator(session).translate(["40512"])[0]
     assert lines[-1] == want and "".join(lines[:-1]).strip() == want.strip() and len(lines) > 2

@@ -13,6 +13,7 @@ import pytest
 
 import xform
 from tests.conftest import requires_triton
+from xform.runtime.translator import Translator
 from xform.serving.repository import ModelOptions, model_names, write_model
 from xform.serving.server import ServerError, TritonServer, free_ports
 
@@ -80,14 +81,14 @@ def test_http_and_grpc_answers_equal_the_session(served, session):
     import tritonclient.http as th
     server, name = served
     texts = ["40512", "7", "999999"]
-    src = session.encode_texts(texts)
+    src = Translator(session).encode_texts(texts)
     for client, mod in ((http(server), th), (grpc(server), tg)):
         ids, translations = infer(client, mod, name, texts=texts)
-        assert translations == session.translate(texts)
+        assert translations == Translator(session).translate(texts)
         np.testing.assert_array_equal(ids, session.generate(src))
         ids, translations = infer(client, mod, name, ids=src[1:2], beams=3)
         np.testing.assert_array_equal(ids, session.generate(src[1:2], num_beams=3))
-        assert translations == session.translate(texts[1:2], num_beams=3)
+        assert translations == Translator(session).translate(texts[1:2], num_beams=3)
 
 
 def test_decoding_controls_over_http_and_grpc(served, session):
@@ -107,9 +108,9 @@ def test_decoding_controls_over_http_and_grpc(served, session):
             t.set_data_from_numpy(value)
             inputs.append(t)
         r = client.infer(name, inputs)
-        kw = dict(target_prefix=[session.target_ids("forty one")], repetition_penalty=1.5, no_repeat_ngram_size=2,
+        kw = dict(target_prefix=[Translator(session).target_ids("forty one")], repetition_penalty=1.5, no_repeat_ngram_size=2,
                   suppress_tokens=[5, 6])
-        ids, scores, tokens = session.generate(session.encode_texts(["40512"]), return_token_scores=True, **kw)
+        ids, scores, tokens = session.generate(Translator(session).encode_texts(["40512"]), return_token_scores=True, **kw)
         np.testing.assert_array_equal(r.as_numpy("output_ids"), ids)
         np.testing.assert_allclose(r.as_numpy("scores")[:, 0], scores, rtol=1e-6)
         np.testing.assert_allclose(r.as_numpy("token_scores"), tokens, rtol=1e-6, atol=1e-7)
@@ -121,7 +122,7 @@ def test_n_best_over_http_and_grpc(served, session):
     import tritonclient.grpc as tg
     import tritonclient.http as th
     server, name = served
-    ids, _ = session.generate(session.encode_texts(["40512"]), num_beams=4, num_return_sequences=2,
+    ids, _ = session.generate(Translator(session).encode_texts(["40512"]), num_beams=4, num_return_sequences=2,
                               return_scores=True)
     for client, mod in ((http(server), th), (grpc(server), tg)):
         inputs = request(mod, texts=["40512"], beams=4)
@@ -144,7 +145,7 @@ def test_8_clients_x_50_requests_with_bad_ones_mixed(served, session):
     from tritonclient.utils import InferenceServerException
     server, name = served
     numbers = [str(n) for n in np.random.default_rng(0).integers(0, 1_000_000, 400)]
-    expected = dict(zip(numbers, session.translate(numbers)))
+    expected = dict(zip(numbers, Translator(session).translate(numbers)))
     stats_before = http(server).get_inference_statistics(name)["model_stats"][0]
 
     def client(c):
@@ -352,7 +353,7 @@ def test_attention_output_of_an_aligned_bundle(tmp_path):
         inputs.append(t)
         r = http(server).infer(name, inputs)
         session = xform.load(bundle)
-        ids, att = session.generate(session.encode_texts(["40512"]), return_attention=True)
+        ids, att = session.generate(Translator(session).encode_texts(["40512"]), return_attention=True)
         np.testing.assert_allclose(r.as_numpy("attention"), att[:, :r.as_numpy("attention").shape[1]], atol=1e-7)
     finally:
         server.stop()

@@ -26,6 +26,7 @@ from xform.cli.options import (
     write_json,
 )
 from xform.errors import XformError
+from xform.runtime.translator import Translator
 
 
 def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
@@ -63,7 +64,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
 
     from xform.runtime.request import TextOptions
     text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
-    for i, result in enumerate(session.translate_lines(lines(), gen, batching, text, on_batch=on_batch,
+    for i, result in enumerate(Translator(session).translate_lines(lines(), gen, batching, text, on_batch=on_batch,
                                                        on_warning=on_warning)):
         yield labels[i], result
     if len(warned) > MAX_WARNINGS:
@@ -430,16 +431,16 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     if session.tokenizer is None:
         raise XformError(f"{bundle}: this bundle has no tokenizer to read text; score token ids with Session.score")
     try:
-        session.encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
+        Translator(session).encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
         if src_lang is not None:
-            session.check_src_lang(src_lang)
+            Translator(session).check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(str(e)) from None
     with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
         for start in range(0, len(sources), batch_size):
             src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-            src_ids = session.encode_texts(src, src_lang, tgt_lang)
-            tgt_ids, _ = session.pad([session.encode_target(t, tgt_lang) for t in tgt])
+            src_ids = Translator(session).encode_texts(src, src_lang, tgt_lang)
+            tgt_ids, _ = session.pad([Translator(session).encode_target(t, tgt_lang) for t in tgt])
             result = session.score(src_ids, tgt_ids)
             for i, (s_text, t_text) in enumerate(zip(src, tgt)):
                 line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"

@@ -18,6 +18,7 @@ from xform.cli.options import (
     write_json,
 )
 from xform.errors import XformError
+from xform.runtime.translator import Translator
 
 
 @main.command("eval")
@@ -77,7 +78,7 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     settings = generation_settings(greedy, **settings)
     split_bad_words(session, settings)
     try:
-        session.translator.first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+        Translator(session).first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
     except InputError as e:
         raise click.UsageError(str(e)) from None
     gen = checked_generation(session, max_new_tokens, settings)

@@ -12,6 +12,7 @@ import click
 
 from xform.cli import err, out
 from xform.errors import XformError
+from xform.runtime.translator import Translator
 
 REPORT_KEYS = ("bundle", "backend", "generation")  # what every `run --json` report holds
 
@@ -218,17 +219,17 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     alone = session.tokenizer is None and tgt_lang is not None and settings.get("forced_bos_token_id") is None
     try:
         if (has_text or src_lang or tgt_lang) and not alone:
-            session.translator.first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+            Translator(session).first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
         if (src_lang or tgt_lang) and session.tokenizer is None:
             raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so "
                                    "no languages (give --forced-bos-id for the target language's token id)")
         if src_lang is not None:
-            session.check_src_lang(src_lang)
+            Translator(session).check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(str(e)) from None
     if replace_unknowns:
         try:
-            session.check_replace_unknowns()
+            Translator(session).check_replace_unknowns()
         except InputError as e:
             raise click.UsageError(f"{bundle}: {e}") from None
     if vocab_map is None:
@@ -240,7 +241,7 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     if not session.capabilities.restriction:
         raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
                                "it with --with-vocab-map and run it with --backend ort")
-    return session.vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+    return Translator(session).vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
 
 
 def generation_options(fn):
@@ -331,7 +332,7 @@ def split_bad_words(session, settings: dict) -> None:
         if session.tokenizer is None:
             raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
         try:
-            words = session.bad_word_ids(bad_words, "--bad-words")
+            words = Translator(session).bad_word_ids(bad_words, "--bad-words")
         except InputError as e:
             raise click.UsageError(str(e)) from None
         settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words

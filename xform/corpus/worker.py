@@ -21,6 +21,7 @@ from xform.corpus.shards import Shard, ShardTask
 from xform.runtime.batching import Batching
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import LineResult, TextOptions
+from xform.runtime.translator import Translator
 from xform.runtime.vocab_map import VocabMap
 
 
@@ -55,6 +56,7 @@ class LineTranslator:
 
     def __init__(self, session, job: Job):
         self.session, self.job = session, job
+        self.text = Translator(session)
 
     def translate(self, lines: list[str | bytes], on_batch: Callable[[int, int], None] | None = None) -> Translated:
         """Each line's translations (n of them: texts, or with scores [text, score], with token
@@ -67,7 +69,7 @@ class LineTranslator:
             if on_batch is not None:
                 on_batch(lines_done, tokens)
 
-        results = self.session.translate_lines(lines, job.gen, batching, replace(text, vocab_map=job.vocab_map),
+        results = self.text.translate_lines(lines, job.gen, batching, replace(text, vocab_map=job.vocab_map),
                                                on_batch=counted,
                                                on_warning=lambda i, message: done.warnings.append((i, message)))
         for line in results:

@@ -17,6 +17,7 @@ from xform.runtime.batching import Batching
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import TextOptions
 from xform.runtime.session import Session
+from xform.runtime.translator import Translator
 
 WORST = 10  # sentences printed where the bundle loses most against the other system
 
@@ -90,7 +91,7 @@ def translate_file(name: str, session: Session, lines: list[str], gen: Generatio
     start = time.perf_counter()
     out = []
     text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang)
-    for n, line in enumerate(session.translate_lines(lines, gen, Batching(batch_size=batch_size), text,
+    for n, line in enumerate(Translator(session).translate_lines(lines, gen, Batching(batch_size=batch_size), text,
                                                      on_batch=on_batch), 1):
         if line.error is not None:
             raise XformError(f"--source line {n}: {line.error}")

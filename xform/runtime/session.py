@@ -1,14 +1,14 @@
 """Session: batched decoding over any backend, one loop for every strategy; input checks at the boundary.
 
 `generate` takes right-padded int64 source ids and returns generated ids, padded with the pad id
-after each row's end-of-sentence. `translate` adds the bundle's tokenizer. What backend runs the
-graphs is not this module's business (backend.py); it never imports torch.
+after each row's end-of-sentence. Text is a layer above (translator.py: `Translator(session)`);
+this module never imports it. What backend runs the graphs is not this module's business
+(backend.py); it never imports torch.
 """
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -16,17 +16,14 @@ from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
-from xform.runtime.batching import Batching
 from xform.runtime.decoding import make_strategy
 from xform.runtime.generation import GenerationConfig, decode_cap, int_id, named
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.processors import Special, log_softmax
-from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions, refuse_unknown
+from xform.runtime.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
 from xform.runtime.tokenizer import Tokenizer
-from xform.runtime.translator import Translator
 
 __all__ = ["Session"]
-from xform.runtime.vocab_map import VocabMap
 
 
 def generation_fields() -> set[str]:
@@ -46,7 +43,6 @@ class Session:
         self.special = Special.from_config(config)
         # decoding defaults the bundle records (a Marian model's generation_config); greedy if none
         self.generation_defaults = dict(bundle.manifest.generation if bundle is not None else {})
-        self.translator = Translator(self)  # the text above these numbers
 
     @property
     def backend_name(self) -> str:
@@ -379,51 +375,3 @@ class Session:
         for i, r in enumerate(rows):
             src[i, :len(r)] = r
         return src, np.array([len(r) for r in rows], np.int64)
-
-    # -- text: the translator's (translator.py), kept here for today's calls ----------------------
-    def translate(self, texts: list[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
-        """Translator.translate: translations in input order, num_return_sequences a text."""
-        return self.translator.translate(texts, max_new_tokens, **settings)
-
-    def translate_lines(self, lines: Iterable, gen: GenerationConfig, batching: Batching | None = None,
-                        text: TextOptions | None = None, **callbacks: Any) -> Iterator[LineResult]:
-        """Translator.translate_lines: a LineResult a line, in input order."""
-        return self.translator.translate_lines(lines, gen, batching, text, **callbacks)
-
-    def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
-        return self.translator.encode_texts(texts, src_lang, tgt_lang)
-
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
-                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
-        return self.translator.encode_text(text, src_lang, flag, tgt_lang, tgt_flag)
-
-    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
-        self.translator.check_src_lang(src_lang, flag)
-
-    def target_ids(self, text: str) -> list[int]:
-        return self.translator.target_ids(text)
-
-    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
-        return self.translator.bad_word_ids(phrases, flag)
-
-    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
-        return self.translator.encode_target(text, tgt_lang)
-
-    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
-        return self.translator.target_language(tgt_lang, flag)
-
-    def truncated(self, ids: list[int]) -> list[int]:
-        return self.translator.truncated(ids)
-
-    def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
-        return self.translator.vocab_map(vocab_map)
-
-    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
-        self.translator.check_replace_unknowns(flag)
-
-    def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
-        return self.translator.allowed_ids(vocab_map, texts)
-
-    def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
-                    texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
-        return self.translator.decode_rows(rows, n, sources, texts, attention)

@@ -15,6 +15,7 @@ import numpy as np
 
 from xform.runtime.bench import random_sources, rss_mib
 from xform.runtime.session import Session
+from xform.runtime.translator import Translator
 
 
 class Settings(TypedDict, total=False):
@@ -55,7 +56,7 @@ def soak(session: Session, steps: int, max_batch: int = 16, max_src_len: int = 2
         session.generate(src, max_new_tokens=new, min_new_tokens=new, **settings)
         if texts and session.tokenizer is not None:
             picked = [texts[int(i)] for i in rng.integers(0, len(texts), batch)]
-            session.translate(picked, max_new_tokens=new, **settings)
+            Translator(session).translate(picked, max_new_tokens=new, **settings)
         return new
 
     for kind in ("greedy", "beam", "sample"):  # warm-up: the largest shapes first

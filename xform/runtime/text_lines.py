@@ -52,8 +52,7 @@ class LineStream(TextPolicy):
         batching = batching or Batching()
         text = text or TextOptions()
         self.text  # noqa: B018 - a bundle without a tokenizer is refused now
-        if text.src_lang is not None or text.tgt_lang is not None:  # an unknown language is refused at the call
-            self.encode_text("", text.src_lang, tgt_lang=text.tgt_lang)
+        self.check_languages(text.src_lang, text.tgt_lang)  # an unknown language is refused at the call
         if text.replace_unknowns:
             self.check_replace_unknowns()
         vocab_map = self.vocab_map(text.vocab_map)

@@ -88,6 +88,11 @@ class TextPolicy:
             return self.text.encode(text, tgt_lang, tgt_flag)
         return self.text.encode(text, src_lang, flag)
 
+    def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
+        """Refuse an unknown source or target language before any text is read."""
+        if src_lang is not None or tgt_lang is not None:
+            self.encode_text("", src_lang, tgt_lang=tgt_lang)
+
     def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
         """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
         any text is read."""

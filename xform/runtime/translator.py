@@ -8,9 +8,8 @@ in TextPolicy, which every door calls), and line and file streams. Its public me
 CTranslate2's `Translator` where they mean the same thing (`translate_batch`,
 `translate_iterable`, `translate_file`, `score_batch`, `generate_tokens`; `beam_size`,
 `num_hypotheses`, `max_decoding_length`, `return_scores`, `target_prefix`; results with
-`hypotheses` and `scores`); docs/python.md says which arguments differ and why. Session's own
-text methods (translate, translate_lines, encode_texts, ...) are this class's, kept there for
-today's calls.
+`hypotheses` and `scores`); docs/python.md says which arguments differ and why. The layer is
+one way: a Translator holds its Session (`Translator(session)`), the session never knows it.
 """
 from __future__ import annotations
 
@@ -52,6 +51,13 @@ def refuse_one_text(items: Any, name: str) -> None:
                          "translate each character): wrap one text in a list, [text]")
 
 
+def prefix_lines(path: Path) -> Iterator[str]:
+    """A file's lines as target prefixes (UTF-8, the line end dropped)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield line.rstrip("\r\n")
+
+
 def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> Batching:
     """CTranslate2's max_batch_size and batch_type as a Batching: examples, or padded source tokens."""
     tokens = batch_type == "tokens"
@@ -59,7 +65,7 @@ def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> B
 
 
 class Translator(LineStream):
-    """Text in, text out, over a Session (`xform.load(...).translator`): the text policy
+    """Text in, text out, over a Session (`Translator(xform.load(...))`): the text policy
     (text_policy.py), line streams (text_lines.py) and CTranslate2's calls."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
@@ -149,45 +155,71 @@ class Translator(LineStream):
                              "do not spell the text back: pass the text itself (the bundle tokenizes it)")
         return "".join(tokens).replace("\u2581", " ").strip()
 
-    def translate_iterable(self, source: Iterable[str | bytes], *, max_batch_size: int = 32,
-                           batch_type: str = "examples", read_ahead: int = 8, return_scores: bool = False,
-                           src_lang: str | None = None, tgt_lang: str | None = None, truncate: bool = False,
-                           **options: Any) -> Iterator[TranslationResult]:
+    def translate_iterable(self, source: Iterable[str | bytes],
+                           target_prefix: Iterable[str | Sequence[str] | None] | None = None, *,
+                           max_batch_size: int = 32, batch_type: str = "examples", read_ahead: int = 8,
+                           return_scores: bool = False, src_lang: str | None = None, tgt_lang: str | None = None,
+                           truncate: bool = False, **options: Any) -> Iterator[TranslationResult]:
         """Translate a stream of texts lazily, a window at a time (batching.py), in input order.
         A line that cannot be translated raises InputError naming it (0-based); `truncate` cuts a
-        line longer than max_len instead."""
+        line longer than max_len instead. `target_prefix`: a stream of prefixes (a text, a token
+        list or None), one a source."""
         refuse_one_text(source, "source")
         gen = self.generation(tgt_lang, options)
         batching = ct2_batching(max_batch_size, batch_type, read_ahead)
         text = TextOptions(return_scores, src_lang, tgt_lang, truncate)
-        for i, line in enumerate(self.translate_lines(source, gen, batching, text)):
+        lines = source if target_prefix is None else self.with_prefixes(source, target_prefix)
+        for i, line in enumerate(self.translate_lines(lines, gen, batching, text)):
             if line.error is not None:
                 raise InputError(f"line {i}: {line.error}")
             yield TranslationResult(line.hypotheses, line.scores)
 
-    def translate_file(self, input_path: str | Path, output_path: str | Path, *, max_batch_size: int = 32,
-                       src_lang: str | None = None, tgt_lang: str | None = None, **options: Any) -> int:
+    def with_prefixes(self, source: Iterable[str | bytes], prefixes: Iterable) -> Iterator[tuple]:
+        """(source, prefix text) pairs, one prefix a source: more or fewer is refused."""
+        refuse_one_text(prefixes, "target_prefix")
+        ends = object()
+        prefix_iter = iter(prefixes)
+        for i, line in enumerate(source):
+            p = next(prefix_iter, ends)
+            if p is ends:
+                raise InputError(f"target_prefix: {i} prefixes for more sources; give one a source (None for none)")
+            yield line, self.source_texts([p], f"target_prefix[{i}]", True)[0]
+        if next(prefix_iter, ends) is not ends:
+            raise InputError("target_prefix: more prefixes than sources; give one a source")
+
+    def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
+                       *, max_batch_size: int = 32, src_lang: str | None = None, tgt_lang: str | None = None,
+                       **options: Any) -> int:
         """Translate a file, one line a line, into `output_path`: one translation a line (the
         best), written atomically (a reader sees the old file or the whole new one). Returns
-        the lines translated. A line that cannot be translated raises InputError; nothing is written."""
+        the lines translated. `target_path`: a file of target prefixes, a line a source line
+        (CTranslate2's). A line that cannot be translated raises InputError; nothing is written."""
         n = 0
         with open(input_path, "rb") as f, atomic_file(Path(output_path)) as out:
-            for result in self.translate_iterable(f, max_batch_size=max_batch_size, src_lang=src_lang,
+            prefixes = None if target_path is None else prefix_lines(Path(target_path))
+            for result in self.translate_iterable(f, prefixes, max_batch_size=max_batch_size, src_lang=src_lang,
                                                   tgt_lang=tgt_lang, **options):
                 out.write(result.hypotheses[0] + "\n")
                 n += 1
         return n
 
     def score_batch(self, source: Sequence[str], target: Sequence[str], *, src_lang: str | None = None,
-                    tgt_lang: str | None = None) -> list[ScoringResult]:
-        """The log-likelihood of each target given its source, teacher-forced (Session.score)."""
-        if len(source) != len(target):
-            raise InputError(f"{len(source)} sources for {len(target)} targets: one target a source")
-        src = self.encode_texts(list(source), src_lang, tgt_lang)
-        tgt, lengths = self.session.pad([self.encode_target(t, tgt_lang) for t in target])
-        scored = self.session.score(src, tgt)
-        return [ScoringResult([int(i) for i in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
-                for r, n in enumerate(lengths)]
+                    tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
+        """The log-likelihood of each target given its source, teacher-forced (Session.score).
+        An empty source scores nothing (no tokens), as it translates to nothing."""
+        refuse_unknown(options, ["src_lang", "tgt_lang"], "scoring option")
+        texts, targets = self.source_texts(source, "source"), self.source_texts(target, "target")
+        if len(texts) != len(targets):
+            raise InputError(f"{len(texts)} sources for {len(targets)} targets: one target a source")
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        results = {i: ScoringResult([], []) for i in range(len(texts))}
+        if todo:
+            src = self.encode_batch([texts[i] for i in todo], src_lang, tgt_lang)
+            tgt, lengths = self.session.pad([self.encode_target(targets[i], tgt_lang) for i in todo])
+            scored = self.session.score(src, tgt)
+            for r, (i, n) in enumerate(zip(todo, lengths)):
+                results[i] = ScoringResult([int(t) for t in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
+        return [results[i] for i in range(len(texts))]
 
     def generate_tokens(self, source: str, target_prefix: str | None = None, *, src_lang: str | None = None,
                         tgt_lang: str | None = None, **options: Any) -> Iterator[GenerationStepResult]:
@@ -263,6 +295,7 @@ class Translator(LineStream):
         `settings` are generate()'s keywords (num_beams, length_penalty, do_sample, ...);
         `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
         "fr_XX", M2M100's "fr"), the target's becoming the forced first token."""
+        refuse_one_text(texts, "texts")
         request = self.text_request(list(texts), max_new_tokens, src_lang=src_lang, tgt_lang=tgt_lang,
                                     replace_unknowns=replace_unknowns, vocab_map=vocab_map, **settings)
         result = self.session.run(request)

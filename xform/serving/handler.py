@@ -19,8 +19,9 @@ import numpy as np
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime import controls
 from xform.runtime.controls import Control
-from xform.runtime.request import Request, Result
+from xform.runtime.request import Request, Result, refuse_unknown
 from xform.runtime.scheduler import Scheduler
+from xform.runtime.translator import Translator
 from xform.serving import tensors
 
 
@@ -119,7 +120,7 @@ def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None
     InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     if src_lang is not None:
-        session.check_src_lang(src_lang, NAMES()["src_lang"])
+        Translator(session).check_src_lang(src_lang, NAMES()["src_lang"])
     return src_lang, tgt_lang
 
 
@@ -152,7 +153,7 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
         texts, name = strings("text", text), "text"
         try:  # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-            src = session.translator.encode_batch(texts, src_lang, tgt_lang, truncate=truncate,
+            src = Translator(session).encode_batch(texts, src_lang, tgt_lang, truncate=truncate,
                                                   names={**NAMES(), "truncate": "send truncate=true"})
         except InputError as e:
             raise about("text", e) from None
@@ -161,7 +162,8 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
         if src.dtype != np.int64:
             raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
         if truncate and src.ndim == 2 and src.shape[1] > max_len:
-            src = session.pad([session.truncated([int(i) for i in r if i != session.pad_id]) for r in src])[0]
+            cut = Translator(session).truncated
+            src = session.pad([cut([int(i) for i in r if i != session.pad_id]) for r in src])[0]
         name = "src_ids"
     try:
         src, lengths = session.prepare(np.ascontiguousarray(src), None)
@@ -175,27 +177,30 @@ def settings_of(session, inputs: dict[str, np.ndarray | None], tgt_lang: str | N
     bundle's default), by the translator's text policy; their count and lengths are checked by
     the session's request."""
     settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
-    session.translator.first_token(settings, tgt_lang, NAMES()["tgt_lang"])
+    Translator(session).first_token(settings, tgt_lang, NAMES()["tgt_lang"])
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
-        settings["bad_words_ids"] = session.bad_word_ids(words, "input 'bad_words'")
+        settings["bad_words_ids"] = Translator(session).bad_word_ids(words, "input 'bad_words'")
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
-        settings["target_prefix"] = session.translator.prefix_ids(strings("target_prefix", target_prefix))
+        settings["target_prefix"] = Translator(session).prefix_ids(strings("target_prefix", target_prefix))
     return settings
 
 
 def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
     """Triton's door: a request's tensors (None where absent) as a Job holding its Request;
     InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
-    sequences) one request may ask for, so that no request can make the server allocate beyond it."""
+    sequences) one request may ask for, so that no request can make the server allocate beyond it.
+    An input the model does not declare is refused with the nearest (Triton itself refuses one
+    before the model sees it; a caller of this function gets the same)."""
+    refuse_unknown([k for k, v in inputs.items() if v is not None], (t.name for t in tensors.inputs()), "input")
     src_lang, tgt_lang = languages(session, inputs)
     truncate = one_flag("truncate", inputs.get("truncate"))
     replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
     if replace:
         if inputs.get("text") is None:
             raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        session.check_replace_unknowns(NAMES()["replace_unknowns"])
+        Translator(session).check_replace_unknowns(NAMES()["replace_unknowns"])
     attention = one_flag("return_attention", inputs.get("return_attention"))
     if attention and not session.capabilities.attention:
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
@@ -252,8 +257,8 @@ def job_outputs(session, job: Job, result: Result) -> dict[str, np.ndarray]:
     ids = trim(result.ids, session.pad_id)
     outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
     if session.tokenizer is not None:
-        texts = session.decode_rows(ids, n, job.rows, job.texts, result.attention if request.replace_unknowns
-                                    else None)
+        texts = Translator(session).decode_rows(ids, n, job.rows, job.texts,
+                                                result.attention if request.replace_unknowns else None)
         outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
         if n > 1:
             outputs["hypotheses"] = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(-1, n)
@@ -317,7 +322,7 @@ def decoded_alone(session, jobs: list[Job], vocab_map):
     out = []
     for job in jobs:
         texts = job.texts or []
-        restricted = replace(job.request, vocabulary=session.allowed_ids(vocab_map, texts))
+        restricted = replace(job.request, vocabulary=Translator(session).allowed_ids(vocab_map, texts))
         out.append((job, outcome(session, job, lambda r=restricted: session.run(r))))
     return out
 

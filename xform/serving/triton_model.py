@@ -21,6 +21,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from xform.runtime.translator import Translator
 from xform.serving.handler import execute
 from xform.serving.tensors import inputs as tensor_inputs
 
@@ -101,8 +102,8 @@ class TritonPythonModel:
         self.vocab_map = None
         if params.get("vocab_map"):  # checked when the model was written; a failure here is the reason in the log
             try:
-                self.vocab_map = self.session.vocab_map(Path(args["model_repository"]) / args["model_version"]
-                                                        / params["vocab_map"])
+                where = Path(args["model_repository"]) / args["model_version"] / params["vocab_map"]
+                self.vocab_map = Translator(self.session).vocab_map(where)
             except XformError as e:
                 raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
         if self.role == "engine":
