@@ -128,15 +128,15 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
 
 def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bundle, monkeypatch):
     """A fake control: a field of GenerationConfig and a row of the controls' table, nothing else.
-    The CLI's flag, the Python keyword and the Triton input each bring its value to the strategy;
-    config.pbtxt and the docs' table list the input."""
+    The CLI's flag (--fake-control, by cli/flags.py's rule), the Python keyword and the Triton input
+    each bring its value to the strategy; config.pbtxt and the docs' table list the input."""
     import xform.cli.decode
     from xform.serving.repository import ModelOptions, config_pbtxt
     fake = dataclasses.make_dataclass("FakeGenerationConfig", [("fake_control", int, 0)],
                                       bases=(generation.GenerationConfig,), frozen=True)
     monkeypatch.setattr(session_module, "GenerationConfig", fake)
     monkeypatch.setattr(controls, "CONTROLS", [*controls.CONTROLS, controls.Control(
-        "fake_control", "--fake-control", "int", "A control of this test.", tensor="fake_control", least=1)])
+        "fake_control", "int", "A control of this test.", tensor="fake_control", least=1)])
     seen = []
     make = session_module.make_strategy
 

@@ -140,8 +140,9 @@ class TextOptions:
 class LineResult:
     """One line of a stream translated (Translator.translate_lines): its text as read, its
     num_return_sequences `hypotheses` (a blank line: empty ones; a line that failed: none, and
-    its `error`), their `scores` when asked (else empty) and each one's `token_scores` when asked
-    ("tokens"; else empty)."""
+    its `error`: a str in Python's words, an errors.Message where it names a setting, which a door
+    renders in its own), their `scores` when asked (else empty) and each one's `token_scores`
+    when asked ("tokens"; else empty)."""
     text: str
     hypotheses: list[str]
     scores: list[float] = field(default_factory=list)

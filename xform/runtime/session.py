@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.batching import Batching
 from xform.runtime.decoding import make_strategy
-from xform.runtime.generation import GenerationConfig, decode_cap, int_id, named
+from xform.runtime.generation import GenerationConfig, decode_cap, int_id
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.processors import Special, log_softmax
 from xform.runtime.request import REQUEST_OPTIONS, LineResult, Request, Result, TextOptions, refuse_unknown
@@ -98,12 +98,11 @@ class Session:
             raise InputError(f"source row {r} is empty (length 0); every source needs at least one token")
         return src_ids, src_lengths
 
-    def generation_config(self, max_new_tokens: int | None = None, names: Mapping[str, str] | None = None,
-                          **settings: Any) -> GenerationConfig:
+    def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
         (None keeps a default); checked against the model's max_len and target vocabulary. Errors
-        name the settings by `names` (generation.named: None, the CLI's flags) and say which they
-        are about (SettingError.settings)."""
+        say which settings they are about (SettingError.settings), named by their markers, which
+        each door words its own way (errors.py)."""
         fields = generation_fields()
         defaults = {k: v for k, v in self.generation_defaults.items() if k in fields}
         asked = {k for k, v in settings.items() if v is not None}
@@ -114,7 +113,7 @@ class Session:
         if max_new_tokens is None:
             max_new_tokens = self.default_max_new_tokens()  # the bundle's cap, at every door
         try:
-            gen = GenerationConfig(**defaults).updated(max_new_tokens=max_new_tokens, names=names, **settings)
+            gen = GenerationConfig(**defaults).updated(max_new_tokens=max_new_tokens, **settings)
         except SettingError as e:
             raise self.blame_defaults(e, defaults, asked) from None
         max_len = self.config.max_len
@@ -129,8 +128,8 @@ class Session:
                           ("suppress_tokens", gen.suppress_tokens)):
             outside = sorted({i for i in ids if i >= vocab})
             if outside:
-                raise SettingError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
-                                   f"of {vocab}", name)
+                raise SettingError(f"{{{name}}}: ids {outside[:5]} are outside the target vocabulary of {vocab}",
+                                   name)
         return gen
 
     def blame_defaults(self, error: SettingError, defaults: dict[str, Any], asked: set[str]) -> SettingError:
@@ -141,8 +140,8 @@ class Session:
                   and k in str(error)]
         if not blamed:
             return error
-        return SettingError(f"{error}\n  ({', '.join(blamed)}: this bundle's default, from its manifest's generation "
-                            "settings; set it to decide otherwise)", *error.settings)
+        return SettingError(f"{error.template}\n  ({', '.join(blamed)}: this bundle's default, from its manifest's "
+                            "generation settings; set it to decide otherwise)", *error.settings)
 
     def default_max_new_tokens(self) -> int:
         """The bundle's decode cap (generation.decode_cap): set at export, else the model's
@@ -150,8 +149,8 @@ class Session:
         return decode_cap(self.generation_defaults, self.config.max_len)[0]
 
     def request(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
-                generation: GenerationConfig | None = None, names: Mapping[str, str] | None = None,
-                texts: Sequence[str] | None = None, replace_unknowns: bool = False, **settings: Any) -> Request:
+                generation: GenerationConfig | None = None, texts: Sequence[str] | None = None,
+                replace_unknowns: bool = False, **settings: Any) -> Request:
         """The one builder of a Request, for every door: `generate`'s arguments checked. `settings`
         are the generation config's fields (generation.GenerationConfig: any of them) and the
         request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps
@@ -161,7 +160,7 @@ class Session:
         if generation is not None and (settings or max_new_tokens is not None):
             raise InputError(f"a request takes a generation config or settings, not both: {sorted(settings)}")
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        gen = generation or self.generation_config(max_new_tokens, names, **settings)
+        gen = generation or self.generation_config(max_new_tokens, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
         return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
                        bool(options.get("return_scores")), bool(options.get("return_token_scores")),
@@ -177,8 +176,8 @@ class Session:
         restricted: Restricting | None = None
         if request.vocabulary is not None:
             if request.wants_attention:
-                raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
-                                 "decoder returns no attention")
+                raise InputError("a vocabulary restriction and {return_attention} together: the restricted decoder "
+                                 "returns no attention").naming("return_attention")
             prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
             restricted = self.restrict(request.vocabulary, request.generation,
                                        [[int(i) for i in row if i >= 0] for row in prefix])
@@ -287,16 +286,17 @@ class Session:
             gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
         attention = request.wants_attention
         if attention and not self.capabilities.attention:
-            raise InputError("return_attention (--replace-unknowns): this bundle's decoder returns no attention; "
-                             "export it with --with-attention")
+            raise InputError("{return_attention}: this bundle's decoder returns no attention; export it with "
+                             "the decoder's attention (xform export MODEL -o BUNDLE --with-attention)").naming(
+                                 "return_attention")
         strategy = make_strategy(batch, gen, self.special, request.wants_scores, prefix, self.start_id,
                                  request.src_ids.shape[1] if attention else 0)
         limit = self.capabilities.max_rows
         if limit is not None and strategy.rows > limit:
-            raise InputError(f"batch {batch} x {gen.strategy} width "
-                             f"{strategy.rows // batch} (--num-beams / --num-return-sequences) = "
-                             f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
-                             "with a larger --max-batch or --max-beams")
+            raise InputError(f"batch {batch} x {gen.strategy} width {strategy.rows // batch} ({{num_beams}} / "
+                             f"{{num_return_sequences}}) = {strategy.rows} rows exceeds the engines' profile batch "
+                             f"{limit}; rebuild them with a larger one (xform build-engine BUNDLE --force "
+                             "--max-batch N --max-beams N)").naming("num_beams", "num_return_sequences")
         return Decode(strategy, request.src_ids, request.src_lengths, request.return_scores,
                       request.return_token_scores, attention, on_step)
 
@@ -314,7 +314,8 @@ class Session:
         backend = self.backend
         if not (isinstance(backend, Restricting) and self.capabilities.restriction):
             raise InputError("vocabulary: a restriction needs the restricted decoder on the ort backend: export the "
-                             "bundle with --with-vocab-map and run it with --backend ort")
+                             "bundle with it (xform export MODEL -o BUNDLE --with-vocab-map) and run it on the ort "
+                             "backend")
         try:
             ids = np.unique(np.asarray(vocabulary, dtype=np.int64).reshape(-1))
         except (TypeError, ValueError) as e:
@@ -393,24 +394,23 @@ class Session:
     def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
         return self.translator.encode_texts(texts, src_lang, tgt_lang)
 
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
-                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
-        return self.translator.encode_text(text, src_lang, flag, tgt_lang, tgt_flag)
+    def encode_text(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
+        return self.translator.encode_text(text, src_lang, tgt_lang)
 
-    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
-        self.translator.check_src_lang(src_lang, flag)
+    def check_src_lang(self, src_lang: str) -> None:
+        self.translator.check_src_lang(src_lang)
 
     def target_ids(self, text: str) -> list[int]:
         return self.translator.target_ids(text)
 
-    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
-        return self.translator.bad_word_ids(phrases, flag)
+    def bad_word_ids(self, phrases: Sequence[str]) -> list[list[int]]:
+        return self.translator.bad_word_ids(phrases)
 
     def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
         return self.translator.encode_target(text, tgt_lang)
 
-    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
-        return self.translator.target_language(tgt_lang, flag)
+    def target_language(self, tgt_lang: str | None) -> int | None:
+        return self.translator.target_language(tgt_lang)
 
     def truncated(self, ids: list[int]) -> list[int]:
         return self.translator.truncated(ids)
@@ -418,8 +418,8 @@ class Session:
     def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
         return self.translator.vocab_map(vocab_map)
 
-    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
-        self.translator.check_replace_unknowns(flag)
+    def check_replace_unknowns(self) -> None:
+        self.translator.check_replace_unknowns()
 
     def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
         return self.translator.allowed_ids(vocab_map, texts)

@@ -119,7 +119,7 @@ class Translator(LineStream):
             return []
         if not max_batch_size:
             return [list(range(len(texts)))]
-        return plan([len(self.encode_text(t, src_lang, "src_lang", tgt_lang, "tgt_lang")) for t in texts],
+        return plan([len(self.encode_text(t, src_lang, tgt_lang)) for t in texts],
                     ct2_batching(max_batch_size, batch_type))
 
     def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
