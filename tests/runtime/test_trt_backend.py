@@ -71,7 +71,7 @@ def test_trt_profile_limits(gpu_bundles):
     with pytest.raises(InputError, match="exceeds the engines' --max-batch 8"):
         s.generate(src, max_new_tokens=4)
     src, _ = padded_batch(cfg, [4, 3])
-    with pytest.raises(InputError, match="exceeds the engines' --max-new-tokens 24"):
+    with pytest.raises(InputError, match="exceeds the engines' longest decode, 24 steps"):
         s.generate(src, max_new_tokens=30, min_new_tokens=30)
 
 

@@ -24,11 +24,11 @@ from xform.runtime.generation import GenerationConfig
 REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
 
 
-def refuse_unknown(names: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
-    """An InputError naming each unknown name, with the nearest known one where one is near (a
-    misspelt option), and the known ones: every Python door's refusal of a name it does not take."""
+def refuse_unknown(given: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
+    """An InputError naming each unknown name `given`, with the nearest known one where one is near
+    (a misspelt option), and the known ones: every Python door's refusal of a name it does not take."""
     known = sorted(set(known))
-    unknown = sorted(set(names) - set(known))
+    unknown = sorted(set(given) - set(known))
     if unknown:
         said = [f"{u!r} (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(u, known, 1)) else repr(u)
                 for u in unknown]
