@@ -71,9 +71,9 @@ def test_sampling_flags_are_reproducible(runner, demo_bundle):
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (["--num-beams", "2", "--num-return-sequences", "3"], "--num-return-sequences) 3 exceeds"),
-    (["--sample", "--top-p", "1.5"], "--top-p) must be in (0, 1]"),
-    (["--sample", "--temperature", "0"], "--temperature) must be > 0"),
+    (["--num-beams", "2", "--num-return-sequences", "3"], "--num-return-sequences 3 exceeds --num-beams 2"),
+    (["--sample", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--sample", "--temperature", "0"], "--temperature must be > 0"),
     (["--greedy", "--num-beams", "3"], "--greedy and --num-beams 3 contradict"),
     (["--sample", "--num-beams", "2"], "beam sampling is not supported"),
     (["--early-stopping", "maybe"], "'maybe' is not one of"),
@@ -282,9 +282,9 @@ def test_decoding_controls_on_the_command_line(runner, demo_bundle, tmp_path):
     (["--text", "1", "--prefix-column"], "--prefix-column reads --input-file lines"),
     (["--text", "1", "--suppress-tokens", "5,x"], "expected comma-separated token ids"),
     (["--text", "1", "--bad-word-ids", ","], "expected at least one token id"),
-    (["--text", "1", "--repetition-penalty", "0"], "repetition_penalty (--repetition-penalty) must be a number > 0"),
-    (["--text", "1", "--no-repeat-ngram-size", "-1"], "no_repeat_ngram_size (--no-repeat-ngram-size) must be"),
-    (["--text", "1", "--suppress-tokens", "99999"], "suppress_tokens (--suppress-tokens): ids [99999] are outside"),
+    (["--text", "1", "--repetition-penalty", "0"], "--repetition-penalty must be a number > 0"),
+    (["--text", "1", "--no-repeat-ngram-size", "-1"], "--no-repeat-ngram-size must be"),
+    (["--text", "1", "--suppress-tokens", "99999"], "--suppress-tokens: ids [99999] are outside"),
     (["--text", "1", "--alternatives", "--num-return-sequences", "2", "--num-beams", "2"],
      "continues each alternative greedily"),
 ])
@@ -307,7 +307,7 @@ def test_export_with_attention_and_replace_unknowns(runner, demo_bundle, tmp_pat
     assert r.exit_code == 0, r.output
     assert r.output.splitlines() == [f"40512\t{xform.Translator(demo_bundle).translate(['40512'])[0]}"]
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", "40512", "--replace-unknowns"])
-    assert r.exit_code == 2 and "export the bundle with --with-attention" in r.output, r.output
+    assert r.exit_code == 2 and "(xform export MODEL -o BUNDLE --with-attention)" in r.output, r.output
     r = runner.invoke(main, ["export", "demo", "-o", str(tmp_path / "x"), "--attention-layer", "0"])
     assert r.exit_code == 2 and "--attention-layer goes with --with-attention" in r.output
 

@@ -54,7 +54,7 @@ def test_unknown_characters_map_to_unk_and_long_input_is_refused(demo):
     assert demo.tokenizer.unknown(ids) == (1, 4)
     assert demo.tokenizer.encode("1234").count(unk) == 0
     assert len(Translator(demo).translate(["12x4"])) == 1
-    with pytest.raises(xform.XformError, match=r"41 source tokens, more than the model's max_len 32 \(truncate=True"):
+    with pytest.raises(xform.XformError, match=r"41 source tokens, more than the model's max_len 32 \(truncate to cut it\)"):
         Translator(demo).translate(["1" * 40])
     assert Translator(demo).translate(["1" * 40], truncate=True) == Translator(demo).translate(["1" * 31])  # cut to max_len
 

@@ -3,6 +3,7 @@ Request and give the same tokens and text; a control added to the generation con
 controls' table alone is reachable from all three doors."""
 import dataclasses
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -129,15 +130,15 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
 
 def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bundle, monkeypatch):
     """A fake control: a field of GenerationConfig and a row of the controls' table, nothing else.
-    The CLI's flag, the Python keyword and the Triton input each bring its value to the strategy;
-    config.pbtxt and the docs' table list the input."""
+    The CLI's flag (--fake-control, by cli/flags.py's rule), the Python keyword and the Triton input
+    each bring its value to the strategy; config.pbtxt and the docs' table list the input."""
     import xform.cli.decode
     from xform.serving.repository import ModelOptions, config_pbtxt
     fake = dataclasses.make_dataclass("FakeGenerationConfig", [("fake_control", int, 0)],
                                       bases=(generation.GenerationConfig,), frozen=True)
     monkeypatch.setattr(session_module, "GenerationConfig", fake)
     monkeypatch.setattr(controls, "CONTROLS", [*controls.CONTROLS, controls.Control(
-        "fake_control", "--fake-control", "int", "A control of this test.", tensor="fake_control", least=1)])
+        "fake_control", "int", "A control of this test.", tensor="fake_control", least=1)])
     seen = []
     make = session_module.make_strategy
 
@@ -171,3 +172,36 @@ def test_the_docs_tensor_table_is_the_tables():
     start, end = "<!-- tensors: xform/serving/tensors.py markdown() -->\n", "<!-- /tensors -->"
     assert start in doc and end in doc
     assert doc[doc.index(start) + len(start):doc.index(end)] == tensors.markdown()
+
+
+def test_one_runtime_error_about_a_setting_reads_in_each_doors_words(demo, demo_bundle):
+    """The runtime refuses a setting once, naming it by its marker (xform/errors.py); each door
+    words it its own way (issue 42): Python by its keyword, the CLI by its flag (cli/flags.py), the
+    server by its input. A source language this model lacks, then a generation setting, then bad
+    words given as text (the CLI's --bad-words, the server's bad_words, Python's bad_words_ids)."""
+    from xform.cli import main
+    from xform.errors import InputError
+    from xform.serving.handler import said
+    lacks = "xx: this model's tokenizer has no languages"
+    with pytest.raises(InputError, match=f"^src_lang {lacks}$"):
+        xform.Translator(demo_bundle).translate_batch([SOURCE], src_lang="xx")
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--src-lang", "xx"])
+    assert r.exit_code == 2 and f"--src-lang {lacks}" in r.output, r.output
+    assert execute(demo, [{"text": text(SOURCE), "src_lang": text("xx")}]) == [f"input 'src_lang' {lacks}"]
+
+    with pytest.raises(InputError) as e:
+        Translator(demo).translate_batch([SOURCE], num_hypotheses=3)
+    assert "num_return_sequences 3 needs beams (num_beams >= it), sampling (do_sample) or alternatives " \
+           "(return_alternatives)" in str(e.value)
+    assert "input 'num_return_sequences' 3 needs beams (input 'num_beams' >= it)" in said(e.value)
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--num-return-sequences", "3"])
+    assert r.exit_code == 2 and "--num-return-sequences 3 needs beams (--num-beams >= it), sampling (--sample) or " \
+                                "alternatives (--alternatives)" in r.output, r.output
+
+    empty = ": a phrase gives no target tokens ([' '])"
+    with pytest.raises(InputError, match=re.escape(f"bad_words_ids{empty}")):
+        Translator(demo).translate([SOURCE], bad_words_ids=[" "])
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--bad-words", " "])
+    assert r.exit_code == 2 and f"--bad-words{empty}" in r.output, r.output
+    out = execute(demo, [{"text": text(SOURCE), "bad_words": np.array([[b" "]], dtype=object)}])
+    assert out == [f"input 'bad_words'{empty}"]

@@ -94,8 +94,8 @@ def test_token_batches_from_the_command_line_keep_one_line_per_input_line(demo, 
     (["--max-batch-tokens", "0"], "'--max-batch-tokens': 0 is not in the range x>=1"),
     (["--read-ahead", "0"], "'--read-ahead': 0 is not in the range x>=1"),
     (["--batch-type", "words"], "'words' is not one of 'examples', 'tokens'"),
-    (["--batch-type", "tokens"], "batch_type (--batch-type) tokens needs max_batch_tokens (--max-batch-tokens)"),
-    (["--batch-type", "examples", "--max-batch-tokens", "64"], "(--max-batch-tokens) goes with batch_type"),
+    (["--batch-type", "tokens"], "--batch-type tokens needs --max-batch-tokens"),
+    (["--batch-type", "examples", "--max-batch-tokens", "64"], "--max-batch-tokens goes with --batch-type tokens"),
 ])
 def test_bad_batching_flags_are_usage_errors(demo_bundle, flags, fragment):
     r = run(demo_bundle, "--text", "12", *flags)

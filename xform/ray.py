@@ -25,7 +25,7 @@ from xform.corpus.worker import Job, LineTranslator, TextOptions
 from xform.errors import InputError
 from xform.runtime.batching import Batching
 from xform.runtime.open import open_session
-from xform.runtime.translator import Translator
+from xform.runtime.translator import Translator, reworded
 
 __all__ = ["Translate"]
 
@@ -44,7 +44,8 @@ class Translate:
         session = open_session(bundle, backend, device, threads)
         text_layer = Translator(session)
         text_layer.check_languages(src_lang, tgt_lang)  # an unknown language is refused here, not per batch
-        gen = text_layer.generation(tgt_lang, dict(options))
+        with reworded(options):  # an error names a setting as the caller did (beam_size, ...)
+            gen = text_layer.generation(tgt_lang, dict(options))
         batching = Batching("tokens" if max_batch_tokens else "examples", batch_size, max_batch_tokens)
         text = TextOptions(scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang, truncate=truncate)
         self.translator = LineTranslator(session, Job(str(bundle), gen, text, batching, backend, device, threads))

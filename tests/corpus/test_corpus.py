@@ -185,6 +185,23 @@ def test_undecodable_bytes_fail_alone_with_file_and_line(demo_bundle, tmp_path):
         (tmp_path / "r.json").read_text())["failed"]]
 
 
+def test_a_failed_lines_error_names_the_setting_in_its_doors_words(demo_bundle, tmp_path):
+    """A line over max_len fails alone; the runtime names truncate by its marker (errors.py): the
+    corpus made by the CLI records its flag, xform.ray's error column the keyword."""
+    import numpy as np
+
+    from xform.ray import Translate
+
+    src = tmp_path / "long.txt"
+    src.write_text("1" * 40 + "\n7\n")
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "o")
+    assert r.exit_code == 1 and f"{src}:1: 41 source tokens" in r.output, r.output
+    failed = json.loads((tmp_path / "o" / RECORD).read_text())["failed"]
+    assert [f["error"] for f in failed] == ["41 source tokens, more than the model's max_len 32 (--truncate to cut it)"]
+    out = Translate(demo_bundle)({"text": np.array(["1" * 40], dtype=object)})
+    assert list(out["error"]) == ["41 source tokens, more than the model's max_len 32 (truncate to cut it)"]
+
+
 def test_json_lines_keep_their_objects_and_fail_bad_lines_alone(demo_bundle, tmp_path):
     src = tmp_path / "in.jsonl"
     lines = [json.dumps({"id": 1, "text": "12"}), "", json.dumps({"id": 2, "body": "7"}), "{not json",

@@ -173,7 +173,7 @@ def test_trt_backend_refusals_without_a_gpu(built, tmp_path):
     if gpu_info() is None:
         with pytest.raises(BackendUnavailableError, match="needs an NVIDIA GPU"):
             xform.load(path, backend="trt")
-    with pytest.raises(XformError, match="use --device cuda"):
+    with pytest.raises(XformError, match="use device cuda"):
         xform.load(path, backend="trt", device="cpu")
     # an engine recorded as built from another ONNX is refused before anything runs
     copy = tmp_path / "b"
@@ -225,7 +225,7 @@ def test_trt_backend_without_tensorrt_says_so_before_engines(bundles, tmp_path, 
     export_bundle(bundles["tiny-fp32"] / "reference", path)  # no engines either
     for name in ("tensorrt", "tensorrt_rtx"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
-    with pytest.raises(BackendUnavailableError, match=r"needs TensorRT, and none is installed .*--backend ort"):
+    with pytest.raises(BackendUnavailableError, match=r"needs TensorRT, and none is installed .use backend ort"):
         xform.load(path, backend="trt")
 
 

@@ -102,7 +102,7 @@ def test_default_bundles_have_no_attention_output(marians):
     session = xform.load(bundle)
     assert "attention" not in session.bundle.graph_spec("decoder").output_names
     src, _ = sources(model.config, LENGTHS)
-    with pytest.raises(InputError, match="export it with --with-attention"):
+    with pytest.raises(InputError, match="xform export MODEL -o BUNDLE --with-attention"):
         session.generate(src.numpy(), return_attention=True)
 
 

@@ -200,13 +200,13 @@ def test_alternatives_are_the_best_first_tokens_continued_greedily(marians):
 
 
 @pytest.mark.parametrize("settings, fragment", [
-    (dict(repetition_penalty=0.0), r"repetition_penalty \(--repetition-penalty\) must be a number > 0"),
-    (dict(repetition_penalty=-1.5), r"repetition_penalty \(--repetition-penalty\) must be a number > 0"),
-    (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size \(--no-repeat-ngram-size\) must be an integer >= 0"),
-    (dict(bad_words_ids=[[3], []]), r"bad_words_ids \(--bad-words\) must be a list of id sequences"),
-    (dict(bad_words_ids=[[3, 999]]), r"bad_words_ids \(--bad-words\): ids \[999\] are outside the target vocab"),
-    (dict(suppress_tokens=[-2]), r"suppress_tokens \(--suppress-tokens\) must be a list of ids"),
-    (dict(suppress_tokens=[400]), r"suppress_tokens \(--suppress-tokens\): ids \[400\] are outside"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be a number > 0"),
+    (dict(repetition_penalty=-1.5), r"repetition_penalty must be a number > 0"),
+    (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size must be an integer >= 0"),
+    (dict(bad_words_ids=[[3], []]), r"bad_words_ids must be a list of id sequences"),
+    (dict(bad_words_ids=[[3, 999]]), r"bad_words_ids: ids \[999\] are outside the target vocab"),
+    (dict(suppress_tokens=[-2]), r"suppress_tokens must be a list of ids"),
+    (dict(suppress_tokens=[400]), r"suppress_tokens: ids \[400\] are outside"),
     (dict(target_prefix=[[1], [999], [], []]), r"target_prefix\[1\]: id 999 is outside the target vocabulary"),
     (dict(target_prefix=[[1]]), r"target_prefix has 1 entries for 4 sources"),
     (dict(target_prefix=[[1] * 64, [], [], []]), r"target_prefix of 64 tokens leaves no room in the model's max_len"),

@@ -109,7 +109,7 @@ def test_a_step_without_a_running_decode_says_so(demo_bundle):
     backend = ort_backend.OrtBackend(Bundle.open(demo_bundle), "cpu")
     with pytest.raises(XformError, match=r"step\(\): no decode is running"):
         backend.step(np.array([2]), 0)
-    with pytest.raises(XformError, match="exported without --with-attention, or no decode is running"):
+    with pytest.raises(XformError, match=r"--with-attention\), or no decode is running"):
         backend.attention()
     src = np.array([[5, 6, 2]], np.int64)
     backend.start(src, np.array([3]))

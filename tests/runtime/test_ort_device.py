@@ -212,7 +212,7 @@ def test_tf32_is_off_unless_asked_and_its_check_says_what_it_costs(demo_bundle, 
     report = xform.check(demo_bundle, session=dev, texts=["01234567"])
     assert report.tf32 and report.rtol == 1e-2 and report.atol == 0.0
     for backend, device, words in (("ort", "cpu", "CUDA math mode"), ("torch", "cpu", "fp32 reference"),
-                                   ("trt", "cuda", "build-engine --tf32")):
+                                   ("trt", "cuda", "build-engine BUNDLE --tf32")):
         with pytest.raises(XformError, match=words):
             xform.load(demo_bundle, backend=backend, device=device, allow_tf32=True)
 

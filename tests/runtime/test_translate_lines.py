@@ -157,12 +157,12 @@ def test_on_batch_counts_every_line_and_the_generated_tokens(demo):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(batch_size=0), "batch_size (--batch-size) must be an integer >= 1"),
-    (dict(read_ahead=0), "read_ahead (--read-ahead) must be an integer >= 1"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1"),
+    (dict(read_ahead=0), "read_ahead must be an integer >= 1"),
     (dict(batch_type="words"), "must be examples or tokens, got 'words'"),
-    (dict(batch_type="tokens"), "batch_type (--batch-type) tokens needs max_batch_tokens"),
-    (dict(batch_type="tokens", max_batch_tokens=0), "max_batch_tokens (--max-batch-tokens) must be an integer >= 1"),
-    (dict(max_batch_tokens=64), "max_batch_tokens (--max-batch-tokens) goes with batch_type (--batch-type) tokens"),
+    (dict(batch_type="tokens"), "batch_type tokens needs max_batch_tokens"),
+    (dict(batch_type="tokens", max_batch_tokens=0), "max_batch_tokens must be an integer >= 1"),
+    (dict(max_batch_tokens=64), "max_batch_tokens goes with batch_type tokens"),
 ])
 def test_bad_batching_fails_at_the_call(demo, kwargs, fragment):
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
@@ -212,5 +212,5 @@ def test_a_file_of_short_lines_at_beam_4_stays_within_the_row_budget(demo, monke
 
 
 def test_a_bad_row_limit_fails_at_the_call(demo):
-    with pytest.raises(InputError, match=r"max_rows \(--max-batch-rows\) must be an integer >= 1"):
+    with pytest.raises(InputError, match=r"max_rows must be an integer >= 1"):
         Translator(demo).translate_lines(["12"], demo.generation_config(MAX_NEW), Batching(max_rows=0))

@@ -72,7 +72,7 @@ def test_trt_profile_limits(gpu_bundles):
     with pytest.raises(InputError, match="exceeds the engines' --max-batch 8"):
         s.generate(src, max_new_tokens=4)
     src, _ = padded_batch(cfg, [4, 3])
-    with pytest.raises(InputError, match="exceeds the engines' --max-new-tokens 24"):
+    with pytest.raises(InputError, match="exceeds the engines' longest decode, 24 steps"):
         s.generate(src, max_new_tokens=30, min_new_tokens=30)
 
 
@@ -92,6 +92,6 @@ def test_trt_beams_equal_ort(gpu_bundles, beams, n_ret):
 def test_trt_refuses_beams_beyond_the_profile(gpu_bundles):
     s = xform.load(gpu_bundles["tiny32"], backend="trt")
     src, _ = padded_batch(make_model("seed-002").cfg, [5, 4, 3], seed=1)
-    with pytest.raises(InputError, match="exceeds the engines' profile batch 8; rebuild them with a larger "
-                                         "--max-batch or --max-beams"):
+    with pytest.raises(InputError, match="exceeds the engines' profile batch 8; rebuild them with a larger one "
+                                         r"\(xform build-engine BUNDLE --force --max-batch N --max-beams N\)"):
         s.generate(src, max_new_tokens=8, num_beams=3)

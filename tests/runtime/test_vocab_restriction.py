@@ -91,7 +91,7 @@ def test_the_full_vocabulary_comes_back_after_a_restriction(restrictable):
 def test_a_bundle_without_the_restricted_decoder_refuses(marians):
     _, model, bundle = marians["swish-scaled"]
     src = sources(model.config, LENGTHS)[0].numpy()
-    with pytest.raises(InputError, match="export the bundle with --with-vocab-map"):
+    with pytest.raises(InputError, match="xform export MODEL -o BUNDLE --with-vocab-map"):
         xform.load(bundle).generate(src, vocabulary=[3, 4])
     with pytest.raises(InputError, match="on the ort backend"):
         xform.load(bundle, backend="torch").generate(src, vocabulary=[3, 4])

@@ -84,16 +84,25 @@ def test_a_backend_failure_is_the_servers_fault_and_too_many_rows_the_requests(d
 
 
 def test_the_cli_names_its_flags_where_a_request_names_its_inputs(demo):
-    """The same runtime errors, from the CLI's door (no names given): its flags, as before."""
+    """The same runtime errors, read by each door: from Python (str) the keywords, from the CLI
+    (cli/flags.py) its flags, as before, from the server (handler.said) its inputs."""
+    from xform.cli.flags import said as cli
     from xform.errors import InputError
-    with pytest.raises(InputError, match=r"sampling \(--sample\) or alternatives \(--alternatives\)"):
+    from xform.serving.handler import said as server
+    with pytest.raises(InputError, match=r"sampling \(do_sample\) or alternatives \(return_alternatives\)") as e:
         demo.generation_config(num_return_sequences=3)
-    with pytest.raises(InputError, match=r"repetition_penalty \(--repetition-penalty\) must be a number > 0"):
+    assert "sampling (--sample) or alternatives (--alternatives)" in cli(e.value)
+    assert "input 'num_return_sequences' 3 needs beams (input 'num_beams' >= it)" in server(e.value)
+    with pytest.raises(InputError, match=r"repetition_penalty must be a number > 0") as e:
         demo.generation_config(repetition_penalty=-1.0)
-    with pytest.raises(InputError, match="^--tgt-lang xx: this model's tokenizer has no languages$"):
+    assert "--repetition-penalty must be a number > 0" in cli(e.value)
+    with pytest.raises(InputError, match="^tgt_lang xx: this model's tokenizer has no languages$") as e:
         Translator(demo).target_language("xx")
-    with pytest.raises(InputError, match="^--src-lang xx: this model's tokenizer has no languages$"):
+    assert cli(e.value) == "--tgt-lang xx: this model's tokenizer has no languages"
+    assert server(e.value) == "input 'tgt_lang' xx: this model's tokenizer has no languages"
+    with pytest.raises(InputError, match="^src_lang xx: this model's tokenizer has no languages$") as e:
         Translator(demo).check_src_lang("xx")
+    assert cli(e.value) == "--src-lang xx: this model's tokenizer has no languages"
 
 
 def test_an_engine_error_relayed_keeps_its_kind():

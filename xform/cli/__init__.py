@@ -8,6 +8,7 @@ Ctrl-C is exit 130.
     evaluate.py  eval                             serving.py   triton, serve
     corpus.py    corpus (files, sharded, on Ray or in-process)
     options.py   the flags and helpers the commands share (decoding flags from runtime/controls.py)
+    flags.py     the flag of each runtime setting, which the CLI's messages name (errors.py's markers)
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from xform import __version__
+from xform.cli.flags import said
 from xform.errors import XformError
 from xform.manifest import VERSION as BUNDLE_VERSION
 
@@ -70,7 +72,8 @@ def stopped_code(e: KeyboardInterrupt) -> int:
 
 
 def handle_errors(fn):
-    """The one place where library errors become exit codes; Ctrl-C is exit 130 with one line,
+    """The one place where library errors become exit codes (their message in the CLI's words:
+    a setting named as its flag, flags.py); Ctrl-C is exit 130 with one line,
     not click's "Aborted!" and exit 1, and SIGTERM exit 143 after the same clean-up (a command
     with a stop of its own, `serve`, installs its handler over this one while it runs)."""
     @functools.wraps(fn)
@@ -80,7 +83,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except XformError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}")
+            err.print(f"[bold red]error:[/] {escape(said(e))}")  # the settings it names, as flags
             sys.exit(1)
         except KeyboardInterrupt as e:
             err.print("terminated" if isinstance(e, Terminated) else "interrupted")

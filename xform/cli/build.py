@@ -7,6 +7,7 @@ import click
 from rich.markup import escape
 
 from xform.cli import err, handle_errors, main, out, stages
+from xform.cli.flags import said
 from xform.errors import XformError
 from xform.manifest import PRECISIONS, Manifest
 from xform.models import STATE_DICT_ARCHS as ARCHS
@@ -127,7 +128,7 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
     print_export(result, precision, exporter)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)
-    out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {why}. Change it with "
+    out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {said(why)}. Change it with "
               "xform export --max-new-tokens N, or per run with xform run --max-new-tokens N")
 
 
@@ -216,7 +217,7 @@ def print_text_report(bundle: Path, manifest: Manifest) -> None:
         return
     tok = load_tokenizer(bundle / manifest.tokenizer.file, manifest.config)
     for line in tok.describe():
-        out.print(escape(line))
+        out.print(escape(said(line)))
     for note in manifest.tokenizer.notes:
         if note.startswith("warning: "):
             err.print(f"[bold yellow]warning:[/] {escape(note.removeprefix('warning: '))}")

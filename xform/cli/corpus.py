@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out, stopped_code
+from xform.cli.flags import table
 from xform.cli.options import (
     batching_options,
     check_json_target,
@@ -107,7 +108,7 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
                        vocab_map), gen.num_return_sequences, text.scores)
     # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
     job = Job(str(bundle.absolute()), gen, text, batching, backend, device, threads, vocab,
-              plan.identity.bundle["sha256"])
+              plan.identity.bundle["sha256"], table())  # lines' errors and warnings name the flags
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:

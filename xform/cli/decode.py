@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out
+from xform.cli.flags import said
 from xform.cli.options import (
     batching_options,
     check_json_target,
@@ -60,7 +61,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
     def on_warning(index: int, message: str) -> None:
         warned.append(index)
         if len(warned) <= MAX_WARNINGS:
-            err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(message)}")
+            err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(said(message))}")
 
     from xform.runtime.request import TextOptions
     text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
@@ -106,8 +107,8 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
         text = line.text
         if line.error is not None:
             errors += 1
-            err.print(f"[bold red]error:[/] {escape(label)}: {escape(line.error)}")
-            report["translations"].append({"source": text, "error": line.error})
+            err.print(f"[bold red]error:[/] {escape(label)}: {escape(said(line.error))}")
+            report["translations"].append({"source": text, "error": said(line.error)})
             for _ in range(n):  # the output keeps one line per input line
                 emit(text, "", "\t\t" if scores == "tokens" else "\t" if scores else "")
             continue
@@ -325,7 +326,7 @@ def print_plan(session, batching, gen) -> None:
     layer = (c.n_decoder_layers, c.n_heads, c.head_dim)
     for line in batching.describe(per_line, row_bytes(*layer, min(c.max_len, gen.max_new_tokens + 1), item),
                                   row_bytes(*layer, c.max_len, item), 4 * c.tgt_vocab_size):
-        err.print(line, markup=False, highlight=False)
+        err.print(said(line), markup=False, highlight=False)
 
 
 def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
@@ -435,7 +436,7 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
         if src_lang is not None:
             Translator(session).check_src_lang(src_lang)
     except InputError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(said(e)) from None
     with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
         for start in range(0, len(sources), batch_size):
             src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import handle_errors, main, out
+from xform.cli.flags import said
 from xform.cli.options import (
     check_json_target,
     checked_generation,
@@ -78,9 +79,9 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     settings = generation_settings(greedy, **settings)
     split_bad_words(session, settings)
     try:
-        Translator(session).first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+        Translator(session).first_token(settings, tgt_lang)
     except InputError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(said(e)) from None
     gen = checked_generation(session, max_new_tokens, settings)
     systems = []
     for name, s in [(str(bundle), session), *([(against, other)] if other is not None else [])]:

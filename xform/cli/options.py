@@ -11,6 +11,8 @@ from typing import Callable
 import click
 
 from xform.cli import err, out
+from xform.cli.flags import help_text, said
+from xform.cli.flags import option as option_of
 from xform.errors import XformError
 from xform.runtime.translator import Translator
 
@@ -124,7 +126,7 @@ def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_r
     try:
         return Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
     except InputError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(said(e)) from None
 
 
 def with_options(fn, options):
@@ -219,19 +221,19 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     alone = session.tokenizer is None and tgt_lang is not None and settings.get("forced_bos_token_id") is None
     try:
         if (has_text or src_lang or tgt_lang) and not alone:
-            Translator(session).first_token(settings, tgt_lang, "--tgt-lang", "--tgt-lang and --forced-bos-id")
+            Translator(session).first_token(settings, tgt_lang)
         if (src_lang or tgt_lang) and session.tokenizer is None:
             raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so "
                                    "no languages (give --forced-bos-id for the target language's token id)")
         if src_lang is not None:
             Translator(session).check_src_lang(src_lang)
     except InputError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(said(e)) from None
     if replace_unknowns:
         try:
             Translator(session).check_replace_unknowns()
         except InputError as e:
-            raise click.UsageError(f"{bundle}: {e}") from None
+            raise click.UsageError(f"{bundle}: {said(e)}") from None
     if vocab_map is None:
         return None
     if not has_text:
@@ -260,15 +262,19 @@ def generation_options(fn):
 
 
 def control_option(c):
-    """The click option of a control, by its kind."""
-    dest = c.dest or c.name
+    """The click option of a control, by its kind: its flag (flags.py) and its help, the other
+    controls it names as their flags."""
+    from xform.runtime import controls
+
+    dest, name = c.dest or c.name, option_of(c.name)
+    help = help_text(c.help, [other.name for other in controls.CONTROLS])
     if c.kind == "bool":
-        return click.option(c.flag, dest, is_flag=True, default=None, help=c.help)
+        return click.option(name, dest, is_flag=True, default=None, help=help)
     if c.kind == "choice":
-        return click.option(c.flag, dest, type=click.Choice(list(c.choices or {})), default=None, help=c.help)
+        return click.option(name, dest, type=click.Choice(list(c.choices or {})), default=None, help=help)
     if c.kind in ("ids", "id_lists"):
-        return click.option(c.flag, dest, multiple=c.kind == "id_lists", default=None, metavar="IDS", help=c.help)
-    return click.option(c.flag, dest, type={"int": int, "float": float}[c.kind], default=None, help=c.help)
+        return click.option(name, dest, multiple=c.kind == "id_lists", default=None, metavar="IDS", help=help)
+    return click.option(name, dest, type={"int": int, "float": float}[c.kind], default=None, help=help)
 
 
 def id_list(flag: str, value: str) -> list[int]:
@@ -291,9 +297,9 @@ def generation_settings(greedy: bool, bad_words=(), **flags) -> dict:
     for c in controls.CONTROLS:
         value = flags.pop(c.dest or c.name, None) if c.option else None
         if c.kind == "ids" and value is not None:
-            value = id_list(c.flag, value)
+            value = id_list(option_of(c.name), value)
         elif c.kind == "id_lists":
-            value = [id_list(c.flag, v) for v in value] if value else None
+            value = [id_list(option_of(c.name), v) for v in value] if value else None
         elif c.kind == "choice" and value is not None:
             value = (c.choices or {})[value]
         if c.option:
@@ -314,7 +320,7 @@ def checked_generation(session, max_new_tokens, settings: dict):
     try:
         gen = session.generation_config(max_new_tokens, **settings)  # None: the bundle's cap
     except InputError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(said(e)) from None
     ignored = [flag for key, flag in SAMPLING_FLAGS.items() if settings.get(key) is not None]
     if ignored and not gen.do_sample:  # they would change nothing: a user who typed them expects a sample
         raise click.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
@@ -332,9 +338,9 @@ def split_bad_words(session, settings: dict) -> None:
         if session.tokenizer is None:
             raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
         try:
-            words = Translator(session).bad_word_ids(bad_words, "--bad-words")
+            words = Translator(session).bad_word_ids(bad_words)
         except InputError as e:
-            raise click.UsageError(str(e)) from None
+            raise click.UsageError(said(e)) from None
         settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words
 
 

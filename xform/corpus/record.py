@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from xform.errors import InputError
+from xform.errors import InputError, Message, message
 from xform.files import TEMP, atomic_write
 
 RECORD, SHARDS, LOCK = "xform-corpus.json", "xform-shards", ".xform-corpus.lock"
@@ -56,7 +56,8 @@ class Identity:
         return [i["name"] for i in self.inputs]
 
     def changes(self, recorded: dict) -> list[str]:
-        """What differs from a record of the same inputs, in words."""
+        """What differs from a record of the same inputs, in words (a decoding control named by
+        its marker, errors.py: the CLI words it as its flag)."""
         now = self.to_dict()
         out = []
         if recorded["bundle"]["sha256"] != now["bundle"]["sha256"]:
@@ -68,7 +69,8 @@ class Identity:
                     out.append(f"{new['path']}: its {'content' if key == 'sha256' else key} changed "
                                f"({str(old[key])[:12]} then, {str(new[key])[:12]} now)")
         for key, (old, new) in differences(recorded["decoding"], now["decoding"]).items():
-            out.append(f"{flag_of(key)}: {old!r} then, {new!r} now")
+            said, *named = flag_of(key)
+            out.append(Message(f"{said}: {old!r} then, {new!r} now", *named))
         if recorded["shard_lines"] != now["shard_lines"]:
             out.append(f"--shard-lines: {recorded['shard_lines']} then, {now['shard_lines']} now")
         return out
@@ -86,15 +88,17 @@ def differences(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
     return out
 
 
-def flag_of(key: str) -> str:
-    """A decoding key as the flag that sets it (generation.num_beams: --num-beams)."""
+def flag_of(key: str) -> tuple[str, ...]:
+    """A decoding key as what sets it, and the setting it names: a decoding control's marker
+    (generation.num_beams: {num_beams}, the CLI's --num-beams), the text options' flags."""
     from xform.runtime.controls import CONTROLS
 
     group, _, name = key.rpartition(".")
     if group == "generation":
-        flag = next((c.flag for c in CONTROLS if c.name == name), None)
-        return flag or f"the decoding's {name}"
-    return TEXT_FLAGS.get(name, key)
+        if any(c.name == name for c in CONTROLS):
+            return "{" + name + "}", name
+        return (f"the decoding's {name}",)
+    return (TEXT_FLAGS.get(name, key),)
 
 
 class Record:
@@ -261,9 +265,10 @@ def check_same_corpus(directory: Path, recorded: dict, identity: Identity, force
         raise InputError(f"{directory / RECORD}: a corpus record with a field missing or malformed ({e}): give "
                          "another --output-dir") from None
     if changes and not force:
-        raise InputError(f"--output-dir {directory}: its record was made with other settings: " + "; ".join(changes)
-                         + ". Pass --force to start over (what it finished is discarded), or give another "
-                         "--output-dir")
+        said = [message(c) for c in changes]
+        raise InputError(f"--output-dir {directory}: its record was made with other settings: "
+                         + "; ".join(m.template for m in said) + ". Pass --force to start over (what it finished is "
+                         "discarded), or give another --output-dir").naming(*(s for m in said for s in m.settings))
 
 
 def take_lock(directory: Path) -> int:

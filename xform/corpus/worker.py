@@ -15,9 +15,10 @@ import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from xform.corpus.shards import Shard, ShardTask
+from xform.errors import render
 from xform.runtime.batching import Batching
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import LineResult, TextOptions
@@ -30,7 +31,9 @@ class Job:
     """Everything a worker needs to translate a corpus's lines as its driver checked them: the
     bundle (a path every worker can read) and the sha256 of the manifest the driver read there
     (a worker whose bundle's differs refuses to start; None: not checked), the backend, the
-    decoding, the text policy, the batching and the vocabulary map, read by the driver."""
+    decoding, the text policy, the batching and the vocabulary map, read by the driver; `names`:
+    how the door that made the job names a setting in a line's error or a warning (the CLI: its
+    flags), None: by the setting's own name."""
     bundle: str
     gen: GenerationConfig
     text: TextOptions = TextOptions()
@@ -40,6 +43,12 @@ class Job:
     threads: int | None = None
     vocab_map: VocabMap | None = None
     manifest_sha256: str | None = None
+    names: Mapping[str, str] | None = field(default=None, compare=False)
+
+    def said(self, message: str | None) -> str | None:
+        """A line's error or a warning (errors.Message) in the words of the job's door."""
+        names = self.names or {}
+        return None if message is None else render(message, lambda s: names.get(s, s))
 
 
 @dataclass
@@ -71,9 +80,9 @@ class LineTranslator:
 
         results = self.text.translate_lines(lines, job.gen, batching, replace(text, vocab_map=job.vocab_map),
                                                on_batch=counted,
-                                               on_warning=lambda i, message: done.warnings.append((i, message)))
+                                               on_warning=lambda i, m: done.warnings.append((i, job.said(m) or "")))
         for line in results:
-            done.lines.append((None if line.error is not None else as_json(line, text.scores), line.error))
+            done.lines.append((None if line.error is not None else as_json(line, text.scores), job.said(line.error)))
         return done
 
 

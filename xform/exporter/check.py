@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from xform.config import TransformerConfig
-from xform.errors import InputError, XformError
+from xform.errors import InputError, XformError, message
 from xform.models.backend import TorchBackend
 from xform.runtime.bench import padded_sources
 from xform.runtime.bundle import Bundle
@@ -182,8 +182,9 @@ def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
         if session.tokenizer is not None:
             try:
                 rows.append(Translator(session).encode_text(line))
-            except InputError as e:  # a multilingual model's source language, say
-                raise XformError(f"--sample-file {path} line {n}: {e}") from None
+            except InputError as e:  # a multilingual model's source language, say (named as the door words it)
+                said = message(e).after(f"--sample-file {path} line {n}: ")
+                raise XformError(said.template).naming(*said.settings) from None
             continue
         try:
             row = [int(t) for t in line.split()]

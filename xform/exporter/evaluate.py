@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from xform.errors import XformError
+from xform.errors import XformError, message
 from xform.runtime.batching import Batching
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import TextOptions
@@ -93,8 +93,9 @@ def translate_file(name: str, session: Session, lines: list[str], gen: Generatio
     text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang)
     for n, line in enumerate(Translator(session).translate_lines(lines, gen, Batching(batch_size=batch_size), text,
                                                      on_batch=on_batch), 1):
-        if line.error is not None:
-            raise XformError(f"--source line {n}: {line.error}")
+        if line.error is not None:  # the settings it names stay named: the CLI words them as flags
+            said = message(line.error).after(f"--source line {n}: ")
+            raise XformError(said.template).naming(*said.settings)
         out.append(line.hypotheses[0] if line.hypotheses else "")
     return System(name, out, time.perf_counter() - start)
 

@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from xform.errors import InputError
+from xform.errors import Message, SettingError
 
 T = TypeVar("T")
 BATCH_TYPES = ("examples", "tokens")
@@ -21,12 +21,8 @@ DEFAULT_BATCH_SIZE = 32  # lines per batch with batch_type "examples" when none 
 # (rows, vocab) logits and the rows' K/V cache are what a batch's memory grows with, so a token
 # budget alone let a window of short lines at beam 4 decode 1,024 rows at once (docs/benchmarks.md)
 DEFAULT_MAX_ROWS = 256
-FLAGS = {"batch_type": "--batch-type", "batch_size": "--batch-size", "max_batch_tokens": "--max-batch-tokens",
-         "read_ahead": "--read-ahead", "max_rows": "--max-batch-rows"}
-
-
-def named(param: str) -> str:
-    return f"{param} ({FLAGS[param]})"
+# the settings a batching names in its messages, by their markers (errors.py)
+SETTINGS = ("batch_type", "batch_size", "max_batch_tokens", "read_ahead", "max_rows")
 
 
 @dataclass(frozen=True)
@@ -50,17 +46,19 @@ class Batching:
     max_rows: int | None = None
 
     def __post_init__(self):
-        problems = [f"{named(name)} must be an integer >= 1, got {getattr(self, name)!r}"
+        problems = [(name, f"{{{name}}} must be an integer >= 1, got {getattr(self, name)!r}")
                     for name in ("batch_size", "max_batch_tokens", "read_ahead", "max_rows")
                     if getattr(self, name) is not None and not whole(getattr(self, name))]
         if self.batch_type not in BATCH_TYPES:
-            problems.append(f"{named('batch_type')} must be examples or tokens, got {self.batch_type!r}")
+            problems.append(("batch_type", f"{{batch_type}} must be examples or tokens, got {self.batch_type!r}"))
         elif self.batch_type == "tokens" and self.max_batch_tokens is None:
-            problems.append(f"{named('batch_type')} tokens needs {named('max_batch_tokens')}")
+            problems.append(("batch_type", "{batch_type} tokens needs {max_batch_tokens}"))
         elif self.batch_type == "examples" and self.max_batch_tokens is not None:
-            problems.append(f"{named('max_batch_tokens')} goes with {named('batch_type')} tokens, not examples")
+            problems.append(("max_batch_tokens", "{max_batch_tokens} goes with {batch_type} tokens, not examples"))
         if problems:
-            raise InputError("invalid batching:\n  - " + "\n  - ".join(problems))
+            at_fault = list(dict.fromkeys(name for name, _ in problems))
+            raise SettingError("invalid batching:\n  - " + "\n  - ".join(m for _, m in problems),
+                               *at_fault, *(s for s in SETTINGS if s not in at_fault))
 
     @property
     def lines_per_batch(self) -> int | None:
@@ -73,24 +71,25 @@ class Batching:
     def rows_limit(self) -> int:
         return self.max_rows if self.max_rows is not None else DEFAULT_MAX_ROWS
 
-    def describe(self, per_line: int, self_bytes: int, cross_bytes: int, logit_bytes: int) -> list[str]:
-        """The plan's limits in words, with the memory they bound: `per_line` rows a line (beams
-        or samples); a row's self-attention K/V at the most positions it may reach, a line's
-        cross-attention K/V at the longest source, a row's float logits."""
+    def describe(self, per_line: int, self_bytes: int, cross_bytes: int, logit_bytes: int) -> list[Message]:
+        """The plan's limits in words (Messages naming the settings by their markers), with the
+        memory they bound: `per_line` rows a line (beams or samples); a row's self-attention K/V at
+        the most positions it may reach, a line's cross-attention K/V at the longest source, a
+        row's float logits."""
         rows, lines = self.rows_limit, self.lines_per_batch
-        why = "--max-batch-rows" if self.max_rows is not None else (
+        why = "{max_rows}" if self.max_rows is not None else (
             "the default: the knee of the speed curve of rows, docs/benchmarks.md")
         limits = [f"at most {rows} decoder rows ({why}), so {max(1, rows // per_line)} lines at {per_line} rows a line"]
         if lines is not None:
-            limits.append(f"at most {lines} lines (--batch-size{'' if self.batch_size else ', default'})")
+            limits.append(f"at most {lines} lines ({{batch_size}}{'' if self.batch_size else ', default'})")
         if self.max_batch_tokens is not None:
-            limits.append(f"at most {self.max_batch_tokens} padded source tokens (--max-batch-tokens)")
+            limits.append(f"at most {self.max_batch_tokens} padded source tokens ({{max_batch_tokens}})")
         n = min(max(1, rows // per_line), lines or rows)
-        return [f"batches: {'; '.join(limits)}; windows of {self.read_ahead} batches sorted by length "
-                "(--read-ahead)",
-                f"a batch holds at most, whatever the sentence lengths: {size(rows * self_bytes)} of "
-                f"self-attention cache, {size(n * cross_bytes)} of cross-attention keys and values, "
-                f"{size(rows * logit_bytes)} of step logits"]
+        return [Message(f"batches: {'; '.join(limits)}; windows of {self.read_ahead} batches sorted by length "
+                        "({read_ahead})", *SETTINGS),
+                Message(f"a batch holds at most, whatever the sentence lengths: {size(rows * self_bytes)} of "
+                        f"self-attention cache, {size(n * cross_bytes)} of cross-attention keys and values, "
+                        f"{size(rows * logit_bytes)} of step logits")]
 
     def fits(self, rows: int, longest: int, per_line: int = 1) -> bool:
         """Whether `rows` sources, the longest of `longest` tokens, each decoding `per_line` rows

@@ -66,13 +66,13 @@ class Bundle:
                               "not links to elsewhere")
         return p
 
-    def verify_files(self, names: list[str] | None = None) -> None:
-        """Every file against its sha256. Hashing reads the shared weights too: their bytes are
+    def verify_files(self, only: list[str] | None = None) -> None:
+        """Every file (or `only` those) against its sha256. Hashing reads the shared weights too: their bytes are
         dropped from the page cache afterwards, so that this process (or another xform on the same
         bundle) does not leave them cached for a running session's lookups to map wholesale
         (ort_files.SharedWeight.page_out)."""
         files = self.manifest.files
-        for name in names if names is not None else list(files):
+        for name in only if only is not None else list(files):
             if name not in files:
                 raise BundleError(f"{self.path / MANIFEST}: no hash recorded for {name}")
             p = self.path / name
@@ -83,7 +83,7 @@ class Bundle:
                 raise BundleError(f"{p}: sha256 {got[:16]}... does not match the manifest's {files[name][:16]}...; "
                                   "the file was changed or corrupted after export; re-export the bundle")
         for w in self.manifest.shared_weights:
-            if names is None or w.file in names:
+            if only is None or w.file in only:
                 drop_cached(self.path / w.file, w.offset, w.nbytes)
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xform.config import TransformerConfig
-from xform.errors import BundleError, InputError
+from xform.errors import BundleError, Message, SettingError
 from xform.files import read_json_object
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec
@@ -59,11 +59,12 @@ class FairseqSpmTokenizer(Tokenizer):
         """The language codes as users type them: M2M100's token "__fr__" is the code "fr"."""
         return [t[2:-2] if len(t) > 4 and t.startswith("__") and t.endswith("__") else t for t in self.languages]
 
-    def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
+    def language_id(self, code: str, setting: str = "tgt_lang") -> int:
         if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"
             code = f"__{code}__"
         if code not in self.languages:
-            raise InputError(f"{flag} {code!r}: not a language of this model; known: {', '.join(self.codes)}")
+            raise SettingError(f"{{{setting}}} {code!r}: not a language of this model; known: {', '.join(self.codes)}",
+                               setting)
         return self.special[code]
 
     def piece_ids(self, text: str) -> list[int]:
@@ -80,13 +81,14 @@ class FairseqSpmTokenizer(Tokenizer):
         """Target ids of a text: its pieces (the language token and end-of-sentence are the session's)."""
         return self.piece_ids(text)
 
-    def encode(self, text: str, src_lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        """Source ids of a text in `src_lang` (else the default source language); `flag`: how an
-        error names the source language (the CLI's flag, or a front door's own name)."""
+    def encode(self, text: str, src_lang: str | None = None, setting: str = "src_lang") -> list[int]:
+        """Source ids of a text in `src_lang` (else the default source language); `setting`: what
+        an error names the language (errors.py's markers)."""
         lang = src_lang or self.src_lang
         if lang is None:
-            raise InputError(f"this model needs the source language ({flag}); known: {', '.join(self.codes)}")
-        parts = {"lang": [self.language_id(lang, flag)], "text": self.piece_ids(text),
+            raise SettingError(f"this model needs the source language ({{{setting}}}); known: "
+                               f"{', '.join(self.codes)}", setting)
+        parts = {"lang": [self.language_id(lang, setting)], "text": self.piece_ids(text),
                  "eos": [self.cfg.eos_id]}
         return [i for part in self.template for i in parts[part]]
 
@@ -128,10 +130,10 @@ class FairseqSpmTokenizer(Tokenizer):
         names = {i: t for t, i in self.special.items()}
         pieces = [names.get(i) or self.source_piece(i) for i in ids]
         frame = " ".join("<src_lang>" if p == "lang" else "..." if p == "text" else "</s>" for p in self.template)
-        return [f"text in: {self.spm.GetPieceSize()} sentencepiece pieces "
-                f"({'vocab.json' if self.vocab else 'ids + 1'}), framed as {frame}; "
-                f"{len(self.languages)} languages: --src-lang / --tgt-lang (default source {self.src_lang}, target "
-                f"{self.tgt_lang})",
+        return [Message(f"text in: {self.spm.GetPieceSize()} sentencepiece pieces "
+                        f"({'vocab.json' if self.vocab else 'ids + 1'}), framed as {frame}; "
+                        f"{len(self.languages)} languages: {{src_lang}} / {{tgt_lang}} (default source "
+                        f"{self.src_lang}, target {self.tgt_lang})", "src_lang", "tgt_lang"),
                 f"sample: {sample!r} ({lang}) -> {' '.join(pieces)} (ids {' '.join(map(str, ids))})"]
 
 
@@ -164,8 +166,8 @@ class ByteBpeTokenizer(Tokenizer):
         self.unk_id = self.special.get(spec.unk_token)
         self.skip = set(self.special.values()) | {config.pad_id, config.eos_id, config.decoder_start_id}
 
-    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        self.no_language(lang, flag)
+    def encode(self, text: str, lang: str | None = None, setting: str = "src_lang") -> list[int]:
+        self.no_language(lang, setting)
         return [self.bos] + self.bpe.encode(text).ids + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:

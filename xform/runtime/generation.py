@@ -1,18 +1,18 @@
 """How to decode: the generation config, its checks, and the decode cap.
 
-A frozen dataclass validated at construction (a `SettingError` naming the settings at fault), as
+A frozen dataclass validated at construction (a `SettingError` naming the settings at fault by
+their markers, `{num_beams}`, which each front door words its own way: errors.py), as
 transformers' GenerationConfig names its fields. Each field a front door takes is a row of the
 controls' table (controls.py); the strategies that read it are decoding.py's.
 """
 from __future__ import annotations
 
-from dataclasses import InitVar, asdict, dataclass, replace
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
-from xform.errors import SettingError
-from xform.runtime.controls import flags
+from xform.errors import Message, SettingError
 
 # The longest decode unless the bundle or the caller says otherwise: CTranslate2's
 # max_decoding_length. Not the position table's size: a tutorial model's table holds 5,000
@@ -24,12 +24,14 @@ from xform.runtime.controls import flags
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
-def decode_cap(generation: dict[str, Any], max_len: int) -> tuple[int, str]:
-    """The default max_new_tokens of a bundle and where it comes from: the bundle's own
-    `max_new_tokens` (set at export), else the model's `max_length` less its start token
-    (transformers counts it), else DEFAULT_MAX_NEW_TOKENS; never beyond the position table."""
+def decode_cap(generation: dict[str, Any], max_len: int) -> tuple[int, Message]:
+    """The default max_new_tokens of a bundle and where it comes from (a Message: it may name the
+    setting): the bundle's own `max_new_tokens` (set at export), else the model's `max_length`
+    less its start token (transformers counts it), else DEFAULT_MAX_NEW_TOKENS; never beyond the
+    position table."""
+    named: tuple[str, ...] = ()
     if generation.get("max_new_tokens") is not None:
-        n, why = int(generation["max_new_tokens"]), "set at export with --max-new-tokens"
+        n, why, named = int(generation["max_new_tokens"]), "set at export with {max_new_tokens}", ("max_new_tokens",)
     elif generation.get("max_length") is not None:
         n = int(generation["max_length"]) - 1
         why = f"the model's max_length {generation['max_length']} less the start token"
@@ -37,7 +39,7 @@ def decode_cap(generation: dict[str, Any], max_len: int) -> tuple[int, str]:
         n, why = DEFAULT_MAX_NEW_TOKENS, f"xform's default {DEFAULT_MAX_NEW_TOKENS}, CTranslate2's max_decoding_length"
     if n > max_len:
         n, why = max_len, f"{why}, cut to the model's max_len {max_len}"
-    return max(1, n), why
+    return max(1, n), Message(why, *named)
 
 
 def int_id(value) -> int:
@@ -55,20 +57,6 @@ def whole(v: Any, low: int) -> bool:
 def number(v: Any) -> bool:
     """A finite int or float."""
     return isinstance(v, (int, float)) and bool(np.isfinite(v))
-
-
-def named(param: str, names: Mapping[str, str] | None = None) -> str:
-    """A setting as a front door names it in a message: the CLI and the Python API as
-    `param (--flag)`; another door by its own `names` (the server: `input 'num_beams'`)."""
-    if names is not None:
-        return names.get(param, param)
-    cli = flags()
-    return f"{param} ({cli[param]})" if param in cli else param
-
-
-def flag(param: str, names: Mapping[str, str] | None = None) -> str:
-    """A setting named alone: the CLI's flag, or another door's name for it (`names`)."""
-    return flags()[param] if names is None else names.get(param, param)
 
 
 @dataclass(frozen=True)
@@ -97,20 +85,20 @@ class GenerationConfig:
     # the num_return_sequences best first tokens after the target prefix, each continued greedily
     # (CTranslate2's return_alternatives: what interactive translation shows)
     return_alternatives: bool = False
-    # how the errors name the settings: None, the CLI's flags; a front door's own names (named())
-    names: InitVar[Mapping[str, str] | None] = None
 
-    def __post_init__(self, names: Mapping[str, str] | None):
-        problems: list[tuple[str, str]] = []  # (the setting at fault, the message)
-        self._id_lists(problems, names)
-        self._ranges(problems, names)
+    def __post_init__(self):
+        problems: list[tuple[str, str]] = []  # (the setting at fault, the message naming it by its marker)
+        self._id_lists(problems)
+        self._ranges(problems)
         if not problems:
-            self._combinations(problems, names)
+            self._combinations(problems)
         if problems:
-            raise SettingError("invalid generation settings:\n  - " + "\n  - ".join(m for _, m in problems),
-                               *(name for name, _ in problems))
+            message = "invalid generation settings:\n  - " + "\n  - ".join(m for _, m in problems)
+            at_fault = list(dict.fromkeys(name for name, _ in problems))
+            named = [f.name for f in fields(self) if "{" + f.name + "}" in message and f.name not in at_fault]
+            raise SettingError(message, *at_fault, *named)
 
-    def _id_lists(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+    def _id_lists(self, problems: list[tuple[str, str]]) -> None:
         """bad_words_ids and suppress_tokens checked, kept as tuples: the config stays hashable."""
         for name in ("bad_words_ids", "suppress_tokens"):
             value = getattr(self, name)
@@ -123,14 +111,14 @@ class GenerationConfig:
                     value = tuple(int_id(i) for i in value)
             except (TypeError, ValueError) as e:
                 shape = "a list of id sequences" if name == "bad_words_ids" else "a list of ids"
-                problems.append((name, f"{named(name, names)} must be {shape} (integers >= 0), got {value!r} ({e})"))
+                problems.append((name, f"{{{name}}} must be {shape} (integers >= 0), got {value!r} ({e})"))
                 value = ()
             object.__setattr__(self, name, value)
 
-    def _ranges(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+    def _ranges(self, problems: list[tuple[str, str]]) -> None:
         """Each setting alone: its type and range."""
         def bad(name: str, message: str) -> None:
-            problems.append((name, f"{named(name, names)} {message}"))
+            problems.append((name, f"{{{name}}} {message}"))
 
         # max_new_tokens 0 would decode nothing: refused alike at every door (a decode makes a token)
         for name, low in (("max_new_tokens", 1), ("min_new_tokens", 0), ("num_beams", 1),
@@ -141,8 +129,7 @@ class GenerationConfig:
         if isinstance(penalty, bool) or not number(penalty) or not penalty > 0:
             bad("repetition_penalty", f"must be a number > 0 (1.0: off), got {penalty!r}")
         if not problems and self.min_new_tokens > self.max_new_tokens:
-            bad("min_new_tokens", f"{self.min_new_tokens} exceeds {named('max_new_tokens', names)} "
-                                  f"{self.max_new_tokens}")
+            bad("min_new_tokens", f"{self.min_new_tokens} exceeds {{max_new_tokens}} {self.max_new_tokens}")
         if self.early_stopping not in (True, False, "never"):
             bad("early_stopping", f"must be true, false or never, got {self.early_stopping!r}")
         if not number(self.length_penalty):
@@ -156,26 +143,24 @@ class GenerationConfig:
         if self.seed is not None and not whole(self.seed, 0):
             bad("seed", f"must be a non-negative integer, got {self.seed!r}")
 
-    def _combinations(self, problems: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+    def _combinations(self, problems: list[tuple[str, str]]) -> None:
         """Settings that exclude each other: the first such pair."""
-        beams = f"{named('num_beams', names)} {self.num_beams}"
-        sequences = f"{named('num_return_sequences', names)} {self.num_return_sequences}"
+        beams = f"{{num_beams}} {self.num_beams}"
+        sequences = f"{{num_return_sequences}} {self.num_return_sequences}"
         if self.do_sample and self.num_beams > 1:
-            problems.append(("do_sample", f"{named('do_sample', names)} with {beams}: beam sampling is not "
-                                          "supported; sample with num_beams 1, or search beams without sampling"))
+            problems.append(("do_sample", f"{{do_sample}} with {beams}: beam sampling is not supported; sample "
+                                          "with num_beams 1, or search beams without sampling"))
         elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             problems.append(("num_return_sequences", f"{sequences} exceeds {beams}: beam search returns at most "
                                                      "its beams"))
         elif self.return_alternatives and (self.num_beams > 1 or self.do_sample):
-            problems.append(("return_alternatives", f"{named('return_alternatives', names)} continues each "
-                                                    f"alternative greedily: not with {beams} or "
-                                                    f"{named('do_sample', names)}"))
+            problems.append(("return_alternatives", f"{{return_alternatives}} continues each alternative "
+                                                    f"greedily: not with {beams} or {{do_sample}}"))
         elif (self.num_beams == 1 and not self.do_sample and not self.return_alternatives
               and self.num_return_sequences > 1):
-            problems.append(("num_return_sequences", f"{sequences} needs beams ({named('num_beams', names)} >= "
-                                                     f"it), sampling ({flag('do_sample', names)}) or alternatives "
-                                                     f"({flag('return_alternatives', names)}); greedy decoding "
-                                                     "has one answer"))
+            problems.append(("num_return_sequences", f"{sequences} needs beams ({{num_beams}} >= it), sampling "
+                                                     "({do_sample}) or alternatives ({return_alternatives}); "
+                                                     "greedy decoding has one answer"))
 
     @property
     def strategy(self) -> str:

@@ -21,7 +21,7 @@ TRT_INSTALL_HINT = ("data-centre GPUs: pip install 'tensorrt>=10.12' 'cuda-bindi
 def import_tensorrt(flavor: str = "auto"):
     """(module, flavor name): `tensorrt` when installed, else `tensorrt_rtx`, or as asked."""
     if flavor not in (*TRT_FLAVORS, "auto"):
-        raise XformError(f"--flavor {flavor!r}: expected one of auto, {', '.join(TRT_FLAVORS)}")
+        raise XformError(f"{{flavor}} {flavor!r}: expected one of auto, {', '.join(TRT_FLAVORS)}").naming("flavor")
     failures = []
     for name in TRT_FLAVORS if flavor == "auto" else (flavor,):
         try:

@@ -36,9 +36,9 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
     if device not in DEVICES:
         raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
     if allow_tf32 and backend != "ort":
-        raise XformError(f"--allow-tf32 (allow_tf32=True) is ONNX Runtime's: the {backend} backend " + (
-            "fixes TF32 when its engines are built (xform build-engine --tf32)" if backend == "trt"
-            else "is the fp32 reference and never uses TF32"))
+        raise XformError(f"{{allow_tf32}} is ONNX Runtime's: the {backend} backend " + (
+            "fixes TF32 when its engines are built (xform build-engine BUNDLE --tf32)" if backend == "trt"
+            else "is the fp32 reference and never uses TF32")).naming("allow_tf32")
     if backend == "ort":
         from xform.runtime.ort_backend import OrtBackend
         return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32)

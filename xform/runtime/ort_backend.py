@@ -323,9 +323,9 @@ class OrtBackend(Restriction, BeamOps):
         self.bind_tensors(dec, "output", self.new_names, self.cache.new_addresses(), (*self.cache.shape[:2], 1,
                                                                                      self.head_dim))
 
-    def bind_tensors(self, binding, kind: str, names: list[str], addresses: list[int], shape) -> None:
+    def bind_tensors(self, binding, kind: str, tensors: list[str], addresses: list[int], shape) -> None:
         bind = binding.bind_input if kind == "input" else binding.bind_output
-        for name, ptr in zip(names, addresses):
+        for name, ptr in zip(tensors, addresses):
             bind(name, self.ort_device, 0, self.kv_dtype, list(shape), ptr)
 
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
@@ -373,6 +373,6 @@ class OrtBackend(Restriction, BeamOps):
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,
         averaged over heads. Only for a bundle exported --with-attention."""
         if not self.has_attention or not self.live:
-            raise XformError("no attention to return: this bundle was exported without --with-attention, or no "
-                             "decode is running")
+            raise XformError("no attention to return: this bundle was exported without the decoder's attention "
+                             "(xform export MODEL -o BUNDLE --with-attention), or no decode is running")
         return self.attention_rows.copy()

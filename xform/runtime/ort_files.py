@@ -25,15 +25,16 @@ def providers_for(ort, device: str, tf32: bool = False) -> list:
     (matmul inputs rounded to 10 mantissa bits) moves fp32 logits by about 1e-3, ten times fp32's
     check tolerance, so it is off unless `tf32` (--allow-tf32) asks for it."""
     if tf32 and device != "cuda":
-        raise XformError(f"--allow-tf32 (allow_tf32=True) is a CUDA math mode; this backend runs on {device}")
+        raise XformError(f"{{allow_tf32}} is a CUDA math mode; this backend runs on {device}").naming("allow_tf32")
     available = ort.get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device == "cuda":
         if "CUDAExecutionProvider" not in available:
             raise BackendUnavailableError(
-                f"--device cuda needs onnxruntime-gpu with a CUDA GPU; this onnxruntime offers {available}. "
-                "Install it with: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
+                f"{{device}} cuda needs onnxruntime-gpu with a CUDA GPU; this onnxruntime offers {available}. "
+                "Install it with: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu").naming(
+                    "device")
         return [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
     raise XformError(f"unknown device {device!r}; expected cpu or cuda")
 

@@ -48,8 +48,8 @@ class Restriction:
             self.subset = None
             return
         if not self.has_restriction:
-            raise InputError("a vocabulary restriction needs the restricted decoder: export the bundle with "
-                             "--with-vocab-map")
+            raise InputError("a vocabulary restriction needs the restricted decoder: export the bundle with it "
+                             "(xform export MODEL -o BUNDLE --with-vocab-map)")
         if self.table is None:
             from safetensors.numpy import load_file
             table = self.bundle.manifest.output_table

@@ -24,11 +24,11 @@ from xform.runtime.generation import GenerationConfig
 REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
 
 
-def refuse_unknown(names: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
-    """An InputError naming each unknown name, with the nearest known one where one is near (a
-    misspelt option), and the known ones: every Python door's refusal of a name it does not take."""
+def refuse_unknown(given: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
+    """An InputError naming each unknown name `given`, with the nearest known one where one is near
+    (a misspelt option), and the known ones: every Python door's refusal of a name it does not take."""
     known = sorted(set(known))
-    unknown = sorted(set(names) - set(known))
+    unknown = sorted(set(given) - set(known))
     if unknown:
         said = [f"{u!r} (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(u, known, 1)) else repr(u)
                 for u in unknown]
@@ -140,8 +140,9 @@ class TextOptions:
 class LineResult:
     """One line of a stream translated (Translator.translate_lines): its text as read, its
     num_return_sequences `hypotheses` (a blank line: empty ones; a line that failed: none, and
-    its `error`), their `scores` when asked (else empty) and each one's `token_scores` when asked
-    ("tokens"; else empty)."""
+    its `error`: a str in Python's words, an errors.Message where it names a setting, which a door
+    renders in its own), their `scores` when asked (else empty) and each one's `token_scores`
+    when asked ("tokens"; else empty)."""
     text: str
     hypotheses: list[str]
     scores: list[float] = field(default_factory=list)

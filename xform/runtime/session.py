@@ -8,7 +8,7 @@ this module never imports it. What backend runs the graphs is not this module's 
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backend import Backend, Restricting
 from xform.runtime.decoding import make_strategy
-from xform.runtime.generation import GenerationConfig, decode_cap, int_id, named
+from xform.runtime.generation import GenerationConfig, decode_cap, int_id
 from xform.runtime.loop import Batch, Decode
 from xform.runtime.processors import Special, log_softmax
 from xform.runtime.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
@@ -94,12 +94,11 @@ class Session:
             raise InputError(f"source row {r} is empty (length 0); every source needs at least one token")
         return src_ids, src_lengths
 
-    def generation_config(self, max_new_tokens: int | None = None, names: Mapping[str, str] | None = None,
-                          **settings: Any) -> GenerationConfig:
+    def generation_config(self, max_new_tokens: int | None = None, **settings: Any) -> GenerationConfig:
         """The bundle's defaults (greedy unless its manifest records others), updated by `settings`
         (None keeps a default); checked against the model's max_len and target vocabulary. Errors
-        name the settings by `names` (generation.named: None, the CLI's flags) and say which they
-        are about (SettingError.settings)."""
+        say which settings they are about (SettingError.settings), named by their markers, which
+        each door words its own way (errors.py)."""
         fields = generation_fields()
         defaults = {k: v for k, v in self.generation_defaults.items() if k in fields}
         asked = {k for k, v in settings.items() if v is not None}
@@ -110,7 +109,7 @@ class Session:
         if max_new_tokens is None:
             max_new_tokens = self.default_max_new_tokens()  # the bundle's cap, at every door
         try:
-            gen = GenerationConfig(**defaults).updated(max_new_tokens=max_new_tokens, names=names, **settings)
+            gen = GenerationConfig(**defaults).updated(max_new_tokens=max_new_tokens, **settings)
         except SettingError as e:
             raise self.blame_defaults(e, defaults, asked) from None
         max_len = self.config.max_len
@@ -125,8 +124,8 @@ class Session:
                           ("suppress_tokens", gen.suppress_tokens)):
             outside = sorted({i for i in ids if i >= vocab})
             if outside:
-                raise SettingError(f"{named(name, names)}: ids {outside[:5]} are outside the target vocabulary "
-                                   f"of {vocab}", name)
+                raise SettingError(f"{{{name}}}: ids {outside[:5]} are outside the target vocabulary of {vocab}",
+                                   name)
         return gen
 
     def blame_defaults(self, error: SettingError, defaults: dict[str, Any], asked: set[str]) -> SettingError:
@@ -137,8 +136,8 @@ class Session:
                   and k in str(error)]
         if not blamed:
             return error
-        return SettingError(f"{error}\n  ({', '.join(blamed)}: this bundle's default, from its manifest's generation "
-                            "settings; set it to decide otherwise)", *error.settings)
+        return SettingError(f"{error.template}\n  ({', '.join(blamed)}: this bundle's default, from its manifest's "
+                            "generation settings; set it to decide otherwise)", *error.settings)
 
     def default_max_new_tokens(self) -> int:
         """The bundle's decode cap (generation.decode_cap): set at export, else the model's
@@ -146,8 +145,8 @@ class Session:
         return decode_cap(self.generation_defaults, self.config.max_len)[0]
 
     def request(self, src_ids, src_lengths=None, max_new_tokens: int | None = None, *,
-                generation: GenerationConfig | None = None, names: Mapping[str, str] | None = None,
-                texts: Sequence[str] | None = None, replace_unknowns: bool = False, **settings: Any) -> Request:
+                generation: GenerationConfig | None = None, texts: Sequence[str] | None = None,
+                replace_unknowns: bool = False, **settings: Any) -> Request:
         """The one builder of a Request, for every door: `generate`'s arguments checked. `settings`
         are the generation config's fields (generation.GenerationConfig: any of them) and the
         request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps
@@ -157,7 +156,7 @@ class Session:
         if generation is not None and (settings or max_new_tokens is not None):
             raise InputError(f"a request takes a generation config or settings, not both: {sorted(settings)}")
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
-        gen = generation or self.generation_config(max_new_tokens, names, **settings)
+        gen = generation or self.generation_config(max_new_tokens, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
         return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
                        bool(options.get("return_scores")), bool(options.get("return_token_scores")),
@@ -173,8 +172,8 @@ class Session:
         restricted: Restricting | None = None
         if request.vocabulary is not None:
             if request.wants_attention:
-                raise InputError("vocabulary restriction and attention (--replace-unknowns) together: the restricted "
-                                 "decoder returns no attention")
+                raise InputError("a vocabulary restriction and {return_attention} together: the restricted decoder "
+                                 "returns no attention").naming("return_attention")
             prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
             restricted = self.restrict(request.vocabulary, request.generation,
                                        [[int(i) for i in row if i >= 0] for row in prefix])
@@ -283,16 +282,17 @@ class Session:
             gen = replace(gen, max_new_tokens=room, min_new_tokens=min(gen.min_new_tokens, room))
         attention = request.wants_attention
         if attention and not self.capabilities.attention:
-            raise InputError("return_attention (--replace-unknowns): this bundle's decoder returns no attention; "
-                             "export it with --with-attention")
+            raise InputError("{return_attention}: this bundle's decoder returns no attention; export it with "
+                             "the decoder's attention (xform export MODEL -o BUNDLE --with-attention)").naming(
+                                 "return_attention")
         strategy = make_strategy(batch, gen, self.special, request.wants_scores, prefix, self.start_id,
                                  request.src_ids.shape[1] if attention else 0)
         limit = self.capabilities.max_rows
         if limit is not None and strategy.rows > limit:
-            raise InputError(f"batch {batch} x {gen.strategy} width "
-                             f"{strategy.rows // batch} (--num-beams / --num-return-sequences) = "
-                             f"{strategy.rows} rows exceeds the engines' profile batch {limit}; rebuild them "
-                             "with a larger --max-batch or --max-beams")
+            raise InputError(f"batch {batch} x {gen.strategy} width {strategy.rows // batch} ({{num_beams}} / "
+                             f"{{num_return_sequences}}) = {strategy.rows} rows exceeds the engines' profile batch "
+                             f"{limit}; rebuild them with a larger one (xform build-engine BUNDLE --force "
+                             "--max-batch N --max-beams N)").naming("num_beams", "num_return_sequences")
         return Decode(strategy, request.src_ids, request.src_lengths, request.return_scores,
                       request.return_token_scores, attention, on_step)
 
@@ -310,7 +310,8 @@ class Session:
         backend = self.backend
         if not (isinstance(backend, Restricting) and self.capabilities.restriction):
             raise InputError("vocabulary: a restriction needs the restricted decoder on the ort backend: export the "
-                             "bundle with --with-vocab-map and run it with --backend ort")
+                             "bundle with it (xform export MODEL -o BUNDLE --with-vocab-map) and run it on the ort "
+                             "backend")
         try:
             ids = np.unique(np.asarray(vocabulary, dtype=np.int64).reshape(-1))
         except (TypeError, ValueError) as e:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xform.config import TransformerConfig
-from xform.errors import BundleError, InputError
+from xform.errors import BundleError, Message, SettingError
 from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 from xform.tokenizer_spec import T5Spec
 
@@ -76,12 +76,12 @@ class T5Tokenizer(Tokenizer):
         """The language codes as users type them: MADLAD's token <2pt> is the code "pt"."""
         return [t[2:-1] for t in self.languages]
 
-    def language_token(self, code: str, flag: str = "--tgt-lang") -> str:
+    def language_token(self, code: str, setting: str = "tgt_lang") -> str:
         token = code if code in self.languages else f"<2{code}>"
         if token not in self.languages:
             known = ", ".join(self.codes)
-            raise InputError(f"{flag} {code!r}: " + (f"not a language of this model; known: {known}" if known else
-                                                     "this model's tokenizer has no languages"))
+            raise SettingError(f"{{{setting}}} {code!r}: " + (f"not a language of this model; known: {known}" if known
+                                                              else "this model's tokenizer has no languages"), setting)
         return token
 
     def body(self, text: str) -> list[int]:
@@ -90,11 +90,11 @@ class T5Tokenizer(Tokenizer):
         assert self.fast is not None
         return self.fast.encode(text, add_special_tokens=False).ids
 
-    def encode(self, text: str, tgt_lang: str | None = None, flag: str = "--tgt-lang") -> list[int]:
+    def encode(self, text: str, tgt_lang: str | None = None, setting: str = "tgt_lang") -> list[int]:
         """Source ids: (MADLAD) the target language's token and a space first, the text's pieces,
         end-of-sentence."""
         if tgt_lang is not None:
-            text = f"{self.language_token(tgt_lang, flag)} {text}"
+            text = f"{self.language_token(tgt_lang, setting)} {text}"
         if self.fast is not None:
             return self.fast.encode(text).ids
         return self.body(text) + [self.cfg.eos_id]
@@ -157,7 +157,7 @@ class T5Tokenizer(Tokenizer):
         ids = self.encode(sample)
         what = (f"sentencepiece pieces (spiece.model, T5Tokenizer) of {self.size} + {self.extra_ids} extra ids"
                 if self.spm is not None else f"tokenizer.json (T5TokenizerFast) of {self.size} tokens")
-        langs = (f"; {len(self.languages)} target languages written into the source as <2xx>: --tgt-lang"
+        langs = (f"; {len(self.languages)} target languages written into the source as <2xx>: {{tgt_lang}}"
                  if self.languages else "")
-        return [f"text in: {what}, then end-of-sentence (id {self.cfg.eos_id}){langs}",
+        return [Message(f"text in: {what}, then end-of-sentence (id {self.cfg.eos_id}){langs}", "tgt_lang"),
                 f"sample: {sample!r} -> {' '.join(self.piece(i) for i in ids)} (ids {' '.join(map(str, ids))})"]

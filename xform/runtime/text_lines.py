@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from xform.errors import InputError, XformError
+from xform.errors import InputError, Message, XformError, message
 from xform.runtime.batching import Batching, plan, windows
 from xform.runtime.generation import GenerationConfig
 from xform.runtime.request import LineResult, TextOptions
@@ -21,7 +21,8 @@ from xform.runtime.text_policy import TextPolicy
 from xform.runtime.unknowns import decode_rows, unknown_warning
 from xform.runtime.vocab_map import VocabMap
 
-# a line read and encoded: (its text, its source ids or None, its error or None, its target prefix ids)
+# a line read and encoded: (its text, its source ids or None, its error or None, its target prefix ids);
+# an error is a Message (errors.py): a door words the settings it names its own way
 Encoded = tuple[str, "list[int] | None", "str | None", list[int]]
 
 
@@ -43,7 +44,8 @@ class LineStream(TextPolicy):
         gets its error and the other lines are translated. `on_batch(lines, tokens)`, when
         given, is called as lines are done: how many, and the target tokens generated for them.
         `on_warning(index, message)`, when given, hears of a line (0-based) most of whose tokens
-        are unknown to the source vocabulary, or that was truncated. A line may be a (source,
+        are unknown to the source vocabulary, or that was truncated (a line's error and a warning
+        are errors.Message: str in Python's words, which a door renders in its own). A line may be a (source,
         target prefix) pair, or, with `text.prefix_column`, a line `source<TAB>target prefix`:
         its translation continues after the prefix. The text options (TextOptions): languages,
         truncation to max_len (else the line fails), scores, unknown replacement (a bundle
@@ -78,16 +80,16 @@ class LineStream(TextPolicy):
                 try:
                     prefix = self.target_ids(prefix_text)
                 except InputError as e:
-                    ids, error = None, f"target prefix: {e}"
+                    ids, error = None, message(e).after("target prefix: ")
             if ids is not None:  # within max_len: the rule every door shares (TextPolicy.fit)
                 try:
-                    cut = self.fit(ids, text.truncate, "--truncate")
+                    cut = self.fit(ids, text.truncate)
                 except InputError as e:
-                    ids, error = None, str(e)
+                    ids, error = None, message(e)
                 else:
                     if len(cut) < len(ids) and on_warning is not None:
-                        on_warning(index, f"{len(ids)} source tokens cut to the model's max_len {len(cut)} "
-                                          "(--truncate)")
+                        on_warning(index, Message(f"{len(ids)} source tokens cut to the model's max_len {len(cut)} "
+                                                  "({truncate})", "truncate"))
                     ids = cut
             if ids is not None and on_warning is not None:
                 warning = unknown_warning(self.text, ids)
@@ -134,7 +136,7 @@ class LineStream(TextPolicy):
         try:
             ids = self.encode_text(line, src_lang, tgt_lang=tgt_lang)
         except InputError as e:
-            return line, None, str(e)
+            return line, None, message(e)
         return line, ids, None
 
     def decode_sources(self, sources: list[list[int]], gen: GenerationConfig, text: TextOptions,

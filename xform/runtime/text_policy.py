@@ -2,23 +2,29 @@
 given as text becomes in ids, and the rules that go with them (the target language's first token,
 truncation to max_len, a vocabulary map's restriction, unknown replacement's conditions). The
 Translator (translator.py) is this policy plus the ways text arrives (CTranslate2's calls, line
-and file streams); the CLI and the Triton handler call the same methods with their own names for
-the settings (`flag`), so each rule is written once.
+and file streams); the CLI and the Triton handler call the same methods, so each rule is written
+once. An error names a setting by its marker (`{src_lang}`, errors.py), which each door words its
+own way (the CLI's flag, the server's input, the Python keyword).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from xform.config import TransformerConfig
-from xform.errors import InputError, XformError
+from xform.errors import InputError, SettingError, XformError
 from xform.runtime.tokenizer import Tokenizer
 from xform.runtime.vocab_map import VocabMap
 
 if TYPE_CHECKING:
     from xform.runtime.session import Session
+
+# what a bundle that lacks a graph's capability is told to do: export it again with it
+WITH_ATTENTION = "export the bundle with the decoder's attention (xform export MODEL -o BUNDLE --with-attention)"
+RESTRICTED = ("export the bundle with the restricted decoder (xform export MODEL -o BUNDLE --with-vocab-map) and "
+              "run it on the ort backend")
 
 
 class TextPolicy:
@@ -58,45 +64,43 @@ class TextPolicy:
     def generation_defaults(self) -> dict[str, Any]:
         return self.session.generation_defaults
 
-    def bad_words(self, words: Sequence[str | Sequence[int]], flag: str = "bad_words_ids") -> list:
+    def bad_words(self, words: Sequence[str | Sequence[int]]) -> list:
         """Bad words as id sequences: text split by the target tokenizer (bad_word_ids), ids kept."""
-        return [self.bad_word_ids([w], flag)[0] if isinstance(w, str) else w for w in words]
+        return [self.bad_word_ids([w])[0] if isinstance(w, str) else w for w in words]
 
     def encode_texts(self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None) -> np.ndarray:
         """The padded source ids of texts, as long as they are (encode_batch cuts or refuses)."""
         return self.session.pad(self.source_rows(texts, src_lang, tgt_lang))[0]
 
-    def source_rows(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None,
-                    src_flag: str = "--src-lang", tgt_flag: str = "--tgt-lang") -> list[list[int]]:
+    def source_rows(self, texts: Sequence[str], src_lang: str | None = None,
+                    tgt_lang: str | None = None) -> list[list[int]]:
         """Each text's source ids; a bundle without a tokenizer and an empty batch are refused."""
         self.text  # noqa: B018 - refuses a bundle without a tokenizer
         if not texts:
             raise InputError("no text to translate (an empty batch)")
-        return [self.encode_text(t, src_lang, src_flag, tgt_lang, tgt_flag) for t in texts]
+        return [self.encode_text(t, src_lang, tgt_lang) for t in texts]
 
-    def encode_text(self, text: str, src_lang: str | None = None, flag: str = "--src-lang",
-                    tgt_lang: str | None = None, tgt_flag: str = "--tgt-lang") -> list[int]:
-        """Source ids of a text; `src_lang` names its language for a multilingual model's tokenizer
-        (`flag`: how an error names it, the CLI's flag or a front door's own name). `tgt_lang`
-        matters only where the target language is written into the source (MADLAD-400's <2xx>
-        token: the tokenizer's `target_in_source`); elsewhere it is the forced first target token
-        (target_language)."""
+    def encode_text(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
+        """Source ids of a text; `src_lang` names its language for a multilingual model's
+        tokenizer. `tgt_lang` matters only where the target language is written into the source
+        (MADLAD-400's <2xx> token: the tokenizer's `target_in_source`); elsewhere it is the forced
+        first target token (target_language)."""
         if self.text.target_in_source:
             if src_lang is not None:
-                raise InputError(f"{flag} {src_lang}: this model takes no source language (its target language "
-                                 f"goes into the source: {tgt_flag})")
-            return self.text.encode(text, tgt_lang, tgt_flag)
-        return self.text.encode(text, src_lang, flag)
+                raise SettingError(f"{{src_lang}} {src_lang}: this model takes no source language (its target "
+                                   "language goes into the source: {tgt_lang})", "src_lang", "tgt_lang")
+            return self.text.encode(text, tgt_lang, "tgt_lang")
+        return self.text.encode(text, src_lang, "src_lang")
 
     def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
         """Refuse an unknown source or target language before any text is read."""
         if src_lang is not None or tgt_lang is not None:
             self.encode_text("", src_lang, tgt_lang=tgt_lang)
 
-    def check_src_lang(self, src_lang: str, flag: str = "--src-lang") -> None:
+    def check_src_lang(self, src_lang: str) -> None:
         """Refuse (InputError, with the known ones) a source language this tokenizer lacks, before
         any text is read."""
-        self.encode_text("", src_lang, flag)
+        self.encode_text("", src_lang)
 
     def target_ids(self, text: str) -> list[int]:
         """A text's target ids, nothing added (a prefix, a bad word)."""
@@ -104,16 +108,16 @@ class TextPolicy:
             raise XformError("this bundle has no tokenizer; give target ids instead of text")
         return self.tokenizer.target_ids(text)
 
-    def bad_word_ids(self, phrases: Sequence[str], flag: str = "--bad-words") -> list[list[int]]:
+    def bad_word_ids(self, phrases: Sequence[str]) -> list[list[int]]:
         """Bad words given as text, as target id sequences: each phrase as the target tokenizer
         splits it. A phrase that gives no tokens, or more than max_len (it could never be
-        generated), is refused, named as `flag` (the door's name for the setting)."""
+        generated), is refused (a SettingError about bad_words_ids)."""
         ids = [self.target_ids(p) for p in phrases]
         if any(not w for w in ids):
-            raise InputError(f"{flag}: a phrase gives no target tokens ({list(phrases)})")
+            raise SettingError(f"{{bad_words_ids}}: a phrase gives no target tokens ({list(phrases)})", "bad_words_ids")
         if any(len(w) > self.config.max_len for w in ids):
-            raise InputError(f"{flag}: a phrase of more tokens than the model's max_len {self.config.max_len} "
-                             "(it could never be generated)")
+            raise SettingError(f"{{bad_words_ids}}: a phrase of more tokens than the model's max_len "
+                               f"{self.config.max_len} (it could never be generated)", "bad_words_ids")
         return ids
 
     def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
@@ -125,25 +129,24 @@ class TextPolicy:
             forced = self.generation_defaults.get("forced_bos_token_id")
         return ([forced] if forced is not None else []) + self.target_ids(text) + [self.eos_id]
 
-    def target_language(self, tgt_lang: str | None, flag: str = "--tgt-lang") -> int | None:
+    def target_language(self, tgt_lang: str | None) -> int | None:
         """The forced first token for `tgt_lang` (a multilingual model's target language), else
         the tokenizer's default target language's, else None (the bundle's default applies). A
-        multilingual model with neither, and no recorded forced token, is refused with its languages
-        (`flag`: how the error names tgt_lang)."""
+        multilingual model with neither, and no recorded forced token, is refused with its languages."""
         if self.tokenizer is None or not self.tokenizer.languages:
             if tgt_lang is not None:
-                raise InputError(f"{flag} {tgt_lang}: this model's tokenizer has no languages")
+                raise SettingError(f"{{tgt_lang}} {tgt_lang}: this model's tokenizer has no languages", "tgt_lang")
             return None
         if self.tokenizer.target_in_source:  # MADLAD: a source token, not a first target token
             if tgt_lang is not None:
-                self.tokenizer.language_token(tgt_lang, flag)  # an unknown code is refused here
+                self.tokenizer.language_token(tgt_lang, "tgt_lang")  # an unknown code is refused here
             return None
         code = tgt_lang or self.tokenizer.tgt_lang
         if code is not None:
-            return self.tokenizer.language_id(code, flag)
+            return self.tokenizer.language_id(code, "tgt_lang")
         if self.generation_defaults.get("forced_bos_token_id") is None:
-            raise InputError(f"this model translates into the language {flag} names; known: "
-                             f"{', '.join(self.tokenizer.codes)}")
+            raise SettingError(f"this model translates into the language {{tgt_lang}} names; known: "
+                               f"{', '.join(self.tokenizer.codes)}", "tgt_lang")
         return None
 
     def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
@@ -152,30 +155,32 @@ class TextPolicy:
         if vocab_map is None:
             return None
         if not self.capabilities.restriction:
-            raise InputError("a vocabulary map needs the restricted decoder on the ort backend: export the bundle "
-                             "with --with-vocab-map and run it with --backend ort")
+            raise InputError(f"a vocabulary map needs the restricted decoder on the ort backend: {RESTRICTED}")
         if self.tokenizer is None:
             raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
         if not isinstance(vocab_map, VocabMap):
             vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
         return vocab_map
 
-    def check_replace_unknowns(self, flag: str = "--replace-unknowns") -> None:
-        """Refuse replace_unknowns (named `flag` in the error) on a bundle that cannot do it."""
+    def check_replace_unknowns(self) -> None:
+        """Refuse replace_unknowns on a bundle that cannot do it."""
         if not self.capabilities.attention:
-            raise InputError(f"{flag} needs the decoder's attention: export the bundle with --with-attention")
+            raise InputError(f"{{replace_unknowns}} needs the decoder's attention: {WITH_ATTENTION}").naming(
+                "replace_unknowns")
         if self.tokenizer is None or self.tokenizer.target_unk_id is None:
-            raise InputError(f"{flag}: this bundle's target vocabulary has no unknown token")
+            raise InputError("{replace_unknowns}: this bundle's target vocabulary has no unknown token").naming(
+                "replace_unknowns")
 
-    def fit(self, ids: list[int], truncate: bool, how: str = "truncate=True") -> list[int]:
+    def fit(self, ids: list[int], truncate: bool) -> list[int]:
         """A source's ids within the model's max_len, the one rule of every door: cut to it with
-        `truncate` (truncated), else refused (InputError) naming `how` the door cuts it."""
+        `truncate` (truncated), else refused (an InputError naming truncate, which cuts it)."""
         max_len = self.config.max_len
         if len(ids) <= max_len:
             return ids
         if truncate:
             return self.truncated(ids)
-        raise InputError(f"{len(ids)} source tokens, more than the model's max_len {max_len} ({how} to cut it)")
+        raise InputError(f"{len(ids)} source tokens, more than the model's max_len {max_len} ({{truncate}} to cut "
+                         "it)").naming("truncate")
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
@@ -186,28 +191,21 @@ class TextPolicy:
         """The target ids a vocabulary map allows a batch of source texts."""
         return vocab_map.ids_for([self.text.source_pieces(t) for t in texts])
 
-    def first_token(self, settings: dict[str, Any], tgt_lang: str | None, flag: str = "--tgt-lang",
-                    both: str = "tgt_lang and forced_bos_token_id") -> None:
+    def first_token(self, settings: dict[str, Any], tgt_lang: str | None) -> None:
         """The target language's rule: the first token is the target language's (`tgt_lang`,
-        else the tokenizer's default) unless `settings` force one; both naming it is refused.
-        `flag`: the door's name for tgt_lang in its errors; `both`: for the two together."""
+        else the tokenizer's default) unless `settings` force one; both naming it is refused."""
         if settings.get("forced_bos_token_id") is None:
-            settings["forced_bos_token_id"] = self.target_language(tgt_lang, flag)
+            settings["forced_bos_token_id"] = self.target_language(tgt_lang)
         elif tgt_lang is not None:
-            raise InputError(f"{both} both name the first token: give one")
+            raise SettingError("{tgt_lang} and {forced_bos_token_id} both name the first token: give one",
+                               "tgt_lang", "forced_bos_token_id")
 
     def encode_batch(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None, *,
-                     truncate: bool = False, names: Mapping[str, str] | None = None) -> np.ndarray:
+                     truncate: bool = False) -> np.ndarray:
         """The padded source ids of texts: each through the tokenizer, cut to max_len when
-        `truncate`, else refused when longer. `names`: the door's names for src_lang, tgt_lang,
-        text and truncate in its errors."""
-        n = {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "text": "text", "truncate": "truncate=True",
-             **(names or {})}
-        rows = self.source_rows(texts, src_lang, tgt_lang, n["src_lang"], n["tgt_lang"])
-        try:
-            return self.session.pad([self.fit(r, truncate, n["truncate"]) for r in rows])[0]
-        except InputError as e:
-            raise InputError(f"{n['text']}: {e}") from None
+        `truncate`, else refused when longer."""
+        rows = self.source_rows(texts, src_lang, tgt_lang)
+        return self.session.pad([self.fit(r, truncate) for r in rows])[0]
 
     def prefix_ids(self, prefixes: Sequence[str | Sequence[int] | None]) -> list[list[int] | Sequence[int]]:
         """Target prefixes as ids: a text as the target tokenizer splits it ('' or None: none),

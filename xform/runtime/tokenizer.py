@@ -17,7 +17,7 @@ from typing import Callable
 
 from xform import files
 from xform.config import TransformerConfig
-from xform.errors import BundleError, InputError
+from xform.errors import BundleError, InputError, SettingError
 from xform.files import read_json_object
 from xform.tokenizer_spec import (
     ByteBpeSpec,
@@ -70,9 +70,10 @@ class Tokenizer(ABC):
     skip: set = set()  # ids left out of decoded text besides pad / eos / bos
 
     @abstractmethod
-    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
+    def encode(self, text: str, lang: str | None = None, setting: str = "src_lang") -> list[int]:
         """Source ids of a text, framed as the model was trained; `lang`: the language a
-        multilingual kind needs (`flag` names it in errors)."""
+        multilingual kind needs, the value of `setting` (src_lang, or MADLAD's tgt_lang: what an
+        error names)."""
 
     @abstractmethod
     def target_ids(self, text: str) -> list[int]:
@@ -114,21 +115,26 @@ class Tokenizer(ABC):
 
     @property
     def codes(self) -> list[str]:
-        """The language codes --src-lang / --tgt-lang take."""
+        """The language codes src_lang / tgt_lang take."""
         return []
 
-    def language_id(self, code: str, flag: str = "--tgt-lang") -> int:
-        """The forced first target token of a language."""
-        raise InputError(f"{flag} {code}: this model's tokenizer has no languages")
+    def language_id(self, code: str, setting: str = "tgt_lang") -> int:
+        """The forced first target token of a language, the value of `setting` (what an error names)."""
+        raise no_languages(code, setting)
 
-    def language_token(self, code: str, flag: str = "--tgt-lang") -> str:
+    def language_token(self, code: str, setting: str = "tgt_lang") -> str:
         """The source token that asks for a target language (MADLAD)."""
-        raise InputError(f"{flag} {code}: this model's tokenizer has no languages")
+        raise no_languages(code, setting)
 
-    def no_language(self, lang: str | None, flag: str) -> None:
+    def no_language(self, lang: str | None, setting: str) -> None:
         """Refuse a language given to a kind that has none."""
         if lang is not None:
-            raise InputError(f"{flag} {lang}: this model's tokenizer has no languages")
+            raise no_languages(lang, setting)
+
+
+def no_languages(code: str, setting: str) -> SettingError:
+    """The refusal of a language code (the value of `setting`) by a tokenizer without languages."""
+    return SettingError(f"{{{setting}}} {code}: this model's tokenizer has no languages", setting)
 
 
 class VocabSide:
@@ -230,8 +236,8 @@ class VocabTokenizer(Tokenizer):
         """Whether source pieces mark word starts with U+2581 (a word spans several pieces)."""
         return self.src.unit == "spm"
 
-    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        self.no_language(lang, flag)
+    def encode(self, text: str, lang: str | None = None, setting: str = "src_lang") -> list[int]:
+        self.no_language(lang, setting)
         return self.prefix + self.src.encode(text) + [self.cfg.eos_id]
 
     def target_ids(self, text: str) -> list[int]:
@@ -323,8 +329,8 @@ class SpmTokenizer(Tokenizer):
         self.unk_id = self.encoder[unk]
         self.special = {config.pad_id, config.eos_id, self.unk_id, config.decoder_start_id}
 
-    def encode(self, text: str, lang: str | None = None, flag: str = "--src-lang") -> list[int]:
-        self.no_language(lang, flag)
+    def encode(self, text: str, lang: str | None = None, setting: str = "src_lang") -> list[int]:
+        self.no_language(lang, setting)
         match = self.LANGUAGE_CODE.match(text)
         code = [match.group(0)] if match else []
         pieces = code + self.spm_source.encode(self.LANGUAGE_CODE.sub("", text), out_type=str)

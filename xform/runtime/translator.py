@@ -13,12 +13,15 @@ one way: a Translator holds its Session (`Translator(session)`), the session nev
 """
 from __future__ import annotations
 
+import functools
+import inspect
+from contextlib import contextmanager
 from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from xform.errors import InputError
+from xform.errors import InputError, XformError
 from xform.files import atomic_file
 from xform.runtime.batching import Batching, plan
 from xform.runtime.controls import CT2_NAMES, ct2_settings
@@ -42,6 +45,40 @@ def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
     names, the generation config's and the request's; another name is refused with the nearest."""
     refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
     return ct2_settings(options)
+
+
+@contextmanager
+def reworded(options: Mapping[str, Any]) -> Iterator[None]:
+    """An error inside about a setting the caller gave by CTranslate2's name (max_decoding_length
+    for max_new_tokens, beam_size, ...) names it by that name, as the caller wrote it."""
+    given = {CT2_NAMES[k]: k for k in options if k in CT2_NAMES}
+    try:
+        yield
+    except XformError as e:
+        if given and set(e.settings) & set(given):
+            e.args = (e.render(lambda s: "{" + given.get(s, s) + "}"),
+                      *(given.get(a, a) if isinstance(a, str) else a for a in e.args[1:]))
+            e.settings = tuple(given.get(s, s) for s in e.settings)
+        raise
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def in_callers_words(method: F) -> F:
+    """A CTranslate2-named method whose errors name each setting as its caller did (`reworded`)."""
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def stream(self, *args, **kwargs):
+            with reworded(kwargs):
+                yield from method(self, *args, **kwargs)
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with reworded(kwargs):
+            return method(self, *args, **kwargs)
+    return call  # type: ignore[return-value]
 
 
 def refuse_one_text(items: Any, name: str) -> None:
@@ -69,6 +106,7 @@ class Translator(LineStream):
     (text_policy.py), line streams (text_lines.py) and CTranslate2's calls."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
+    @in_callers_words
     def translate_batch(self, source: Sequence[str] | Sequence[Sequence[str]],
                         target_prefix: Sequence[str | Sequence[str] | None] | None = None, *, max_batch_size: int = 0,
                         batch_type: str = "examples", return_scores: bool = False, src_lang: str | None = None,
@@ -125,7 +163,7 @@ class Translator(LineStream):
             return []
         if not max_batch_size:
             return [list(range(len(texts)))]
-        return plan([len(self.encode_text(t, src_lang, "src_lang", tgt_lang, "tgt_lang")) for t in texts],
+        return plan([len(self.encode_text(t, src_lang, tgt_lang)) for t in texts],
                     ct2_batching(max_batch_size, batch_type))
 
     def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
@@ -155,6 +193,7 @@ class Translator(LineStream):
                              "do not spell the text back: pass the text itself (the bundle tokenizes it)")
         return "".join(tokens).replace("\u2581", " ").strip()
 
+    @in_callers_words
     def translate_iterable(self, source: Iterable[str | bytes],
                            target_prefix: Iterable[str | Sequence[str] | None] | None = None, *,
                            max_batch_size: int = 32, batch_type: str = "examples", read_ahead: int = 8,
@@ -187,6 +226,7 @@ class Translator(LineStream):
         if next(prefix_iter, ends) is not ends:
             raise InputError("target_prefix: more prefixes than sources; give one a source")
 
+    @in_callers_words
     def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
                        *, max_batch_size: int = 32, src_lang: str | None = None, tgt_lang: str | None = None,
                        **options: Any) -> int:
@@ -221,6 +261,7 @@ class Translator(LineStream):
                 results[i] = ScoringResult([int(t) for t in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
         return [results[i] for i in range(len(texts))]
 
+    @in_callers_words
     def generate_tokens(self, source: str, target_prefix: str | None = None, *, src_lang: str | None = None,
                         tgt_lang: str | None = None, **options: Any) -> Iterator[GenerationStepResult]:
         """Yield the translation of one text token by token as the loop makes them: greedy or

@@ -75,16 +75,17 @@ class TrtBackend:
                  initial_capacity: int = INITIAL_CAPACITY):
         self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
         if device != "cuda":
-            raise XformError(f"the trt backend runs on an NVIDIA GPU: use --device cuda, not {device!r}")
+            raise XformError(f"the trt backend runs on an NVIDIA GPU: use {{device}} cuda, not {device!r}").naming(
+                "device")
         installed = importable_flavors()
         if not installed:  # the first thing missing, before engines or a GPU
-            raise BackendUnavailableError(f"the trt backend needs TensorRT, and none is installed (use --backend ort, "
-                                          f"or install it: {TRT_INSTALL_HINT})")
+            raise BackendUnavailableError(f"the trt backend needs TensorRT, and none is installed (use {{backend}} "
+                                          f"ort, or install it: {TRT_INSTALL_HINT})").naming("backend")
         self.flavor, enc_entry, dec_entry, reorder_entry = pick_engines(bundle, flavor, installed)
         self.tf32 = bool(dec_entry.details.get("tf32"))  # built --tf32: the check judges fp32 as TF32
         if gpu_info() is None:
             raise BackendUnavailableError("the trt backend needs an NVIDIA GPU with a CUDA driver; none was found "
-                                          "(use --backend ort on this machine)")
+                                          "(use {backend} ort on this machine)").naming("backend")
         import importlib
         self.trt = trt = importlib.import_module(self.flavor)
         self.cudart = cudart = import_cudart()
@@ -204,11 +205,11 @@ class TrtBackend:
         R = Bs * group
         if R > self.max_batch or Bs > self.max_sources:
             raise InputError(f"{Bs} sources x {group} rows each = {R} rows exceed the engines' profile "
-                             f"({self.max_sources} sources, {self.max_batch} rows); rebuild with a larger --max-batch "
-                             "or --max-beams")
+                             f"({self.max_sources} sources, {self.max_batch} rows); rebuild them with a larger one "
+                             "(xform build-engine BUNDLE --force --max-batch N --max-beams N)")
         if S > self.max_src:
-            raise InputError(f"src_len {S} exceeds the engines' --max-src-len {self.max_src}; rebuild with a "
-                             "larger one")
+            raise InputError(f"src_len {S} exceeds the engines' longest source, {self.max_src} tokens; rebuild them "
+                             "with a larger one (xform build-engine BUNDLE --force --max-src-len N)")
         H, D = self.kv_heads, self.head_dim
         self.group, self.steps = group, 0
         self.cross.reset((Bs, H, S, D), zero=False)  # the encoder writes it whole
@@ -265,8 +266,8 @@ class TrtBackend:
     def step(self, input_ids, min_new_tokens, want_logits=False, beam_idx=None, candidates: int = 0):
         # candidates: capabilities.candidates is False, so the loop never asks for them
         if self.steps >= self.max_steps:
-            raise InputError(f"step {self.steps + 1} exceeds the engines' --max-new-tokens {self.max_steps}; "
-                             "rebuild with a larger one")
+            raise InputError(f"step {self.steps + 1} exceeds the engines' longest decode, {self.max_steps} steps; "
+                             "rebuild them with a larger one (xform build-engine BUNDLE --force --max-new-tokens N)")
         p = self.steps
         if beam_idx is not None:
             self.gather(np.ascontiguousarray(beam_idx, dtype=np.int64))
@@ -304,7 +305,8 @@ class TrtBackend:
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len), for a bundle exported --with-attention."""
         if self.last_attention is None:
-            raise XformError("no attention to return: the bundle was not exported --with-attention, or no step ran")
+            raise XformError("no attention to return: the bundle was exported without the decoder's attention "
+                             "(xform export MODEL -o BUNDLE --with-attention), or no step ran")
         return self.last_attention.copy()
 
     def close(self) -> None:

@@ -29,23 +29,23 @@ class VocabMap:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"--vocab-map {path}: unreadable ({e})") from None
+            raise InputError(f"{{vocab_map}} {path}: unreadable ({e})").naming("vocab_map") from None
         rules: dict[tuple[str, ...], list[int]] = {}
         always: list[int] = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             if "\t" not in line:
-                raise InputError(f"--vocab-map {path}:{n}: expected '<source n-gram> TAB <target tokens>', "
-                                 "found no tab")
+                raise InputError(f"{{vocab_map}} {path}:{n}: expected '<source n-gram> TAB <target tokens>', "
+                                 "found no tab").naming("vocab_map")
             key, _, targets = line.partition("\t")
             ids = []
             for token in targets.split(" "):
                 if not token:
                     continue
                 if token not in target_vocabulary:
-                    raise InputError(f"--vocab-map {path}:{n}: target token {token!r} is not in the model's target "
-                                     "vocabulary")
+                    raise InputError(f"{{vocab_map}} {path}:{n}: target token {token!r} is not in the model's "
+                                     "target vocabulary").naming("vocab_map")
                 ids.append(target_vocabulary[token])
             gram = tuple(t for t in key.split(" ") if t)
             if gram:
@@ -53,7 +53,7 @@ class VocabMap:
             else:
                 always.extend(ids)
         if not rules and not always:
-            raise InputError(f"--vocab-map {path}: no rules")
+            raise InputError(f"{{vocab_map}} {path}: no rules").naming("vocab_map")
         return cls(rules, always, str(path))
 
     def ids_for(self, sources: list[list[str]], extra=()) -> np.ndarray:

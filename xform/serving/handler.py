@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from xform.errors import InputError, SettingError, XformError
+from xform.errors import InputError, SettingError, XformError, render
 from xform.runtime import controls
 from xform.runtime.controls import Control
 from xform.runtime.request import Request, Result, refuse_unknown
@@ -120,23 +120,29 @@ def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None
     InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     if src_lang is not None:
-        Translator(session).check_src_lang(src_lang, NAMES()["src_lang"])
+        Translator(session).check_src_lang(src_lang)
     return src_lang, tgt_lang
 
 
-def NAMES() -> dict[str, str]:  # noqa: N802 - read like the table it is
-    return tensors.names()
+def said(e: Exception, **words: str) -> str:
+    """The runtime's error in the server's words: each setting it names as the input that gives
+    it (tensors.names: `input 'num_beams'`), or as `words` says."""
+    names = {**tensors.names(), **words}
+    return render(e, lambda setting: names.get(setting, setting))
 
 
-def about(name: str, e: Exception) -> InputError:
+def about(name: str, e: Exception, **words: str) -> InputError:
     """The runtime's error `e` as one about the input `name`, unless it names its input itself."""
-    return InputError(str(e) if str(e).startswith("input '") else f"input '{name}': {e}")
+    text = said(e, **words)
+    return InputError(text if text.startswith("input '") else f"input '{name}': {text}")
 
 
 def request_error(e: InputError) -> InputError:
-    """A request error named by the input at fault: the table's input for the settings a
-    SettingError names, else the error as it is."""
-    return about(tensors.input_for(e.settings), e) if isinstance(e, SettingError) else e
+    """A request error in the server's words, named by the input at fault: the table's input for
+    the settings a SettingError names, else the error as it is."""
+    if isinstance(e, SettingError):
+        return about(tensors.input_for(e.settings), e)
+    return InputError(said(e)) if e.settings else e
 
 
 def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool,
@@ -153,10 +159,9 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
         texts, name = strings("text", text), "text"
         try:  # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-            src = Translator(session).encode_batch(texts, src_lang, tgt_lang, truncate=truncate,
-                                                  names={**NAMES(), "truncate": "send truncate=true"})
+            src = Translator(session).encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
         except InputError as e:
-            raise about("text", e) from None
+            raise about("text", e, truncate="send truncate=true") from None
     else:
         src = np.asarray(ids)
         if src.dtype != np.int64:
@@ -177,10 +182,10 @@ def settings_of(session, inputs: dict[str, np.ndarray | None], tgt_lang: str | N
     bundle's default), by the translator's text policy; their count and lengths are checked by
     the session's request."""
     settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
-    Translator(session).first_token(settings, tgt_lang, NAMES()["tgt_lang"])
+    Translator(session).first_token(settings, tgt_lang)
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
-        settings["bad_words_ids"] = Translator(session).bad_word_ids(words, "input 'bad_words'")
+        settings["bad_words_ids"] = Translator(session).bad_word_ids(words)
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
         settings["target_prefix"] = Translator(session).prefix_ids(strings("target_prefix", target_prefix))
@@ -200,7 +205,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     if replace:
         if inputs.get("text") is None:
             raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        Translator(session).check_replace_unknowns(NAMES()["replace_unknowns"])
+        Translator(session).check_replace_unknowns()
     attention = one_flag("return_attention", inputs.get("return_attention"))
     if attention and not session.capabilities.attention:
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
@@ -209,7 +214,7 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     settings = settings_of(session, inputs, tgt_lang)
     scores = one_flag("return_scores", inputs.get("return_scores"))
     try:  # the settings' own checks, named by their input
-        request = session.request(src, lengths, settings.pop("max_new_tokens"), names=NAMES(), texts=texts,
+        request = session.request(src, lengths, settings.pop("max_new_tokens"), texts=texts,
                                   replace_unknowns=replace, return_scores=scores, return_token_scores=scores,
                                   return_attention=attention, **settings)
     except InputError as e:
@@ -290,7 +295,7 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
         try:
             jobs.append(parse(session, i, inputs, max_rows))
         except XformError as e:
-            results[i] = str(e)
+            results[i] = said(e)
     alone = [j for j in jobs if vocab_map is not None and j.request.texts is not None]
     together = [j for j in jobs if j not in alone]
     for job, outcome in [*decoded_together(session, together, max_rows), *decoded_alone(session, alone, vocab_map)]:

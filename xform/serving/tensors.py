@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xform.errors import worded
 from xform.runtime import controls
 
 # where a tensor exists: every model, a bundle with a tokenizer, a bundle exported
@@ -70,12 +71,14 @@ OUTPUTS = [
 
 def inputs() -> list[Tensor]:
     """Every input a model may have, the served controls among them (read from the controls'
-    table at the call, so a control added there is an input here)."""
+    table at the call, so a control added there is an input here; a help naming another control
+    names it by its own name)."""
     served = []
+    named = [c.name for c in controls.CONTROLS]
     for c in controls.CONTROLS:
         if c.tensor is not None:
             dtype, dims = KIND_TYPES[c.kind]
-            served.append(Tensor(c.tensor, dtype, dims, c.help, setting=c.name))
+            served.append(Tensor(c.tensor, dtype, dims, worded(c.help, named), setting=c.name))
     return HEAD + served + TAIL
 
 
@@ -95,8 +98,8 @@ def names() -> dict[str, str]:
 
 def input_for(settings: tuple[str, ...]) -> str:
     """The input an error about these settings (SettingError.settings, first the first) is
-    about: the first that an input gives, else max_new_tokens (the one every decode has)."""
-    given = {t.setting: t.name for t in inputs() if t.setting is not None}
+    about: the first that an input gives (or is), else max_new_tokens (the one every decode has)."""
+    given = {t.name: t.name for t in inputs()} | {t.setting: t.name for t in inputs() if t.setting is not None}
     return next((given[s] for s in settings if s in given), "max_new_tokens")
 
 

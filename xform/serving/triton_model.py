@@ -184,7 +184,7 @@ class TritonPythonModel:
     def start(self, request):
         from xform.errors import XformError
         from xform.runtime.scheduler import OverloadedError
-        from xform.serving.handler import one_flag, parse
+        from xform.serving.handler import one_flag, parse, said
         from xform.serving.inflight import TextStream, submit
 
         sender = request.get_response_sender()
@@ -196,10 +196,10 @@ class TritonPythonModel:
             stream = TextStream(self.session, job, lambda o: self.outbox.put((reply, o))) if streaming else None
             future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
-            sender.send(reply.error(str(e), "unavailable"), flags=FINAL)
+            sender.send(reply.error(said(e), "unavailable"), flags=FINAL)
             return
         except XformError as e:
-            sender.send(reply.error(str(e)), flags=FINAL)
+            sender.send(reply.error(said(e)), flags=FINAL)
             return
         except Exception as e:  # noqa: BLE001 - this request fails; the others of the call still start
             sender.send(reply.error(f"xform: {type(e).__name__}: {e}", "server"), flags=FINAL)
@@ -210,7 +210,7 @@ class TritonPythonModel:
     def finish(self, future, job, reply):
         from xform.errors import InputError
         from xform.runtime.scheduler import Cancelled
-        from xform.serving.handler import job_outputs
+        from xform.serving.handler import job_outputs, said
 
         self.watcher.forget(future)  # waits for a question under way: none is asked after the answer
 
@@ -221,7 +221,7 @@ class TritonPythonModel:
             reply.sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed
             return
         except InputError as e:
-            result = reply.error(str(e))
+            result = reply.error(said(e))
         except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
             result = reply.error(f"decoding failed: {type(e).__name__}: {e}", "server")
         reply.sender.send(result, flags=FINAL)
