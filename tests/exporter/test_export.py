@@ -126,7 +126,7 @@ def test_a_graph_traced_with_external_data_is_gathered_into_the_bundle_layout(ti
     Runtime reads to the same numbers. Stood in for here by the tiny decoder saved the same way."""
     import onnxruntime as ort
 
-    from xform.exporter.graphs import ALIGN, gather_external_data
+    from xform.exporter.external_data import ALIGN, gather_external_data
     source = tmp_path / "trace"
     source.mkdir()
     proto = onnx.load(str(tiny_bundle / "decoder.onnx"))  # with its data

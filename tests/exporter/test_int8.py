@@ -13,7 +13,7 @@ import xform
 from xform.errors import ToleranceError, XformError
 from xform.exporter import export
 from xform.exporter.export import export_bundle
-from xform.exporter.graphs import save_with_external_data
+from xform.exporter.external_data import save_with_external_data
 from xform.runtime.compare import decoded
 from xform.runtime.translator import Translator
 

@@ -287,14 +287,14 @@ def verify_fused(model, tmp_path):
 
 
 def no_early_eos(model, logits, k, min_new, positions):
-    from xform.exporter.graphs import rank_candidates
+    from xform.exporter.steps import rank_candidates
     return rank_candidates(model, logits, k, torch.zeros_like(min_new), positions)
 
 
 def raw_logits(model, logits, k, min_new, positions):
     from unittest import mock
 
-    from xform.exporter.graphs import rank_candidates
+    from xform.exporter.steps import rank_candidates
     with mock.patch.object(torch, "log_softmax", lambda x, dim: x):  # while tracing only
         return rank_candidates(model, logits, k, min_new, positions)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import onnx
 from torch import Tensor, nn
 
-from xform.exporter.graphs import ALIGN, cached_step, rank_candidates
+from xform.exporter.external_data import ALIGN
+from xform.exporter.steps import cached_step, rank_candidates
 from xform.models.transformer import Seq2SeqTransformer
 
 

@@ -58,7 +58,7 @@ def quantize_graph(fp32: Path, out: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from xform.exporter.graphs import save_with_external_data
+    from xform.exporter.external_data import save_with_external_data
 
     unshare_quantized_weights(fp32)
     before = logging.root.manager.disable  # the caller's level, restored after
@@ -85,7 +85,7 @@ def unshare_quantized_weights(path: Path) -> None:
     quantizes in place, which would break the Gather."""
     import onnx
 
-    from xform.exporter.graphs import save_with_external_data
+    from xform.exporter.external_data import save_with_external_data
 
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}

@@ -24,7 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, GRAPHS, REORDER, RESTRICTED, GraphSpec
-from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recording, reorder_cache
+from xform.exporter.beam_graph import BeamStepGraph
+from xform.exporter.external_data import all_tensors, gather_external_data, save_with_external_data
+from xform.exporter.steps import cached_step, greedy_choice, rank_candidates
+from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, reorder_cache
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
@@ -55,24 +58,6 @@ class DecoderGraph(nn.Module):
         logits, new, attention = cached_step(self.model, self.n, self.attention_layer, input_ids, positions, flat)
         next_ids = greedy_choice(self.model, logits, positions, min_new_tokens)
         return (logits, next_ids, *[t for kv in new for t in kv], *attention)
-
-
-def never_bias(model: Seq2SeqTransformer, logits: Tensor) -> Tensor:
-    """(V,): -inf at the ids never generated (pad, banned), 0 elsewhere: suppression as one Add."""
-    blocked = model.blocked_ids(0, 0, logits.device)
-    return torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
-
-
-def greedy_choice(model: Seq2SeqTransformer, logits: Tensor, positions: Tensor, min_new_tokens: Tensor) -> Tensor:
-    """Each row's best id after Seq2SeqTransformer.suppress (pad and banned ids never,
-    end-of-sentence not before min_new_tokens), in one pass over the (R, V) logits: the static
-    suppression is a (V,) additive bias, and of each row's two best the first is taken unless it is
-    an end-of-sentence the row may not end with yet (a Where and an ArgMax over (R, V) were 11% of
-    Marian-base's greedy graph at 256 rows, docs/benchmarks.md)."""
-    cfg = model.cfg
-    _, ids = torch.topk(logits + never_bias(model, logits), 2, dim=-1)  # (R, 2)
-    early = positions < min_new_tokens  # (R,)
-    return torch.where((ids[:, 0] == cfg.eos_id) & early, ids[:, 1], ids[:, 0])
 
 
 class ReorderGraph(nn.Module):
@@ -117,26 +102,6 @@ class CandidatesGraph(nn.Module):
         return rank_candidates(self.model, logits, num_candidates, min_new_tokens, positions)
 
 
-def rank_candidates(model: Seq2SeqTransformer, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor,
-                    positions: Tensor) -> tuple[Tensor, Tensor]:
-    """The candidates graph's computation, also the tail of the fused beam step (beam_graph.py):
-    each row's num_candidates best log-probs after Seq2SeqTransformer.suppress, and their ids."""
-    # suppression as a (V,) additive bias, so the one (R, V) pass after the log-softmax is an Add
-    # (a Where over (R, V) cost 3x the log-softmax and TopK together on Marian-base); the
-    # per-row end-of-sentence limit touches the (R,) end-of-sentence column only
-    cfg = model.cfg
-    scores = torch.log_softmax(logits, dim=-1) + never_bias(model, logits)  # (R, V)
-    # one more candidate than asked, then end-of-sentence struck from the rows still short of
-    # their min_new_tokens and the K best kept: the per-row rule on (R, K + 1) values, not (R, V)
-    # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
-    k = num_candidates[0]
-    vals, ids = torch.topk(scores, torch.clamp(k + 1, max=cfg.tgt_vocab_size), dim=-1)  # type: ignore[arg-type]
-    early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
-    vals = vals.masked_fill((ids == cfg.eos_id) & early, float("-inf"))
-    top, order = torch.topk(vals, k, dim=-1)  # type: ignore[arg-type]  # (R, K) each; K stays a graph input
-    return top, ids.gather(1, order)
-
-
 MODULES = {ENCODER: EncoderGraph, DECODER: DecoderGraph, REORDER: ReorderGraph, CANDIDATES: CandidatesGraph,
            RESTRICTED: RestrictedGraph}
 
@@ -146,7 +111,6 @@ def graph_module(model: Seq2SeqTransformer, graph: str, attention_layer: int | N
     if graph == DECODER:
         return DecoderGraph(model, attention_layer)
     if graph == DECODER_BEAM:
-        from xform.exporter.beam_graph import BeamStepGraph
         return BeamStepGraph(model, attention_layer)
     return MODULES[graph](model)
 
@@ -249,91 +213,6 @@ def dynamic_shapes(module: nn.Module, spec: GraphSpec) -> tuple[Any, ...]:
     return per_input
 
 
-ALIGN = 4096  # each tensor's offset in the data file: a page, so ONNX Runtime can map it in place
+__all__ = ["GRAPHS", "export_graph", "example_inputs"]
 
 
-def all_tensors(proto: "onnx.ModelProto"):
-    """The graph's initializers and the tensors its nodes hold as attributes (Constant values)."""
-    yield from proto.graph.initializer
-    for node in proto.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-
-
-def gather_external_data(proto: "onnx.ModelProto", source: Path, path: Path) -> None:
-    """Move the exporter's external initializers (files in `source`) into one `<name>.onnx.data`
-    beside `path`, streamed, each at a page-aligned offset; inline initializers above 1 KiB move
-    there too, and Constant values it wrote out come back inline."""
-    location = f"{path.name}.data"
-    with open(path.parent / location, "wb") as out:
-
-        def place(tensor, data: bytes | None = None) -> None:
-            offset = -(-out.tell() // ALIGN) * ALIGN
-            out.seek(offset)
-            if data is not None:
-                out.write(data)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-            else:
-                info = {e.key: e.value for e in tensor.external_data}
-                with open(source / info["location"], "rb") as f:
-                    f.seek(int(info.get("offset", 0)))
-                    remaining = int(info["length"]) if "length" in info else None
-                    while remaining is None or remaining:
-                        chunk = f.read(1 << 24 if remaining is None else min(remaining, 1 << 24))
-                        if not chunk:
-                            if remaining:
-                                raise OSError(f"{source / info['location']}: ends before tensor {tensor.name}")
-                            break
-                        out.write(chunk)
-                        if remaining is not None:
-                            remaining -= len(chunk)
-            del tensor.external_data[:]
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(out.tell() - offset))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-
-        for tensor in proto.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                place(tensor)
-            elif len(tensor.raw_data) > 1024:
-                place(tensor, tensor.raw_data)
-        for node in proto.graph.node:  # Constant values the exporter wrote out go back inline: ONNX
-            for attr in node.attribute:  # Runtime's shape inference reads them, and cannot read external data
-                for tensor in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
-                    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                        info = {e.key: e.value for e in tensor.external_data}
-                        with open(source / info["location"], "rb") as f:
-                            f.seek(int(info.get("offset", 0)))
-                            tensor.raw_data = f.read(int(info["length"])) if "length" in info else f.read()
-                        del tensor.external_data[:]
-                        tensor.data_location = onnx.TensorProto.DEFAULT
-    onnx.save_model(proto, str(path))
-
-
-def save_with_external_data(model: "onnx.ModelProto", path: Path) -> None:
-    """Weights in `<name>.onnx.data` beside the graph: ONNX Runtime memory-maps external data,
-    so pages a session never touches (most of an embedding table) never become resident
-    (measured on Marian-base: peak RSS 439 -> 355 MiB), and graphs of any size fit. `model` holds
-    all its data: an existing data file is replaced (onnx would append to it, keeping dead bytes:
-    1.3 GB of them in an NLLB-sized int8 encoder)."""
-    (path.parent / f"{path.name}.data").unlink(missing_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data", size_threshold=1024)
-
-
-__all__ = ["GRAPHS", "export_graph", "example_inputs", "save_with_external_data"]
-
-
-def cached_step(model: Seq2SeqTransformer, n: int, attention_layer: int | None, input_ids: Tensor, positions: Tensor,
-                flat: tuple[Tensor, ...]) -> tuple[Tensor, list, list]:
-    """One cached decoder step of the decoder graphs (plain and fused beam): `flat` holds the n
-    layers' self-attention K/V, then their cross K/V, then the source mask, as the contract
-    orders them. Returns the logits, the new self-attention K/V and the recorded attention."""
-    cache = [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
-    cross = [(flat[2 * n + 2 * i], flat[2 * n + 2 * i + 1]) for i in range(n)]
-    with recording(model, attention_layer) as attention:
-        logits, new = model.decode_step(input_ids, EncoderOutput(cross, flat[4 * n]), cache, positions)
-    return logits, new, attention

@@ -13,7 +13,7 @@ from xform.errors import XformError
 from xform.runtime.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.session import Session
-from xform.runtime.tokenizer import load_tokenizer
+from xform.runtime.tokenizers import load_tokenizer
 
 BACKENDS = ("torch", "ort", "trt")
 DEVICES = ("cpu", "cuda")

@@ -13,21 +13,15 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Callable
 
 from xform import files
 from xform.config import TransformerConfig
 from xform.errors import BundleError, InputError, SettingError
 from xform.files import read_json_object
 from xform.tokenizer_spec import (
-    ByteBpeSpec,
-    FairseqSpmSpec,
     MarianSpmSpec,
-    T5Spec,
-    TokenizerSpec,
     VocabSideSpec,
     VocabSpec,
-    parse,
 )
 
 
@@ -390,18 +384,3 @@ def clean_up_spaces(text: str) -> str:
                  (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
         text = text.replace(a, b)
     return text
-
-
-def tokenizer_kinds() -> dict[type[TokenizerSpec], Callable[..., Tokenizer]]:
-    """Each kind's spec -> its tokenizer (the fairseq and t5 modules import this one: imported here)."""
-    from xform.runtime.fairseq_tokenizer import ByteBpeTokenizer, FairseqSpmTokenizer
-    from xform.runtime.t5_tokenizer import T5Tokenizer
-    return {VocabSpec: VocabTokenizer, MarianSpmSpec: SpmTokenizer, FairseqSpmSpec: FairseqSpmTokenizer,
-            ByteBpeSpec: ByteBpeTokenizer, T5Spec: T5Tokenizer}
-
-
-def load_tokenizer(path: Path, config: TransformerConfig) -> "Tokenizer":
-    """The bundle's tokenizer, by the kind its tokenizer.json names (tokenizer_spec.parse)."""
-    path = Path(path)
-    spec = parse(read_json_object(path, BundleError, "a tokenizer"), str(path))
-    return tokenizer_kinds()[type(spec)](spec, config, path.parent, str(path))

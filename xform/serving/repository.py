@@ -151,7 +151,7 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         if not bundle.has_graph("decoder_restricted") or bundle.tokenizer_file is None:
             raise XformError(f"--vocab-map: {bundle.path} needs a tokenizer and the restricted decoder: export it "
                              "with --with-vocab-map")
-        from xform.runtime.tokenizer import load_tokenizer
+        from xform.runtime.tokenizers import load_tokenizer
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
     roles = model_roles(name, options)
