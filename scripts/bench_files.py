@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 THREADS = 2
 ENGINES = ("xform ort fp32", "xform ort int8", "xform ort fp32 early", "xform ort int8 early", "ctranslate2 fp32",
@@ -143,7 +143,7 @@ def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> lis
         session = xform.load(paths["xform-int8" if "int8" in name else "xform-fp32"], threads=THREADS)
         gen = session.generation_config(args.max_new_tokens, num_beams=beams,
                                         early_stopping=True if name in EARLY_ENGINES else None)
-        from xform.runtime.batching import Batching
+        from xform.runtime.scheduling.batching import Batching
         out = Translator(session).translate_lines(lines, gen, Batching("tokens", max_batch_tokens=args.max_batch_tokens))
         return [line.hypotheses[0] if line.hypotheses else "" for line in out]
     if name.startswith("ctranslate2"):

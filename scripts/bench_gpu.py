@@ -89,7 +89,7 @@ def sources(vocab: int, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 # -- the engines: each (src, lens, beams, new_tokens, on_step) -> ids (B, new_tokens) ---------------------
 def xform_engine(bundle: Path, device: str):
     import xform
-    from xform.runtime.generation import GenerationConfig
+    from xform.runtime.decoding.generation import GenerationConfig
     session = xform.load(bundle, backend="ort", device=device)
 
     def run(src, lens, beams, new, on_step):
@@ -240,7 +240,7 @@ def summarize(results: dict, baseline: str) -> list[dict]:
 def machine(device: str) -> str:
     gpu = ""
     if device == "cuda":
-        from xform.runtime.gpu import gpu_info
+        from xform.runtime.backends.gpu import gpu_info
         info = gpu_info() or {}
         gpu = f"{info.get('name', 'GPU ?')} (compute {info.get('compute_capability', '?')}), "
     return f"{gpu}{platform.machine()} {platform.processor() or ''}, Python {platform.python_version()}".strip()

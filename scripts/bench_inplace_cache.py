@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 from xform.config import TransformerConfig
 from xform.models.layers import MASK_VALUE, Attention
-from xform.runtime.cache import HostCache
+from xform.runtime.backends.cache import HostCache
 
 D, H, DH = 512, 8, 64
 

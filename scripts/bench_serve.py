@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 def pct(xs, qs=(50, 90, 99)):
@@ -71,7 +71,7 @@ def run_clients(clients: int, requests, one) -> tuple[float, list]:
 
 def engine_mode(bundle, requests, clients, args):
     import xform
-    from xform.runtime.scheduler import Scheduler
+    from xform.runtime.scheduling.scheduler import Scheduler
 
     session = xform.load(bundle, threads=args.threads)
     pad = session.pad_id

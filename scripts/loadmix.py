@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 PREFIXES = ("one", "forty", "nine hundred", "seven thousand")
 

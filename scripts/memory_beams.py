@@ -20,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--unfused", action="store_true")
     args = ap.parse_args()
     import xform
-    import xform.runtime.ort_backend as ob
+    import xform.runtime.backends.ort_backend as ob
     from xform.runtime.bench import peak_rss_mib, rss_mib
 
     outputs: dict[int, dict[str, int]] = {}  # binding -> output name -> bytes bound in host memory
@@ -91,7 +91,7 @@ def main() -> None:
     gen = s.generation_config(args.max_new_tokens, num_beams=args.beams, length_penalty=1.0, early_stopping=False,
                               num_return_sequences=1)
     t0 = time.perf_counter()
-    from xform.runtime.batching import Batching
+    from xform.runtime.scheduling.batching import Batching
     batching = Batching("tokens", max_batch_tokens=100_000, max_rows=args.max_batch_rows)
     done = sum(1 for line in Translator(s).translate_lines(lines, gen, batching) if line.error is None)
     dt = time.perf_counter() - t0

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 SETTINGS = {"default": {}, "no-prepack": {"prepack": False}, "no-arena": {"arena": False},
             "no-prepack+no-arena": {"prepack": False, "arena": False}, "shared-arena": {"shared": 0},
@@ -35,7 +35,7 @@ SETTINGS = {"default": {}, "no-prepack": {"prepack": False}, "no-arena": {"arena
 
 def child(bundle: str, path: str, lines: int, beams: int, threads: int, setting: dict) -> dict:
     import xform
-    import xform.runtime.ort_backend as ob
+    import xform.runtime.backends.ort_backend as ob
     from xform.runtime.bench import peak_rss_mib, rss_mib
 
     opened = ob.session

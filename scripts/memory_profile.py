@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--no-prepack", action="store_true")
     ap.add_argument("--no-arena", action="store_true")
     args = ap.parse_args()
-    import xform.runtime.ort_backend as ob
+    import xform.runtime.backends.ort_backend as ob
 
     original = ob.session
 

@@ -65,13 +65,13 @@ def main() -> None:
     else:
         b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
         b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)
-    from xform.runtime import cache
+    from xform.runtime.backends import cache
     cache.HostCache.write = timed(t, "cache writes", cache.HostCache.write)  # type: ignore[method-assign]
     cache.HostCache.grow = timed(t, "cache growth", cache.HostCache.grow)  # type: ignore[method-assign]
     b.gather = timed(t, "row gathers (beams, compaction)", b.gather)
     b.start = timed(t, "start (encoder, buffers)", start)
     b.step = timed(t, "backend step", b.step)
-    from xform.runtime import decoding
+    from xform.runtime.decoding import strategies as decoding
     for cls in (decoding.Greedy, decoding.BeamSearch):
         cls.advance = timed(t, "strategy (host)", cls.advance)
     gen = session.generation_config(args.new_tokens, min_new_tokens=args.new_tokens, num_beams=args.beams)

@@ -99,7 +99,7 @@ def step_ms(decode, steps: int, runs: int = 3) -> float:
 def xform_figures(bundle: str, batch: int, beams: int, steps: int, threads: int) -> dict:
     """The step's time, then one profiled decode's operators (decoder-step graphs only)."""
     import xform
-    import xform.runtime.ort_backend as ob
+    import xform.runtime.backends.ort_backend as ob
 
     session = xform.load(bundle, backend="ort", threads=threads)
     src, lens = sources(session.config.src_vocab_size, batch, session.pad_id, session.eos_id)

@@ -13,9 +13,9 @@ from xform.models.transformer import Seq2SeqTransformer
 
 
 def has_cuda_gpu() -> tuple[bool, str]:
-    """The one hardware gate, asked of the runtime's one GPU probe (xform.runtime.gpu: cuda-bindings,
+    """The one hardware gate, asked of the runtime's one GPU probe (xform.runtime.backends.gpu: cuda-bindings,
     else nvidia-smi): (available, reason when not)."""
-    from xform.runtime.gpu import gpu_info
+    from xform.runtime.backends.gpu import gpu_info
     if gpu_info() is None:
         return False, "needs an NVIDIA GPU (none found by cuda-bindings or nvidia-smi)"
     return True, ""
@@ -30,7 +30,7 @@ def require_gpu_stack() -> None:
     skips the GPU tests proves nothing)."""
     import importlib.util
 
-    from xform.runtime.gpu import TRT_INSTALL_HINT, importable_flavors
+    from xform.runtime.backends.gpu import TRT_INSTALL_HINT, importable_flavors
     missing = [name for name in ("cuda.bindings",) if importlib.util.find_spec("cuda") is None
                or importlib.util.find_spec(name) is None]
     if missing or not importable_flavors():

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from xform.cli import main
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture

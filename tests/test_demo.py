@@ -9,7 +9,7 @@ import pytest
 
 import xform
 from xform.models.importers import bundled_path
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from train_demo import to_words  # noqa: E402

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 import xform
-from xform.runtime import controls, generation
 from xform.runtime import session as session_module
-from xform.runtime.translator import Translator
+from xform.runtime.decoding import controls, generation
+from xform.runtime.text.translator import Translator
 from xform.serving import tensors
 from xform.serving.handler import execute
 
@@ -34,7 +34,7 @@ def flag():
 
 
 # (Python keywords, CLI flags, Triton inputs); None: a control the server does not take
-# (runtime/controls.py: sampling and the beam search's stop rules stay the bundle's there)
+# (runtime/decoding/controls.py: sampling and the beam search's stop rules stay the bundle's there)
 REQUESTS = [
     ({}, [], {}),
     ({"max_new_tokens": 3}, ["--max-new-tokens", "3"], {"max_new_tokens": i32(3)}),

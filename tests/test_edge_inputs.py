@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
-from xform.runtime.batching import Batching
-from xform.runtime.request import LineResult
-from xform.runtime.translator import Translator
+from xform.runtime.scheduling.batching import Batching
+from xform.runtime.decoding.request import LineResult
+from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture(scope="module")

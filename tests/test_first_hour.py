@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 

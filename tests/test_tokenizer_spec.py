@@ -240,8 +240,8 @@ def test_the_demo_bundles_tokenizer_round_trips(demo_bundle):
 def test_load_tokenizer_refuses_through_the_spec(demo_bundle, tmp_path):
     """The runtime's load_tokenizer reads the file through parse: a bad field is the spec's error."""
     import xform
-    from xform.runtime.tokenizer import VocabTokenizer
-    from xform.runtime.tokenizers import load_tokenizer
+    from xform.runtime.text.tokenizer import VocabTokenizer
+    from xform.runtime.text.tokenizers import load_tokenizer
     config = xform.load(demo_bundle).config
     assert isinstance(load_tokenizer(demo_bundle / "tokenizer.json", config), VocabTokenizer)
     b = tmp_path / "b"

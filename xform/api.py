@@ -11,7 +11,7 @@ from pathlib import Path
 from xform.errors import XformError
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
-from xform.runtime.translator import Translator as TextTranslator
+from xform.runtime.text.translator import Translator as TextTranslator
 
 __all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator"]
 

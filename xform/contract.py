@@ -203,7 +203,7 @@ def signature_for(config: dict[str, Any], kv_dtype: str = "float32", attention: 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do beyond start and step (runtime/backend.py): declared, never probed.
+    """What a backend can do beyond start and step (runtime/backends/backend.py): declared, never probed.
     Here, in the base layer, because the eager backend (models/) declares them too."""
 
     join: bool = False  # join(): rows of new sources enter a running batch

@@ -23,9 +23,9 @@ import numpy as np
 
 from xform.corpus.worker import Job, LineTranslator, TextOptions
 from xform.errors import InputError
-from xform.runtime.batching import Batching
 from xform.runtime.open import open_session
-from xform.runtime.translator import Translator, reworded
+from xform.runtime.scheduling.batching import Batching
+from xform.runtime.text.translator import Translator, reworded
 
 __all__ = ["Translate"]
 

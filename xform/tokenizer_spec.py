@@ -1,7 +1,7 @@
 """The bundle's tokenizer.json, typed: one definition of each kind's fields, read and written here.
 
 The importers (models/) build a spec and the exporter writes its `to_json()`; the runtime's
-tokenizers (runtime/tokenizer.py and beside it) take the spec `parse` reads, not a dict whose keys
+tokenizers (runtime/text/tokenizer.py and beside it) take the spec `parse` reads, not a dict whose keys
 each spells. One frozen dataclass a kind, one field a JSON key, in the order the file holds them:
 
     xform-vocab   VocabSpec       a source and a target VocabSideSpec (unit char / word: a token list;

@@ -160,7 +160,7 @@ def test_standard_tensorrt_missing_or_without_gpu_is_refused(bundles):
         match = "builds engines on an NVIDIA GPU and this machine has none"
     except ImportError:
         match = r"no TensorRT installed .*pip install 'tensorrt>=10.12'"
-    from xform.runtime.gpu import gpu_info
+    from xform.runtime.backends.gpu import gpu_info
     if gpu_info() is not None:
         pytest.skip("this machine has a GPU: tensorrt may build here")
     with pytest.raises(BackendUnavailableError, match=match):
@@ -168,7 +168,7 @@ def test_standard_tensorrt_missing_or_without_gpu_is_refused(bundles):
 
 
 def test_trt_backend_refusals_without_a_gpu(built, tmp_path):
-    from xform.runtime.gpu import gpu_info
+    from xform.runtime.backends.gpu import gpu_info
     path, _, _ = built["tiny-fp32"]
     if gpu_info() is None:
         with pytest.raises(BackendUnavailableError, match="needs an NVIDIA GPU"):
@@ -231,7 +231,7 @@ def test_trt_backend_without_tensorrt_says_so_before_engines(bundles, tmp_path, 
 
 def test_built_engines_of_a_flavour_not_installed_are_named(built, monkeypatch):
     path, _, _ = built["tiny-fp32"]  # tensorrt_rtx engines
-    from xform.runtime.trt_backend import pick_engines
+    from xform.runtime.backends.trt_backend import pick_engines
     with pytest.raises(BackendUnavailableError, match="has tensorrt_rtx engines, but this Python has only tensorrt"):
         pick_engines(Bundle.open(path), "auto", ["tensorrt"])
 
@@ -241,7 +241,7 @@ def test_the_tensorrt_install_hint_agrees_with_the_readme():
     the README names hold what the hint says."""
     import tomllib
 
-    from xform.runtime.gpu import TRT_INSTALL_HINT
+    from xform.runtime.backends.gpu import TRT_INSTALL_HINT
     root = Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]

@@ -10,7 +10,7 @@ import xform
 from tests.conftest import make_model
 from xform.exporter.export import export_bundle
 from xform.models.checkpoint import save_checkpoint
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture(scope="module")

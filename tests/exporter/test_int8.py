@@ -15,7 +15,7 @@ from xform.exporter import export
 from xform.exporter.export import export_bundle
 from xform.exporter.external_data import save_with_external_data
 from xform.runtime.compare import decoded
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from train_demo import to_words  # noqa: E402
@@ -285,7 +285,7 @@ def test_the_check_in_row_chunks_equals_the_check_at_once(demo_bundle, monkeypat
     were gigabytes a side): on fp32 graphs, chunks of a few rows give one call's figures. (int8's
     dynamic quantization scales activations by the whole batch, so its logits move with the chunk.)"""
     from xform.exporter import check as check_module
-    from xform.runtime.generation import GenerationConfig
+    from xform.runtime.decoding.generation import GenerationConfig
 
     def figures(logit_bytes):
         monkeypatch.setattr(check_module, "LOGIT_BYTES", logit_bytes)

@@ -214,7 +214,7 @@ def test_a_bundle_tokenizer_without_target_spm_is_refused_at_load(complete, tmp_
     import json
 
     from xform.errors import BundleError
-    from xform.runtime.tokenizers import load_tokenizer
+    from xform.runtime.text.tokenizers import load_tokenizer
 
     loaded = resolve_model(complete["marian"])
     cfg = loaded.model.cfg

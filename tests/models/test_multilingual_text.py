@@ -19,7 +19,7 @@ import xform
 from tests.test_tokenizer_spec import assert_round_trip
 from xform.cli import main
 from xform.exporter.export import export_bundle
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 spm = pytest.importorskip("sentencepiece")
@@ -309,7 +309,7 @@ def test_a_malformed_fairseq_tokenizer_is_refused_by_name(exported, field, value
     error naming the field (tokenizer_spec.parse), not a TypeError (unhashable) from the lookups
     they feed; values of the right type that do not fit are refused by the tokenizer."""
     from xform.errors import BundleError
-    from xform.runtime.tokenizers import load_tokenizer
+    from xform.runtime.text.tokenizers import load_tokenizer
     _, _, _, bundle = exported
     path = bundle / "tokenizer.json"
     data = json.loads(path.read_text())

@@ -19,7 +19,7 @@ from tests.test_tokenizer_spec import assert_round_trip
 from xform.cli import main
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 spm = pytest.importorskip("sentencepiece")

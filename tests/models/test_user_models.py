@@ -24,7 +24,7 @@ from xform.models.backend import TorchBackend
 from xform.models.importers import resolve_model
 from xform.runtime.compare import tolerance_for
 from xform.runtime.session import Session
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 SRC_V, TGT_V, MAX_NEW = 37, 41, 10
 LENGTHS = [7, 3, 6, 5, 2, 4]

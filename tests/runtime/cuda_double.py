@@ -210,7 +210,7 @@ class CudaOrt:
 def emulate_cuda(monkeypatch) -> CudaOrt:
     """Make OrtBackend(device="cuda") run on these doubles; returns the module double (its `ops`
     is the last backend's StreamOps)."""
-    import xform.runtime.ort_backend as ob
+    import xform.runtime.backends.ort_backend as ob
 
     ort = CudaOrt()
 

@@ -11,8 +11,8 @@ import xform
 from tests.marian_fixtures import sources
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
-from xform.runtime.request import TextOptions
-from xform.runtime.translator import Translator
+from xform.runtime.decoding.request import TextOptions
+from xform.runtime.text.translator import Translator
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 ATOL = 1e-5

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import xform
-import xform.runtime.ort_backend as ob
+import xform.runtime.backends.ort_backend as ob
 from tests.marian_fixtures import sources
 from tests.runtime.test_beam_search import MAX_NEW, SCORE_ATOL, hf_beams
 from xform.contract import DECODER, DECODER_BEAM, ENCODER
 from xform.errors import ToleranceError
 from xform.manifest import MANIFEST, hash_files
-from xform.runtime.scheduler import Scheduler
+from xform.runtime.scheduling.scheduler import Scheduler
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 
@@ -156,7 +156,7 @@ def bound_outputs(monkeypatch) -> list[tuple[str, tuple, str]]:
         if kind == "output":
             seen.append((name, tuple(array.shape), array.dtype.name))
         return original(binding, kind, name, array)
-    import xform.runtime.ort_beams as beams
+    import xform.runtime.backends.ort_beams as beams
     for module in (ob, beams):  # the backend's modules that bind outputs (the step; the beam operations)
         monkeypatch.setattr(module, "bind_host", spy)
     return seen

@@ -1,4 +1,4 @@
-"""The one cache object (runtime/cache.py): the device implementation against the host one, and
+"""The one cache object (runtime/backends/cache.py): the device implementation against the host one, and
 finished rows leaving the batch.
 
 DeviceCache runs here on `HeapOps`, a DeviceOps over one numpy byte array with addresses as
@@ -13,8 +13,8 @@ import pytest
 import xform
 from tests.conftest import requires_gpu
 from tests.marian_fixtures import sources
-from xform.runtime.cache import DeviceCache, DeviceRows, HostCache, HostRows
-from xform.runtime.translator import Translator
+from xform.runtime.backends.cache import DeviceCache, DeviceRows, HostCache, HostRows
+from xform.runtime.text.translator import Translator
 
 
 class HeapOps:
@@ -57,11 +57,11 @@ class HeapOps:
 
 
 def cuda_ops():
-    """xform.runtime.cuda.CudaOps on device 0's default stream, with the test's own host copies in
+    """xform.runtime.backends.cuda.CudaOps on device 0's default stream, with the test's own host copies in
     and out (put / get) and a gather through the host (the reorder graph's semantics; the graph
     itself is tested on ORT-CUDA decoding). On a GPU without cuda-bindings the test fails with the
     install line: a GPU machine that skips it proves nothing."""
-    from xform.runtime.cuda import CudaOps, cuda_check
+    from xform.runtime.backends.cuda import CudaOps, cuda_check
     try:
         from cuda.bindings import runtime as cudart
     except ImportError:

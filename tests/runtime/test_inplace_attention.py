@@ -16,7 +16,7 @@ bench = pytest.importorskip("bench_inplace_cache")
 
 from xform.config import TransformerConfig  # noqa: E402
 from xform.models.layers import Attention  # noqa: E402
-from xform.runtime.cache import HostCache  # noqa: E402
+from xform.runtime.backends.cache import HostCache  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import xform
-import xform.runtime.ort_backend as ort_backend
+import xform.runtime.backends.ort_backend as ort_backend
 from tests.conftest import make_model, padded_batch
 from xform.models.checkpoint import save_checkpoint
 from xform.models.transformer import greedy_decode

@@ -26,7 +26,7 @@ BASE = ("xform.errors", "xform.contract", "xform.files", "xform.config", "xform.
 LAYERS = {  # a layer's files -> the xform modules (by prefix) they may import, and whether torch
     "base": ([ROOT / f"{m.removeprefix('xform.')}.py" for m in BASE], BASE, False),
     "models": (sorted((ROOT / "models").glob("*.py")), BASE + ("xform.models",), True),
-    "runtime": (sorted((ROOT / "runtime").glob("*.py")), BASE + ("xform.runtime",), False),
+    "runtime": (sorted((ROOT / "runtime").rglob("*.py")), BASE + ("xform.runtime",), False),
     "exporter": (sorted((ROOT / "exporter").glob("*.py")),
                  BASE + ("xform.models", "xform.runtime", "xform.exporter", "xform.__version__"), True),
     "serving": (sorted((ROOT / "serving").glob("*.py")), BASE + ("xform.runtime", "xform.serving"), False),
@@ -44,7 +44,9 @@ def imports(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            out += [f"{node.module}.{a.name}" for a in node.names] if node.module == "xform" else [node.module]
+            # `from xform.runtime.text import translator`: the package and each name (a module or not)
+            out += [f"{node.module}.{a.name}" for a in node.names] if node.module.startswith("xform") else []
+            out += [] if node.module == "xform" else [node.module]
     return out
 
 
@@ -54,8 +56,8 @@ def imports(path: pathlib.Path) -> list[str]:
 RUNTIME_BELOW = {
     "controls": "*",  # the controls' table is data: nothing of xform
     "loop": {"session", "scheduler", "translator", "text_policy", "open"},
-    "decoding": {"session", "scheduler", "translator", "text_policy", "loop", "open"},
-    "backend": {"session", "scheduler", "translator", "text_policy", "loop", "decoding", "open"},
+    "strategies": {"session", "scheduler", "translator", "text_policy", "loop", "open"},
+    "backend": {"session", "scheduler", "translator", "text_policy", "loop", "strategies", "open"},
     "request": {"session", "scheduler", "translator", "text_policy", "loop", "open"},
     "scheduler": {"translator", "text_policy", "open"},
     "session": {"scheduler", "translator", "text_policy", "text_lines", "open"},
@@ -66,13 +68,72 @@ RUNTIME_BELOW = {
 
 @pytest.mark.parametrize("module", sorted(RUNTIME_BELOW))
 def test_runtime_modules_keep_their_order(module):
-    path = ROOT / "runtime" / f"{module}.py"
+    path, = (ROOT / "runtime").rglob(f"{module}.py")  # in its room: text/, backends/, decoding/, ...
     names = [n for n in imports(path) if n == "xform" or n.startswith("xform.")]
     if RUNTIME_BELOW[module] == "*":
-        assert names == [], f"runtime/{module}.py imports {names}"
+        assert names == [], f"{path} imports {names}"
         return
-    bad = [n for n in names if n.startswith("xform.runtime.") and n.split(".")[2] in RUNTIME_BELOW[module]]
-    assert bad == [], f"runtime/{module}.py imports {bad}"
+    bad = [n for n in names if n.startswith("xform.runtime.") and set(n.split(".")[2:]) & RUNTIME_BELOW[module]]
+    assert bad == [], f"{path} imports {bad}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each xform module (package roots aside) -> the xform modules it imports, inside functions too."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "__pycache__" or path.name == "__init__.py":
+            continue
+        name = ".".join(("xform",) + path.relative_to(ROOT).with_suffix("").parts)
+        found = set()
+        for n in imports(path):
+            found |= {n, n.rpartition(".")[0]}  # `from a.b import c`: the module a.b, or a.b.c if c is one
+        modules[name] = found
+    return {m: {d for d in deps if d in modules and d != m} for m, deps in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = stack[stack.index(node):]
+                    del stack[stack.index(node):]
+                    if len(group) > 1:
+                        out.append(sorted(group))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+    return out
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or round a circle (issue 42 broke the last three:
+    the tokenizer modules, session / text policy / translator, and the exporter's graphs / beam
+    graph)."""
+    assert circles(import_graph()) == []
+
+
+def test_a_circle_is_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))

@@ -19,11 +19,11 @@ from tests.marian_fixtures import sources
 from tests.runtime.cuda_double import CudaBinding, CudaOrt, emulate_cuda
 from xform.contract import DECODER, DECODER_BEAM
 from xform.errors import BackendUnavailableError, XformError
-from xform.runtime import ort_files
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.scheduler import Scheduler
-from xform.runtime.step_inputs import StepInputs
-from xform.runtime.translator import Translator
+from xform.runtime.backends import ort_files
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.scheduling.scheduler import Scheduler
+from xform.runtime.backends.step_inputs import StepInputs
+from xform.runtime.text.translator import Translator
 
 TEXTS = ["7", "999999", "40", "123456", "5", "88 12"]
 SCORE_ATOL = 1e-5
@@ -100,7 +100,7 @@ def test_host_inputs_bound_once_repeat_step_zero(demo_bundle, cuda, monkeypatch)
     """Today's fix undone (every step input bound from host memory, as before issue 41): on the
     double, greedy decodes repeat their first token, as the H100 did ("hundred hundred ..."; no
     growth within 12 steps, which would bind them anew)."""
-    from xform.runtime.ort_files import bind_host
+    from xform.runtime.backends.ort_files import bind_host
     host, dev = pair(demo_bundle, cuda, capacity=32)
     monkeypatch.setattr(StepInputs, "bind", lambda self, binding, name, array, each_step=False:
                         bind_host(binding, "input", name, array))

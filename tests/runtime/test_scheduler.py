@@ -1,4 +1,4 @@
-"""In-flight batching (runtime/scheduler.py): requests join a running batch at step boundaries,
+"""In-flight batching (runtime/scheduling/scheduler.py): requests join a running batch at step boundaries,
 leave when they end, and decode exactly what they decode alone.
 
 The trained demo model and the trained test Marians; joins are forced at chosen steps by driving
@@ -11,9 +11,9 @@ import pytest
 import xform
 from tests.marian_fixtures import sources
 from xform.errors import InputError
-from xform.runtime.cache import HostCache, HostRows
-from xform.runtime.scheduler import Cancelled, OverloadedError, Scheduler
-from xform.runtime.translator import Translator
+from xform.runtime.backends.cache import HostCache, HostRows
+from xform.runtime.scheduling.scheduler import Cancelled, OverloadedError, Scheduler
+from xform.runtime.text.translator import Translator
 
 TEXTS = ["7", "999999", "40", "123456", "5", "88 12", "31", "6000"]
 

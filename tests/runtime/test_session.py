@@ -7,7 +7,7 @@ import xform
 from tests.conftest import make_model, padded_batch
 from xform.errors import InputError, XformError
 from xform.models.transformer import greedy_decode
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import pytest
 
 import xform
 from xform.errors import InputError
-from xform.runtime.batching import Batching, plan
-from xform.runtime.translator import Translator
+from xform.runtime.scheduling.batching import Batching, plan
+from xform.runtime.text.translator import Translator
 
 MAX_NEW = 24
 
@@ -180,7 +180,7 @@ def test_plan_ties_keep_input_order_and_batch_size_also_limits_token_batches():
 def test_plan_counts_decoder_rows_lines_x_beams():
     """A token budget alone let short lines at beam 4 fill 1,024 rows; rows are counted as lines x
     the rows each decodes, a single line always runs."""
-    from xform.runtime.batching import DEFAULT_MAX_ROWS
+    from xform.runtime.scheduling.batching import DEFAULT_MAX_ROWS
     short = [3] * 1000
     assert max(map(len, plan(short, Batching("tokens", max_batch_tokens=4096), per_line=4))) == DEFAULT_MAX_ROWS // 4
     assert [len(b) for b in plan(short[:10], Batching("tokens", max_batch_tokens=4096, max_rows=8), 4)] == [2] * 5

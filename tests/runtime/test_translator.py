@@ -4,7 +4,7 @@ import pytest
 
 import xform
 from xform.errors import InputError
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture(scope="module")

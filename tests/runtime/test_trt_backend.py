@@ -11,7 +11,7 @@ from tests.conftest import make_model, padded_batch, require_gpu_stack, requires
 from xform.errors import InputError
 from xform.exporter.engine import build_engines
 from xform.exporter.export import export_bundle
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 pytestmark = requires_gpu
 

@@ -13,8 +13,8 @@ from tests.marian_fixtures import sources
 from xform.cli import main
 from xform.errors import InputError
 from xform.exporter.export import export_bundle
-from xform.runtime.translator import Translator
-from xform.runtime.vocab_map import VocabMap
+from xform.runtime.text.translator import Translator
+from xform.runtime.text.vocab_map import VocabMap
 
 SCORE_ATOL = 1e-4
 MAX_NEW = 12

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import xform
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 from xform.serving.handler import ServerFault, execute
 
 

@@ -4,8 +4,8 @@ import pytest
 
 import xform
 from xform.errors import InputError
-from xform.runtime.scheduler import Cancelled, Scheduler
-from xform.runtime.translator import Translator
+from xform.runtime.scheduling.scheduler import Cancelled, Scheduler
+from xform.runtime.text.translator import Translator
 from xform.serving.handler import job_outputs, parse
 from xform.serving.inflight import TextStream, submit
 

@@ -18,7 +18,7 @@ import pytest
 import xform
 from tests.conftest import requires_triton
 from tests.serving.test_server import grpc, http, infer, start
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 from xform.serving.repository import ModelOptions
 
 pytestmark = [pytest.mark.serve, requires_triton]

@@ -13,7 +13,7 @@ import pytest
 
 import xform
 from tests.conftest import requires_triton
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 from xform.serving.repository import ModelOptions, model_names, write_model
 from xform.serving.server import ServerError, TritonServer, free_ports
 

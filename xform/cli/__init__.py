@@ -7,7 +7,7 @@ Ctrl-C is exit 130.
     build.py     export, build-engine             decode.py    run, score
     evaluate.py  eval                             serving.py   triton, serve
     corpus.py    corpus (files, sharded, on Ray or in-process)
-    options.py   the flags and helpers the commands share (decoding flags from runtime/controls.py)
+    options.py   the flags and helpers the commands share (decoding flags from runtime/decoding/controls.py)
     flags.py     the flag of each runtime setting, which the CLI's messages name (errors.py's markers)
 """
 from __future__ import annotations

@@ -207,7 +207,7 @@ def build_engine(bundle, flavor, max_batch, max_beams, max_src_len, max_new_toke
 def print_text_report(bundle: Path, manifest: Manifest) -> None:
     """How the bundle turns text into ids and back, with a sample split, and the tokenizer's notes
     (inferences on stdout, warnings on stderr)."""
-    from xform.runtime.tokenizers import load_tokenizer
+    from xform.runtime.text.tokenizers import load_tokenizer
 
     if manifest.tokenizer is None:
         notes = [n for n in manifest.source.get("notes", []) if "tokenizer" in n]
@@ -226,5 +226,5 @@ def print_text_report(bundle: Path, manifest: Manifest) -> None:
 
 
 def decode_cap_of(manifest: Manifest) -> tuple[int, str]:
-    from xform.runtime.generation import decode_cap
+    from xform.runtime.decoding.generation import decode_cap
     return decode_cap(manifest.generation, manifest.config.max_len)

@@ -27,7 +27,7 @@ from xform.cli.options import (
     write_json,
 )
 from xform.errors import XformError
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
@@ -63,7 +63,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
         if len(warned) <= MAX_WARNINGS:
             err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(said(message))}")
 
-    from xform.runtime.request import TextOptions
+    from xform.runtime.decoding.request import TextOptions
     text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
     for i, result in enumerate(Translator(session).translate_lines(lines(), gen, batching, text, on_batch=on_batch,
                                                        on_warning=on_warning)):
@@ -318,7 +318,7 @@ def print_plan(session, batching, gen) -> None:
     """run --verbose: the batches' limits and the memory they bound."""
     import numpy as np
 
-    from xform.runtime.cache import row_bytes
+    from xform.runtime.backends.cache import row_bytes
 
     c = session.config
     item = np.dtype(session.bundle.manifest.kv_dtype).itemsize if session.bundle is not None else 4

@@ -19,7 +19,7 @@ from xform.cli.options import (
     write_json,
 )
 from xform.errors import XformError
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 @main.command("eval")

@@ -41,7 +41,7 @@ def said(error_or_message: object) -> str:
 
 
 def help_text(text: str, settings: Iterable[str]) -> str:
-    """A control's help (runtime/controls.py) with the other controls it names as their flags."""
+    """A control's help (runtime/decoding/controls.py) with the other controls it names as their flags."""
     return worded(text, settings, flag)
 
 
@@ -50,9 +50,9 @@ def table() -> dict[str, str]:
     batching's, the request's), for what words messages away from the CLI (a corpus's workers)."""
     from dataclasses import fields
 
-    from xform.runtime.batching import Batching
-    from xform.runtime.generation import GenerationConfig
-    from xform.runtime.request import REQUEST_OPTIONS, TextOptions
+    from xform.runtime.decoding.generation import GenerationConfig
+    from xform.runtime.decoding.request import REQUEST_OPTIONS, TextOptions
+    from xform.runtime.scheduling.batching import Batching
 
     settings = [f.name for kind in (GenerationConfig, TextOptions, Batching) for f in fields(kind)]
     return {s: flag(s) for s in [*settings, *REQUEST_OPTIONS]}

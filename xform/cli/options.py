@@ -1,5 +1,5 @@
 """The flags and helpers the commands share: the decoding flags (from the controls' table,
-runtime/controls.py), batching, progress, reports written as JSON."""
+runtime/decoding/controls.py), batching, progress, reports written as JSON."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +14,7 @@ from xform.cli import err, out
 from xform.cli.flags import help_text, said
 from xform.cli.flags import option as option_of
 from xform.errors import XformError
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 REPORT_KEYS = ("bundle", "backend", "generation")  # what every `run --json` report holds
 
@@ -119,7 +119,7 @@ def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_r
     """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
     combinations are usage errors."""
     from xform.errors import InputError
-    from xform.runtime.batching import Batching
+    from xform.runtime.scheduling.batching import Batching
 
     if batch_type is None:
         batch_type = "examples" if max_batch_tokens is None else "tokens"
@@ -247,9 +247,9 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
 
 
 def generation_options(fn):
-    """The decoding flags, one a control of the controls' table (runtime/controls.py), with
+    """The decoding flags, one a control of the controls' table (runtime/decoding/controls.py), with
     --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others)."""
-    from xform.runtime import controls
+    from xform.runtime.decoding import controls
 
     options = [click.option("--greedy", is_flag=True,
                             help="Greedy decoding, whatever the bundle's default (--num-beams 1)."),
@@ -264,7 +264,7 @@ def generation_options(fn):
 def control_option(c):
     """The click option of a control, by its kind: its flag (flags.py) and its help, the other
     controls it names as their flags."""
-    from xform.runtime import controls
+    from xform.runtime.decoding import controls
 
     dest, name = c.dest or c.name, option_of(c.name)
     help = help_text(c.help, [other.name for other in controls.CONTROLS])
@@ -291,7 +291,7 @@ def generation_settings(greedy: bool, bad_words=(), **flags) -> dict:
     """The CLI's door: the decoding flags as the generation config's settings (None: the
     bundle's default); --bad-words phrases stay text until a tokenizer splits them (`bad_words`
     in the result)."""
-    from xform.runtime import controls
+    from xform.runtime.decoding import controls
 
     settings: dict = {}
     for c in controls.CONTROLS:

@@ -91,7 +91,7 @@ def differences(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
 def flag_of(key: str) -> tuple[str, ...]:
     """A decoding key as what sets it, and the setting it names: a decoding control's marker
     (generation.num_beams: {num_beams}, the CLI's --num-beams), the text options' flags."""
-    from xform.runtime.controls import CONTROLS
+    from xform.runtime.decoding.controls import CONTROLS
 
     group, _, name = key.rpartition(".")
     if group == "generation":

@@ -19,11 +19,11 @@ from typing import Callable, Mapping
 
 from xform.corpus.shards import Shard, ShardTask
 from xform.errors import render
-from xform.runtime.batching import Batching
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.request import LineResult, TextOptions
-from xform.runtime.translator import Translator
-from xform.runtime.vocab_map import VocabMap
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.request import LineResult, TextOptions
+from xform.runtime.scheduling.batching import Batching
+from xform.runtime.text.translator import Translator
+from xform.runtime.text.vocab_map import VocabMap
 
 
 @dataclass(frozen=True)

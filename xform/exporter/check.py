@@ -29,11 +29,11 @@ from xform.runtime.compare import (
     merge_steps,
     tolerance_for,
 )
-from xform.runtime.generation import GenerationConfig
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.request import Request, Result
 from xform.runtime.open import open_backend, open_session, session_over
-from xform.runtime.request import Request, Result
 from xform.runtime.session import Session
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
 

@@ -5,7 +5,7 @@ source length and cache capacity derived from the graph contract and the flags, 
 asked, a workspace limit, the builder optimization level, a timing cache where the flavour has
 one, every status checked. Works with `tensorrt` (10.12+ / 11; needs a GPU to build) and
 `tensorrt_rtx` (builds ahead of time without a GPU) through the same calls.
-It does not run engines (xform/runtime/trt_backend.py does).
+It does not run engines (xform/runtime/backends/trt_backend.py does).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from xform.contract import CANDIDATES, GRAPHS, REORDER, GraphSpec, TensorSpec
 from xform.errors import BackendUnavailableError, BundleError, XformError
 from xform.files import atomic_write, remove_stale_temporaries
 from xform.manifest import ENGINE_DIR, ENGINE_FILE, EngineEntry, Manifest
+from xform.runtime.backends.gpu import gpu_info, import_tensorrt
 from xform.runtime.bundle import Bundle
-from xform.runtime.gpu import gpu_info, import_tensorrt
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import IO, Callable
 
 from xform.errors import XformError, message
-from xform.runtime.batching import Batching
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.request import TextOptions
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.request import TextOptions
+from xform.runtime.scheduling.batching import Batching
 from xform.runtime.session import Session
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 WORST = 10  # sentences printed where the bundle loses most against the other system
 

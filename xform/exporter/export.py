@@ -341,8 +341,8 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
     import onnxruntime
 
     from xform.exporter.check import check, read_sample
+    from xform.runtime.backends.ort_backend import OrtBackend
     from xform.runtime.open import session_over
-    from xform.runtime.ort_backend import OrtBackend
     from xform.runtime.session import Session
 
     progress("verifying: opening the graphs on onnxruntime")

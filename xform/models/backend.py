@@ -1,6 +1,6 @@
 """The eager PyTorch backend: the model itself behind the runtime's numpy backend interface.
 
-It lives in models/ (it needs torch) and speaks xform.runtime.backend.Backend (a Protocol), so the
+It lives in models/ (it needs torch) and speaks xform.runtime.backends.backend.Backend (a Protocol), so the
 runtime never imports torch. It is the reference `--check` compares other backends with.
 """
 from __future__ import annotations

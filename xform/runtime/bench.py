@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from xform.config import TransformerConfig
-from xform.runtime.generation import GenerationConfig
+from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.session import Session
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from xform.runtime.request import Result
+from xform.runtime.decoding.request import Result
 
 
 @dataclass

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Callable
 
 from xform.errors import XformError
-from xform.runtime.backend import INITIAL_CAPACITY
+from xform.runtime.backends.backend import INITIAL_CAPACITY
 from xform.runtime.bundle import Bundle
 from xform.runtime.session import Session
-from xform.runtime.tokenizers import load_tokenizer
+from xform.runtime.text.tokenizers import load_tokenizer
 
 BACKENDS = ("torch", "ort", "trt")
 DEVICES = ("cpu", "cuda")
@@ -40,10 +40,10 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
             "fixes TF32 when its engines are built (xform build-engine BUNDLE --tf32)" if backend == "trt"
             else "is the fp32 reference and never uses TF32")).naming("allow_tf32")
     if backend == "ort":
-        from xform.runtime.ort_backend import OrtBackend
+        from xform.runtime.backends.ort_backend import OrtBackend
         return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32)
     if backend == "trt":
-        from xform.runtime.trt_backend import TrtBackend
+        from xform.runtime.backends.trt_backend import TrtBackend
         return TrtBackend(bundle, device, initial_capacity=capacity)
     if backend == "torch" and torch_factory is not None:
         return torch_factory(bundle, device, threads)

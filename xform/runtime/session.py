@@ -15,13 +15,13 @@ import numpy as np
 from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
-from xform.runtime.backend import Backend, Restricting
-from xform.runtime.decoding import make_strategy
-from xform.runtime.generation import GenerationConfig, decode_cap, int_id
-from xform.runtime.loop import Batch, Decode
-from xform.runtime.processors import Special, log_softmax
-from xform.runtime.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
-from xform.runtime.tokenizer import Tokenizer
+from xform.runtime.backends.backend import Backend, Restricting
+from xform.runtime.decoding.generation import GenerationConfig, decode_cap, int_id
+from xform.runtime.decoding.loop import Batch, Decode
+from xform.runtime.decoding.processors import Special, log_softmax
+from xform.runtime.decoding.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
+from xform.runtime.decoding.strategies import make_strategy
+from xform.runtime.text.tokenizer import Tokenizer
 
 __all__ = ["Session"]
 
@@ -219,7 +219,7 @@ class Session:
         ids; a bundle exported --with-vocab-map, ort backend): the output projection runs over
         those ids (and end-of-sentence, unknown, forced and prefix ids) only, the others never
         generated: the full model's tokens with every other id's logit masked. `more`: any other
-        field of the generation config (a control added to it and to runtime/controls.py)."""
+        field of the generation config (a control added to it and to runtime/decoding/controls.py)."""
         request = self.request(src_ids, src_lengths, max_new_tokens, min_new_tokens=min_new_tokens,
                                num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
                                num_return_sequences=num_return_sequences, do_sample=do_sample,

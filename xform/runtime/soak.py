@@ -15,7 +15,7 @@ import numpy as np
 
 from xform.runtime.bench import random_sources, rss_mib
 from xform.runtime.session import Session
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 
 
 class Settings(TypedDict, total=False):

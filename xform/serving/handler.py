@@ -1,7 +1,7 @@
 """One Triton `execute` call: requests in, one response (outputs or an error) per request out.
 
 The tensors are serving/tensors.py's table (docs/serving.md lists it). `parse` is Triton's
-door into the runtime's one Request (runtime/request.py), a bad request getting an error that
+door into the runtime's one Request (runtime/decoding/request.py), a bad request getting an error that
 names the input at fault, from that table; `execute` decodes the good ones together through the
 runtime's Scheduler, as the in-flight model does: each request keeps its own strategy and length,
 so each response, carrying only its own rows, equals what `Session.generate` / `translate` gives
@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from xform.errors import InputError, SettingError, XformError, render
-from xform.runtime import controls
-from xform.runtime.controls import Control
-from xform.runtime.request import Request, Result, refuse_unknown
-from xform.runtime.scheduler import Scheduler
-from xform.runtime.translator import Translator
+from xform.runtime.decoding import controls
+from xform.runtime.decoding.controls import Control
+from xform.runtime.decoding.request import Request, Result, refuse_unknown
+from xform.runtime.scheduling.scheduler import Scheduler
+from xform.runtime.text.translator import Translator
 from xform.serving import tensors
 
 
@@ -93,7 +93,7 @@ def one_string(name: str, value: np.ndarray | None) -> str | None:
 
 
 def control_value(control: Control, value: np.ndarray | None) -> Any:
-    """A served control's value from its tensor (None where absent), by its kind (runtime/controls.py)."""
+    """A served control's value from its tensor (None where absent), by its kind (runtime/decoding/controls.py)."""
     name = control.tensor or control.name
     if value is None:
         return None

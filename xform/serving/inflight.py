@@ -2,7 +2,7 @@
 
 `xform triton --scheduling inflight` (the default) writes two models that share one engine:
 
-- `NAME-stream`, decoupled: the runtime's Scheduler (runtime/scheduler.py) in a thread of the
+- `NAME-stream`, decoupled: the runtime's Scheduler (runtime/scheduling/scheduler.py) in a thread of the
   model. `execute` parses each request (serving/handler.py: the same inputs and checks as the
   dynamic-batching model) and submits it; a request joins the running rows at the next step
   boundary and its response is sent, with Triton's final flag, the step it ends. With the input

@@ -147,11 +147,11 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
         raise BundleError(f"{bundle.path}: has no TensorRT engines; run `xform build-engine {bundle.path}` "
                           "or serve it with --backend ort")
     if options.vocab_map is not None:  # checked now, against this bundle's tokenizer, not at the first request
-        from xform.runtime.vocab_map import VocabMap
+        from xform.runtime.text.vocab_map import VocabMap
         if not bundle.has_graph("decoder_restricted") or bundle.tokenizer_file is None:
             raise XformError(f"--vocab-map: {bundle.path} needs a tokenizer and the restricted decoder: export it "
                              "with --with-vocab-map")
-        from xform.runtime.tokenizers import load_tokenizer
+        from xform.runtime.text.tokenizers import load_tokenizer
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
     name = model_name(bundle.path, options)
     roles = model_roles(name, options)

@@ -3,14 +3,14 @@
 config.pbtxt's `input` / `output` lists (repository.py), the handler's parsing and the names its
 errors give (handler.py), and the tensor table of docs/serving.md (a test asserts they are equal)
 all come from here. The decoding controls' inputs come from the controls' table
-(runtime/controls.py): a control served there is an input here, with nothing else to write.
+(runtime/decoding/controls.py): a control served there is an input here, with nothing else to write.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from xform.errors import worded
-from xform.runtime import controls
+from xform.runtime.decoding import controls
 
 # where a tensor exists: every model, a bundle with a tokenizer, a bundle exported
 # --with-attention, or only the in-flight engine model (NAME-stream)

@@ -21,7 +21,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from xform.runtime.translator import Translator
+from xform.runtime.text.translator import Translator
 from xform.serving.handler import execute
 from xform.serving.tensors import inputs as tensor_inputs
 
@@ -151,7 +151,7 @@ class TritonPythonModel:
         import queue
         import threading
 
-        from xform.runtime.scheduler import Scheduler
+        from xform.runtime.scheduling.scheduler import Scheduler
         from xform.serving.inflight import Watcher
         self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
                                    max_queue=int(params["max_queue"])).start()
@@ -183,7 +183,7 @@ class TritonPythonModel:
 
     def start(self, request):
         from xform.errors import XformError
-        from xform.runtime.scheduler import OverloadedError
+        from xform.runtime.scheduling.scheduler import OverloadedError
         from xform.serving.handler import one_flag, parse, said
         from xform.serving.inflight import TextStream, submit
 
@@ -209,7 +209,7 @@ class TritonPythonModel:
 
     def finish(self, future, job, reply):
         from xform.errors import InputError
-        from xform.runtime.scheduler import Cancelled
+        from xform.runtime.scheduling.scheduler import Cancelled
         from xform.serving.handler import job_outputs, said
 
         self.watcher.forget(future)  # waits for a question under way: none is asked after the answer

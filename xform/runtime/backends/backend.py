@@ -3,7 +3,7 @@
 A backend runs the graphs of the contract (encoder, decoder, and the small reorder and candidates
 graphs) for one batch at a time and keeps the state
 between steps (the encoder's cross K/V and source mask, one copy a source, and the
-self-attention cache, one row a decoded row: runtime/cache.py) itself:
+self-attention cache, one row a decoded row: runtime/backends/cache.py) itself:
 
     backend.start(src_ids, src_lengths, group)   # encoder on the Bs sources; Bs x group rows, the
         # rows of source i being rows i*group .. i*group+group-1 (its beams or samples); an empty cache

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.processors import NEG, Processors, Special, log_softmax
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.processors import NEG, Processors, Special, log_softmax
 
 
 class Strategy(Protocol):

@@ -2,7 +2,7 @@
 
 Device buffers are allocated once, at the engines' profile maximum. The encoder writes the cross
 K/V (one copy a source, whatever its beams) and the source mask straight into the buffers the
-decoder reads. The self-attention cache is runtime/cache.py's DeviceCache, the same object ONNX
+decoder reads. The self-attention cache is runtime/backends/cache.py's DeviceCache, the same object ONNX
 Runtime uses on CUDA: the decoder reads it in place and writes only the new token's keys and
 values, which one strided device copy puts at the step's position; its capacity starts at
 INITIAL_CAPACITY and doubles when full; beam search's reorder and finished rows leaving the batch
@@ -20,12 +20,12 @@ import numpy as np
 from xform.contract import DECODER, ENCODER, REORDER, Capabilities, GraphSpec, TensorSpec, kv_names
 from xform.errors import BackendUnavailableError, BundleError, InputError, JoinRefused, XformError
 from xform.manifest import EngineEntry
-from xform.runtime.backend import INITIAL_CAPACITY
+from xform.runtime.backends.backend import INITIAL_CAPACITY
+from xform.runtime.backends.cache import DeviceCache, DeviceRows, compact_sources, grown_capacity
+from xform.runtime.backends.cuda import CudaOps, cuda_check, import_cudart
+from xform.runtime.backends.gpu import TRT_FLAVORS as FLAVORS
+from xform.runtime.backends.gpu import TRT_INSTALL_HINT, gpu_info, importable_flavors
 from xform.runtime.bundle import Bundle
-from xform.runtime.cache import DeviceCache, DeviceRows, compact_sources, grown_capacity
-from xform.runtime.cuda import CudaOps, cuda_check, import_cudart
-from xform.runtime.gpu import TRT_FLAVORS as FLAVORS
-from xform.runtime.gpu import TRT_INSTALL_HINT, gpu_info, importable_flavors
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class TrtBackend:
         self.kv_heads, self.head_dim = self.kv_spec.fixed(1), self.kv_spec.fixed(3)
         H, D, item = self.kv_heads, self.head_dim, np.dtype(self.kv_spec.dtype).itemsize
         self.ops = CudaOps(self.cudart, self.stream, self.run_reorder)
-        # one cache and one cross object (runtime/cache.py), both buffer sets reserved at the maximum
+        # one cache and one cross object (runtime/backends/cache.py), both buffer sets reserved at the maximum
         self.cache = DeviceCache(self.ops, len(self.cache_names), item)
         self.cross = DeviceRows(self.ops, len(self.cross_names), item)
         for which in (0, 1):

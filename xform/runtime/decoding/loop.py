@@ -23,9 +23,9 @@ from typing import Callable
 import numpy as np
 
 from xform.errors import InputError
-from xform.runtime.backend import Backend
-from xform.runtime.decoding import Strategy
-from xform.runtime.request import Result
+from xform.runtime.backends.backend import Backend
+from xform.runtime.decoding.request import Result
+from xform.runtime.decoding.strategies import Strategy
 
 
 @dataclass(eq=False)

@@ -23,11 +23,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from xform.errors import InputError, XformError
 from xform.files import atomic_file
-from xform.runtime.batching import Batching, plan
-from xform.runtime.controls import CT2_NAMES, ct2_settings
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.loop import Batch
-from xform.runtime.request import (
+from xform.runtime.decoding.controls import CT2_NAMES, ct2_settings
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.loop import Batch
+from xform.runtime.decoding.request import (
     REQUEST_OPTIONS,
     GenerationStepResult,
     Request,
@@ -36,8 +35,9 @@ from xform.runtime.request import (
     TranslationResult,
     refuse_unknown,
 )
-from xform.runtime.text_lines import LineStream
-from xform.runtime.vocab_map import VocabMap
+from xform.runtime.scheduling.batching import Batching, plan
+from xform.runtime.text.text_lines import LineStream
+from xform.runtime.text.vocab_map import VocabMap
 
 
 def generation_settings(options: dict[str, Any]) -> dict[str, Any]:

@@ -39,9 +39,8 @@ from xform.contract import (
     kv_names,
 )
 from xform.errors import InputError, JoinRefused, XformError
-from xform.runtime.backend import INITIAL_CAPACITY
-from xform.runtime.bundle import Bundle
-from xform.runtime.cache import (
+from xform.runtime.backends.backend import INITIAL_CAPACITY
+from xform.runtime.backends.cache import (
     Cache,
     DeviceCache,
     DeviceRows,
@@ -50,11 +49,12 @@ from xform.runtime.cache import (
     Rows,
     grown_capacity,
 )
-from xform.runtime.cuda import CudaOps, device_ops
-from xform.runtime.ort_beams import BeamOps
-from xform.runtime.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
-from xform.runtime.ort_restriction import Restriction
-from xform.runtime.step_inputs import StepInputs
+from xform.runtime.backends.cuda import CudaOps, device_ops
+from xform.runtime.backends.ort_beams import BeamOps
+from xform.runtime.backends.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
+from xform.runtime.backends.ort_restriction import Restriction
+from xform.runtime.backends.step_inputs import StepInputs
+from xform.runtime.bundle import Bundle
 
 
 class OrtBackend(Restriction, BeamOps):

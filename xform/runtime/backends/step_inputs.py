@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xform.runtime.cache import DeviceOps
-from xform.runtime.ort_files import bind_host
+from xform.runtime.backends.cache import DeviceOps
+from xform.runtime.backends.ort_files import bind_host
 
 
 class StepInputs:

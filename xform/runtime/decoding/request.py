@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from xform.errors import InputError
-from xform.runtime.generation import GenerationConfig
+from xform.runtime.decoding.generation import GenerationConfig
 
 # a request's options that are not generation settings (Session.request)
 REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")

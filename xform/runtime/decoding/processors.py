@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xform.config import TransformerConfig
-from xform.runtime.generation import GenerationConfig
+from xform.runtime.decoding.generation import GenerationConfig
 
 NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added in float32
 

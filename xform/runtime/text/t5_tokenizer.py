@@ -17,7 +17,7 @@ from pathlib import Path
 
 from xform.config import TransformerConfig
 from xform.errors import BundleError, Message, SettingError
-from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
+from xform.runtime.text.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 from xform.tokenizer_spec import T5Spec
 
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from xform.errors import InputError, XformError
-from xform.runtime.backend import JoinRefused
-from xform.runtime.cache import row_bytes
-from xform.runtime.loop import Batch, Decode
+from xform.runtime.backends.backend import JoinRefused
+from xform.runtime.backends.cache import row_bytes
+from xform.runtime.decoding.loop import Batch, Decode
 
 if TYPE_CHECKING:
     from xform.runtime.session import Session

@@ -11,10 +11,10 @@ from typing import Any, Callable
 import numpy as np
 
 from xform.contract import CANDIDATES, DECODER_BEAM
-from xform.runtime.cache import Cache, Rows, compact_sources
-from xform.runtime.cuda import CudaOps
-from xform.runtime.ort_files import bind_host
-from xform.runtime.step_inputs import StepInputs
+from xform.runtime.backends.cache import Cache, Rows, compact_sources
+from xform.runtime.backends.cuda import CudaOps
+from xform.runtime.backends.ort_files import bind_host
+from xform.runtime.backends.step_inputs import StepInputs
 
 
 class BeamOps:

@@ -12,9 +12,9 @@ from typing import Callable
 from xform.config import TransformerConfig
 from xform.errors import BundleError
 from xform.files import read_json_object
-from xform.runtime.fairseq_tokenizer import ByteBpeTokenizer, FairseqSpmTokenizer
-from xform.runtime.t5_tokenizer import T5Tokenizer
-from xform.runtime.tokenizer import SpmTokenizer, Tokenizer, VocabTokenizer
+from xform.runtime.text.fairseq_tokenizer import ByteBpeTokenizer, FairseqSpmTokenizer
+from xform.runtime.text.t5_tokenizer import T5Tokenizer
+from xform.runtime.text.tokenizer import SpmTokenizer, Tokenizer, VocabTokenizer
 from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec, MarianSpmSpec, T5Spec, TokenizerSpec, VocabSpec, parse
 
 KINDS: dict[type[TokenizerSpec], Callable[..., Tokenizer]] = {

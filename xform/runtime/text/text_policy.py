@@ -15,8 +15,8 @@ import numpy as np
 
 from xform.config import TransformerConfig
 from xform.errors import InputError, SettingError, XformError
-from xform.runtime.tokenizer import Tokenizer
-from xform.runtime.vocab_map import VocabMap
+from xform.runtime.text.tokenizer import Tokenizer
+from xform.runtime.text.vocab_map import VocabMap
 
 if TYPE_CHECKING:
     from xform.runtime.session import Session

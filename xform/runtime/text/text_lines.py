@@ -14,12 +14,12 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from xform.errors import InputError, Message, XformError, message
-from xform.runtime.batching import Batching, plan, windows
-from xform.runtime.generation import GenerationConfig
-from xform.runtime.request import LineResult, TextOptions
-from xform.runtime.text_policy import TextPolicy
-from xform.runtime.unknowns import decode_rows, unknown_warning
-from xform.runtime.vocab_map import VocabMap
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.request import LineResult, TextOptions
+from xform.runtime.scheduling.batching import Batching, plan, windows
+from xform.runtime.text.text_policy import TextPolicy
+from xform.runtime.text.unknowns import decode_rows, unknown_warning
+from xform.runtime.text.vocab_map import VocabMap
 
 # a line read and encoded: (its text, its source ids or None, its error or None, its target prefix ids);
 # an error is a Message (errors.py): a door words the settings it names its own way

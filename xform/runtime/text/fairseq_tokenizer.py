@@ -9,7 +9,7 @@ from pathlib import Path
 from xform.config import TransformerConfig
 from xform.errors import BundleError, Message, SettingError
 from xform.files import read_json_object
-from xform.runtime.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
+from xform.runtime.text.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
 from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec
 
 
