@@ -94,7 +94,7 @@ def xform_engine(bundle: Path, device: str):
 
     def run(src, lens, beams, new, on_step):
         gen = GenerationConfig(max_new_tokens=new, min_new_tokens=new, num_beams=beams)
-        return session.decode(src, lens, gen, on_step=on_step)
+        return session.run(session.request(src, lens, generation=gen), on_step).ids
     return run
 
 

@@ -104,7 +104,7 @@ def xform_figures(bundle: str, batch: int, beams: int, steps: int, threads: int)
     session = xform.load(bundle, backend="ort", threads=threads)
     src, lens = sources(session.config.src_vocab_size, batch, session.pad_id, session.eos_id)
     gen = session.generation_config(steps, min_new_tokens=steps, num_beams=beams)
-    plain = step_ms(lambda: session.decode(src, lens, gen), steps)
+    plain = step_ms(lambda: session.run(session.request(src, lens, generation=gen)).ids, steps)
     prefix = tempfile.mkdtemp(prefix="xform-prof-")
     opener = ob.session
 
@@ -116,8 +116,8 @@ def xform_figures(bundle: str, batch: int, beams: int, steps: int, threads: int)
     ob.session = profiled
     try:
         session = xform.load(bundle, backend="ort", threads=threads)
-        session.decode(src, lens, gen)  # warm-up: its runs are left out below
-        session.decode(src, lens, gen)
+        session.run(session.request(src, lens, generation=gen)).ids  # warm-up: its runs are left out below
+        session.run(session.request(src, lens, generation=gen)).ids
         for s in session.backend.sessions.values():
             if s.get_session_options().enable_profiling:
                 s.end_profiling()

@@ -118,7 +118,8 @@ def test_min_new_tokens_and_forced_eos_like_transformers(marians):
     src, mask = sources(model.config, [6, 4], seed=5)
     want, _ = hf_beams(model, src, mask, num_beams=3, min_new_tokens=9, forced_eos_token_id=0)
     s = xform.load(bundle, backend="ort")
-    got = s.decode(src.numpy(), None, s.generation_config(MAX_NEW, num_beams=3, min_new_tokens=9, forced_eos=True))
+    got = s.run(s.request(src.numpy(), generation=s.generation_config(MAX_NEW, num_beams=3, min_new_tokens=9,
+                                                                        forced_eos=True))).ids
     np.testing.assert_array_equal(got, want)
     assert (got[:, :9] != 0).all()
 

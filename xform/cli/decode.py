@@ -44,11 +44,9 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | str = False,
-                     src_lang: str | None = None, truncate: bool = False, prefix_column: bool = False,
-                     replace_unknowns: bool = False, vocab_map=None, tgt_lang: str | None = None):
-    """(label, LineResult) for each (label, line), in input order. `tgt_lang` reaches the sources
-    only where the model writes it there (MADLAD-400's <2xx>)."""
+def labelled_results(session, labelled, gen, batching, on_batch, text):
+    """(label, LineResult) for each (label, line), in input order, under the text options
+    (TextOptions: `tgt_lang` reaches the sources only where the model writes it there, MADLAD's <2xx>)."""
     labels: list[str] = []
 
     def lines():
@@ -63,10 +61,9 @@ def labelled_results(session, labelled, gen, batching, on_batch, scores: bool | 
         if len(warned) <= MAX_WARNINGS:
             err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(said(message))}")
 
-    from xform.runtime.decoding.request import TextOptions
-    text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
-    for i, result in enumerate(Translator(session).translate_lines(lines(), gen, batching, text, on_batch=on_batch,
-                                                       on_warning=on_warning)):
+    results = Translator(session).translate_lines(lines(), gen, batching, text, on_batch=on_batch,
+                                                  on_warning=on_warning)
+    for i, result in enumerate(results):
         yield labels[i], result
     if len(warned) > MAX_WARNINGS:
         err.print(f"[bold yellow]warning:[/] {len(warned)} warnings in all (the first {MAX_WARNINGS} are above)")
@@ -295,8 +292,9 @@ def run(bundle, backend, device, threads, allow_tf32, texts, input_file, batch_s
         with progress_bar(input_file is not None, "lines", "translated",
                           lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
             lines = input_lines(texts, input_file, target_prefixes)
-            results = labelled_results(session, lines, gen, batching, on_batch, scores, src_lang, truncate,
-                                       prefix_column, replace_unknowns, vocab_map, tgt_lang)
+            from xform.runtime.decoding.request import TextOptions
+            text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
+            results = labelled_results(session, lines, gen, batching, on_batch, text)
             with output_file(output) as sink:
                 errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores, sink,
                                                echo=output is None or echo)

@@ -111,7 +111,7 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
             last[0] = now
 
         t0 = last[0]
-        out = session.decode(src, None, gen, on_step=on_step)
+        out = session.run(session.request(src, generation=gen), on_step).ids
         elapsed = time.perf_counter() - t0
         assert out.shape == (batch * gen.num_return_sequences, new_tokens), out.shape  # forced length: an invariant
         if i >= warmup:

@@ -296,15 +296,6 @@ class Session:
         return Decode(strategy, request.src_ids, request.src_lengths, request.return_scores,
                       request.return_token_scores, attention, on_step)
 
-    def decode(self, src_ids, src_lengths, gen: GenerationConfig, return_scores: bool = False,
-               on_step: Callable[[int], None] | None = None, *, target_prefix=None, return_token_scores: bool = False,
-               return_attention: bool = False, vocabulary=None):
-        """`generate` with a GenerationConfig made already: what it returns."""
-        request = self.request(src_ids, src_lengths, generation=gen, target_prefix=target_prefix,
-                               return_scores=return_scores, return_token_scores=return_token_scores,
-                               return_attention=return_attention, vocabulary=vocabulary)
-        return self.run(request, on_step).astuple()
-
     def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
         """Point the backend at `vocabulary` (target ids) and the ids a decode always needs; returns it."""
         backend = self.backend
