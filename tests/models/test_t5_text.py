@@ -129,7 +129,7 @@ def test_madlad_target_language_is_the_source_token(bundles):
     src = np.array([want])
     assert out == [session.tokenizer.decode(session.generate(src, max_new_tokens=4)[0])]
     assert Translator(session).target_language("pt") is None
-    with pytest.raises(InputError, match="--tgt-lang 'xx': not a language of this model; known: de, pt, zh_Latn"):
+    with pytest.raises(InputError, match="^tgt_lang 'xx': not a language of this model; known: de, pt, zh_Latn"):
         Translator(session).translate([text], tgt_lang="xx")
     with pytest.raises(InputError, match="takes no source language"):
         Translator(session).translate([text], src_lang="en")
@@ -138,7 +138,7 @@ def test_madlad_target_language_is_the_source_token(bundles):
 def test_t5_takes_no_language(bundles):
     _, bundle = bundles["t5"]
     session = xform.load(bundle, backend="ort")
-    with pytest.raises(InputError, match="--tgt-lang de: this model's tokenizer has no languages"):
+    with pytest.raises(InputError, match="^tgt_lang de: this model's tokenizer has no languages"):
         Translator(session).translate(["the cat"], tgt_lang="de")
 
 
