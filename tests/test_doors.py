@@ -190,10 +190,14 @@ def test_one_runtime_error_about_a_setting_reads_in_each_doors_words(demo, demo_
     assert execute(demo, [{"text": text(SOURCE), "src_lang": text("xx")}]) == [f"input 'src_lang' {lacks}"]
 
     with pytest.raises(InputError) as e:
-        Translator(demo).translate_batch([SOURCE], num_hypotheses=3)
+        Translator(demo).translate(["7"], num_return_sequences=3)
     assert "num_return_sequences 3 needs beams (num_beams >= it), sampling (do_sample) or alternatives " \
            "(return_alternatives)" in str(e.value)
     assert "input 'num_return_sequences' 3 needs beams (input 'num_beams' >= it)" in said(e.value)
+    with pytest.raises(InputError) as e:  # CTranslate2's door: the name its caller wrote
+        Translator(demo).translate_batch([SOURCE], num_hypotheses=3)
+    assert "num_hypotheses 3 needs beams (num_beams >= it), sampling (do_sample) or alternatives " \
+           "(return_alternatives)" in str(e.value)
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--num-return-sequences", "3"])
     assert r.exit_code == 2 and "--num-return-sequences 3 needs beams (--num-beams >= it), sampling (--sample) or " \
                                 "alternatives (--alternatives)" in r.output, r.output

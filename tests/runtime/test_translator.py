@@ -151,12 +151,13 @@ def test_zero_new_tokens_is_refused_alike_at_every_door(demo, demo_bundle, tmp_p
     from xform.serving.handler import execute
     t = Translator(demo)
     (tmp_path / "in.txt").write_text("7\n")
-    for call in (lambda: t.translate_batch(["7"], max_decoding_length=0),
-                 lambda: t.translate_batch(["7"], max_decoding_length=0, beam_size=3),
-                 lambda: list(t.translate_iterable(["7"], max_decoding_length=0)),
-                 lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", max_decoding_length=0),
-                 lambda: Translator(demo).translate(["7"], max_new_tokens=0)):
-        with pytest.raises(InputError, match="max_new_tokens.* must be an integer >= 1, got 0"):
+    for name, call in (("max_decoding_length", lambda: t.translate_batch(["7"], max_decoding_length=0)),
+                       ("max_decoding_length", lambda: t.translate_batch(["7"], max_decoding_length=0, beam_size=3)),
+                       ("max_decoding_length", lambda: list(t.translate_iterable(["7"], max_decoding_length=0))),
+                       ("max_decoding_length", lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt",
+                                                                        max_decoding_length=0)),
+                       ("max_new_tokens", lambda: Translator(demo).translate(["7"], max_new_tokens=0))):
+        with pytest.raises(InputError, match=f"{name} must be an integer >= 1, got 0"):  # as the caller named it
             call()
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--max-new-tokens", "0"])
     assert r.exit_code == 2 and "--max-new-tokens" in r.output
