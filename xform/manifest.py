@@ -96,14 +96,9 @@ def _kind(v: Any) -> str:
 class GraphEntry:
     file: str
     signature: GraphSpec
-    # ONNX Runtime's transformer optimizer on this graph at export (`xform export --optimize`,
-    # exporter/fusions.py): its version, the fused operators, whether the optimized graph verified
-    # and was kept ("applied") or why not; None: not tried
-    optimized: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "signature": self.signature.to_dict(),
-                **({"optimized": self.optimized} if self.optimized is not None else {})}
+        return {"file": self.file, "signature": self.signature.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -381,10 +376,7 @@ def _read_graphs(r: "_Reader", where: str, config: TransformerConfig, layer: int
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BundleError(f"{where}: malformed signature of the {name} graph ({type(e).__name__}: {e})"
                               ) from None
-        optimized = g.mapping("optimized", optional=True)
-        if optimized is not None and not isinstance(optimized.get("applied"), bool):
-            raise g.fail("optimized", "an object with \"applied\": true or false")
-        graphs[name] = GraphEntry(g.text("file"), spec, optimized)
+        graphs[name] = GraphEntry(g.text("file"), spec)
     missing = [g for g in GRAPHS if g not in graphs]
     if missing:
         raise BundleError(f"{where}: no {', '.join(missing)} graph; re-export the bundle")

@@ -84,10 +84,6 @@ from xform.models.vocab import TOKENIZE, VocabFiles
 @click.option("--no-judgement", "no_judgement", is_flag=True,
               help="fp16 / int8 for a speed benchmark on random weights: the check's figures are recorded, "
                    "nothing is refused; the manifest says the export was not judged and `run` warns.")
-@click.option("--optimize", is_flag=True,
-              help="fp32 / int8: the encoder and decoder-step graphs through ONNX Runtime's transformer optimizer "
-                   "(fused LayerNorms), each kept where it computes what the traced graph does; the manifest "
-                   "records it per graph (docs/design.md, \"ONNX Runtime's fusions\").")
 @click.option("--attention-layer", type=int, default=None,
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
                    "-1, the last).")
@@ -95,8 +91,7 @@ from xform.models.vocab import TOKENIZE, VocabFiles
 def export(model: str, output: Path, precision: str, opset: int | None, exporter: str, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
-           attention_layer: int | None, sample_file: Path | None, no_judgement: bool, optimize: bool,
-           **hparams) -> None:
+           attention_layer: int | None, sample_file: Path | None, no_judgement: bool, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
@@ -128,23 +123,13 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
-                               judge=not no_judgement, optimize=optimize, progress=stage)
+                               judge=not no_judgement,
+                               progress=stage)
     print_export(result, precision, exporter)
-    print_optimized(result.manifest)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)
     out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {said(why)}. Change it with "
               "xform export --max-new-tokens N, or per run with xform run --max-new-tokens N")
-
-
-def print_optimized(manifest) -> None:
-    """--optimize: which graphs ONNX Runtime's optimizer changed, and which it left as traced, why."""
-    tried = {g: e.optimized for g, e in manifest.graphs.items() if e.optimized is not None}
-    kept = [f"{g} ({', '.join(f'{op} {n}' for op, n in r['fused'].items())})" for g, r in tried.items() if r["applied"]]
-    traced = [f"{g} ({r.get('reason')})" for g, r in tried.items() if not r["applied"]]
-    if tried:
-        out.print("optimized by ONNX Runtime's transformer optimizer, verified against the traced graphs: "
-                  + (", ".join(kept) or "none") + ("; kept as traced: " + ", ".join(traced) if traced else ""))
 
 
 def print_export(result, precision: str, exporter: str) -> None:

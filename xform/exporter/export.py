@@ -22,7 +22,6 @@ from xform import __version__
 from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
 from xform.errors import ToleranceError, XformError
 from xform.exporter.beam_graph import share_decoder_data
-from xform.exporter.fusions import FUSABLE, FUSED_PRECISIONS, fuse_graph
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, check_target
@@ -69,10 +68,7 @@ def quantize_graph(fp32: Path, out: Path) -> None:
         # saturation; full-range weights overflowed on this AMD EPYC (demo encoder: error 0.27 of a
         # 0.6 scale, outside int8's tolerance), 7-bit weights cannot (error 6% of the scale).
         quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=True,
-                         op_types_to_quantize=["MatMul", "Gemm"],
-                         # DefaultTensorType: onnx's shape inference cannot type what follows an
-                         # optimized graph's fused operators (--optimize); every activation is fp32 here
-                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+                         op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True},
                          use_external_data_format=True)
     finally:
         logging.disable(before)
@@ -168,7 +164,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript",
-                  sample_file: Path | None = None, judge: bool = True, optimize: bool = False) -> ExportResult:
+                  sample_file: Path | None = None, judge: bool = True) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
@@ -179,11 +175,9 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     reduced precision is judged for gross breakage only. `judge` False (--no-judgement, fp16 / int8
     only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
-    `opset` None: the exporter's default (17 / 18). `optimize` (--optimize, fp32 / int8): the encoder
-    and decoder-step graphs through ONNX Runtime's transformer optimizer, each kept where it verifies
-    against the traced graph (fusions.py; the graph's manifest entry records it)."""
+    `opset` None: the exporter's default (17 / 18)."""
     out = Path(out)
-    opset, versions = export_options(precision, opset, exporter, judge, sample_file, optimize)
+    opset, versions = export_options(precision, opset, exporter, judge, sample_file)
     # before any work, and nothing of theirs is touched
     check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
     progress("loading model")
@@ -197,16 +191,14 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
     with atomic_directory(out, force, not_ours) as tmp:
         graph_model = to_fp16(model) if precision == "fp16" else model
-        optimized = {}
         for graph in graphs:
             progress(f"exporting {graph} ({precision})")
-            optimized[graph] = write_graph(graph_model, graph, specs[graph], tmp, precision, opset,
-                                           attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter,
-                                           optimize)
+            write_graph(graph_model, graph, specs[graph], tmp, precision, opset,
+                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter)
         write_files(tmp, model, loaded, vocab_map)
         manifest = Manifest(
             precision=precision, opset=opset, precision_plan=PRECISION_PLANS[precision], config=cfg,
-            source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g], optimized[g]) for g in graphs},
+            source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
             output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
             # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
             attention_layer=attention_layer, reference_dir=REFERENCE_DIR,
@@ -229,12 +221,10 @@ UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, 
 
 
 def export_options(precision: str, opset: int | None, exporter: str, judge: bool,
-                   sample_file: Path | None, optimize: bool = False) -> tuple[int, dict]:
+                   sample_file: Path | None) -> tuple[int, dict]:
     """The flags checked before any work: the opset to write and the versions to record."""
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
-    if optimize and precision not in FUSED_PRECISIONS:
-        raise XformError(f"--optimize is for the CPU graphs ({' / '.join(FUSED_PRECISIONS)}), not {precision}")
     if not judge and (precision == "fp32" or sample_file is not None):
         raise XformError("--no-judgement goes with --precision fp16 / int8 and no --sample-file (fp32 graphs are "
                          "always verified; a sample file is there to judge)")
@@ -304,25 +294,16 @@ def decoder_layer(attention_layer: int | None, n: int) -> int | None:
 
 
 def write_graph(graph_model, graph: str, spec, tmp: Path, precision: str, opset: int, layer: int | None,
-                exporter: str, optimize: bool = False) -> dict | None:
-    """One graph into the bundle being written: exported (--optimize: then through ONNX Runtime's
-    optimizer, verified, fusions.py; int8: then quantized), checked. Returns the optimizer's record."""
-    record = None
-    fp32 = tmp / f".{graph}.fp32.onnx" if precision == "int8" and graph not in WEIGHTLESS else tmp / f"{graph}.onnx"
-    if optimize and graph in FUSABLE and precision in FUSED_PRECISIONS:
-        traced = tmp / f".{graph}.traced.onnx"
-        export_graph(graph_model, graph, spec, traced, opset, layer, exporter)
-        record = fuse_graph(traced, fp32, graph_model.cfg)
-        for p in (traced, traced.with_name(f"{traced.name}.data")):
-            p.unlink(missing_ok=True)
+                exporter: str) -> None:
+    """One graph into the bundle being written: exported (int8: then quantized), checked."""
+    if precision == "int8" and graph not in WEIGHTLESS:
+        export_graph(graph_model, graph, spec, tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
+        quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
     else:
-        export_graph(graph_model, graph, spec, fp32, opset, layer, exporter)
-    if fp32.name != f"{graph}.onnx":
-        quantize_graph(fp32, tmp / f"{graph}.onnx")
+        export_graph(graph_model, graph, spec, tmp / f"{graph}.onnx", opset, layer, exporter)
     if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
         share_decoder_data(tmp / f"{graph}.onnx", tmp / f"{DECODER}.onnx")
     check_graph(tmp / f"{graph}.onnx")
-    return record
 
 
 def write_files(tmp: Path, model, loaded: LoadedModel, vocab_map: bool) -> None:
