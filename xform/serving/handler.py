@@ -115,12 +115,12 @@ def control_value(control: Control, value: np.ndarray | None) -> Any:
     return [int(i) for i in ids] if ids else None
 
 
-def languages(session, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, str | None]:
+def languages(text: Translator, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, str | None]:
     """(the source language, the target language) a request asks for, the source's checked;
     InputError names the input."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     if src_lang is not None:
-        Translator(session).check_src_lang(src_lang)
+        text.check_src_lang(src_lang)
     return src_lang, tgt_lang
 
 
@@ -145,9 +145,10 @@ def request_error(e: InputError) -> InputError:
     return InputError(said(e)) if e.settings else e
 
 
-def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool,
+def sources(text_layer: Translator, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool,
             tgt_lang: str | None = None) -> tuple[str, np.ndarray, np.ndarray, list[str] | None]:
     """(the input named, source ids, lengths, texts) of a request's `text` or `src_ids`."""
+    session = text_layer.session
     text, ids = inputs.get("text"), inputs.get("src_ids")
     if (text is None) == (ids is None):
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
@@ -159,7 +160,7 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
         texts, name = strings("text", text), "text"
         try:  # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-            src = Translator(session).encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
+            src = text_layer.encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
         except InputError as e:
             raise about("text", e, truncate="send truncate=true") from None
     else:
@@ -167,7 +168,7 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
         if src.dtype != np.int64:
             raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
         if truncate and src.ndim == 2 and src.shape[1] > max_len:
-            cut = Translator(session).truncated
+            cut = text_layer.truncated
             src = session.pad([cut([int(i) for i in r if i != session.pad_id]) for r in src])[0]
         name = "src_ids"
     try:
@@ -177,18 +178,18 @@ def sources(session, inputs: dict[str, np.ndarray | None], src_lang: str | None,
     return name, src, lengths, texts
 
 
-def settings_of(session, inputs: dict[str, np.ndarray | None], tgt_lang: str | None) -> dict[str, Any]:
+def settings_of(text: Translator, inputs: dict[str, np.ndarray | None], tgt_lang: str | None) -> dict[str, Any]:
     """The request's settings from its control, language, bad-word and prefix inputs (None: the
     bundle's default), by the translator's text policy; their count and lengths are checked by
     the session's request."""
     settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
-    Translator(session).first_token(settings, tgt_lang)
+    text.first_token(settings, tgt_lang)
     words = one_row("bad_words", inputs.get("bad_words"))
     if words:
-        settings["bad_words_ids"] = Translator(session).bad_word_ids(words)
+        settings["bad_words_ids"] = text.bad_word_ids(words)
     target_prefix = inputs.get("target_prefix")
     if target_prefix is not None:
-        settings["target_prefix"] = Translator(session).prefix_ids(strings("target_prefix", target_prefix))
+        settings["target_prefix"] = text.prefix_ids(strings("target_prefix", target_prefix))
     return settings
 
 
@@ -199,19 +200,20 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     An input the model does not declare is refused with the nearest (Triton itself refuses one
     before the model sees it; a caller of this function gets the same)."""
     refuse_unknown([k for k, v in inputs.items() if v is not None], (t.name for t in tensors.inputs()), "input")
-    src_lang, tgt_lang = languages(session, inputs)
+    text = Translator(session)  # the request's text policy, made once
+    src_lang, tgt_lang = languages(text, inputs)
     truncate = one_flag("truncate", inputs.get("truncate"))
     replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
     if replace:
         if inputs.get("text") is None:
             raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        Translator(session).check_replace_unknowns()
+        text.check_replace_unknowns()
     attention = one_flag("return_attention", inputs.get("return_attention"))
     if attention and not session.capabilities.attention:
         raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
                          "--with-attention")
-    name, src, lengths, texts = sources(session, inputs, src_lang, truncate, tgt_lang)
-    settings = settings_of(session, inputs, tgt_lang)
+    name, src, lengths, texts = sources(text, inputs, src_lang, truncate, tgt_lang)
+    settings = settings_of(text, inputs, tgt_lang)
     scores = one_flag("return_scores", inputs.get("return_scores"))
     try:  # the settings' own checks, named by their input
         request = session.request(src, lengths, settings.pop("max_new_tokens"), texts=texts,
