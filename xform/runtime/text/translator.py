@@ -226,7 +226,6 @@ class Translator(LineStream):
         if next(prefix_iter, ends) is not ends:
             raise InputError("target_prefix: more prefixes than sources; give one a source")
 
-    @in_callers_words
     def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
                        *, max_batch_size: int = 32, src_lang: str | None = None, tgt_lang: str | None = None,
                        **options: Any) -> int:
