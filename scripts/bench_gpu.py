@@ -9,7 +9,8 @@ the same 32-token random sources, exactly --new-tokens (64) new tokens a hypothe
 16, 64 and 256, greedy and beam 4 (length penalty 1, one hypothesis returned):
 
 - xform fp32 / fp16: `xform.load(bundle, device=cuda)` on ONNX Runtime's CUDA provider (fp32
-  with TF32 off, as xform runs it by default);
+  with TF32 off, as xform runs it by default); `xform-graph` (named in --engines): the same with
+  the decoder step captured as a CUDA graph (xform/runtime/backends/cuda_graphs.py);
 - transformers fp32 / fp16: eager `generate` with the KV cache (TF32 off for fp32, as for xform);
 - CTranslate2 fp32 / fp16 where its wheel imports and sees the device (`--shape base` only: it
   converts the model with its synthetic vocabulary).
@@ -87,9 +88,13 @@ def sources(vocab: int, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 # -- the engines: each (src, lens, beams, new_tokens, on_step) -> ids (B, new_tokens) ---------------------
-def xform_engine(bundle: Path, device: str):
+def xform_engine(bundle: Path, device: str, capture: bool = False):
+    """xform on ONNX Runtime; `capture`: the decoder step captured as a CUDA graph (engine
+    "xform-graph", the backend's cuda_graphs.py whatever its default; this process's alone)."""
     import xform
+    from xform.runtime.backends import ort_backend
     from xform.runtime.decoding.generation import GenerationConfig
+    ort_backend.CAPTURE = capture
     session = xform.load(bundle, backend="ort", device=device)
 
     def run(src, lens, beams, new, on_step):
@@ -142,8 +147,8 @@ def ct2_engine(model: Path, device: str, precision: str):
 
 def make_engine(name: str, paths: dict, device: str):
     kind, precision = name.rsplit(" ", 1)
-    if kind == "xform":
-        return xform_engine(paths[f"xform-{precision}"], device)
+    if kind in ("xform", "xform-graph"):
+        return xform_engine(paths[f"xform-{precision}"], device, capture=kind == "xform-graph")
     if kind == "transformers":
         return transformers_engine(paths["hf"], device, precision)
     if kind == "ctranslate2":

@@ -4,12 +4,14 @@
 # On the GPU machine, from the checkout's root, after ../shared/gpu/pack.sh's parts were carried into
 # /tmp/gpu-parts:   . /tmp/gpu-parts/unpack.sh && bash scripts/gpu_session.sh "$OUT" [quick|full]
 #
+# step: the device tests (the captured step among them), scripts/bench_gpu.py for xform with and without
+# capture against transformers fp16 at batch 1, 16, 64, and scripts/bench_cuda_step.py (about 9 minutes).
 # quick: the ONNX Runtime CUDA tests (the device tests on the real provider, DeviceCache on CUDA memory)
 # and `xform run --device cuda --check` on the demo in fp32 and fp16, greedy and beam 4; full also runs
 # scripts/bench_gpu.py (Marian-base, batch 1 to 256, greedy and beam 4: about 6 minutes on an H100).
 # Every log goes to OUT; the exit status is the first failure's.
 set -u
-OUT=${1:?usage: gpu_session.sh OUT [quick|full]}; MODE=${2:-quick}
+OUT=${1:?usage: gpu_session.sh OUT [step|quick|full]}; MODE=${2:-quick}
 mkdir -p "$OUT"; status=0
 step() { local name=$1; shift; echo "== $name: $*" | tee -a "$OUT/summary.txt"
          "$@" >"$OUT/$name.log" 2>&1; local rc=$?; echo "   exit $rc" | tee -a "$OUT/summary.txt"
@@ -17,6 +19,17 @@ step() { local name=$1; shift; echo "== $name: $*" | tee -a "$OUT/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c 'import onnxruntime as o, torch; print("onnxruntime", o.__version__, o.get_available_providers(), "torch", torch.__version__)' >> "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+W=/tmp/xform-gpu; mkdir -p "$W"
+if [ "$MODE" = step ]; then  # issue 41 item 4: the captured step, verified and measured; 7 files to OUT
+  step pytest timeout 170 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_ort_device.py \
+       tests/runtime/test_cuda_graphs.py tests/runtime/test_cache.py -rs
+  step bench_gpu timeout 220 python3 scripts/bench_gpu.py --work "$W" --out "$W/out" --iters 2 --batches 1,16,64 \
+       --engines "xform fp32,xform-graph fp32,xform fp16,xform-graph fp16,transformers fp16"
+  cp "$W/out/bench_gpu.json" "$OUT/" 2>/dev/null
+  step cuda_step timeout 170 python3 scripts/bench_cuda_step.py --work "$W" --out "$W/out" --steps 60
+  cp "$W/out/bench_cuda_step.json" "$OUT/" 2>/dev/null
+  exit $status
+fi
 step pytest python3 -m pytest -q -p no:cacheprovider tests/runtime/test_ort_device.py tests/runtime/test_cache.py -rs
 W=/tmp/xform-gpu; mkdir -p "$W"
 step export python3 -m xform export demo -o "$W/d32" --force

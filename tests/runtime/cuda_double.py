@@ -12,6 +12,9 @@ CPU provider, through doubles that keep the semantics in which a device differs 
   host OrtValue) is copied to the device when it is bound, so changing the host array afterwards
   changes nothing the session sees. Outputs bound in host memory are copied back after each run,
   as ONNX Runtime does.
+- `CudaSession` opened with `enable_cuda_graph` captures a graph id's third run and replays it
+  after, at the addresses it was captured with (ONNX Runtime checks nothing), and refuses host
+  memory in a captured run.
 - `StreamOps` is runtime.cache.DeviceOps over CUDA's semantics: "device" memory is host memory
   ONNX Runtime's CPU kernels can read and write (real addresses), never-written and freed memory
   reads as NaN, every access is checked to lie inside one live allocation (a CUDA fault), and
@@ -88,6 +91,11 @@ class StreamOps:
         self.uploads += 1
         self.queue.append(lambda: self.region(dst, data.nbytes).__setitem__(slice(None), data))
 
+    def download(self, array: np.ndarray, src: int) -> None:
+        out = array.view(np.uint8).reshape(-1)  # the host array is written when the stream runs
+        self.region(src, out.nbytes)
+        self.queue.append(lambda: out.__setitem__(slice(None), self.region(src, out.nbytes)))
+
     def gather(self, rows, src, dst, shape) -> None:
         self.run_gather(rows, src, dst, shape)  # the reorder graph, on ONNX Runtime's stream
 
@@ -103,6 +111,9 @@ class DeviceValue:
     def __init__(self, value):
         self.value = value
 
+    def data_ptr(self) -> int:
+        return self.value.data_ptr()
+
     def numpy(self) -> np.ndarray:
         return np.array(self.value.numpy(), copy=True)
 
@@ -116,8 +127,10 @@ class CudaBinding:
     def __init__(self, real, ort: "CudaOrt"):
         self.real, self.ort = real, ort
         self.copies: dict[str, np.ndarray] = {}  # host inputs as copied when bound
+        self.host: set[str] = set()  # the names bound in host memory, inputs and outputs
 
     def host_copy(self, name: str, array: np.ndarray) -> None:
+        self.host.add(name)
         copy = self.copies[name] = np.array(array, copy=True, order="C")
         self.real.bind_input(name, "cpu", 0, copy.dtype, list(copy.shape), copy.ctypes.data)
 
@@ -142,9 +155,13 @@ class CudaBinding:
     def bind_output(self, name, device_type, device_id, dtype, shape, ptr) -> None:
         if device_type == "cuda":
             self.ort.check_device(ptr, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        else:
+            self.host.add(name)
         self.real.bind_output(name, "cpu", 0, dtype, shape, ptr)  # host outputs: copied back each run
 
     def bind_ortvalue_output(self, name, value) -> None:
+        if not isinstance(value, DeviceValue):
+            self.host.add(name)
         self.real.bind_ortvalue_output(name, value.value if isinstance(value, DeviceValue) else value)
 
     def synchronize_inputs(self) -> None:
@@ -155,15 +172,37 @@ class CudaBinding:
 
 
 class CudaSession:
-    def __init__(self, real, ort: "CudaOrt"):
-        self.real, self.ort = real, ort
+    """A session on the CUDA provider. Opened with `enable_cuda_graph`, it does what ONNX Runtime
+    does with a run's `gpu_graph_id` (0 without RunOptions; -1: neither captured nor replayed):
+    REGULAR_RUNS regular runs of an id, then one captured, then replays of the captured run, which
+    read and write the addresses bound when it was captured whatever binding a replay is handed
+    (ONNX Runtime checks nothing: a replay with other addresses decodes stale memory). A captured
+    run's inputs and outputs must all be device memory."""
+    REGULAR_RUNS = 2
+
+    def __init__(self, real, ort: "CudaOrt", capture: bool = False):
+        self.real, self.ort, self.capture = real, ort, capture
+        self.counts: dict[str, int] = {}
+        self.captured: dict[str, CudaBinding] = {}  # gpu_graph_id -> the binding it was captured with
 
     def io_binding(self) -> CudaBinding:
         return CudaBinding(self.real.io_binding(), self.ort)
 
-    def run_with_iobinding(self, binding: CudaBinding, *args) -> None:
+    def run_with_iobinding(self, binding, run_options=None) -> None:
         self.ort.runs += 1
-        self.real.run_with_iobinding(binding.real, *args)
+        graph_id = "0" if run_options is None else (run_options.get_run_config_entry("gpu_graph_id") or "0")
+        if not self.capture or graph_id == "-1":
+            self.real.run_with_iobinding(binding.real, run_options)
+            return
+        assert not binding.host, f"a captured graph's tensors must be device memory: {sorted(binding.host)} are not"
+        if graph_id in self.captured:  # a replay: the captured addresses, not this binding's
+            self.ort.replays += 1
+            self.real.run_with_iobinding(self.captured[graph_id].real, run_options)
+            return
+        self.counts[graph_id] = self.counts.get(graph_id, 0) + 1
+        if self.counts[graph_id] > self.REGULAR_RUNS:
+            self.captured[graph_id] = binding
+        self.real.run_with_iobinding(binding.real, run_options)
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -179,7 +218,8 @@ class CudaOrt:
         self.GraphOptimizationLevel = onnxruntime.GraphOptimizationLevel
         self.providers: list = []  # each session's providers, as asked for
         self.ops: StreamOps | None = None
-        self.runs = 0
+        self.runs = self.replays = 0
+        self.RunOptions = onnxruntime.RunOptions
 
         class OrtValue:
             ortvalue_from_numpy = staticmethod(onnxruntime.OrtValue.ortvalue_from_numpy)
@@ -199,7 +239,8 @@ class CudaOrt:
         if not any((p[0] if isinstance(p, tuple) else p) == "CUDAExecutionProvider" for p in providers or []):
             return real
         self.providers.append(providers)
-        return CudaSession(real, self)
+        cuda = next((p for p in providers if isinstance(p, tuple) and p[0] == "CUDAExecutionProvider"), ("", {}))
+        return CudaSession(real, self, capture=cuda[1].get("enable_cuda_graph") == "1")
 
     def check_device(self, ptr: int, nbytes: int) -> None:
         """A device address bound for a run lies in a live allocation of the device's ops."""

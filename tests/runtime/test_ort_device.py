@@ -19,7 +19,7 @@ from tests.marian_fixtures import sources
 from tests.runtime.cuda_double import CudaBinding, CudaOrt, emulate_cuda
 from xform.contract import DECODER, DECODER_BEAM
 from xform.errors import BackendUnavailableError, XformError
-from xform.runtime.backends import ort_files
+from xform.runtime.backends import ort_backend, ort_files
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.scheduling.scheduler import Scheduler
 from xform.runtime.backends.step_inputs import StepInputs
@@ -38,10 +38,13 @@ def real_cuda() -> None:
                     "&& pip install onnxruntime-gpu cuda-bindings (or ../shared/gpu/pack.sh's parts)")
 
 
-@pytest.fixture(params=["double", pytest.param("gpu", marks=requires_gpu)])
+@pytest.fixture(params=["double", "double-captured", pytest.param("gpu", marks=requires_gpu),
+                        pytest.param("gpu-captured", marks=requires_gpu)])
 def device(request, monkeypatch):
-    """The CudaOrt double ("double"), or None on the real CUDA provider ("gpu")."""
-    if request.param == "gpu":
+    """The CudaOrt double ("double"), or None on the real CUDA provider ("gpu"); "-captured": the
+    decoder-step graphs captured as CUDA graphs (cuda_graphs.py), whatever the default."""
+    monkeypatch.setattr(ort_backend, "CAPTURE", request.param.endswith("-captured"))
+    if request.param.startswith("gpu"):
         real_cuda()
         return None
     return emulate_cuda(monkeypatch)

@@ -214,6 +214,9 @@ class DeviceOps(Protocol):
     def upload(self, dst: int, array: np.ndarray) -> None:
         """Host to device: a contiguous array's bytes to `dst` (done by the next sync)."""
 
+    def download(self, array: np.ndarray, src: int) -> None:
+        """Device to host: `array.nbytes` from `src` into a contiguous array (done by the next sync)."""
+
     def sync(self) -> None:
         """Every copy and gather issued so far is done."""
 

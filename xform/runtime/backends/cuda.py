@@ -73,5 +73,11 @@ class CudaOps:
                                                             self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
                                                             self.stream), "a step input's copy to the device")
 
+    def download(self, array, src: int) -> None:
+        """Device to host: `array.nbytes` from `src` into a contiguous array (done by the next sync)."""
+        cuda_check(self.cudart, self.cudart.cudaMemcpyAsync(array.ctypes.data, src, array.nbytes,
+                                                            self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                                                            self.stream), "a step output's copy to the host")
+
     def sync(self) -> None:
         cuda_check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")

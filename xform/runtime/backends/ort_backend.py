@@ -50,6 +50,7 @@ from xform.runtime.backends.cache import (
     grown_capacity,
 )
 from xform.runtime.backends.cuda import CudaOps, device_ops
+from xform.runtime.backends.cuda_graphs import CAPTURE, CapturedGraphs, LayoutBinding, capture_providers
 from xform.runtime.backends.ort_beams import BeamOps
 from xform.runtime.backends.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
 from xform.runtime.backends.ort_restriction import Restriction
@@ -63,12 +64,18 @@ class OrtBackend(Restriction, BeamOps):
     name = "ort"
 
     def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
-                 initial_capacity: int = INITIAL_CAPACITY, tf32: bool = False):
+                 initial_capacity: int = INITIAL_CAPACITY, tf32: bool = False, cuda_graph: bool | None = None):
         self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
         ort = self.ort = import_onnxruntime()
         providers = providers_for(ort, device, tf32)
         self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
         self.ort_device = "cuda" if device == "cuda" else "cpu"
+        if cuda_graph and device != "cuda":
+            raise XformError(f"{{cuda_graph}} captures the decoder step on CUDA; this backend runs on {device}"
+                             ).naming("cuda_graph")
+        # the decoder-step graphs captured as CUDA graphs (cuda_graphs.py): their ids by binding layout
+        self.capture = device == "cuda" and (CAPTURE if cuda_graph is None else cuda_graph)
+        self.graphs: dict[str, CapturedGraphs] = {}
         self.shared = shared_weights(ort, bundle, self.ort_device)  # kept alive here: the sessions read them
         self.bundle, self.threads, self.providers = bundle, threads, providers
         # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
@@ -118,7 +125,7 @@ class OrtBackend(Restriction, BeamOps):
         # an OrtValue on the device
         self.logits_buf: npt.NDArray[np.float32] | None = None
         self.logits: npt.NDArray[np.float32] | None = None
-        self.device_logits: Any = None
+        self.device_logits: int | None = None
         self.has_restriction = bundle.has_graph(RESTRICTED)
 
     @property
@@ -158,7 +165,9 @@ class OrtBackend(Restriction, BeamOps):
         for w in self.shared:
             if graph in w.graphs:
                 opts.add_initializer(w.graphs[graph], w.value)
-        return session(ort, self.bundle.graph_file(graph), opts, self.providers)
+        captured = self.capture and graph in (DECODER, DECODER_BEAM)
+        return session(ort, self.bundle.graph_file(graph), opts,
+                       capture_providers(self.tf32) if captured else self.providers)
 
     # -- the backend interface -------------------------------------------------------------------
     def start(self, src_ids: np.ndarray, src_lengths: np.ndarray, group: int = 1) -> None:
@@ -274,6 +283,7 @@ class OrtBackend(Restriction, BeamOps):
         guess, self.guess = self.guess, None
         if guess is not None and guess != graph:
             self.bound.pop(guess, None)
+            self.graphs.pop(guess, None)
             del self.sessions[guess]
 
     def step_binding(self, graph: str):
@@ -284,8 +294,10 @@ class OrtBackend(Restriction, BeamOps):
         dec = self.bound.get(graph)
         if dec is not None:
             return dec
-        dec = self.bound[graph] = (self.restricted_session() if graph == RESTRICTED
-                                   else self.graph_session(graph)).io_binding()
+        dec = (self.restricted_session() if graph == RESTRICTED else self.graph_session(graph)).io_binding()
+        if self.capture and graph != RESTRICTED:  # its layout recorded: the graph id it is captured as
+            dec = LayoutBinding(dec)
+        self.bound[graph] = dec
         R, inputs = self.rows, self.inputs  # inputs where the session reads them at each run (step_inputs.py)
         inputs.bind(dec, "input_ids", self.ids, each_step=True)
         inputs.bind(dec, "positions", self.positions, each_step=True)
@@ -299,22 +311,40 @@ class OrtBackend(Restriction, BeamOps):
             return dec
         inputs.bind(dec, "min_new_tokens", self.min_new, each_step=True)
         if self.attention_buf is not None:
-            bind_host(dec, "output", "attention", self.attention_rows)
+            self.bind_output(dec, "attention", self.attention_rows)
         if graph == DECODER_BEAM:  # only (rows, K) candidates leave it, into host buffers on every device
             assert self.cand_bufs is not None  # beam_step() sized them before binding
             inputs.bind(dec, "num_candidates", self.num_candidates)
-            bind_host(dec, "output", "cand_logprobs", self.cand_bufs[0][:R])
-            bind_host(dec, "output", "cand_ids", self.cand_bufs[1][:R])
+            self.bind_output(dec, "cand_logprobs", self.cand_bufs[0][:R])
+            self.bind_output(dec, "cand_ids", self.cand_bufs[1][:R])
         else:
-            bind_host(dec, "output", "next_ids", self.next_ids)
+            self.bind_output(dec, "next_ids", self.next_ids)
             if self.logits is not None:  # logits in a host buffer; on CUDA they stay on the device unless asked for
                 bind_host(dec, "output", "logits", self.logits)
             else:
-                self.device_logits = self.ort.OrtValue.ortvalue_from_shape_and_type([R, self.vocab], np.float32,
-                                                                                    self.ort_device, 0)
-                dec.bind_ortvalue_output("logits", self.device_logits)
+                # a device buffer of the step inputs': its address, and so a captured layout, recurs
+                self.device_logits = inputs.address("logits", R * self.vocab * 4)
+                dec.bind_output("logits", self.ort_device, 0, np.float32, [R, self.vocab], self.device_logits)
         self.bind_kv(dec)
         return dec
+
+    def bind_output(self, dec, name: str, array: np.ndarray) -> None:
+        """A step output read on the host: bound in place (ONNX Runtime copies it back after each
+        run), or, for a captured graph, a device buffer fetched after the run (run_step)."""
+        if isinstance(dec, LayoutBinding):
+            self.inputs.bind_output(dec, name, array)
+        else:
+            bind_host(dec, "output", name, array)
+
+    def run_step(self, session, graph: str, dec) -> None:
+        """Run a decoder-step graph's binding; captured, as the graph id of its layout."""
+        if isinstance(dec, LayoutBinding):
+            session.run_with_iobinding(dec, self.graphs.setdefault(graph, CapturedGraphs(self.ort)).options(dec))
+            dec.synchronize_outputs()
+            self.inputs.fetch(dec)
+            return
+        session.run_with_iobinding(dec)
+        dec.synchronize_outputs()
 
     def bind_kv(self, dec) -> None:
         """The cross K/V and the cache in, the new position's K/V out."""
@@ -351,23 +381,29 @@ class OrtBackend(Restriction, BeamOps):
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
         if subset is not None:
-            self.restricted_session().run_with_iobinding(dec)
-            dec.synchronize_outputs()
+            self.run_step(self.restricted_session(), RESTRICTED, dec)
             self.cache.write(self.positions)
             out = self.restricted_outputs(subset, want_logits, candidates)
             self.positions += 1
             return out
-        self.decoder.run_with_iobinding(dec)
-        dec.synchronize_outputs()
+        self.run_step(self.decoder, DECODER, dec)
         self.cache.write(self.positions)
         if candidates:
             out = self.next_ids.copy(), self.run_candidates(candidates)
         elif not want_logits:
             out = self.next_ids.copy(), None
         else:
-            out = self.next_ids.copy(), (self.logits.copy() if self.logits is not None else self.device_logits.numpy())
+            out = self.next_ids.copy(), (self.logits.copy() if self.logits is not None else self.fetch_logits())
         self.positions += 1
         return out
+
+    def fetch_logits(self) -> np.ndarray:
+        """The step's logits, left on the device (self.device_logits), copied to the host."""
+        assert self.ops is not None and self.device_logits is not None
+        logits = np.empty((self.rows, self.vocab), np.float32)
+        self.ops.download(logits, self.device_logits)
+        self.ops.sync()
+        return logits
 
     def attention(self) -> np.ndarray:
         """The last step's attention output (rows, src_len): its decoder layer's cross-attention,

@@ -33,7 +33,9 @@ class BeamOps:
     positions: np.ndarray
     min_new: np.ndarray
     logits: np.ndarray | None
-    device_logits: Any
+    device_logits: int | None
+    ort_device: str
+    vocab: int
     reorder: Any
     cache_names: list[str]
     reordered_names: list[str]
@@ -41,6 +43,7 @@ class BeamOps:
     graph_session: Callable[[str], Any]
     bind_rows: Callable[[], None]
     bind_tensors: Callable[..., None]
+    run_step: Callable[..., None]
 
     @property
     def rows(self) -> int:
@@ -61,8 +64,7 @@ class BeamOps:
         if self.ops is not None:
             self.ops.sync()  # the cache copies ran on the default stream: done before the graph reads
             dec.synchronize_inputs()
-        self.graph_session(DECODER_BEAM).run_with_iobinding(dec)
-        dec.synchronize_outputs()
+        self.run_step(self.graph_session(DECODER_BEAM), DECODER_BEAM, dec)
         self.cache.write(self.positions)
         self.positions += 1
         lp, ids = self.cand_bufs[0][:R].copy(), self.cand_bufs[1][:R].copy()
@@ -74,7 +76,7 @@ class BeamOps:
         if self.logits is not None:  # on the host (the CPU), else on the device
             bind_host(cb, "input", "logits", self.logits)
         else:
-            cb.bind_ortvalue_input("logits", self.device_logits)
+            cb.bind_input("logits", self.ort_device, 0, np.float32, [self.rows, self.vocab], self.device_logits)
         cb.bind_cpu_input("num_candidates", np.array([k], np.int64))
         bind_host(cb, "input", "min_new_tokens", self.min_new)
         bind_host(cb, "input", "positions", self.positions)

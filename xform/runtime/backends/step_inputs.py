@@ -13,6 +13,10 @@ the ops' sync). Neither relies on ONNX Runtime copying host memory at a run.
 
 A device buffer only grows; it is reallocated only at a binding, and every binding is made anew
 whenever the rows change (OrtBackend.bind_rows), so no binding keeps a freed address.
+
+A session captured as a CUDA graph (cuda_graphs.py) takes no host memory at all: its outputs too
+(the chosen ids, the candidates, the attention) are device buffers here, fetched into the
+backend's host arrays after each run (`fetch`).
 """
 from __future__ import annotations
 
@@ -48,6 +52,22 @@ class StepInputs:
         if not each_step:
             self.ops.upload(ptr, array)
         binding.bind_input(name, self.device, 0, array.dtype, list(array.shape), ptr)
+
+    def bind_output(self, binding, name: str, array: np.ndarray) -> None:
+        """Bind output `name` to a device buffer whose values fetch(binding) copies into `array`
+        (a C-contiguous host array the backend reads) after each run."""
+        assert self.ops is not None and array.flags.c_contiguous, name
+        ptr = self.address(name, array.nbytes)
+        binding.bind_output(name, self.device, 0, array.dtype, list(array.shape), ptr)
+        binding.fetched = [*getattr(binding, "fetched", []), (array, ptr)]
+
+    def fetch(self, binding) -> None:
+        """After a run: the outputs bound by bind_output copied into their host arrays."""
+        if self.ops is None:
+            return
+        for array, ptr in getattr(binding, "fetched", []):
+            self.ops.download(array, ptr)
+        self.ops.sync()
 
     def address(self, name: str, nbytes: int) -> int:
         """The device buffer of `name`, at least `nbytes` long (never a null address)."""
