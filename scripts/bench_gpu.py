@@ -10,7 +10,8 @@ the same 32-token random sources, exactly --new-tokens (64) new tokens a hypothe
 
 - xform fp32 / fp16: `xform.load(bundle, device=cuda)` on ONNX Runtime's CUDA provider (fp32
   with TF32 off, as xform runs it by default); `xform-graph` (named in --engines): the same with
-  the decoder step captured as a CUDA graph (xform/runtime/backends/cuda_graphs.py);
+  the decoder step captured as a CUDA graph (xform/runtime/backends/cuda_graphs.py), and
+  `xform-graph-cand` with beams through the captured decoder + the candidates graph;
 - transformers fp32 / fp16: eager `generate` with the KV cache (TF32 off for fp32, as for xform);
 - CTranslate2 fp32 / fp16 where its wheel imports and sees the device (`--shape base` only: it
   converts the model with its synthetic vocabulary).
@@ -88,14 +89,16 @@ def sources(vocab: int, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 # -- the engines: each (src, lens, beams, new_tokens, on_step) -> ids (B, new_tokens) ---------------------
-def xform_engine(bundle: Path, device: str, capture: bool = False):
-    """xform on ONNX Runtime; `capture`: the decoder step captured as a CUDA graph (engine
-    "xform-graph", the backend's cuda_graphs.py whatever its default; this process's alone)."""
+def xform_engine(bundle: Path, device: str, capture: bool = False, fused_beams: bool = True):
+    """xform on ONNX Runtime; `capture`: the decoder step captured as a CUDA graph (engines
+    "xform-graph" and "xform-graph-cand", the backend's cuda_graphs.py whatever its default; this
+    process's alone); without `fused_beams`, beams through decoder + candidates graphs."""
     import xform
     from xform.runtime.backends import ort_backend
     from xform.runtime.decoding.generation import GenerationConfig
     ort_backend.CAPTURE = capture
     session = xform.load(bundle, backend="ort", device=device)
+    session.backend.fused_beams = session.backend.fused_beams and fused_beams
 
     def run(src, lens, beams, new, on_step):
         gen = GenerationConfig(max_new_tokens=new, min_new_tokens=new, num_beams=beams)
@@ -147,8 +150,9 @@ def ct2_engine(model: Path, device: str, precision: str):
 
 def make_engine(name: str, paths: dict, device: str):
     kind, precision = name.rsplit(" ", 1)
-    if kind in ("xform", "xform-graph"):
-        return xform_engine(paths[f"xform-{precision}"], device, capture=kind == "xform-graph")
+    if kind in ("xform", "xform-graph", "xform-graph-cand"):
+        return xform_engine(paths[f"xform-{precision}"], device, capture=kind != "xform",
+                            fused_beams=kind != "xform-graph-cand")
     if kind == "transformers":
         return transformers_engine(paths["hf"], device, precision)
     if kind == "ctranslate2":

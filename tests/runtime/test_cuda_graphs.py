@@ -73,19 +73,25 @@ def test_past_the_limit_layouts_run_uncaptured(demo_bundle, captured, monkeypatc
     assert list(dev.backend.sessions[DECODER].counts) == ["1"]  # every other layout ran as gpu_graph_id -1
 
 
-def test_beams_through_the_fused_graph_replay_both_buffer_sets(marians, captured):
-    """Beam search reorders the cache into the other buffer set each step: the two sets are two
-    layouts, both replayed; hypotheses and scores equal the host path's."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_beams_replay_both_buffer_sets(marians, captured, fused):
+    """Beam search reorders the cache into the other buffer set each step: through decoder +
+    candidates the two sets are two layouts of the captured decoder, both replayed; the fused beam
+    graph is not captured (ONNX Runtime refuses it). Hypotheses and scores equal the host path's."""
     from tests.marian_fixtures import sources
     _, model, bundle = marians["swish-scaled"]
     src, _ = sources(model.config, [7, 3, 9, 5], seed=4)
     host = xform.load(bundle, backend="ort", cache_capacity=32)
     dev = xform.load(bundle, backend="ort", device="cuda", cache_capacity=32)
+    dev.backend.fused_beams = fused
     kw = dict(max_new_tokens=14, num_beams=4, min_new_tokens=14, return_scores=True)
     want, got = host.generate(src.numpy(), **kw), dev.generate(src.numpy(), **kw)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
-    assert len(dev.backend.graphs[DECODER_BEAM].ids) == 2 and captured.replays >= 14 - 2 * 3
+    if fused:
+        assert DECODER not in dev.backend.graphs and not dev.backend.sessions[DECODER_BEAM].capture
+    else:
+        assert len(dev.backend.graphs[DECODER].ids) == 2 and captured.replays >= 14 - 2 * 3
 
 
 def test_a_captured_run_refuses_host_memory(demo_bundle, captured, monkeypatch):

@@ -16,6 +16,10 @@ with other addresses or shapes silently decodes stale memory). So:
   count after compaction, each of the two buffer sets beams alternate between.
 
 A session keeps at most LIMIT captured graphs; a layout beyond them runs uncaptured (id -1).
+
+Only the decoder graph is captured. ONNX Runtime 1.31 refuses to capture the fused beam graph
+(decoder + candidates): its TopK reads k from the CPU, which puts Memcpy nodes in the graph (the
+H100, 2026-11-26).
 """
 from __future__ import annotations
 

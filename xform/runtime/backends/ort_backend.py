@@ -165,7 +165,7 @@ class OrtBackend(Restriction, BeamOps):
         for w in self.shared:
             if graph in w.graphs:
                 opts.add_initializer(w.graphs[graph], w.value)
-        captured = self.capture and graph in (DECODER, DECODER_BEAM)
+        captured = self.capture and graph == DECODER  # DECODER_BEAM's TopK reads k on the CPU: refused
         return session(ort, self.bundle.graph_file(graph), opts,
                        capture_providers(self.tf32) if captured else self.providers)
 
@@ -295,7 +295,7 @@ class OrtBackend(Restriction, BeamOps):
         if dec is not None:
             return dec
         dec = (self.restricted_session() if graph == RESTRICTED else self.graph_session(graph)).io_binding()
-        if self.capture and graph != RESTRICTED:  # its layout recorded: the graph id it is captured as
+        if self.capture and graph == DECODER:  # its layout recorded: the graph id it is captured as
             dec = LayoutBinding(dec)
         self.bound[graph] = dec
         R, inputs = self.rows, self.inputs  # inputs where the session reads them at each run (step_inputs.py)
