@@ -27,13 +27,16 @@ def torch_backend(bundle, device: str, threads: int | None):
 
 
 def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None,
-         threads: int | None = None, cache_capacity: int | None = None, allow_tf32: bool = False) -> Session:
+         threads: int | None = None, cache_capacity: int | None = None, allow_tf32: bool = False,
+         cuda_graph: bool | None = None) -> Session:
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt. `cache_capacity`:
     the positions the graph backends' self-attention cache starts with (doubled when full;
     default backend.INITIAL_CAPACITY). `allow_tf32`: ONNX Runtime on CUDA may run fp32 matmuls in
-    TF32 (faster, logits about 1e-3 off; the check then judges fp32 by fp16's tolerance)."""
+    TF32 (faster, logits about 1e-3 off; the check then judges fp32 by fp16's tolerance).
+    `cuda_graph`: ONNX Runtime on CUDA captures the decoder step as a CUDA graph (2.3-3x the
+    tokens/s on an H100, docs/gpu.md); False runs it uncaptured."""
     return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend,
-                        cache_capacity=cache_capacity, allow_tf32=allow_tf32)
+                        cache_capacity=cache_capacity, allow_tf32=allow_tf32, cuda_graph=cuda_graph)
 
 
 def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = None, **kw):
@@ -48,11 +51,12 @@ class Translator(TextTranslator):
     user changes the import and the path. The bundle's precision is fixed at export: a
     `compute_type` other than "default" must name it. `backend` picks ONNX Runtime (ort, the
     default) or TensorRT (trt); `allow_tf32` lets fp32 matmuls on CUDA run in TF32 (off: fp32 is
-    fp32). docs/python.md lists where the arguments differ."""
+    fp32); `cuda_graph` False runs ONNX Runtime's decoder step on CUDA uncaptured (see `load`).
+    docs/python.md lists where the arguments differ."""
 
     def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
-                 backend: str = "ort", allow_tf32: bool = False):
+                 backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None):
         from xform.runtime.bundle import Bundle
         if device_index not in (0, [0], (0,)):
             raise XformError(f"device_index {device_index}: a Translator uses one GPU, the first visible; choose it "
@@ -66,7 +70,7 @@ class Translator(TextTranslator):
                              f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
                              "precision with `xform export --precision fp16 / int8`")
         super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend,
-                                      allow_tf32=allow_tf32))
+                                      allow_tf32=allow_tf32, cuda_graph=cuda_graph))
 
 
 def _ct2_name(precision: str) -> str:

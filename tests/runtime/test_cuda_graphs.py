@@ -18,6 +18,13 @@ from xform.runtime.text.translator import Translator
 
 
 @pytest.fixture
+def cuda_default(monkeypatch):
+    """The double with the backend's own default (whatever a test module set before)."""
+    monkeypatch.setattr(ort_backend, "CAPTURE", cuda_graphs.CAPTURE)
+    return emulate_cuda(monkeypatch)
+
+
+@pytest.fixture
 def captured(monkeypatch):
     monkeypatch.setattr(ort_backend, "CAPTURE", True)
     return emulate_cuda(monkeypatch)
@@ -108,3 +115,26 @@ def test_capture_is_cuda_only(demo_bundle):
     with pytest.raises(XformError, match="captures the decoder step on CUDA") as e:
         OrtBackend(xform.load(demo_bundle, backend="ort").backend.bundle, device="cpu", cuda_graph=True)
     assert e.value.settings == ("cuda_graph",)
+
+
+def test_captured_by_default_on_cuda_and_off_when_asked(demo_bundle, cuda_default, tmp_path):
+    """On CUDA the decoder session is opened with enable_cuda_graph and beams go through the
+    captured decoder + candidates; cuda_graph=False (`xform run --no-cuda-graph`) opens every
+    session without it and keeps the fused beam graph; other backends refuse cuda_graph=True."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    dev = xform.load(demo_bundle, backend="ort", device="cuda")
+    assert dev.backend.capture and not dev.backend.fused_beams
+    assert [("CUDAExecutionProvider", {"use_tf32": "0", "enable_cuda_graph": "1"})] in cuda_default.providers
+    cuda_default.providers.clear()
+    dev = xform.load(demo_bundle, backend="ort", device="cuda", cuda_graph=False)
+    assert not dev.backend.capture and dev.backend.fused_beams == dev.backend.bundle.has_graph(DECODER_BEAM)
+    assert all("enable_cuda_graph" not in p[0][1] for p in cuda_default.providers)
+    cuda_default.providers.clear()
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--device", "cuda", "--no-cuda-graph", "--check",
+                                  "--text", "01234567"])
+    assert r.exit_code == 0 and "check passed" in r.output, r.output
+    assert cuda_default.providers and all("enable_cuda_graph" not in p[0][1] for p in cuda_default.providers)
+    with pytest.raises(XformError, match="ONNX Runtime's on CUDA"):
+        xform.load(demo_bundle, backend="torch", cuda_graph=True)

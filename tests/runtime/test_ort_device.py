@@ -104,6 +104,7 @@ def test_host_inputs_bound_once_repeat_step_zero(demo_bundle, cuda, monkeypatch)
     double, greedy decodes repeat their first token, as the H100 did ("hundred hundred ..."; no
     growth within 12 steps, which would bind them anew)."""
     from xform.runtime.backends.ort_files import bind_host
+    monkeypatch.setattr(ort_backend, "CAPTURE", False)  # captured, the double refuses host memory outright
     host, dev = pair(demo_bundle, cuda, capacity=32)
     monkeypatch.setattr(StepInputs, "bind", lambda self, binding, name, array, each_step=False:
                         bind_host(binding, "input", name, array))
@@ -208,10 +209,10 @@ def test_tf32_is_off_unless_asked_and_its_check_says_what_it_costs(demo_bundle, 
     with 1, and the check then judges by the TF32 tolerance and says so. TF32 on the CPU, the
     eager reference or TensorRT (an engine-build setting) is refused by name."""
     xform.load(demo_bundle, backend="ort", device="cuda")
-    assert cuda.providers and all(p[0] == ("CUDAExecutionProvider", {"use_tf32": "0"}) for p in cuda.providers)
+    assert cuda.providers and all(p[0][1]["use_tf32"] == "0" for p in cuda.providers)
     cuda.providers.clear()
     dev = xform.load(demo_bundle, backend="ort", device="cuda", allow_tf32=True)
-    assert all(p[0] == ("CUDAExecutionProvider", {"use_tf32": "1"}) for p in cuda.providers)
+    assert cuda.providers and all(p[0][1]["use_tf32"] == "1" for p in cuda.providers)
     report = xform.check(demo_bundle, session=dev, texts=["01234567"])
     assert report.tf32 and report.rtol == 1e-2 and report.atol == 0.0
     for backend, device, words in (("ort", "cpu", "CUDA math mode"), ("torch", "cpu", "fp32 reference"),

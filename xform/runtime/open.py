@@ -25,10 +25,12 @@ def default_device(backend: str) -> str:
 
 def open_backend(bundle: Bundle, backend: str, device: str | None = None, threads: int | None = None,
                  torch_factory: Callable | None = None, cache_capacity: int | None = None,
-                 allow_tf32: bool = False):
+                 allow_tf32: bool = False, cuda_graph: bool | None = None):
     """The backend object; `torch_factory(bundle, device, threads)` makes the eager one;
     `cache_capacity` the graph backends' first cache capacity (None: INITIAL_CAPACITY);
-    `allow_tf32` lets ONNX Runtime on CUDA run fp32 matmuls in TF32 (off: fp32 is fp32)."""
+    `allow_tf32` lets ONNX Runtime on CUDA run fp32 matmuls in TF32 (off: fp32 is fp32);
+    `cuda_graph` False runs ONNX Runtime's decoder step on CUDA uncaptured (None: captured as a
+    CUDA graph, runtime/backends/cuda_graphs.py)."""
     capacity = INITIAL_CAPACITY if cache_capacity is None else cache_capacity
     if capacity < 1:
         raise XformError(f"cache_capacity must be at least 1, got {capacity}")
@@ -39,9 +41,12 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
         raise XformError(f"{{allow_tf32}} is ONNX Runtime's: the {backend} backend " + (
             "fixes TF32 when its engines are built (xform build-engine BUNDLE --tf32)" if backend == "trt"
             else "is the fp32 reference and never uses TF32")).naming("allow_tf32")
+    if cuda_graph and backend != "ort":
+        raise XformError(f"{{cuda_graph}} is ONNX Runtime's on CUDA; the {backend} backend has none").naming(
+            "cuda_graph")
     if backend == "ort":
         from xform.runtime.backends.ort_backend import OrtBackend
-        return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32)
+        return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32, cuda_graph=cuda_graph)
     if backend == "trt":
         from xform.runtime.backends.trt_backend import TrtBackend
         return TrtBackend(bundle, device, initial_capacity=capacity)
@@ -61,9 +66,10 @@ def session_over(bundle: Bundle, backend) -> Session:
 
 def open_session(bundle: str | Path | Bundle, backend: str = "ort", device: str | None = None,
                  threads: int | None = None, torch_factory: Callable | None = None,
-                 cache_capacity: int | None = None, allow_tf32: bool = False) -> Session:
+                 cache_capacity: int | None = None, allow_tf32: bool = False,
+                 cuda_graph: bool | None = None) -> Session:
     """Open (and verify) a bundle directory, or take an opened Bundle, and make its Session."""
     if not isinstance(bundle, Bundle):
         bundle = Bundle.open(bundle)
     return session_over(bundle, open_backend(bundle, backend, device, threads, torch_factory, cache_capacity,
-                                             allow_tf32))
+                                             allow_tf32, cuda_graph))

@@ -78,8 +78,10 @@ class OrtBackend(Restriction, BeamOps):
         self.graphs: dict[str, CapturedGraphs] = {}
         self.shared = shared_weights(ort, bundle, self.ort_device)  # kept alive here: the sessions read them
         self.bundle, self.threads, self.providers = bundle, threads, providers
-        # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has it
-        self.fused_beams = bundle.has_graph(DECODER_BEAM)
+        # beam steps through the fused graph (decoder + candidates, exporter/beam_graph.py) when the bundle has
+        # it, unless the decoder step is captured: ONNX Runtime cannot capture the fused graph, and the captured
+        # decoder + the candidates graph beat it (1.1-3x on the H100, docs/gpu.md)
+        self.fused_beams = bundle.has_graph(DECODER_BEAM) and not self.capture
         # a decoder-step graph's session prepacks its own copy of the decoder's weights, so each one
         # opens at its first use: a beam search never opens the plain decoder, a greedy decode never
         # the fused one. The one the bundle's own defaults decode with opens now, first (its
