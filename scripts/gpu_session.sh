@@ -4,6 +4,8 @@
 # On the GPU machine, from the checkout's root, after ../shared/gpu/pack.sh's parts were carried into
 # /tmp/gpu-parts:   . /tmp/gpu-parts/unpack.sh && bash scripts/gpu_session.sh "$OUT" [quick|full]
 #
+# profile: bench_gpu at batch 32 and 256 (xform's default, captured, against transformers fp16) and
+# scripts/profile_decode.py on CUDA (about 4 minutes).
 # step: the device tests (the captured step among them), scripts/bench_gpu.py for xform with and without
 # capture against transformers fp16 at batch 1, 16, 64, and scripts/bench_cuda_step.py (about 9 minutes).
 # quick: the ONNX Runtime CUDA tests (the device tests on the real provider, DeviceCache on CUDA memory)
@@ -11,7 +13,7 @@
 # scripts/bench_gpu.py (Marian-base, batch 1 to 256, greedy and beam 4: about 6 minutes on an H100).
 # Every log goes to OUT; the exit status is the first failure's.
 set -u
-OUT=${1:?usage: gpu_session.sh OUT [step|quick|full]}; MODE=${2:-quick}
+OUT=${1:?usage: gpu_session.sh OUT [profile|step|quick|full]}; MODE=${2:-quick}
 mkdir -p "$OUT"; status=0
 step() { local name=$1; shift; echo "== $name: $*" | tee -a "$OUT/summary.txt"
          "$@" >"$OUT/$name.log" 2>&1; local rc=$?; echo "   exit $rc" | tee -a "$OUT/summary.txt"
@@ -20,6 +22,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 python3 -c 'import onnxruntime as o, torch; print("onnxruntime", o.__version__, o.get_available_providers(), "torch", torch.__version__)' >> "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 W=/tmp/xform-gpu; mkdir -p "$W"
+if [ "$MODE" = profile ]; then  # the captured default: the grid's missing rows, and where a step's time goes
+  step bench_gpu timeout 150 python3 scripts/bench_gpu.py --work "$W" --out "$W/out" --iters 2 --batches 32,256 \
+       --engines "xform fp32,xform fp16,transformers fp16"
+  cp "$W/out/bench_gpu.json" "$OUT/" 2>/dev/null
+  B=$W/bundles-marian-base
+  step profile timeout 70 bash -c "for p in fp32 fp16; do for b in 1 64; do python3 scripts/profile_decode.py \
+       $B/xform-\$p --device cuda --batch \$b --beams 1 --iters 2; done; done; python3 scripts/profile_decode.py \
+       $B/xform-fp16 --device cuda --batch 32 --beams 4 --iters 2; python3 scripts/profile_decode.py \
+       $B/xform-fp16 --device cuda --batch 1 --beams 1 --iters 2 --no-cuda-graph"
+  exit $status
+fi
 if [ "$MODE" = step ]; then  # issue 41 item 4: the captured step, verified and measured; 7 files to OUT
   step pytest timeout 150 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_ort_device.py \
        tests/runtime/test_cuda_graphs.py tests/runtime/test_cache.py -rs

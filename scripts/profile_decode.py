@@ -1,9 +1,11 @@
 """Where a decode's time goes, on the ONNX Runtime backend: encoder, decoder graph (the fused beam
 graph for beams, when the bundle has it), candidates graph, cache writes, growth and gathers, and
-the host's strategy (beam search in numpy), per step.
+the host's strategy (beam search in numpy), per step. On CUDA (`--device cuda`) also the step
+inputs' uploads, the outputs' fetch and the stream synchronisations; the decoder step captured as
+a CUDA graph unless `--no-cuda-graph`.
 
     python scripts/profile_decode.py BUNDLE [--batch 16] [--beams 4] [--src-len 32] [--new-tokens 64]
-                                     [--threads 2] [--iters 3] [--expanded]
+                                     [--threads 2] [--iters 3] [--expanded] [--device cuda [--no-cuda-graph]]
 
 Every decode runs exactly --new-tokens steps (min_new_tokens = max_new_tokens), as the peer
 benchmark does. `--expanded` gives each beam its own copy of its source's encoding (the encoder
@@ -43,9 +45,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--expanded", action="store_true", help="a copy of the encoding per beam (the old layout)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--no-cuda-graph", action="store_true")
     args = ap.parse_args()
 
-    session = xform.load(args.bundle, backend="ort", threads=args.threads)
+    session = xform.load(args.bundle, backend="ort", threads=args.threads, device=args.device,
+                         cuda_graph=False if args.no_cuda_graph else None)
     b = session.backend
     cfg = session.config
     rng = np.random.default_rng(0)
@@ -66,8 +71,13 @@ def main() -> None:
         b.decoder.run_with_iobinding = timed(t, "decoder graph", b.decoder.run_with_iobinding)
         b.candidates.run_with_iobinding = timed(t, "candidates graph", b.candidates.run_with_iobinding)
     from xform.runtime.backends import cache
-    cache.HostCache.write = timed(t, "cache writes", cache.HostCache.write)  # type: ignore[method-assign]
-    cache.HostCache.grow = timed(t, "cache growth", cache.HostCache.grow)  # type: ignore[method-assign]
+    kind = cache.HostCache if args.device == "cpu" else cache.DeviceCache
+    kind.write = timed(t, "cache writes", kind.write)  # type: ignore[method-assign]
+    kind.grow = timed(t, "cache growth", kind.grow)  # type: ignore[method-assign]
+    if b.ops is not None:  # on the device: the small copies and the synchronisations
+        b.inputs.refresh = timed(t, "step inputs' uploads", b.inputs.refresh)
+        b.inputs.fetch = timed(t, "outputs' fetch (and sync)", b.inputs.fetch)
+        b.ops.sync = timed(t, "stream syncs", b.ops.sync)
     b.gather = timed(t, "row gathers (beams, compaction)", b.gather)
     b.start = timed(t, "start (encoder, buffers)", start)
     b.step = timed(t, "backend step", b.step)
@@ -86,10 +96,12 @@ def main() -> None:
     wall = statistics.median(walls)
     rows = args.batch * args.beams
     print(f"{args.bundle}: batch {args.batch} x beams {args.beams} = {rows} rows, src_len {args.src_len}, "
-          f"{args.new_tokens} steps, {args.threads} threads{', expanded encodings' if args.expanded else ''}")
+          f"{args.new_tokens} steps, {args.threads} threads{', expanded encodings' if args.expanded else ''}, "
+          f"{args.device}{' captured' if getattr(b, 'capture', False) else ''}")
     print(f"wall {wall * 1e3:.0f} ms (median of {args.iters}), {args.batch * args.new_tokens / wall:.1f} tokens/s")
     other = t["backend step"] - sum(t[k] for k in ("decoder graph", "candidates graph", "cache writes", "cache growth",
-                                                   "row gathers (beams, compaction)"))
+                                                   "row gathers (beams, compaction)", "step inputs' uploads",
+                                                   "outputs' fetch (and sync)"))
     parts = {k: v for k, v in t.items() if k != "backend step"}
     parts["the rest of the step: binding, copies"] = other
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):

@@ -27,9 +27,20 @@ from typing import Any
 
 import numpy as np
 
+from xform.errors import XformError
+
 CAPTURE = True  # OrtBackend's default on CUDA (cuda_graph=None): 2.3-3x the tokens/s on the H100
 LIMIT = 64  # captured graphs a session keeps; past them a layout runs as before (gpu_graph_id -1)
 UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run neither captured nor replayed
+
+
+def capture_wanted(device: str, capture: bool, by_default: bool) -> bool:
+    """Whether a backend on `device` captures its decoder step: on CUDA as asked; elsewhere never,
+    and asking for it (not `by_default`) is refused by name."""
+    if capture and device != "cuda" and not by_default:
+        raise XformError(f"{{cuda_graph}} captures the decoder step on CUDA; this backend runs on {device}"
+                         ).naming("cuda_graph")
+    return capture and device == "cuda"
 
 
 def capture_providers(tf32: bool) -> list:

@@ -50,7 +50,13 @@ from xform.runtime.backends.cache import (
     grown_capacity,
 )
 from xform.runtime.backends.cuda import CudaOps, device_ops
-from xform.runtime.backends.cuda_graphs import CAPTURE, CapturedGraphs, LayoutBinding, capture_providers
+from xform.runtime.backends.cuda_graphs import (
+    CAPTURE,
+    CapturedGraphs,
+    LayoutBinding,
+    capture_providers,
+    capture_wanted,
+)
 from xform.runtime.backends.ort_beams import BeamOps
 from xform.runtime.backends.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
 from xform.runtime.backends.ort_restriction import Restriction
@@ -70,11 +76,8 @@ class OrtBackend(Restriction, BeamOps):
         providers = providers_for(ort, device, tf32)
         self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
         self.ort_device = "cuda" if device == "cuda" else "cpu"
-        if cuda_graph and device != "cuda":
-            raise XformError(f"{{cuda_graph}} captures the decoder step on CUDA; this backend runs on {device}"
-                             ).naming("cuda_graph")
-        # the decoder-step graphs captured as CUDA graphs (cuda_graphs.py): their ids by binding layout
-        self.capture = device == "cuda" and (CAPTURE if cuda_graph is None else cuda_graph)
+        # the decoder step captured as a CUDA graph (cuda_graphs.py): its graph ids by binding layout
+        self.capture = capture_wanted(device, CAPTURE if cuda_graph is None else cuda_graph, cuda_graph is None)
         self.graphs: dict[str, CapturedGraphs] = {}
         self.shared = shared_weights(ort, bundle, self.ort_device)  # kept alive here: the sessions read them
         self.bundle, self.threads, self.providers = bundle, threads, providers
@@ -106,13 +109,7 @@ class OrtBackend(Restriction, BeamOps):
         self.ops: CudaOps | None = None
         self.cache: Cache
         self.cross: Rows
-        if self.ort_device == "cuda":
-            self.ops = device_ops(self.run_reorder)
-            self.cache = DeviceCache(self.ops, len(self.cache_names), self.kv_dtype.itemsize)
-            self.cross = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
-        else:  # no rows until start()
-            self.cache = HostCache(len(self.cache_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
-            self.cross = HostRows(len(self.cross_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+        self.row_buffers()
         self.inputs = StepInputs(self.ops, self.ort_device)
         self.live = False  # a decode is running: from a start() that succeeded on
         # each decoder-step graph's IOBinding over the current rows, made at its next run (step_binding)
@@ -129,6 +126,17 @@ class OrtBackend(Restriction, BeamOps):
         self.logits: npt.NDArray[np.float32] | None = None
         self.device_logits: int | None = None
         self.has_restriction = bundle.has_graph(RESTRICTED)
+
+    def row_buffers(self) -> None:
+        """The self-attention cache and the cross K/V: on the device with its ops, or on the host
+        (no rows until start())."""
+        if self.ort_device == "cuda":
+            self.ops = device_ops(self.run_reorder)
+            self.cache = DeviceCache(self.ops, len(self.cache_names), self.kv_dtype.itemsize)
+            self.cross = DeviceRows(self.ops, len(self.cross_names), self.kv_dtype.itemsize)
+        else:
+            self.cache = HostCache(len(self.cache_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+            self.cross = HostRows(len(self.cross_names), (0, self.kv_heads, 0, self.head_dim), self.kv_dtype)
 
     @property
     def decoder(self):
