@@ -96,7 +96,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_controls.json").write_text(json.dumps({
             "rows": rows, "rounds": args.rounds, "new_tokens": NEW, "src_len": SRC_LEN,
-            "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "machine": bench_peers.machine(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "xform": xform.__version__,
             "command": "python " + " ".join(sys.argv)}, indent=1) + "\n")
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
 import sys
@@ -214,7 +213,8 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     hf = bench_gpu.build_model(args.shape, args.work)
-    results: dict = {"machine": platform.node(), "onnxruntime": ort.__version__, "device": args.device,
+    from xform.runtime.bench import machine_name
+    results: dict = {"machine": machine_name(), "onnxruntime": ort.__version__, "device": args.device,
                      "shape": args.shape, "capacity": args.capacity, "src_len": args.src_len, "rows": []}
     if args.device == "cuda":
         import torch

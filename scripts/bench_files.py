@@ -34,12 +34,12 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from xform.runtime.bench import machine_name
 from xform.runtime.text.translator import Translator
 
 THREADS = 2
@@ -250,8 +250,7 @@ def main() -> None:
     lengths = [len(t.split()) for t in text]
     ref = outs.get("xform ort fp32") or []
     out_lengths = [len(t.split()) for t in ref]
-    summary = {"rows": rows, "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                                        f"{platform.python_version()}", "threads": THREADS,
+    summary = {"rows": rows, "machine": machine_name(), "threads": THREADS,
                "source_words": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
                "xform_fp32_output_words": {"min": min(out_lengths, default=0),
                                            "median": statistics.median(out_lengths) if out_lengths else 0,

@@ -185,15 +185,8 @@ def summarize(times: dict, tokens: dict, workloads: list[str]) -> list[dict]:
 
 
 def machine() -> str:
-    import platform
-    cpu = platform.machine()
-    try:
-        text = open("/proc/cpuinfo").read()
-        cpu = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import os
-    return f"{cpu}, {os.cpu_count()} cores"
+    from xform.runtime.bench import machine_name
+    return machine_name()
 
 
 def markdown(rows: list[dict], command: str, threads: int, rounds: int) -> str:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import platform
 import shlex
 import statistics
 import sys
@@ -252,7 +251,8 @@ def machine(device: str) -> str:
         from xform.runtime.backends.gpu import gpu_info
         info = gpu_info() or {}
         gpu = f"{info.get('name', 'GPU ?')} (compute {info.get('compute_capability', '?')}), "
-    return f"{gpu}{platform.machine()} {platform.processor() or ''}, Python {platform.python_version()}".strip()
+    from xform.runtime.bench import machine_name
+    return f"{gpu}{machine_name()}"
 
 
 def versions() -> dict:

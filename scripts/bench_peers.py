@@ -39,7 +39,6 @@ import io
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
@@ -360,12 +359,8 @@ def summarize(times: dict, outputs: dict, rss: dict) -> dict:
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+    from xform.runtime.bench import machine_name
+    return machine_name()
 
 
 def versions() -> dict:

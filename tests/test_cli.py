@@ -32,6 +32,9 @@ def test_export_run_check_benchmark_json(runner, checkpoint_dir, tmp_path):
     assert data["check"]["passed"] and data["check"]["identical_tokens"]
     assert data["benchmark"]["batch"] == 2 and data["benchmark"]["new_tokens"] == 5
     assert data["benchmark"]["tokens_per_s"] > 0 and data["benchmark"]["peak_rss_mib"] > 0
+    # the table says which CPU it ran on (a ratio depends on it: docs/benchmarks.md)
+    from xform.runtime.bench import cpu_model
+    assert data["benchmark"]["machine"].startswith(cpu_model()) and f"on {cpu_model()}" in r.output
     # an existing --json is not overwritten without --force, and nothing runs
     r = runner.invoke(main, ["run", str(out), "--check", "--json", str(js)])
     assert r.exit_code == 1 and "already exists" in r.output

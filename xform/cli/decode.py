@@ -207,6 +207,7 @@ def print_bench(r) -> None:
     t.add_row(f"{r.tokens_per_s:,.1f}", f"{r.latency_ms_p50:.2f}", f"{r.latency_ms_p90:.2f}",
               f"{r.latency_ms_p99:.2f}", f"{r.peak_rss_mib:,.0f}")
     out.print(t)
+    out.print(f"on {r.machine}")
 
 
 @main.command()

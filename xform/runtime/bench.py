@@ -42,6 +42,37 @@ class BenchResult:
         return asdict(self)
 
 
+def cpu_model() -> str:
+    """The CPU's model as the system names it ("AMD EPYC 9454 48-Core Processor", "Intel(R) Xeon(R)
+    Platinum 8481C"): /proc/cpuinfo's model name on Linux, else platform.processor(), else the
+    architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_name() -> str:
+    """The machine a benchmark ran on, as every benchmark table states it: CPU model, the cores this
+    process may use, the widest SIMD (Linux), the OS and Python (docs/benchmarks.md: a ratio
+    depends on the CPU, so a table says which one)."""
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    simd = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+        simd = next((f", {s}" for s in ("avx512_vnni", "avx512f", "avx2") if s in flags), "")
+    except OSError:
+        pass
+    return (f"{cpu_model()} ({platform.machine()}{simd}), {cores} cores, {platform.system()}, "
+            f"Python {platform.python_version()}")
+
+
 def proc_status_mib(field: str) -> float | None:
     """A memory field of /proc/self/status (VmRSS, VmHWM) in MiB; None where there is none."""
     try:
@@ -128,4 +159,4 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
         tokens_per_s=batch * new_tokens / med, latency_ms_p50=float(np.percentile(lat, 50)),
         latency_ms_p90=float(np.percentile(lat, 90)), latency_ms_p99=float(np.percentile(lat, 99)),
         iteration_s_median=med, peak_rss_mib=peak_rss_mib(),
-        machine=f"{platform.machine()} {platform.processor() or ''} {platform.system()}".strip())
+        machine=machine_name())
