@@ -141,3 +141,44 @@ def test_plot_draws_the_differences_as_a_png(demo_bundle, demo8, files, tmp_path
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
     code, output = run(demo8, "--source", files / "src.txt", "--reference", files / "ref.txt", "--plot", png)
     assert code == 2 and "give --against" in output, output
+
+
+@pytest.fixture(scope="module")
+def vmap_bundle(tmp_path_factory):
+    from xform.exporter.export import export_bundle
+    return export_bundle("demo", tmp_path_factory.mktemp("vmap") / "b", vocab_map=True).path
+
+
+def test_a_vocabulary_map_against_the_full_vocabulary(vmap_bundle, files, tmp_path):
+    """`eval --vocab-map MAP --against BUNDLE`: the map built from the file's pairs by
+    scripts/build_vocab_map.py keeps every word the model writes (translations identical to the
+    full vocabulary's); a map of three words changes them, and the report names each system."""
+    from build_vocab_map import build, write
+    translator = xform.Translator(vmap_bundle)
+    sources = [str(n) for n in NUMBERS]
+    rules, always = build(translator, sources, [to_words(n) for n in NUMBERS], per_token=40, always=5,
+                          min_share=0.0)
+    assert set(rules["7"]) >= set(to_words(7).split())  # every number with a 7 in it says "seven"
+    write(tmp_path / "map.txt", rules, always)
+    code, output = run(vmap_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
+                       "--vocab-map", tmp_path / "map.txt", "--against", vmap_bundle, "--json", tmp_path / "e.json")
+    assert code == 0, output
+    data = json.loads((tmp_path / "e.json").read_text())
+    restricted, full = data["systems"]
+    assert restricted["name"] == f"{vmap_bundle} + map.txt" and full["name"] == str(vmap_bundle)
+    assert data["identical"] == 1.0 and restricted["bleu"] == full["bleu"] and data["vocab_map"].endswith("map.txt")
+    (tmp_path / "poor.txt").write_text("\tseven five thousand\n")
+    code, output = run(vmap_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
+                       "--vocab-map", tmp_path / "poor.txt", "--against", vmap_bundle, "--json", tmp_path / "p.json")
+    poor = json.loads((tmp_path / "p.json").read_text())
+    assert code == 0 and poor["identical"] < 0.5 and poor["systems"][0]["bleu"] < poor["systems"][1]["bleu"]
+    assert poor["systems"][0]["translations"] if "translations" in poor["systems"][0] else True
+    want = translator.translate(sources[:3], vocab_map=tmp_path / "poor.txt")
+    assert all(set(w.split()) <= {"seven", "five", "thousand"} for w in want)
+
+
+def test_a_vocabulary_map_needs_the_restricted_decoder(demo_bundle, files, tmp_path):
+    (tmp_path / "map.txt").write_text("\tseven\n")
+    code, output = run(demo_bundle, "--source", files / "src.txt", "--reference", files / "ref.txt",
+                       "--vocab-map", tmp_path / "map.txt")
+    assert code != 0 and "--vocab-map" in output and "--with-vocab-map" in output, output

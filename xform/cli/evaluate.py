@@ -38,6 +38,10 @@ from xform.runtime.text.translator import Translator
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None)
 @click.option("--src-lang", default=None, help="A multilingual model's source language code.")
 @click.option("--tgt-lang", default=None, help="A multilingual model's target language code.")
+@click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
+              help="BUNDLE decodes with this vocabulary map (CTranslate2's vmap; a bundle exported "
+                   "--with-vocab-map). With --against BUNDLE, the same bundle, the table compares the map with "
+                   "the full vocabulary.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the figures as JSON (bleu, chrf, signature, lines, speed, each system, every sentence's "
                    "chrF difference).")
@@ -47,7 +51,7 @@ from xform.runtime.text.translator import Translator
 @generation_options
 @handle_errors
 def evaluate(bundle, source_file, reference_file, against, backend, threads, batch_size, max_new_tokens, src_lang,
-             tgt_lang, json_path, plot_path, force, greedy, **settings) -> None:
+             tgt_lang, vocab_map, json_path, plot_path, force, greedy, **settings) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
     import importlib.util
@@ -64,7 +68,8 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise XformError("--plot needs matplotlib: pip install matplotlib")
     inputs = [("BUNDLE", bundle), ("--source", source_file), *([("--reference", reference_file)] if reference_file
-                                                               else [])]
+                                                               else []), *([("--vocab-map", vocab_map)] if vocab_map
+                                                                           else [])]
     if json_path is not None:
         check_json_target(json_path, force, inputs)
     if plot_path is not None:
@@ -84,16 +89,18 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
         raise click.UsageError(said(e)) from None
     gen = checked_generation(session, max_new_tokens, settings)
     systems = []
-    for name, s in [(str(bundle), session), *([(against, other)] if other is not None else [])]:
+    first = f"{bundle} + {vocab_map.name}" if vocab_map is not None else str(bundle)  # names differ: same bundle
+    for name, s, vmap in [(first, session, vocab_map), *([(against, other, None)] if other is not None else [])]:
         with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
-            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang))
+            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap))
     report = ev.evaluate(systems, references, str(source_file), str(reference_file) if reference_file else None)
     print_eval(report)
     if plot_path is not None:
         write_plot(report, plot_path, force, inputs)
     if json_path is not None:
         write_json(json_path, {"bundle": str(bundle), "backend": backend, "generation": gen.to_dict(),
-                               **report.to_dict()}, force, inputs)
+                               "vocab_map": None if vocab_map is None else str(vocab_map), **report.to_dict()},
+                   force, inputs)
 
 
 def other_session(bundle: Path, against: str, threads: int | None):

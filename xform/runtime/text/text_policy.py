@@ -155,9 +155,11 @@ class TextPolicy:
         if vocab_map is None:
             return None
         if not self.capabilities.restriction:
-            raise InputError(f"a vocabulary map needs the restricted decoder on the ort backend: {RESTRICTED}")
+            raise InputError(f"{{vocab_map}}: a vocabulary map needs the restricted decoder on the ort backend: "
+                             f"{RESTRICTED}").naming("vocab_map")
         if self.tokenizer is None:
-            raise InputError("a vocabulary map names tokens: this bundle has no tokenizer to read them")
+            raise InputError("{vocab_map}: a vocabulary map names tokens: this bundle has no tokenizer to read them"
+                             ).naming("vocab_map")
         if not isinstance(vocab_map, VocabMap):
             vocab_map = VocabMap.load(vocab_map, self.tokenizer.target_vocabulary())
         return vocab_map
