@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from xform.cli import main
-from xform.errors import BundleError
+from xform.errors import BundleError, XformError
 from xform.manifest import Manifest
 from xform.runtime.fleet.languages import Ask, Asked, Languages, bundle_languages
 
@@ -137,6 +137,10 @@ def test_export_records_languages(tmp_path):
     assert r.exit_code == 2 and "Invalid value for '--languages': 'en-de' is not SRC:TGT" in r.output
     r = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "b"), "--languages", "en:de,fr:fr"])
     assert r.exit_code == 2 and "'fr:fr' is not SRC:TGT (two different language codes" in r.output
+    assert not (tmp_path / "b").exists()
+    from xform.exporter.export import export_bundle
+    with pytest.raises(XformError, match=r"--languages \[\('en', 'en'\)\]: expected \(source, target\) pairs"):
+        export_bundle("demo", tmp_path / "b", languages=[("en", "en")])
     assert not (tmp_path / "b").exists()
 
 

@@ -177,13 +177,9 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18). `languages` (--languages): the (source, target)
-    pairs the bundle translates, recorded in the manifest for routing by language
-    (runtime/fleet/languages.py); None: what its tokenizer says."""
+    pairs it translates, for routing by language (runtime/fleet/languages.py)."""
     out = Path(out)
-    pairs = None if languages is None else language_pairs(languages)
-    if languages is not None and pairs is None:
-        raise XformError(f"--languages {languages!r}: expected (source, target) pairs of two different language "
-                         "codes, such as [('en', 'de')]")
+    pairs = declared_languages(languages)
     opset, versions = export_options(precision, opset, exporter, judge, sample_file)
     # before any work, and nothing of theirs is touched
     check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
@@ -222,6 +218,15 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)
+
+
+def declared_languages(languages: "list[tuple[str, str]] | None") -> tuple[tuple[str, str], ...] | None:
+    """--languages as the manifest's pairs (None: none declared), checked before any work."""
+    pairs = None if languages is None else language_pairs(languages)
+    if languages is not None and pairs is None:
+        raise XformError(f"--languages {languages!r}: expected (source, target) pairs of two different language "
+                         "codes, such as [('en', 'de')]")
+    return pairs
 
 
 UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
