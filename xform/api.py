@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from xform.errors import XformError
-from xform.runtime.fleet.catalog import is_bundle
+from xform.runtime.fleet.catalog import holds_bundles
 from xform.runtime.fleet.local import FleetTranslator
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
@@ -63,8 +63,8 @@ class Translator(TextTranslator):
     most `load_timeout` seconds for room. docs/python.md lists where the arguments differ."""
 
     def __new__(cls, model_path: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(model_path, (list, tuple)) or (isinstance(model_path, (str, Path)) and Path(model_path).is_dir()
-                                                    and not is_bundle(Path(model_path))):
+        if isinstance(model_path, (list, tuple)) or (isinstance(model_path, (str, Path))
+                                                    and holds_bundles(Path(model_path))):
             return fleet(model_path, *args, **kwargs)  # not a Translator: __init__ is not called
         return super().__new__(cls)
 

@@ -86,6 +86,15 @@ def test_a_load_larger_than_its_estimate_trims_idle_ones_after_it():
     assert s.loaded == ["c"] and s.evictions == {"a": 1, "b": 1}
 
 
+def test_the_trim_after_a_load_evicts_what_idle_ones_it_can():
+    pool = Pool(Loader(costs={"a": 10, "held": 40, "idle": 5, "new": 95}), budget_bytes=100)
+    use(pool, "a")
+    pool.acquire("held")
+    use(pool, "idle")  # 55, each within its estimate
+    use(pool, "new")  # estimated 40 (fits), measured 95: a and idle go, though held keeps it over
+    assert pool.stats().loaded == ["held", "new"] and pool.stats().evictions == {"a": 1, "idle": 1}
+
+
 def test_a_name_over_the_budget_on_its_own_is_refused():
     pool = Pool(Loader(costs={"big": 500, "a": 10}), budget_bytes=100)
     use(pool, "big")  # its cost is unknown before its first load

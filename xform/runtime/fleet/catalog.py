@@ -33,6 +33,11 @@ def is_bundle(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
+def holds_bundles(path: Path) -> bool:
+    """A directory that is no bundle but holds some (a directory of bundles)."""
+    return path.is_dir() and not is_bundle(path) and any(p.is_dir() and is_bundle(p) for p in path.iterdir())
+
+
 def bundle_paths(where: str | Path | Sequence[str | Path]) -> list[Path]:
     """A directory of bundles as the bundles in it (by name), or a list of bundle paths as given."""
     if isinstance(where, (str, Path)):

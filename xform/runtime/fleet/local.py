@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -41,19 +42,28 @@ def resident_bytes() -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A bundle opened in this process: its text Translator, and the lock that keeps its Session
+    to one batch at a time (calls for different bundles run together)."""
+    translator: Translator
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class SessionLoader:
     """A Pool's loader in this process: a bundle of `catalog` opened by `opener` (a text
-    Translator over its Session), its cost the resident growth across the load."""
+    Translator over its Session), its cost the resident growth across the load (the first load
+    also pays the backend's one-time import: its cost is overstated until it loads again)."""
 
     def __init__(self, catalog: Catalog, opener: Callable[[Path], Translator]):
         self.catalog, self.opener = catalog, opener
 
-    def load(self, name: str) -> tuple[Translator, int]:
+    def load(self, name: str) -> tuple[Loaded, int]:
         gc.collect()
         before = resident_bytes() or 0
         translator = self.opener(self.catalog[name].path)
         after = resident_bytes() or 0
-        return translator, max(after - before, 0)
+        return Loaded(translator), max(after - before, 0)
 
     def unload(self, name: str, thing: Any) -> None:
         del thing
@@ -69,8 +79,8 @@ class RoutedResult(TranslationResult):
 class FleetTranslator:
     """`xform.Translator(DIR)`: text in one language, out in another, over a directory of bundles
     (or a list of bundle paths), each opened by `opener` at its first use and kept within
-    `max_loaded` bundles and `memory_budget` bytes (pool.py's rules); `pinned` bundles are never
-    unloaded; `pivot`: the language two hops go through where no bundle translates a pair
+    `max_loaded` bundles and `memory_budget` bytes (pool.py's rules); `pinned` bundles are opened
+    now and never unloaded; `pivot`: the language two hops go through where no bundle translates a pair
     (None: none)."""
 
     def __init__(self, bundles: str | Path | Sequence[str | Path], opener: Callable[[Path], Translator],
@@ -86,6 +96,7 @@ class FleetTranslator:
                              ).naming("memory_budget", "max_loaded")
         self.pivot = pivot
         self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, memory_budget, pinned, load_timeout)
+        self.pool.preload()
 
     def route(self, src_lang: str | None, tgt_lang: str | None, model: str | None = None) -> Route:
         """The route a translation from `src_lang` to `tgt_lang` takes (routes.plan)."""
@@ -117,9 +128,10 @@ class FleetTranslator:
             options: dict[str, Any]) -> list[TranslationResult]:
         """One bundle's translations of `texts`, asked for the hop's pair as its tokenizer takes it."""
         asked = hop.asked
-        with self.pool.lease(hop.model) as translator:
-            return translator.translate_batch([asked.prefix + t if t.strip() else t for t in texts], target_prefix,
-                                              src_lang=asked.src_lang, tgt_lang=asked.tgt_lang, **options)
+        sources = [asked.prefix + t if t.strip() else t for t in texts]
+        with self.pool.lease(hop.model) as loaded, loaded.lock:
+            return loaded.translator.translate_batch(sources, target_prefix, src_lang=asked.src_lang,
+                                                     tgt_lang=asked.tgt_lang, **options)
 
     def stats(self) -> PoolStats:
         """Which bundles are loaded (least recently used first), their costs, loads and evictions."""

@@ -183,7 +183,7 @@ class Pool:
             self.slots[name] = Slot(thing, int(cost), leases=1)
             self.costs[name] = int(cost)
             self.loads[name] += 1
-            trimmed = self.evict(self.room_for(None) or [])  # came out larger than its estimate
+            trimmed = self.evict(self.room_for(None, partial=True) or [])  # larger than its estimate
             self.cond.notify_all()
         for victim, slot in trimmed:
             self.unload(victim, slot)
@@ -192,9 +192,10 @@ class Pool:
             self.cond.notify_all()
         return thing
 
-    def room_for(self, name: str | None) -> list[str] | None:
+    def room_for(self, name: str | None, partial: bool = False) -> list[str] | None:
         """The idle names to evict (least recently used first) so that `name` fits (None: so that
-        what is loaded fits); None when evicting every idle one would not do."""
+        what is loaded fits); when evicting every idle one would not do, None (`partial`: every
+        idle one, the nearest it comes)."""
         if name is not None and self.budget is not None and self.costs.get(name, 0) > self.budget:
             raise LoadFailed(f"{name!r} took {self.costs[name]} bytes at its last load, more than the "
                              f"{{memory_budget}} {self.budget} bytes").naming("memory_budget")
@@ -204,7 +205,7 @@ class Pool:
         victims: list[str] = []
         while not self.fits(victims, coming, expected):
             if not idle:
-                return None
+                return victims if partial else None
             victims.append(idle.pop(0))
         return victims
 
