@@ -62,7 +62,7 @@ class Translator(TextTranslator):
     `pinned` ones never unloaded, through `pivot` where no bundle translates a pair; waiting at
     most `load_timeout` seconds for room. docs/python.md lists where the arguments differ."""
 
-    def __new__(cls, model_path: Any, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, model_path: Any = None, *args: Any, **kwargs: Any) -> Any:  # None: copy / pickle
         if isinstance(model_path, (list, tuple)) or (isinstance(model_path, (str, Path))
                                                     and holds_bundles(Path(model_path))):
             return fleet(model_path, *args, **kwargs)  # not a Translator: __init__ is not called
