@@ -10,11 +10,11 @@ __version__ = "0.4.0"
 
 from xform.errors import XformError  # noqa: E402
 
-__all__ = ["__version__", "XformError", "load", "check", "export", "Translator"]
+__all__ = ["__version__", "XformError", "load", "check", "export", "Translator", "FleetTranslator"]
 
 
 def __getattr__(name):
-    if name in ("load", "check", "Translator"):
+    if name in ("load", "check", "Translator", "FleetTranslator"):
         from xform import api
         return getattr(api, name)
     if name == "export":

@@ -7,13 +7,16 @@ model (the reference), `trt` needs TensorRT and a GPU.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterable, Sequence
 
 from xform.errors import XformError
+from xform.runtime.fleet.catalog import holds_bundles
+from xform.runtime.fleet.local import FleetTranslator
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
 from xform.runtime.text.translator import Translator as TextTranslator
 
-__all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator"]
+__all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator", "FleetTranslator"]
 
 # CTranslate2's compute types and the bundle precision each asks for ("default" and "auto": the
 # bundle's own; int8 with 16-bit activations is the nearest an int8 bundle has, int8 x fp32)
@@ -52,18 +55,31 @@ class Translator(TextTranslator):
     `compute_type` other than "default" must name it. `backend` picks ONNX Runtime (ort, the
     default) or TensorRT (trt); `allow_tf32` lets fp32 matmuls on CUDA run in TF32 (off: fp32 is
     fp32); `cuda_graph` False runs ONNX Runtime's decoder step on CUDA uncaptured (see `load`).
-    docs/python.md lists where the arguments differ."""
+
+    A directory of bundles (or a list of bundle paths) makes a FleetTranslator instead
+    (runtime/fleet/local.py): `translate_batch(texts, src_lang=, tgt_lang=)` routed by language
+    to bundles loaded on demand, at most `max_loaded` of them and `memory_budget` bytes,
+    `pinned` ones never unloaded, through `pivot` where no bundle translates a pair; waiting at
+    most `load_timeout` seconds for room. docs/python.md lists where the arguments differ."""
+
+    def __new__(cls, model_path: Any = None, *args: Any, **kwargs: Any) -> Any:  # None: copy / pickle
+        if isinstance(model_path, (list, tuple)) or (isinstance(model_path, (str, Path))
+                                                    and holds_bundles(Path(model_path))):
+            return fleet(model_path, *args, **kwargs)  # not a Translator: __init__ is not called
+        return super().__new__(cls)
 
     def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
-                 backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None):
+                 backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None, *,
+                 max_loaded: int | None = None, memory_budget: int | None = None, pinned: Iterable[str] = (),
+                 pivot: str | None = "en", load_timeout: float = 60.0):
         from xform.runtime.bundle import Bundle
-        if device_index not in (0, [0], (0,)):
-            raise XformError(f"device_index {device_index}: a Translator uses one GPU, the first visible; choose it "
-                             "with CUDA_VISIBLE_DEVICES")
-        if inter_threads != 1:
-            raise XformError(f"inter_threads {inter_threads}: a Translator decodes one batch at a time; run several "
-                             "processes, or `xform corpus` for a file over workers")
+        one_process(device_index, inter_threads)
+        given = [k for k, v in (("max_loaded", max_loaded), ("memory_budget", memory_budget),
+                                ("pinned", tuple(pinned) or None), ("load_timeout", load_timeout != 60.0 or None),
+                                ("pivot", pivot != "en" or None)) if v is not None]
+        if given:
+            raise XformError(f"{', '.join(given)}: for a directory of bundles; {model_path} is one bundle")
         bundle = Bundle.open(model_path)  # its precision is refused before any graph loads
         if compute_type not in ("default", "auto") and COMPUTE_TYPES.get(compute_type) != bundle.precision:
             raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision} bundle "
@@ -71,6 +87,33 @@ class Translator(TextTranslator):
                              "precision with `xform export --precision fp16 / int8`")
         super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend,
                                       allow_tf32=allow_tf32, cuda_graph=cuda_graph))
+
+
+def one_process(device_index: Any, inter_threads: int) -> None:
+    """A Translator's device and threads: one GPU, one batch at a time."""
+    if device_index not in (0, [0], (0,)):
+        raise XformError(f"device_index {device_index}: a Translator uses one GPU, the first visible; choose it "
+                         "with CUDA_VISIBLE_DEVICES")
+    if inter_threads != 1:
+        raise XformError(f"inter_threads {inter_threads}: a Translator decodes one batch at a time; run several "
+                         "processes, or `xform corpus` for a file over workers")
+
+
+def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", device_index: int = 0,
+          compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0, backend: str = "ort",
+          allow_tf32: bool = False, cuda_graph: bool | None = None, *, max_loaded: int | None = None,
+          memory_budget: int | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
+          load_timeout: float = 60.0) -> FleetTranslator:
+    """`Translator(DIR)`: a FleetTranslator whose bundles open with the Translator's settings."""
+    one_process(device_index, inter_threads)
+    if compute_type not in ("default", "auto"):
+        raise XformError(f"compute_type {compute_type}: a directory's bundles each keep the precision they were "
+                         "exported with (compute_type default)")
+
+    def opener(path: Path) -> TextTranslator:
+        return TextTranslator(open_session(path, backend, device, intra_threads or None, torch_factory=torch_backend,
+                                           allow_tf32=allow_tf32, cuda_graph=cuda_graph))
+    return FleetTranslator(bundles, opener, max_loaded, memory_budget, pinned, pivot, load_timeout)
 
 
 def _ct2_name(precision: str) -> str:

@@ -218,6 +218,9 @@ class Manifest:
     engines: dict[str, EngineEntry] = field(default_factory=dict)
     verification: dict[str, Any] | None = None  # the export's figures against eager PyTorch
     files: dict[str, str] = field(default_factory=dict)
+    # the (source, target) pairs the bundle translates, as its user declared them (export --languages);
+    # None: what its tokenizer says (runtime/fleet/languages.py). Not hashed, so no format change
+    languages: tuple[tuple[str, str], ...] | None = None
     version: int = VERSION
     # keys this xform does not know (a later, compatible writer's): kept, and written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
@@ -256,6 +259,7 @@ class Manifest:
             "engines": {k: e.to_json() for k, e in self.engines.items()},
             **({"verification": self.verification} if self.verification is not None else {}),
             "files": self.files,
+            **({"languages": [list(p) for p in self.languages]} if self.languages is not None else {}),
             **self.extra,
         }
 
@@ -298,7 +302,8 @@ class Manifest:
             output_table=_Reader(where, table, "output_table").text("file") if table else None,
             shared_weights=shared, attention_layer=layer, generation=generation,
             tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
-            verification=r.mapping("verification", optional=True), files=r.strings("files"))
+            verification=r.mapping("verification", optional=True), files=r.strings("files"),
+            languages=_read_languages(r))
         written = manifest.to_json()  # the keys this xform writes: the rest is kept as it came
         manifest.extra = {k: v for k, v in data.items() if k not in written}
         return manifest
@@ -392,6 +397,35 @@ def _read_graphs(r: "_Reader", where: str, config: TransformerConfig, layer: int
         if entry.signature != expected[name]:
             raise BundleError(f"{where}: the {name} graph's signature is not the one its config implies")
     return graphs
+
+
+def language_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """`value` as (source, target) pairs of language codes (each a non-empty string without spaces,
+    the two different; a repeated pair once), or None where it is not that."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    pairs = []
+    for pair in value:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_code(c) for c in pair)) \
+                or pair[0] == pair[1]:
+            return None
+        pairs.append((pair[0], pair[1]))
+    return tuple(dict.fromkeys(pairs))
+
+
+def _code(c: Any) -> bool:
+    return isinstance(c, str) and bool(c) and not any(ch.isspace() or ch in ",:" for ch in c)
+
+
+def _read_languages(r: "_Reader") -> tuple[tuple[str, str], ...] | None:
+    """The declared language pairs, or None where the manifest declares none."""
+    if r.data.get("languages") is None:
+        return None
+    pairs = language_pairs(r.data["languages"])
+    if pairs is None:
+        raise r.fail("languages", "a non-empty list of [source, target] pairs of language codes (two different "
+                                  "codes without spaces)")
+    return pairs
 
 
 def _read_generation(r: "_Reader", where: str, config: TransformerConfig) -> dict[str, Any]:

@@ -30,6 +30,17 @@ from xform.files import shown
 UNITS = ("char", "word", "spm")
 
 
+def language_code(token: str) -> str:
+    """A language token as users type its code: M2M100's "__fr__" is "fr", MADLAD-400's "<2pt>" is
+    "pt"; NLLB's "fra_Latn" and mBART-50's "fr_XX" are their own codes. One rule for the tokenizers
+    (runtime/text) and for what a bundle says it translates (runtime/fleet/languages.py)."""
+    if len(token) > 4 and token.startswith("__") and token.endswith("__"):
+        return token[2:-2]
+    if len(token) > 3 and token.startswith("<2") and token.endswith(">"):
+        return token[2:-1]
+    return token
+
+
 def _same(v: Any) -> Any:
     return v
 
@@ -193,6 +204,11 @@ class FairseqSpmSpec(TokenizerSpec):
     tgt_lang: str | None = json_field(TEXT_OR_NULL, None)
     clean_up_tokenization_spaces: bool = json_field(FLAG, False)
 
+    @property
+    def codes(self) -> list[str]:
+        """The language codes as users type them (`language_code`)."""
+        return [language_code(t) for t in self.languages]
+
 
 @dataclass(frozen=True, kw_only=True)
 class ByteBpeSpec(TokenizerSpec):
@@ -219,6 +235,11 @@ class T5Spec(TokenizerSpec):
     model: str | None = json_field(TEXT_OR_NULL, None, omit_empty=True)
     fast: str | None = json_field(TEXT_OR_NULL, None, omit_empty=True)
     languages: tuple[str, ...] = json_field(TEXTS, (), omit_empty=True)
+
+    @property
+    def codes(self) -> list[str]:
+        """MADLAD-400's target codes as users type them (`language_code`)."""
+        return [language_code(t) for t in self.languages]
 
 
 KINDS: dict[str, type[TokenizerSpec]] = {k.KIND: k for k in (VocabSpec, MarianSpmSpec, FairseqSpmSpec, ByteBpeSpec,

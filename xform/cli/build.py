@@ -9,9 +9,23 @@ from rich.markup import escape
 from xform.cli import err, handle_errors, main, out, stages
 from xform.cli.flags import said
 from xform.errors import XformError
-from xform.manifest import PRECISIONS, Manifest
+from xform.manifest import PRECISIONS, Manifest, language_pairs
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
+
+
+def language_option(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[str, str]] | None:
+    """--languages en:de,en:fr as pairs; a malformed one is refused naming the flag and the pair."""
+    if value is None:
+        return None
+    pairs = []
+    for item in value.split(","):
+        src, colon, tgt = item.strip().partition(":")
+        if not colon or language_pairs([[src, tgt]]) is None:
+            raise click.BadParameter(f"{item.strip()!r} is not SRC:TGT (two different language codes, such as "
+                                     "en:de; several separated by commas: en:de,en:fr)", ctx, param)
+        pairs.append((src, tgt))
+    return pairs
 
 
 @main.command()
@@ -87,11 +101,16 @@ from xform.models.vocab import TOKENIZE, VocabFiles
 @click.option("--attention-layer", type=int, default=None,
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
                    "-1, the last).")
+@click.option("--languages", callback=language_option, metavar="SRC:TGT[,SRC:TGT...]", default=None,
+              help="The language pairs the bundle translates, recorded in its manifest (for routing by language "
+                   "over many bundles: xform.Translator(DIR)); default: what its tokenizer says "
+                   "(docs/python.md).")
 @handle_errors
 def export(model: str, output: Path, precision: str, opset: int | None, exporter: str, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
-           attention_layer: int | None, sample_file: Path | None, no_judgement: bool, **hparams) -> None:
+           attention_layer: int | None, sample_file: Path | None, no_judgement: bool,
+           languages: list[tuple[str, str]] | None, **hparams) -> None:
     """Export MODEL to a verified bundle.
 
     MODEL is `demo`, an xform checkpoint directory, a Hugging Face directory (Marian / OPUS-MT,
@@ -123,7 +142,7 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
-                               judge=not no_judgement,
+                               judge=not no_judgement, languages=languages,
                                progress=stage)
     print_export(result, precision, exporter)
     print_text_report(result.path, result.manifest)

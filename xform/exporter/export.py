@@ -25,7 +25,7 @@ from xform.exporter.beam_graph import share_decoder_data
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.files import atomic_directory, check_target
-from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry, not_ours
+from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry, language_pairs, not_ours
 from xform.models.checkpoint import save_checkpoint
 from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
@@ -164,7 +164,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript",
-                  sample_file: Path | None = None, judge: bool = True) -> ExportResult:
+                  sample_file: Path | None = None, judge: bool = True,
+                  languages: "list[tuple[str, str]] | None" = None) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
@@ -175,8 +176,10 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     reduced precision is judged for gross breakage only. `judge` False (--no-judgement, fp16 / int8
     only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
-    `opset` None: the exporter's default (17 / 18)."""
+    `opset` None: the exporter's default (17 / 18). `languages` (--languages): the (source, target)
+    pairs it translates, for routing by language (runtime/fleet/languages.py)."""
     out = Path(out)
+    pairs = declared_languages(languages)
     opset, versions = export_options(precision, opset, exporter, judge, sample_file)
     # before any work, and nothing of theirs is touched
     check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
@@ -205,7 +208,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             # decoding defaults of run / translate / generate; greedy unless the model ships others
             generation=generation,
             tokenizer=TokenizerEntry("tokenizer.json", tuple(notes)) if loaded.tokenizer is not None else None,
-            tolerance=tolerance_record(tol), versions=versions)
+            tolerance=tolerance_record(tol), versions=versions, languages=pairs)
         manifest.write(tmp)
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
         c = manifest.verification["check"]
@@ -215,6 +218,15 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)
+
+
+def declared_languages(languages: "list[tuple[str, str]] | None") -> tuple[tuple[str, str], ...] | None:
+    """--languages as the manifest's pairs (None: none declared), checked before any work."""
+    pairs = None if languages is None else language_pairs(languages)
+    if languages is not None and pairs is None:
+        raise XformError(f"--languages {languages!r}: expected (source, target) pairs of two different language "
+                         "codes, such as [('en', 'de')]")
+    return pairs
 
 
 UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"

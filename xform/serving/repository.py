@@ -12,7 +12,6 @@ docs/serving.md's tensor table come from.
 """
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -21,11 +20,11 @@ from pathlib import Path
 from xform.errors import BundleError, XformError
 from xform.files import atomic_directory, check_target
 from xform.runtime.bundle import Bundle
+from xform.runtime.fleet.catalog import NAME  # one rule for a model's name, a catalog's too
 from xform.serving import tensors
 from xform.serving.inflight import stream_model
 from xform.serving.tensors import present
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory
 
 

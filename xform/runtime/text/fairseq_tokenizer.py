@@ -10,7 +10,7 @@ from xform.config import TransformerConfig
 from xform.errors import BundleError, Message, SettingError
 from xform.files import read_json_object
 from xform.runtime.text.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
-from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec
+from xform.tokenizer_spec import ByteBpeSpec, FairseqSpmSpec, language_code
 
 
 class FairseqSpmTokenizer(Tokenizer):
@@ -57,7 +57,7 @@ class FairseqSpmTokenizer(Tokenizer):
     @property
     def codes(self) -> list[str]:
         """The language codes as users type them: M2M100's token "__fr__" is the code "fr"."""
-        return [t[2:-2] if len(t) > 4 and t.startswith("__") and t.endswith("__") else t for t in self.languages]
+        return [language_code(t) for t in self.languages]
 
     def language_id(self, code: str, setting: str = "tgt_lang") -> int:
         if code not in self.languages and f"__{code}__" in self.languages:  # M2M100's "fr" is its token "__fr__"

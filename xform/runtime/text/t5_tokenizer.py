@@ -18,7 +18,7 @@ from pathlib import Path
 from xform.config import TransformerConfig
 from xform.errors import BundleError, Message, SettingError
 from xform.runtime.text.tokenizer import Tokenizer, clean_up_spaces, join_spm_pieces, load_spm, target_pieces
-from xform.tokenizer_spec import T5Spec
+from xform.tokenizer_spec import T5Spec, language_code
 
 
 class T5Tokenizer(Tokenizer):
@@ -74,7 +74,7 @@ class T5Tokenizer(Tokenizer):
     @property
     def codes(self) -> list[str]:
         """The language codes as users type them: MADLAD's token <2pt> is the code "pt"."""
-        return [t[2:-1] for t in self.languages]
+        return [language_code(t) for t in self.languages]
 
     def language_token(self, code: str, setting: str = "tgt_lang") -> str:
         token = code if code in self.languages else f"<2{code}>"

@@ -1,0 +1,214 @@
+"""`xform.Translator(DIR)` over bundles of three families, one at a time (max_loaded 1): the demo
+(numbers to English words, `export --languages num:en`), a Marian (en>de by its
+tokenizer_config.json) and an M2M100 (any of its codes to another). Each answer equals its bundle
+translating alone, a pivot equals the two translations by hand, and loads and evictions follow the
+least recently used rule. The plumbing of a hop (a Marian's >>xx<< prefix, the options of a
+pivot's first hop) is checked with recording translators; docs/python.md's block runs here."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import xform
+from tests.marian_fixtures import marian_config, write_tokenizer
+from tests.test_docs import marked
+from xform.cli import main
+from xform.errors import XformError
+from xform.exporter.export import export_bundle
+from xform.runtime.decoding.request import TranslationResult
+from xform.runtime.fleet.catalog import Catalog
+from xform.runtime.fleet.local import FleetTranslator, RoutedResult, resident_bytes
+from xform.runtime.fleet.routes import RouteError
+
+pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+SHORT = {"max_decoding_length": 6, "beam_size": 2}
+WORDS = ["the red cat sleeps", "a blue dog runs fast"]
+
+
+def random_marian(directory):
+    """A Marian with the test tokenizer and random weights large enough that its translations
+    differ from text to text (briefly trained ones say nothing yet), saved in `directory`."""
+    import torch
+    from transformers import MarianMTModel
+    vocab = write_tokenizer(directory)
+    torch.manual_seed(5)
+    model = MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=1))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:  # not the sinusoidal positions
+                p.normal_(0, 0.25)
+    model.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """A directory of three bundles: numbers (demo, num:en), en-de (Marian), m2m (M2M100)."""
+    from tests.models.test_multilingual_text import make_model, make_tokenizer
+    root = tmp_path_factory.mktemp("fleet")
+    out = root / "bundles"
+    r = CliRunner().invoke(main, ["export", "demo", "-o", str(out / "numbers"), "--languages", "num:en"])
+    assert r.exit_code == 0, r.output
+    marian = root / "opus-mt-fr-es"  # its tokenizer_config.json comes before its name
+    marian.mkdir()
+    random_marian(marian)
+    config = json.loads((marian / "tokenizer_config.json").read_text())
+    (marian / "tokenizer_config.json").write_text(json.dumps({**config, "source_lang": "en", "target_lang": "de"}))
+    export_bundle(marian, out / "en-de")
+    m2m = root / "m2m"
+    m2m.mkdir()
+    tok = make_tokenizer("m2m100", m2m)
+    make_model("m2m100", len(tok.encoder) + len(tok.lang_token_to_id) + tok.num_madeup_words).save_pretrained(
+        m2m / "hf")
+    tok.save_pretrained(m2m / "hf")
+    export_bundle(m2m / "hf", out / "m2m")
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(bundles):
+    """name -> that bundle's own xform.Translator."""
+    return {name: xform.Translator(bundles / name) for name in ("numbers", "en-de", "m2m")}
+
+
+def hypotheses(results):
+    return [r.hypotheses for r in results]
+
+
+def test_the_catalog_reads_each_family(bundles):
+    c = Catalog.scan(bundles)
+    assert {e.name: e.languages.origin for e in c} == {
+        "en-de": "Marian tokenizer_config.json", "m2m": "tokenizer", "numbers": "manifest"}
+    assert c["en-de"].languages.pairs == (("en", "de"),) and c["numbers"].languages.pairs == (("num", "en"),)
+    m2m = c["m2m"].languages
+    assert {"de", "en", "es", "fr"} <= set(m2m.targets) and m2m.sources == m2m.targets and m2m.ask.kind == "fairseq"
+    assert c.summary()[1].startswith("m2m: any of af, am, ar,") and c.summary()[1].endswith("codes) to another")
+
+
+def test_each_answer_equals_its_bundle_alone(bundles, alone):
+    fleet = xform.Translator(bundles, max_loaded=1)
+    assert isinstance(fleet, FleetTranslator) and not isinstance(fleet, xform.Translator)
+    asked = [("num", "en", ["40512", "7"], "numbers", {}), ("en", "de", WORDS, "en-de", {}),
+             ("fr", "es", ["Élodie a mangé", "le chat"], "m2m", {"src_lang": "fr", "tgt_lang": "es"})]
+    for src, tgt, texts, name, languages in asked:
+        got = fleet.translate_batch(texts, src_lang=src, tgt_lang=tgt, **SHORT)
+        assert hypotheses(got) == hypotheses(alone[name].translate_batch(texts, **languages, **SHORT)), name
+        assert all(isinstance(r, RoutedResult) and str(r.route) == f"{src}>{tgt} {name}" for r in got)
+        assert fleet.stats().loaded == [name]
+    s = fleet.stats()
+    assert s.loads == {"numbers": 1, "en-de": 1, "m2m": 1} and s.evictions == {"numbers": 1, "en-de": 1}
+    assert hypotheses(fleet.translate_batch(["7"], src_lang="num", tgt_lang="en")) == [["seven"]]
+    assert fleet.stats().loads["numbers"] == 2 and fleet.stats().evictions["m2m"] == 1
+
+
+def test_a_pivot_equals_two_translations_by_hand(bundles, alone):
+    fleet = xform.Translator(bundles, max_loaded=1)
+    got = fleet.translate_batch(["40512", "7"], src_lang="num", tgt_lang="de", **SHORT)
+    english = [r.hypotheses[0] for r in alone["numbers"].translate_batch(["40512", "7"], **SHORT)]
+    assert english == ["forty thousand five hundred twelve", "seven"]
+    assert hypotheses(got) == hypotheses(alone["en-de"].translate_batch(english, **SHORT))
+    assert str(got[0].route) == "num>en numbers; en>de en-de" and got[0].route.pivot == "en"
+    s = fleet.stats()
+    assert s.loaded == ["en-de"] and s.evictions == {"numbers": 1}
+
+
+def test_loads_and_evictions_follow_least_recently_used(bundles):
+    fleet = xform.Translator([bundles / "numbers", bundles / "en-de", bundles / "m2m"], max_loaded=2)
+    for src, tgt in [("num", "en"), ("en", "de"), ("num", "en"), ("fr", "es")]:
+        fleet.translate_batch(["7"], src_lang=src, tgt_lang=tgt, max_decoding_length=2)
+    s = fleet.stats()
+    assert s.loaded == ["numbers", "m2m"] and s.evictions == {"en-de": 1}  # en-de was the least recently used
+    assert s.loads == {"numbers": 1, "en-de": 1, "m2m": 1}
+    assert all(isinstance(c, int) and c >= 0 for c in s.costs.values())  # measured at each load (below)
+    fleet.close()
+    assert fleet.stats().loaded == []
+
+
+def test_model_and_errors(bundles, alone):
+    fleet = xform.Translator(bundles, max_loaded=1)
+    got = fleet.translate_batch(WORDS, src_lang="en", tgt_lang="de", model="m2m", **SHORT)  # not the pair bundle
+    assert hypotheses(got) == hypotheses(alone["m2m"].translate_batch(WORDS, src_lang="en", tgt_lang="de", **SHORT))
+    assert hypotheses(got) != hypotheses(alone["en-de"].translate_batch(WORDS, **SHORT))  # the bundles differ
+    with pytest.raises(RouteError, match="no bundle translates src_lang 'ja' to tgt_lang 'num'.*numbers: num>en"):
+        fleet.translate_batch(["x"], src_lang="ja", tgt_lang="num")
+    with pytest.raises(RouteError, match="picks one by src_lang and tgt_lang"):
+        fleet.translate_batch(["x"])
+    with pytest.raises(XformError, match="max_loaded: for a directory of bundles"):
+        xform.Translator(bundles / "numbers", max_loaded=1)
+    with pytest.raises(XformError, match="compute_type float16: a directory's bundles each keep"):
+        xform.Translator(bundles, compute_type="float16")
+    assert type(xform.Translator(bundles / "numbers")) is xform.Translator  # one bundle: as before
+
+
+def test_a_cost_is_the_resident_growth_across_the_load(bundles):
+    """SessionLoader's cost: what this process's resident memory grew by while the bundle opened
+    (here an opener that writes 64 MiB); pinned bundles open with the translator."""
+    if resident_bytes() is None:
+        pytest.skip("no /proc: resident memory unknown")
+    held = []
+    fleet = FleetTranslator(bundles, lambda path: held.append(b"x" * (64 << 20)) or Recording(path.name, []),
+                            pinned=["m2m"])
+    assert fleet.stats().loaded == ["m2m"] and 60 << 20 <= fleet.stats().costs["m2m"] < 200 << 20
+    with pytest.raises(XformError, match=r"pinned \['nope'\]: no such bundle"):
+        FleetTranslator(bundles, lambda path: Recording(path.name, []), pinned=["nope"])
+
+
+def test_a_directory_of_no_bundles_is_still_one_bundles_error(tmp_path):
+    with pytest.raises(XformError, match="manifest.json: missing; .* is not an xform bundle"):
+        xform.Translator(tmp_path)
+
+
+class Recording:
+    """A text Translator's stand-in: answers `<tgt_lang or model>:<text>` and records each call."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def translate_batch(self, texts, target_prefix=None, *, src_lang=None, tgt_lang=None, **options):
+        self.calls.append((self.name, list(texts), target_prefix, src_lang, tgt_lang, options))
+        return [TranslationResult([f"{self.name}:{t}"] * options.get("num_hypotheses", 1)) for t in texts]
+
+
+def test_a_hop_asks_as_its_bundle_takes_it(bundles, tmp_path):
+    """A multi-target Marian gets >>tgt<< on each text (not on a blank one); a pivot's first hop
+    makes one translation and takes no target prefix; the last gets what shapes the answer."""
+    shutil.copytree(bundles / "numbers", tmp_path / "numbers")
+    multi = tmp_path / "en-multi"
+    shutil.copytree(bundles / "en-de", multi)
+    vocab = json.loads((multi / "tokenizer" / "vocab.json").read_text())
+    vocab.update({">>de<<": len(vocab), ">>fr<<": len(vocab) + 1})
+    (multi / "tokenizer" / "vocab.json").write_text(json.dumps(vocab))  # read by the catalog, no session opened
+    calls = []
+    fleet = FleetTranslator(tmp_path, lambda path: Recording(path.name, calls), max_loaded=1)
+    got = fleet.translate_batch(["7", " "], ["pre", None], src_lang="num", tgt_lang="fr", num_hypotheses=2,
+                                beam_size=3)
+    assert calls == [("numbers", ["7", " "], None, None, None, {"beam_size": 3}),
+                     ("en-multi", [">>fr<< numbers:7", ">>fr<< numbers: "], ["pre", None], None, None,
+                      {"num_hypotheses": 2, "beam_size": 3})]
+    assert hypotheses(got) == [["en-multi:>>fr<< numbers:7"] * 2, ["en-multi:>>fr<< numbers: "] * 2]
+    calls.clear()
+    fleet.translate_batch(["a", ""], src_lang="en", tgt_lang="de")
+    assert calls == [("en-multi", [">>de<< a", ""], None, None, None, {})]
+    shutil.copytree(bundles / "m2m", tmp_path / "m2m")
+    calls.clear()
+    fleet = FleetTranslator(tmp_path, lambda path: Recording(path.name, calls))
+    fleet.translate_batch(["a"], src_lang="FR", tgt_lang="es", model="m2m")
+    fleet.translate_batch(["b"], src_lang="es", tgt_lang="de")  # not en-multi: it translates from English only
+    assert calls == [("m2m", ["a"], None, "fr", "es", {}), ("m2m", ["b"], None, "es", "de", {})]
+
+
+def test_the_python_guide_block(bundles, tmp_path):
+    """docs/python.md's "Many bundles in one process" block, in a directory holding its bundles."""
+    for name in ("numbers", "en-de"):
+        shutil.copytree(bundles / name, tmp_path / "bundles" / name)
+    env = {**os.environ, "PYTHONPATH": str(Path(xform.__file__).parents[1])}  # this checkout's xform, whatever is installed
+    r = subprocess.run([sys.executable, "-c", marked("fleet-python", "docs/python.md", "python")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "['forty thousand five hundred twelve', 'seven'] num>en numbers"
+    assert lines[1].endswith(" num>en numbers; en>de en-de") and lines[2] == "['en-de'] {'numbers': 1}"

@@ -1,0 +1,148 @@
+"""Many bundles in this process: `FleetTranslator` routes a batch by its languages (routes.py) to
+bundles a Pool (pool.py) opens on demand as text Translators, and says the route it took.
+
+A bundle's cost is the growth of this process's resident memory across its load
+(/proc/self/smaps_rollup, else /proc/self/statm): what it really took, its graphs and
+ONNX Runtime's arenas, not its files' size. Unloading drops the Session; the allocator may keep
+some of the memory for the next load, so a later load can measure less than the first.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from xform.errors import InputError
+from xform.runtime.decoding.request import TranslationResult
+from xform.runtime.fleet.catalog import Catalog
+from xform.runtime.fleet.pool import Pool, PoolStats
+from xform.runtime.fleet.routes import Hop, Route, plan
+from xform.runtime.text.translator import Translator, refuse_one_text
+
+# settings that shape the answer, not the decoding: a pivot's first hop makes one translation
+LAST_HOP_ONLY = ("num_hypotheses", "num_return_sequences", "return_alternatives", "return_scores")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory, or None where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A bundle opened in this process: its text Translator, and the lock that keeps its Session
+    to one batch at a time (calls for different bundles run together)."""
+    translator: Translator
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SessionLoader:
+    """A Pool's loader in this process: a bundle of `catalog` opened by `opener` (a text
+    Translator over its Session), its cost the resident growth across the load (the first load
+    also pays the backend's one-time import: its cost is overstated until it loads again)."""
+
+    def __init__(self, catalog: Catalog, opener: Callable[[Path], Translator]):
+        self.catalog, self.opener = catalog, opener
+
+    def load(self, name: str) -> tuple[Loaded, int]:
+        gc.collect()
+        before = resident_bytes() or 0
+        translator = self.opener(self.catalog[name].path)
+        after = resident_bytes() or 0
+        return Loaded(translator), max(after - before, 0)
+
+    def unload(self, name: str, thing: Any) -> None:
+        del thing
+        gc.collect()
+
+
+@dataclass(frozen=True)
+class RoutedResult(TranslationResult):
+    """A TranslationResult and the `route` that made it (one hop, or two through a pivot)."""
+    route: Route | None = None
+
+
+class FleetTranslator:
+    """`xform.Translator(DIR)`: text in one language, out in another, over a directory of bundles
+    (or a list of bundle paths), each opened by `opener` at its first use and kept within
+    `max_loaded` bundles and `memory_budget` bytes (pool.py's rules); `pinned` bundles are opened
+    now and never unloaded; `pivot`: the language two hops go through where no bundle translates a pair
+    (None: none)."""
+
+    def __init__(self, bundles: str | Path | Sequence[str | Path], opener: Callable[[Path], Translator],
+                 max_loaded: int | None = None, memory_budget: int | None = None, pinned: Iterable[str] = (),
+                 pivot: str | None = "en", load_timeout: float = 60.0):
+        self.catalog = Catalog.scan(bundles)
+        unknown = [n for n in pinned if n not in self.catalog]
+        if unknown:
+            raise InputError(f"pinned {unknown}: no such bundle; known: {', '.join(e.name for e in self.catalog)}")
+        if memory_budget is not None and resident_bytes() is None:
+            raise InputError("{memory_budget}: this system does not say a process's resident memory (/proc), so "
+                             "a bundle's cost cannot be measured; bound them by {max_loaded}"
+                             ).naming("memory_budget", "max_loaded")
+        self.pivot = pivot
+        self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, memory_budget, pinned, load_timeout)
+        self.pool.preload()
+
+    def route(self, src_lang: str | None, tgt_lang: str | None, model: str | None = None) -> Route:
+        """The route a translation from `src_lang` to `tgt_lang` takes (routes.plan)."""
+        return plan(self.catalog, src_lang, tgt_lang, model, self.pivot)
+
+    def translate_batch(self, source: Sequence[str], target_prefix: Sequence[str | None] | None = None, *,
+                        src_lang: str | None = None, tgt_lang: str | None = None, model: str | None = None,
+                        **options: Any) -> list[RoutedResult]:
+        """Translate texts from `src_lang` to `tgt_lang` by the bundle the route picks (`model`: by
+        that one); one RoutedResult a text, in order. Through a pivot, the first hop's best
+        translation is the second's source; `options` (a Translator's translate_batch options)
+        go to both hops, but for those that shape the answer (hypotheses, scores) and
+        `target_prefix`, which go to the last."""
+        refuse_one_text(source, "source")
+        texts = list(source)
+        if not all(isinstance(t, str) for t in texts):
+            raise InputError("source: texts, one a source (token lists are one bundle's; a directory of bundles "
+                             "takes text)")
+        route = self.route(src_lang, tgt_lang, model)
+        results: list[TranslationResult] = []
+        for i, hop in enumerate(route.hops):
+            last = i == len(route.hops) - 1
+            results = self.hop(hop, texts, target_prefix if last else None,
+                               options if last else {k: v for k, v in options.items() if k not in LAST_HOP_ONLY})
+            texts = [r.hypotheses[0] if r.hypotheses else "" for r in results]
+        return [RoutedResult(r.hypotheses, r.scores, route) for r in results]
+
+    def hop(self, hop: Hop, texts: list[str], target_prefix: Sequence[str | None] | None,
+            options: dict[str, Any]) -> list[TranslationResult]:
+        """One bundle's translations of `texts`, asked for the hop's pair as its tokenizer takes it."""
+        asked = hop.asked
+        sources = [asked.prefix + t if t.strip() else t for t in texts]
+        with self.pool.lease(hop.model) as loaded, loaded.lock:
+            return loaded.translator.translate_batch(sources, target_prefix, src_lang=asked.src_lang,
+                                                     tgt_lang=asked.tgt_lang, **options)
+
+    def stats(self) -> PoolStats:
+        """Which bundles are loaded (least recently used first), their costs, loads and evictions."""
+        return self.pool.stats()
+
+    def close(self) -> None:
+        """Unload every bundle not in use."""
+        self.pool.close()
+
+    def __enter__(self) -> "FleetTranslator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
