@@ -48,10 +48,13 @@ ENGINES = ("xform ort fp32", "xform ort int8", "xform ort fp32 early", "xform or
 SUBSET_ENGINES = ("transformers eager", "optimum ort")
 EARLY_ENGINES = ("xform ort fp32 early", "xform ort int8 early")  # beam rows only: greedy has no stopping rule
 EARLY_REF = "xform ort fp32 early"
+# with --vmap MAP: each engine decodes with the vocabulary map too (CTranslate2: the map as the converted
+# model's vmap.txt and use_vmap=True; xform: bundles exported --with-vocab-map and --vocab-map)
+VMAP_ENGINES = ("xform ort fp32 vmap", "xform ort int8 vmap", "ctranslate2 fp32 vmap", "ctranslate2 int8 vmap")
 BASELINE = "ctranslate2 fp32"
 
 
-def prepare(work: Path, lines: int, engines: list[str]) -> dict[str, Path]:
+def prepare(work: Path, lines: int, engines: list[str], vmap: Path | None = None) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_peers import export_optimum
     from train_marian_synthetic import write_corpus
@@ -68,12 +71,19 @@ def prepare(work: Path, lines: int, engines: list[str]) -> dict[str, Path]:
         out = work / f"xform-{q}"
         try:
             Bundle.open(out)
-        except BundleError:
-            export_bundle(hf, out, precision=q, force=True)
+        except BundleError:  # the restricted decoder too: it costs nothing unless a map is used
+            export_bundle(hf, out, precision=q, force=True, vocab_map=True)
         paths[f"xform-{q}"] = out
     if not (work / "ct2-pad-start" / "model.bin").exists():
         convert_ct2(hf, work / "ct2-pad-start")
     paths["ct2"] = work / "ct2-pad-start"
+    if vmap is not None:  # CTranslate2 reads a model's map from its directory (vmap.txt)
+        import shutil
+        with_map = work / "ct2-pad-start-vmap"
+        if not with_map.exists():
+            shutil.copytree(paths["ct2"], with_map)
+        shutil.copyfile(vmap, with_map / "vmap.txt")
+        paths["ct2-vmap"], paths["vmap"] = with_map, vmap
     if "optimum ort" in engines:
         paths["optimum"] = export_optimum(hf, work)
     return paths
@@ -143,19 +153,24 @@ def translate(name: str, paths: dict, lines: list[str], beams: int, args) -> lis
         session = xform.load(paths["xform-int8" if "int8" in name else "xform-fp32"], threads=THREADS)
         gen = session.generation_config(args.max_new_tokens, num_beams=beams,
                                         early_stopping=True if name in EARLY_ENGINES else None)
+        from xform.runtime.decoding.request import TextOptions
         from xform.runtime.scheduling.batching import Batching
-        out = Translator(session).translate_lines(lines, gen, Batching("tokens", max_batch_tokens=args.max_batch_tokens))
+        text = TextOptions(vocab_map=paths["vmap"] if name.endswith("vmap") else None)
+        batching = Batching("tokens", max_batch_tokens=args.max_batch_tokens)
+        out = Translator(session).translate_lines(lines, gen, batching, text)
         return [line.hypotheses[0] if line.hypotheses else "" for line in out]
     if name.startswith("ctranslate2"):
         import ctranslate2
         import sentencepiece as spm
         sp_src = spm.SentencePieceProcessor(model_file=str(paths["hf"] / "source.spm"))
         sp_tgt = spm.SentencePieceProcessor(model_file=str(paths["hf"] / "target.spm"))
-        tr = ctranslate2.Translator(str(paths["ct2"]), device="cpu", inter_threads=1, intra_threads=THREADS,
-                                    compute_type="int8" if name.endswith("int8") else "float32")
+        vmap = name.endswith("vmap")
+        tr = ctranslate2.Translator(str(paths["ct2-vmap" if vmap else "ct2"]), device="cpu", inter_threads=1,
+                                    intra_threads=THREADS, compute_type="int8" if "int8" in name else "float32")
         tokens = (sp_src.encode(line, out_type=str) + ["</s>"] for line in lines)
         results = tr.translate_iterable(tokens, max_batch_size=args.max_batch_tokens, batch_type="tokens",
-                                        beam_size=beams, **ct2_settings(paths["hf"], args.max_new_tokens))
+                                        beam_size=beams, use_vmap=vmap,
+                                        **ct2_settings(paths["hf"], args.max_new_tokens))
         return [sp_tgt.decode([t for t in r.hypotheses[0] if t != "</s>"]) for r in results]
     import torch
     from transformers import MarianTokenizer
@@ -209,8 +224,12 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--vmap", type=Path, default=None,
+                    help="a vocabulary map (scripts/build_vocab_map.py): the *vmap engines decode with it")
     args = ap.parse_args()
-    paths = prepare(args.work, args.lines, args.engines.split(","))
+    if args.vmap is None and any(name.endswith("vmap") for name in args.engines.split(",")):
+        raise SystemExit(f"the engines {', '.join(VMAP_ENGINES)} decode with a vocabulary map: give --vmap MAP")
+    paths = prepare(args.work, args.lines, args.engines.split(","), args.vmap)
     text = paths["file"].read_text().splitlines()
     rows = []
     for beams in map(int, args.beams.split(",")):
@@ -243,7 +262,8 @@ def main() -> None:
             if r["beams"] != beams:
                 continue
             for key, peer in (("vs_ct2_fp32", BASELINE),
-                              ("vs_ct2_same", "ctranslate2 int8" if "int8" in r["engine"] else BASELINE)):
+                              ("vs_ct2_same", ("ctranslate2 int8" if "int8" in r["engine"] else BASELINE)
+                               + (" vmap" if r["engine"].endswith("vmap") else ""))):
                 base = next((b for b in rows if b["beams"] == beams and b["engine"] == peer), None)
                 if base is not None:
                     r[key] = r["sentences_per_s"] / base["sentences_per_s"]
