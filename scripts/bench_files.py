@@ -208,6 +208,9 @@ def run_engine(name, paths, lines, beams, args) -> tuple[float, list[str], float
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=worker, args=(name, paths, lines, beams, args, child), daemon=True)
     proc.start()
+    while not parent.poll(1.0):  # an engine that crashes (its process gone) must not hang the benchmark
+        if not proc.is_alive():
+            raise RuntimeError(f"{name}: its process ended with exit code {proc.exitcode} before answering")
     result = parent.recv()
     proc.join()
     return result
@@ -231,7 +234,8 @@ def main() -> None:
         raise SystemExit(f"the engines {', '.join(VMAP_ENGINES)} decode with a vocabulary map: give --vmap MAP")
     paths = prepare(args.work, args.lines, args.engines.split(","), args.vmap)
     text = paths["file"].read_text().splitlines()
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     for beams in map(int, args.beams.split(",")):
         outs, walls, rss = {}, {}, {}
         for r in range(args.rounds):
@@ -239,7 +243,12 @@ def main() -> None:
                 if beams == 1 and name in EARLY_ENGINES:
                     continue
                 lines = text[:args.subset] if name in SUBSET_ENGINES else text
-                wall, out, peak = run_engine(name, paths, lines, beams, args)
+                try:
+                    wall, out, peak = run_engine(name, paths, lines, beams, args)
+                except RuntimeError as e:  # reported beside the others, never a hang
+                    print(f"  beam {beams} round {r + 1}: {e}", file=sys.stderr, flush=True)
+                    failed.append(f"beam {beams}: {e}")
+                    continue
                 walls.setdefault(name, []).append(wall)
                 outs[name], rss[name] = out, peak
                 print(f"  beam {beams} round {r + 1}: {name} {len(lines) / wall:.1f} sentences/s", file=sys.stderr,
@@ -270,7 +279,7 @@ def main() -> None:
     lengths = [len(t.split()) for t in text]
     ref = outs.get("xform ort fp32") or []
     out_lengths = [len(t.split()) for t in ref]
-    summary = {"rows": rows, "machine": machine_name(), "threads": THREADS,
+    summary = {"rows": rows, "failed": failed, "machine": machine_name(), "threads": THREADS,
                "source_words": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
                "xform_fp32_output_words": {"min": min(out_lengths, default=0),
                                            "median": statistics.median(out_lengths) if out_lengths else 0,
