@@ -30,3 +30,23 @@ def test_bench_gpu_runs_its_smallest_case_on_the_cpu(tmp_path):
             assert r["vs_baseline"] == 1.0 and r["tokens_equal_transformers"] is None
     md = (tmp_path / "out" / "bench_gpu_cpu.md").read_text()
     assert "python scripts/bench_gpu.py --device cpu" in md and "| xform fp32 | 3 | beam 2 |" in md
+
+
+def test_bench_cuda_step_runs_on_the_cpu(tmp_path):
+    """scripts/bench_cuda_step.py (the decoder step bound once, its variants against the plain
+    session) on the tiny shape on the CPU: the plain and the optimizer-fused variants run, the fused
+    graph's logits stay within 1e-5 of the plain one's, at two positions and again after the others."""
+    pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_cuda_step.py"), "--device", "cpu", "--shape", "tiny",
+           "--precisions", "fp32", "--variants", "plain", "fused", "--rows", "1", "3", "--steps", "3",
+           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "bench_cuda_step.json").read_text())
+    rows = {(r["variant"], r["rows"]): r for r in report["rows"]}
+    assert set(rows) == {(v, n) for v in ("plain", "fused") for n in (1, 3)} and report["machine"]
+    for (variant, _), r in rows.items():
+        assert "error" not in r and r["ms"] > 0
+        diffs = [v for k, v in r.items() if "max_abs" in k]
+        assert (len(diffs) == 4 and max(diffs) < 1e-5) if variant == "fused" else not diffs, r
+    assert "| fp32 | fused | 3 |" in (tmp_path / "out" / "bench_cuda_step.md").read_text()
