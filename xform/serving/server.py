@@ -11,7 +11,9 @@ Where the server comes from:
   directory (XFORM_CACHE, default ~/.cache/xform).
 
 The server listens on the given host only (127.0.0.1 by default); `start` waits until the server
-and its models are ready, or raises with the tail of Triton's log.
+and its models are ready, or raises with the tail of Triton's log. With `explicit` (many bundles,
+one server), Triton's explicit model control: only the given models load at start, the others of
+the repository when a model loads them through BLS, and `index()` says which are loaded.
 """
 from __future__ import annotations
 
