@@ -63,3 +63,10 @@ def test_a_stub_gone_is_a_death_only_while_its_model_is_ready_and_not_reloaded()
     assert died(Server(True, {"translate", "b-stream"}), gone, before, {2: "translate", 4: "b-stream"}) == []
     # no explicit model control: every stub is there from the start, any gone one died
     assert died(Server(False, set()), gone, before, {2: "translate"}) == [1, 3]
+
+
+def test_an_index_that_does_not_answer_counts_the_gone_stubs_as_dead():
+    class Silent(Server):
+        def ready_models(self):
+            raise TimeoutError("timed out")
+    assert died(Silent(True, set()), {3: "b-stream"}, {3: "b-stream"}, {}) == [3]

@@ -206,3 +206,19 @@ def test_serve_refuses_before_starting_anything(tmp_path):
     assert r.exit_code == 2 and "give bundles or --models DIR, not both" in r.output
     r = CliRunner().invoke(main, ["serve", "--models", str(tmp_path / "none"), "--max-loaded", "1"])
     assert r.exit_code == 1 and "no such directory of bundles" in r.output
+
+
+def test_a_load_that_never_returns_fails_once_its_stub_is_gone():
+    """Triton 2.51's BLS load_model was seen hanging after the engine's initialize failed: the
+    loader fails the load when the engine's stub came and went and the model is not ready."""
+    hang = threading.Event()
+    looks = iter([[], [7], [7], []] + [[]] * 100)
+    loader = StubLoader(ENGINES, lambda m: hang.wait(10), print, lambda m: next(looks), lambda p: 0,
+                        lambda pids, t: [], ready=lambda m: False)
+    with pytest.raises(Exception, match="failed to load 'm2m-stream': its stub exited before it was ready"):
+        loader.load("m2m")
+    hang.set()
+    checked = StubLoader(ENGINES, print, print, lambda m: [], lambda p: 0, lambda pids, t: [],
+                         check=lambda name: (_ for _ in ()).throw(RuntimeError(f"{name}: sha256 mismatch")))
+    with pytest.raises(RuntimeError, match="m2m: sha256 mismatch"):
+        checked.load("m2m")

@@ -93,13 +93,16 @@ def running(server: TritonServer) -> dict[int, str]:
 
 def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now: dict[int, str]) -> list[int]:
     """The pids of `gone` that died: their model still READY and run by no new stub (an unloaded
-    model is not READY; one loaded again since has a stub that was not there `before`)."""
+    model is not READY; one loaded again since has a stub that was not there `before`). An index
+    that does not answer counts them all as dead: seen here, Triton 2.51's index can stop
+    answering once a loaded model's stub was killed, and a false stop is safer than a model that
+    answers every request with an error."""
     if not server.explicit:
         return sorted(gone)
     try:
         ready = server.ready_models()
-    except OSError:  # Triton not answering: its own exit is the watch's next finding
-        return []
+    except (OSError, ValueError):
+        return sorted(gone)
     reloaded = {m for p, m in now.items() if p not in before}
     return sorted(p for p, m in gone.items() if m in ready and m not in reloaded)
 

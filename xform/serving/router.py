@@ -20,6 +20,7 @@ gave (inflight.untagged).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,22 +129,54 @@ class StubLoader:
     """A Pool's loader on Triton: a bundle loads as its engine model (`load_model(engine)`: BLS
     pb_utils.load_model, synchronous), its cost the memory of the stubs that run it (`stubs(engine)`
     -> pids; residency.memory_bytes: Pss); unloading (`unload_model`: asynchronous in Triton 2.51)
-    waits until those stubs have exited, so the memory is free before the next load."""
+    waits until those stubs have exited, so the memory is free before the next load.
+
+    `check(name)` runs first (the router verifies the bundle's files: a damaged bundle fails here
+    with its reason). Triton 2.51's BLS `load_model` was seen not to return when the engine's
+    initialize failed (its log says "failed to load"): so it runs in a thread of its own, and a
+    load whose engine stub came and went while the model is not ready (`ready(engine)`), or that
+    takes more than `load_timeout`, fails without waiting for the call."""
 
     def __init__(self, engines: dict[str, str], load_model: Callable[[str], None],
                  unload_model: Callable[[str], None], stubs: Callable[[str], list[int]],
                  memory: Callable[[int], int], wait_gone: Callable[[list[int], float], list[int]],
-                 unload_timeout: float = 60.0, observe: Callable[[str, str, float, int], None] = lambda *a: None):
+                 unload_timeout: float = 60.0, observe: Callable[[str, str, float, int], None] = lambda *a: None,
+                 check: Callable[[str], None] = lambda name: None, ready: Callable[[str], bool] = lambda e: True,
+                 load_timeout: float = 600.0):
         self.engines, self.load_model, self.unload_model = engines, load_model, unload_model
         self.stubs, self.memory, self.wait_gone, self.unload_timeout = stubs, memory, wait_gone, unload_timeout
         self.observe = observe  # (event "load" | "unload", bundle, seconds, bytes)
+        self.check, self.ready, self.load_timeout = check, ready, load_timeout
 
     def load(self, name: str) -> tuple[str, int]:
         engine, t0 = self.engines[name], time.monotonic()
-        self.load_model(engine)
+        self.check(name)
+        self.guarded(engine)
         cost = sum(self.memory(p) for p in self.stubs(engine))
         self.observe("load", name, time.monotonic() - t0, cost)
         return engine, cost
+
+    def guarded(self, engine: str) -> None:
+        """`load_model(engine)`, not waiting for a call that will not return (the class's note)."""
+        done: list[BaseException | None] = []
+        call = threading.Thread(target=lambda: done.append(caught(self.load_model, engine)), daemon=True,
+                                name=f"xform-load-{engine}")
+        call.start()
+        seen, deadline = False, time.monotonic() + self.load_timeout
+        while not done:
+            call.join(0.1)
+            if done:
+                break
+            running = bool(self.stubs(engine))
+            if (seen and not running and not self.ready(engine)) or time.monotonic() > deadline:
+                call.join(1.0)  # an error on its way
+                if not done:
+                    raise XformError(f"failed to load {engine!r}: its stub exited before it was ready "
+                                     "(Triton's log says why)" if seen else
+                                     f"{engine!r} was not loaded after {self.load_timeout:.0f} s")
+            seen = seen or running
+        if done[0] is not None:
+            raise done[0]
 
     def unload(self, name: str, engine: Any) -> None:
         pids, t0 = self.stubs(engine), time.monotonic()
@@ -153,6 +186,14 @@ class StubLoader:
             raise XformError(f"{engine}: its stubs {left} were still running {self.unload_timeout:.0f} s after "
                              "its unload")
         self.observe("unload", name, time.monotonic() - t0, 0)
+
+
+def caught(fn: Callable[[str], None], arg: str) -> BaseException | None:
+    try:
+        fn(arg)
+    except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+        return e
+    return None
 
 
 # -- the router ------------------------------------------------------------------------------------

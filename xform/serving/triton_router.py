@@ -32,6 +32,12 @@ def stubs(engine):
     return residency.stubs_of(engine, residency.children(os.getppid()))
 
 
+def verify(bundle):
+    """A bundle's files against its manifest's hashes, before Triton is asked to load it."""
+    from xform.runtime.bundle import Bundle
+    Bundle.open(bundle)  # verifies
+
+
 def call(engine, given):
     """One hop: `given` tensors to the engine model by BLS; its outputs, or HopFailed with the
     kind its engine tagged (an untagged error, Triton's own about the model, is the server's)."""
@@ -86,7 +92,9 @@ class TritonPythonModel:
         self.metrics = Metrics()
         loader = StubLoader(engines, lambda m: pb_utils.load_model(model_name=m),
                             lambda m: pb_utils.unload_model(model_name=m), stubs, residency.memory_bytes,
-                            residency.wait_gone, settings.unload_timeout, self.metrics.observe)
+                            residency.wait_gone, settings.unload_timeout, self.metrics.observe,
+                            check=lambda name: verify(catalog[name].path),
+                            ready=lambda m: pb_utils.is_model_ready(model_name=m))
         pool = Pool(loader, settings.max_loaded, None, (), settings.load_timeout)
         self.router = Router(catalog, pool, call, settings.pivot)
         self.names = [t.name for t in inputs()]
