@@ -31,7 +31,8 @@ RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/t
        "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
        "file-command": "here", "hf-command": "here", "own-model-command": "here",
        "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here", "eval-command": "here",
-       "ct2-python": "here", "fleet-python": "tests/runtime/test_fleet_translator.py"}
+       "ct2-python": "here", "fleet-python": "tests/runtime/test_fleet_translator.py",
+       "fleet-serve-command": "tests/serving/test_fleet_server.py"}
 # guides whose commands take a GPU, or minutes to hours with the peers installed: every xform flag,
 # script and script flag they name is checked to exist (test_named_commands_exist)
 NAMED_ONLY = {"docs/benchmarks.md": "benchmarks: minutes to hours, with the bench extra's peers",

@@ -1,7 +1,12 @@
-"""`xform triton` and `xform serve`: a bundle as a Triton model, and the server that runs it."""
+"""`xform triton` and `xform serve`: a bundle as a Triton model, and the server that runs it; many
+bundles on one server, routed by language through the model `translate` (serving/router.py,
+serving/fleet_repository.py)."""
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -75,7 +80,19 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 
 
 @main.command()
-@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.argument("bundles", metavar="BUNDLE...", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--models", "models_dir", type=click.Path(path_type=Path), default=None,
+              help="Serve every bundle in this directory (its subdirectories), routed by language through the "
+                   "model `translate`.")
+@click.option("--max-loaded", type=click.IntRange(min=1), default=None,
+              help="Many bundles: the most loaded at once; the least recently used idle one is unloaded to make "
+                   "room (default: no bound).")
+@click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Many bundles: seconds a request waits for room to load its bundle before it is answered "
+                   "unavailable (503). [default: 60]")
+@click.option("--pivot", default=None,
+              help="Many bundles: the language two hops go through where no bundle translates a pair; 'none': "
+                   "no pivot. [default: en]")
 @click.option("--prepare", is_flag=True,
               help="Only prepare what serving needs (the nvidia-pytriton stub's numpy<2 environment, once, in "
                    "~/.cache/xform) and exit: run it when building an image, so the first serve needs no network.")
@@ -91,10 +108,13 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
                    "terminationGracePeriodSeconds, systemd's TimeoutStopSec).")
 @triton_model_options
 @handle_errors
-def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
+def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, load_timeout: float | None,
+          pivot: str | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
           metrics_port: int, grace: float, **options) -> None:
     """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
 
+    Several bundles, or --models DIR: each a Triton model loaded at its first request, and the model
+    `translate` routing requests by src_lang / tgt_lang (docs/serving.md, "Many bundles, one server").
     tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel. Exit codes: 0
     stopped by a signal (SIGINT, SIGTERM, SIGHUP); 1 tritonserver did not start, died, or a model's
     stub died (the message says which and where Triton's log is kept); 2 bad flags.
@@ -104,17 +124,25 @@ def serve(bundle: Path | None, prepare: bool, wheel_dir: Path | None, host: str,
 
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
+    fleet = {"max_loaded": max_loaded, "load_timeout": load_timeout, "pivot": pivot}
     if prepare:
-        if bundle is not None:
+        if bundles or models_dir is not None:
             raise click.UsageError("--prepare prepares the server, not a bundle: give no BUNDLE")
         install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
         where = f" (stub environment {install.backend_dir.parent})" if install.backend_dir is not None else ""
         out.print(f"ready to serve: {install.source} tritonserver {install.binary}{where}")
         return
-    if bundle is None:
-        raise click.UsageError("missing BUNDLE (or --prepare)")
+    if not bundles and models_dir is None:
+        raise click.UsageError("missing BUNDLE (or --models DIR, or --prepare)")
+    if bundles and models_dir is not None:
+        raise click.UsageError("give bundles or --models DIR, not both")
+    ports = (http_port, grpc_port, metrics_port)
     with Stopper() as stopper:  # from the first moment: a stop while starting stops what was started
-        serve_bundle(bundle, wheel_dir, host, (http_port, grpc_port, metrics_port), grace, options, stopper)
+        if len(bundles) == 1 and all(v is None for v in fleet.values()):
+            serve_bundle(bundles[0], wheel_dir, host, ports, grace, options, stopper)
+        else:
+            serve_fleet(models_dir if models_dir is not None else list(bundles), fleet, wheel_dir, host, ports,
+                        grace, options, stopper)
 
 
 def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[int, int, int], grace: float,
@@ -123,9 +151,8 @@ def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[i
     stop it (always), and say how it ended."""
     import tempfile
 
-    from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
     from xform.serving.repository import model_names, write_model
-    from xform.serving.server import ServerError, StopRequested, TritonServer, find_triton
+    from xform.serving.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
         opts = model_options(**options)
@@ -134,28 +161,39 @@ def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[i
         server = stopper.server = TritonServer(Path(tmp) / "models", names, host, *ports,
                                                log_path=Path(tmp) / "tritonserver.log", bls_threads=opts.bls_threads,
                                                grace=grace)
-        outcome, what = STOPPED, ""
-        try:
-            with err.status(f"starting tritonserver for {model.name}"):
-                server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
-                if not stopper.requested:
-                    server.start(should_stop=lambda: stopper.requested)
-            if not stopper.requested:
-                print_endpoints(server, model.name, names)
-                outcome, what = watch(server, stopper)
-        except StopRequested:
-            pass
-        except ServerError as e:
-            outcome, what = "failed", str(e).split("; its log", 1)[0].split("\n", 1)[0]
-        finally:
-            code = server.stop()
-        if outcome != STOPPED:
-            kept = keep_log(server)
-            cause = first_error(server)
-            raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
-                             f"{f'; Triton log kept at {kept}' if kept else ''}")
+        what, code = run_server(server, stopper, wheel_dir, model.name,
+                                lambda: print_endpoints(server, model.name, names))
     out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
               f"(exit code {code})")
+
+
+def run_server(server, stopper, wheel_dir: Path | None, label: str, printer) -> tuple[str, int | None]:
+    """Start `server`, `printer()` its endpoints, watch it until a stop or a death, stop it (always);
+    (what ended it, tritonserver's exit code), or XformError when it failed or died."""
+    from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
+    from xform.serving.server import ServerError, StopRequested, find_triton
+
+    outcome, what = STOPPED, ""
+    try:
+        with err.status(f"starting tritonserver for {label}"):
+            server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+            if not stopper.requested:
+                server.start(should_stop=lambda: stopper.requested)
+        if not stopper.requested:
+            printer()
+            outcome, what = watch(server, stopper)
+    except StopRequested:
+        pass
+    except ServerError as e:
+        outcome, what = "failed", str(e).split("; its log", 1)[0].split("\n", 1)[0]
+    finally:
+        code = server.stop()
+    if outcome != STOPPED:
+        kept = keep_log(server)
+        cause = first_error(server)
+        raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
+                         f"{f'; Triton log kept at {kept}' if kept else ''}")
+    return what, code
 
 
 def print_endpoints(server, name: str, names: list[str]) -> None:
@@ -167,4 +205,66 @@ def print_endpoints(server, name: str, names: list[str]) -> None:
     if len(names) > 1:
         out.print(f"  stream  {server.http_url}/v2/models/{names[1]}/generate_stream (and gRPC streaming "
                   f"to {names[1]})")
+    out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")
+
+
+# -- many bundles, one server: xform serve BUNDLE... | --models DIR ---------------------------------
+def router_settings(fleet: dict):
+    from xform.serving.router import Settings
+    pivot = fleet.get("pivot")
+    return Settings(max_loaded=fleet.get("max_loaded"),
+                    load_timeout=60.0 if fleet.get("load_timeout") is None else fleet["load_timeout"],
+                    pivot="en" if pivot is None else (None if pivot.lower() == "none" else pivot))
+
+
+def serve_fleet(where: Path | Sequence[Path], fleet: dict, wheel_dir: Path | None, host: str,
+                ports: tuple[int, int, int], grace: float, options: dict, stopper) -> None:
+    """Scan the bundles, write them and the router into a temporary repository, run tritonserver
+    with explicit model control (only `translate` loaded at start) until a stop or a death."""
+    import tempfile
+
+    from xform.runtime.fleet.catalog import Catalog
+    from xform.serving.fleet_repository import bls_threads, write_fleet
+    from xform.serving.router import ROUTER
+    from xform.serving.server import TritonServer
+
+    catalog = Catalog.scan(where)
+    opts, settings = model_options(**options), router_settings(fleet)
+    with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
+        repo = Path(tmp) / "models"
+        write_fleet(catalog, repo, opts, settings)
+        server = stopper.server = TritonServer(repo, [ROUTER], host, *ports, log_path=Path(tmp) / "tritonserver.log",
+                                               bls_threads=bls_threads(opts, settings), grace=grace, explicit=True)
+        what, code = run_server(server, stopper, wheel_dir, f"{len(catalog)} bundles",
+                                lambda: print_fleet(server, catalog, settings))
+    out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
+              f"(exit code {code})")
+
+
+def example(catalog) -> dict:
+    """A request body for the JSON example: the first pair a bundle declares."""
+    for entry in catalog:
+        lang = entry.languages
+        if lang.pairs:
+            return {"text": "Hello", "src_lang": lang.pairs[0][0], "tgt_lang": lang.pairs[0][1]}
+        if len(lang.targets) > 1 and lang.sources is not None:
+            return {"text": "Hello", "src_lang": lang.sources[0], "tgt_lang": lang.targets[1]}
+    return {"text": "Hello", "model": next(iter(catalog)).name}
+
+
+def print_fleet(server, catalog, settings) -> None:
+    from xform.serving.router import ROUTER
+    bound = f"at most {settings.max_loaded} loaded at once" if settings.max_loaded else "no bound on those loaded"
+    out.print(f"serving {len(catalog)} bundles through model [bold]{ROUTER}[/] ({server.install.source} "
+              f"tritonserver, pid {server.process.pid}; each bundle loads at its first request, {bound}); Ctrl-C "
+              "stops it")
+    for line in catalog.summary():
+        out.print(f"  bundle  {line}", markup=False)
+    body = json.dumps(example(catalog), ensure_ascii=False)
+    out.print(f"  HTTP    {server.http_url}/v2/models/{ROUTER}/infer")
+    out.print(f"  JSON    curl -X POST {server.http_url}/v2/models/{ROUTER}/generate -d {shlex.quote(body)}",
+              markup=False)
+    out.print(f"  index   curl -X POST {server.http_url}/v2/repository/index (which bundles are loaded)")
+    out.print(f"  ready   {server.http_url}/v2/models/{ROUTER}/ready")
+    out.print(f"  gRPC    {server.host}:{server.grpc_port}")
     out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")

@@ -9,7 +9,10 @@ backend stubs, and the log that outlives the run when something went wrong.
 - tritonserver dying on its own, or one of its Python-backend stubs dying (Triton 2.51 does not
   restart a dead stub and keeps reporting the model ready, answering every request to it with an
   error): the server is stopped and serve exits 1, naming what died and where Triton's log is
-  kept, so that a supervisor restarts it.
+  kept, so that a supervisor restarts it. Under explicit model control (many bundles, one
+  server) a stub that exits because its model was unloaded is no death: its model is not READY
+  in Triton's repository index, or it was loaded again in a new stub. A stub gone while its
+  model is still READY is.
 - tritonserver is started with PR_SET_PDEATHSIG (server.die_with_parent): if serve itself is
   SIGKILLed, the kernel kills tritonserver too, and its stubs exit when they find it gone.
 """
@@ -21,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from xform.serving import residency
 from xform.serving.server import TritonServer
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -61,21 +65,46 @@ class Stopper:
 
 def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25) -> tuple[str, str]:
     """Wait until a stop is asked for, tritonserver exits, or one of its stubs dies; returns
-    (STOPPED | DIED | STUB_DIED, what happened, in words)."""
+    (STOPPED | DIED | STUB_DIED, what happened, in words). A stub that left because its model
+    was unloaded (explicit model control: the index says the model is not READY, or it was
+    loaded again and runs in a new stub) is no death."""
     process = server.process
     assert process is not None  # started
-    stubs = set(server.stubs())
+    stubs = running(server)
     while True:
         if stopper.requested:
             return STOPPED, f"stopped on {stopper.name}"
         if process.poll() is not None:
             return DIED, f"tritonserver exited on its own with code {process.returncode}"
-        now = set(server.stubs())
-        if stubs - now:
-            return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, sorted(stubs - now)))}) died: "
-                               "Triton does not restart it and would answer every request to its model with an error")
-        stubs |= now
+        now = running(server)
+        gone = {pid: model for pid, model in stubs.items() if pid not in now}
+        dead = died(server, gone, stubs, now) if gone else []
+        if dead:
+            return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
+                               "not restart it and would answer every request to its model with an error")
+        stubs = now
         time.sleep(poll)
+
+
+def running(server: TritonServer) -> dict[int, str]:
+    """pid -> model of tritonserver's stubs ('' where the command line does not say)."""
+    return {pid: residency.stub_model(pid) or "" for pid in server.stubs()}
+
+
+def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now: dict[int, str]) -> list[int]:
+    """The pids of `gone` that died: their model still READY and run by no new stub (an unloaded
+    model is not READY; one loaded again since has a stub that was not there `before`). An index
+    that does not answer counts them all as dead: seen here, Triton 2.51's index can stop
+    answering once a loaded model's stub was killed, and a false stop is safer than a model that
+    answers every request with an error."""
+    if not server.explicit:
+        return sorted(gone)
+    try:
+        ready = server.ready_models()
+    except (OSError, ValueError):
+        return sorted(gone)
+    reloaded = {m for p, m in now.items() if p not in before}
+    return sorted(p for p, m in gone.items() if m in ready and m not in reloaded)
 
 
 def keep_log(server: TritonServer) -> Path | None:

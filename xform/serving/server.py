@@ -11,13 +11,16 @@ Where the server comes from:
   directory (XFORM_CACHE, default ~/.cache/xform).
 
 The server listens on the given host only (127.0.0.1 by default); `start` waits until the server
-and its models are ready, or raises with the tail of Triton's log.
+and its models are ready, or raises with the tail of Triton's log. With `explicit` (many bundles,
+one server), Triton's explicit model control: only the given models load at start, the others of
+the repository when a model loads them through BLS, and `index()` says which are loaded.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -189,6 +192,10 @@ class TritonServer:
     install: TritonInstall | None = None
     bls_threads: int | None = None  # the Python backend's thread pool (in-flight relays hold one each)
     grace: float = 30.0  # a stop lets requests in flight finish this long (Triton's --exit-timeout-secs)
+    # explicit model control: only `models` load at start (the others of the repository when a model
+    # asks, through BLS), and readiness is theirs alone (--strict-readiness=false: a model that failed
+    # to load later does not fail /v2/health/ready)
+    explicit: bool = False
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -208,6 +215,9 @@ class TritonServer:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if self.bls_threads is not None:
             cmd.append(f"--backend-config=python,thread-pool-size={self.bls_threads}")
+        if self.explicit:
+            cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in self.models),
+                    "--strict-readiness=false"]
         return cmd
 
     def start(self, timeout: float = 180.0, prepare=print, should_stop=lambda: False) -> "TritonServer":
@@ -252,6 +262,17 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
         return True
+
+    def index(self, timeout: float = 5.0) -> list[dict]:
+        """Triton's repository index (POST /v2/repository/index): each model's `name`, and where it
+        was loaded or tried, its `version`, `state` (READY, UNLOADING, UNAVAILABLE, LOADING) and `reason`."""
+        request = urllib.request.Request(self.http_url + "/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def ready_models(self) -> set[str]:
+        """The models the index says are READY."""
+        return {m["name"] for m in self.index() if m.get("state") == "READY"}
 
     def log_tail(self, lines: int = 12) -> str:
         """Triton's error lines (why a model failed to load), then the last lines of its log."""

@@ -1,0 +1,72 @@
+"""Stub processes read from /proc (serving/residency.py), and the watch's rule for a stub that
+left (lifecycle.died): an unloaded model's stub is no death, one of a model still READY is.
+Stand-in stubs: processes whose argv[0] is `.../triton_python_backend_stub` and which name a
+model.py, as Triton's do. No Triton here."""
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from xform.serving import residency
+from xform.serving.lifecycle import died
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def fake_stub(tmp_path, model):
+    script = "import time; time.sleep(60)"
+    return subprocess.Popen(["bash", "-c", f'exec -a {tmp_path}/backends/triton_python_backend_stub "$0" -c '
+                                           f'"{script}" {tmp_path}/repo/{model}/1/model.py shm-region',
+                             sys.executable])
+
+
+def test_stubs_their_models_memory_and_exit(tmp_path):
+    a, b = fake_stub(tmp_path, "en-de-stream"), fake_stub(tmp_path, "translate")
+    try:
+        for _ in range(100):  # until exec has replaced bash
+            found = residency.stub_models(residency.children(os.getpid()))
+            if len(found) == 2:
+                break
+            time.sleep(0.05)
+        assert found == {a.pid: "en-de-stream", b.pid: "translate"}
+        assert residency.stubs_of("translate", found) == [b.pid]
+        assert 1 << 20 < residency.memory_bytes(a.pid) < 1 << 30
+        assert residency.stub_model(os.getpid()) is None  # not a stub
+        assert residency.wait_gone([a.pid], 0.1) == [a.pid]
+        a.kill()
+        a.wait()
+        assert residency.wait_gone([a.pid], 5) == [] and residency.memory_bytes(a.pid) == 0
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+@dataclass
+class Server:
+    explicit: bool
+    ready: set
+
+    def ready_models(self):
+        return self.ready
+
+
+def test_a_stub_gone_is_a_death_only_while_its_model_is_ready_and_not_reloaded():
+    before = {1: "a-stream", 2: "translate", 3: "b-stream"}
+    gone = {1: "a-stream", 3: "b-stream"}
+    # a-stream unloaded (not READY): no death; b-stream still READY: its stub died
+    assert died(Server(True, {"translate", "b-stream"}), gone, before, {2: "translate"}) == [3]
+    # b-stream READY again in a new stub (pid 4): unloaded and loaded again between two looks
+    assert died(Server(True, {"translate", "b-stream"}), gone, before, {2: "translate", 4: "b-stream"}) == []
+    # no explicit model control: every stub is there from the start, any gone one died
+    assert died(Server(False, set()), gone, before, {2: "translate"}) == [1, 3]
+
+
+def test_an_index_that_does_not_answer_counts_the_gone_stubs_as_dead():
+    class Silent(Server):
+        def ready_models(self):
+            raise TimeoutError("timed out")
+    assert died(Silent(True, set()), {3: "b-stream"}, {3: "b-stream"}, {}) == [3]

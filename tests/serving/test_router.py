@@ -1,0 +1,224 @@
+"""The router model's logic without Triton (serving/router.py): a fake BLS call that answers
+`<engine>:<text>` and records what each hop was sent, a fake loader of stubs. Routes, the
+tensors a hop is sent (a Marian's >>xx<< prefix, a fairseq model's codes, a pivot's first hop
+without what shapes the answer), the kinds of errors, the loader's cost and unload wait, and
+catalog.json's round trip. Triton's side: tests/serving/test_fleet_server.py."""
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xform.runtime.fleet.catalog import Catalog, Entry
+from xform.runtime.fleet.languages import FAIRSEQ, PREFIX, Ask, Languages
+from xform.runtime.fleet.pool import Pool
+from xform.serving.router import (HopFailed, Router, Settings, StubLoader, config_pbtxt, failure, inputs,
+                                  read_catalog, write_catalog)
+
+CATALOG = Catalog([
+    Entry("numbers", Path("/b/numbers"), Languages(pairs=(("num", "en"),), origin="manifest")),
+    Entry("en-multi", Path("/b/en-multi"), Languages(sources=("en",), targets=("de", "fr"), ask=Ask(PREFIX, ("de", "fr")))),
+    Entry("m2m", Path("/b/m2m"), Languages(sources=("de", "es", "fr"), targets=("de", "es", "fr"),
+                                          ask=Ask(FAIRSEQ, ("de", "es", "fr")))),
+])
+ENGINES = {e.name: f"{e.name}-stream" for e in CATALOG}
+
+
+class Loads:
+    """A Pool loader recording loads and unloads; `fail` names a bundle that fails to load."""
+
+    def __init__(self, fail=()):
+        self.events, self.fail = [], set(fail)
+
+    def load(self, name):
+        if name in self.fail:
+            raise RuntimeError(f"Failed to load model: failed to load '{name}-stream', sha256 mismatch")
+        self.events.append(("load", name))
+        return ENGINES[name], 1
+
+    def unload(self, name, engine):
+        self.events.append(("unload", name))
+
+
+def text(*rows):
+    return np.array([[t.encode()] for t in rows], dtype=object)
+
+
+def router(loader=None, max_loaded=None, answer=None, timeout=5.0):
+    sent = []
+
+    def call(engine, tensors):
+        sent.append((engine, {k: v.tolist() for k, v in tensors.items()}))
+        if answer is not None:
+            return answer(engine, tensors)
+        rows = [t.decode() for t in tensors["text"].reshape(-1)]
+        return {"translation": text(*(f"{engine}:{r}" for r in rows)),
+                "scores": np.zeros((len(rows), 1), np.float32)}
+    pool = Pool(loader or Loads(), max_loaded, None, (), timeout)
+    return Router(CATALOG, pool, call, "en"), sent
+
+
+def ask(r, texts, src=None, tgt=None, model=None, **more):
+    given = {"text": text(*texts), **more}
+    for k, v in (("src_lang", src), ("tgt_lang", tgt), ("model", model)):
+        if v is not None:
+            given[k] = np.array([[v.encode()]] * len(texts), dtype=object)
+    out = r.handle(given)
+    return [t.decode() for t in out["translation"].reshape(-1)], out["route"][0, 0].decode(), out
+
+
+def test_a_pair_bundle_is_sent_the_text_alone():
+    r, sent = router()
+    got, route, out = ask(r, ["7", "12"], "num", "en", num_beams=np.array([[4], [4]], np.int32))
+    assert got == ["numbers-stream:7", "numbers-stream:12"] and route == "num>en numbers"
+    assert sent == [("numbers-stream", {"text": [[b"7"], [b"12"]], "num_beams": [[4], [4]]})]
+    assert out["route"].shape == (2, 1) and "scores" in out
+
+
+def test_a_multilingual_bundle_gets_its_codes_or_a_prefix():
+    r, sent = router()
+    assert ask(r, ["hallo"], "DE", "es")[1] == "DE>es m2m"
+    assert sent[-1] == ("m2m-stream", {"text": [[b"hallo"]], "src_lang": [[b"de"]], "tgt_lang": [[b"es"]]})
+    got, route, _ = ask(r, ["a cat", " "], "en", "fr")
+    assert route == "en>fr en-multi" and sent[-1][1]["text"] == [[b">>fr<< a cat"], [b" "]]
+    assert got == ["en-multi-stream:>>fr<< a cat", "en-multi-stream: "]
+
+
+def test_a_pivot_chains_two_hops_and_shapes_only_the_last():
+    r, sent = router()
+    shaping = {"num_return_sequences": np.array([[2]], np.int32), "return_scores": np.array([[True]]),
+               "target_prefix": text("x"), "num_beams": np.array([[3]], np.int32)}
+    got, route, _ = ask(r, ["7"], "num", "fr", **shaping)
+    assert route == "num>en numbers; en>fr en-multi"
+    assert sent[0] == ("numbers-stream", {"text": [[b"7"]], "num_beams": [[3]]})
+    assert sent[1][1]["text"] == [[b">>fr<< numbers-stream:7"]]
+    assert set(sent[1][1]) == {"text", "num_beams", "num_return_sequences", "return_scores", "target_prefix"}
+    assert got == ["en-multi-stream:>>fr<< numbers-stream:7"]
+
+
+def test_model_forces_a_bundle():
+    r, sent = router()
+    assert ask(r, ["x"], "fr", "de", model="m2m")[1] == "fr>de m2m"
+    with pytest.raises(Exception) as e:
+        ask(r, ["x"], "en", "de", model="numbers")
+    assert failure(e.value)[0] == "request"
+    assert "input 'model' 'numbers' does not translate en>de" in failure(e.value)[1]
+
+
+def test_an_unknown_pair_is_the_requests_and_lists_the_pairs():
+    r, _ = router()
+    with pytest.raises(Exception) as e:
+        ask(r, ["x"], "ja", "num")
+    kind, message = failure(e.value)
+    assert kind == "request"
+    assert "no bundle translates input 'src_lang' 'ja' to input 'tgt_lang' 'num'" in message
+    assert "numbers: num>en" in message and "m2m: any of de, es, fr to another" in message
+    with pytest.raises(Exception) as e:
+        r.handle({"text": None})
+    assert failure(e.value) == ("request", "input 'text': missing; the texts to translate, one a row")
+
+
+def test_a_failed_load_is_the_servers_for_its_pair_only():
+    loads = Loads(fail={"m2m"})
+    r, _ = router(loads)
+    with pytest.raises(Exception) as e:
+        ask(r, ["x"], "de", "es")
+    kind, message = failure(e.value)
+    assert kind == "server" and "'m2m' failed to load" in message and "sha256 mismatch" in message
+    assert ask(r, ["7"], "num", "en")[0] == ["numbers-stream:7"]  # the others serve on
+
+
+def test_a_hops_error_keeps_its_kind():
+    def answer(engine, tensors):
+        raise HopFailed("input 'num_beams': must be at least 1, found 0", "request")
+    r, _ = router(answer=answer)
+    with pytest.raises(HopFailed) as e:
+        ask(r, ["7"], "num", "en")
+    assert failure(e.value) == ("request", "input 'num_beams': must be at least 1, found 0")
+    assert failure(RuntimeError("boom")) == ("server", "xform: RuntimeError: boom")
+
+
+def test_least_recently_used_and_no_room_is_unavailable():
+    loads = Loads()
+    r, _ = router(loads, max_loaded=2, timeout=0.2)
+    for src, tgt in [("num", "en"), ("en", "de"), ("num", "en"), ("de", "fr")]:
+        ask(r, ["x"], src, tgt)
+    assert loads.events == [("load", "numbers"), ("load", "en-multi"), ("unload", "en-multi"), ("load", "m2m")]
+    assert r.pool.stats().loaded == ["numbers", "m2m"]
+    held = threading.Event()
+    release = threading.Event()
+
+    def answer(engine, tensors):  # hold both loaded bundles with a request in flight
+        held.set()
+        release.wait(5)
+        return {"translation": tensors["text"]}
+    busy = Router(CATALOG, r.pool, answer, "en")
+    threads = [threading.Thread(target=ask, args=(busy, ["x"], s, t)) for s, t in (("num", "en"), ("de", "fr"))]
+    for t in threads:
+        t.start()
+    held.wait(5)
+    while sum(r.pool.stats().leases.values()) < 2:
+        threading.Event().wait(0.01)
+    with pytest.raises(Exception) as e:
+        ask(r, ["x"], "en", "de")
+    release.set()
+    for t in threads:
+        t.join(5)
+    kind, message = failure(e.value)
+    assert kind == "unavailable" and "no room to load it within the server's --load-timeout 0.2 s" in message
+
+
+def test_the_stub_loader_measures_its_stubs_and_waits_for_them_to_exit():
+    calls, events = [], []
+    loader = StubLoader(ENGINES, lambda m: calls.append(("load", m)), lambda m: calls.append(("unload", m)),
+                        stubs=lambda m: [11, 12], memory=lambda pid: pid << 20,
+                        wait_gone=lambda pids, timeout: calls.append(("wait", pids, timeout)) or [],
+                        unload_timeout=7, observe=lambda *a: events.append(a[:2] + a[3:]))
+    assert loader.load("m2m") == ("m2m-stream", 23 << 20)
+    loader.unload("m2m", "m2m-stream")
+    assert calls == [("load", "m2m-stream"), ("unload", "m2m-stream"), ("wait", [11, 12], 7)]
+    assert events == [("load", "m2m", 23 << 20), ("unload", "m2m", 0)]
+    stuck = StubLoader(ENGINES, print, lambda m: None, lambda m: [5], lambda p: 0, lambda pids, t: pids, 1)
+    with pytest.raises(Exception, match=r"m2m-stream: its stubs \[5\] were still running 1 s after its unload"):
+        stuck.unload("m2m", "m2m-stream")
+
+
+def test_the_catalog_round_trips_and_the_config_lists_the_inputs(tmp_path):
+    settings = Settings(max_loaded=2, load_timeout=9.0, pivot=None, threads=8)
+    write_catalog(tmp_path / "catalog.json", CATALOG, ENGINES, settings)
+    catalog, engines, back = read_catalog(tmp_path / "catalog.json")
+    assert engines == ENGINES and back == settings
+    assert [(e.name, e.languages) for e in catalog] == [(e.name, e.languages) for e in CATALOG]
+    config = config_pbtxt(8, 8)
+    assert 'name: "translate"' in config and "max_batch_size: 8" in config and "decoupled" not in config
+    names = [t.name for t in inputs()]
+    assert names[:4] == ["text", "src_lang", "tgt_lang", "model"] and "num_beams" in names
+    assert not {"src_ids", "stream", "return_attention"} & set(names)
+
+
+def test_serve_refuses_before_starting_anything(tmp_path):
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    r = CliRunner().invoke(main, ["serve"])
+    assert r.exit_code == 2 and "missing BUNDLE (or --models DIR, or --prepare)" in r.output
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--models", str(tmp_path)])
+    assert r.exit_code == 2 and "give bundles or --models DIR, not both" in r.output
+    r = CliRunner().invoke(main, ["serve", "--models", str(tmp_path / "none"), "--max-loaded", "1"])
+    assert r.exit_code == 1 and "no such directory of bundles" in r.output
+
+
+def test_a_load_that_never_returns_fails_once_its_stub_is_gone():
+    """Triton 2.51's BLS load_model was seen hanging after the engine's initialize failed: the
+    loader fails the load when the engine's stub came and went and the model is not ready."""
+    hang = threading.Event()
+    looks = iter([[], [7], [7], []] + [[]] * 100)
+    loader = StubLoader(ENGINES, lambda m: hang.wait(10), print, lambda m: next(looks), lambda p: 0,
+                        lambda pids, t: [], ready=lambda m: False)
+    with pytest.raises(Exception, match="failed to load 'm2m-stream': its stub exited before it was ready"):
+        loader.load("m2m")
+    hang.set()
+    checked = StubLoader(ENGINES, print, print, lambda m: [], lambda p: 0, lambda pids, t: [],
+                         check=lambda name: (_ for _ in ()).throw(RuntimeError(f"{name}: sha256 mismatch")))
+    with pytest.raises(RuntimeError, match="m2m: sha256 mismatch"):
+        checked.load("m2m")

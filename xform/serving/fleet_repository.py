@@ -1,0 +1,65 @@
+"""Many bundles, one Triton model repository: each bundle written as `xform serve` writes one
+(repository.write_model, the bundle referenced by its path), and the router model `translate`
+(serving/router.py) that routes requests to them by language.
+
+REPO/<bundle>/...                  each bundle's models (NAME and NAME-stream, or NAME), none
+                                   loaded at start: the router loads a bundle's engine model
+                                   (NAME-stream, or NAME under --scheduling dynamic) at its first
+                                   request; NAME, the plain relay, is never loaded
+REPO/translate/config.pbtxt        the router: text, src_lang, tgt_lang, model, the controls
+REPO/translate/1/model.py          xform/serving/triton_router.py
+REPO/translate/1/catalog.json      the bundles, their engine models and languages, the router's settings
+
+Tritonserver runs it with `--model-control-mode=explicit --load-model=translate`
+(server.TritonServer(explicit=True)).
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+from xform.errors import InputError
+from xform.files import atomic_directory
+from xform.runtime.fleet.catalog import Catalog
+from xform.serving.inflight import stream_model
+from xform.serving.repository import ModelOptions, model_names, not_our_model, write_model
+from xform.serving.router import CATALOG, ROUTER, Settings, config_pbtxt, write_catalog
+
+
+def engine_model(name: str, options: ModelOptions) -> str:
+    """The model that runs bundle `name`'s engine (what the router loads and asks)."""
+    return stream_model(name) if options.mode == "inflight" else name
+
+
+def bls_threads(options: ModelOptions, settings: Settings) -> int:
+    """Triton's Python-backend threads: each request the router has in flight holds one, and so
+    does each relay of an engine (ModelOptions.bls_threads)."""
+    return (options.bls_threads or 32) + settings.threads
+
+
+def write_fleet(catalog: Catalog, repo: str | Path, options: ModelOptions = ModelOptions(),
+                settings: Settings = Settings()) -> list[str]:
+    """Write every bundle of `catalog` and the router into `repo`; returns the models written."""
+    if options.name is not None:
+        raise InputError("--name names one bundle's model; many bundles are named by their directories")
+    taken = [e.name for e in catalog if ROUTER in model_names(e.name, options)]
+    if taken:
+        raise InputError(f"a bundle named {taken[0]!r}: {ROUTER!r} is the router's model; rename its directory")
+    written = [m for e in catalog for m in model_names(e.name, options)]
+    clash = sorted({m for m in written if written.count(m) > 1})
+    if clash:
+        raise InputError(f"two bundles write the model {clash[0]!r} (a bundle NAME's engine is NAME-stream): "
+                         "rename one directory")
+    engines = {}
+    for entry in catalog:
+        write_model(entry.path, repo, replace(options, name=entry.name), reference=True)
+        engines[entry.name] = engine_model(entry.name, options)
+    with atomic_directory(Path(repo) / ROUTER, False, not_our_model) as tmp:
+        version = tmp / "1"
+        version.mkdir()
+        shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_router.py")), version / "model.py")
+        write_catalog(version / CATALOG, catalog, engines, settings)
+        (tmp / "config.pbtxt").write_text(config_pbtxt(options.max_batch, settings.threads))
+    return [*written, ROUTER]

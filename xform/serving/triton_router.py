@@ -1,0 +1,126 @@
+"""Triton Python-backend model `translate`: many bundles on one server (copied as
+`translate/1/model.py` by serving/fleet_repository.py). The logic is serving/router.py's; this
+file is what needs Triton:
+
+- the bundles are read from `catalog.json` beside this file (written at the scan);
+- a bundle loads as its engine model through BLS (`pb_utils.load_model`, synchronous) and
+  unloads through `pb_utils.unload_model` (asynchronous: the loader waits for its stubs, the
+  children of tritonserver that run it, to exit); its cost is their Pss (residency.py);
+- each request is answered from a thread of a pool through its response sender, so `execute`
+  never waits for a load or a decode; a hop is relayed to the engine model by BLS with the
+  parameter inflight.RELAY, its error's kind read back from the message (inflight.untagged:
+  Triton 2.51's BLS drops error codes);
+- metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total
+  and xform_model_resident_bytes, each by bundle.
+"""
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from xform.runtime.fleet.pool import Pool
+from xform.serving import residency
+from xform.serving.inflight import RELAY, STREAM_SUFFIX, untagged
+from xform.serving.router import CATALOG, OUTPUTS, HopFailed, Router, StubLoader, failure, inputs, read_catalog
+from xform.serving.triton_model import FINAL, error, response
+
+
+def stubs(engine):
+    """The stubs (children of tritonserver, this stub's parent) that run `engine`."""
+    return residency.stubs_of(engine, residency.children(os.getppid()))
+
+
+def verify(bundle):
+    """A bundle's files against its manifest's hashes, before Triton is asked to load it."""
+    from xform.runtime.bundle import Bundle
+    Bundle.open(bundle)  # verifies
+
+
+def call(engine, given):
+    """One hop: `given` tensors to the engine model by BLS; its outputs, or HopFailed with the
+    kind its engine tagged (an untagged error, Triton's own about the model, is the server's)."""
+    request = pb_utils.InferenceRequest(model_name=engine, requested_output_names=[t.name for t in OUTPUTS
+                                                                                  if t.name != "route"],
+                                        inputs=[pb_utils.Tensor(k, v) for k, v in given.items()],
+                                        parameters={RELAY: True})
+    decoupled = engine.endswith(STREAM_SUFFIX)
+    out = {}
+    for r in (request.exec(decoupled=True) if decoupled else [request.exec()]):
+        if r.has_error():
+            kind, message = untagged(r.error().message())
+            raise HopFailed(message, kind)
+        out.update({t.name(): t.as_numpy() for t in r.output_tensors()})
+    return out
+
+
+class Metrics:
+    """The router's counters in Triton's /metrics; nothing where this Triton has no custom metrics."""
+
+    def __init__(self):
+        try:
+            family = pb_utils.MetricFamily
+            self.loads = family("xform_model_loads_total", "Bundles loaded by the router", family.COUNTER)
+            self.unloads = family("xform_model_unloads_total", "Bundles unloaded by the router", family.COUNTER)
+            self.resident = family("xform_model_resident_bytes", "A loaded bundle's stubs' memory (Pss)",
+                                   family.GAUGE)
+        except Exception as e:  # noqa: BLE001 - metrics are a help, not a need
+            pb_utils.Logger.log_warn(f"xform: no router metrics: {e}")
+            self.loads = None
+        self.metrics: dict = {}
+
+    def metric(self, family, model):
+        key = (id(family), model)
+        if key not in self.metrics:
+            self.metrics[key] = family.Metric(labels={"model": model})
+        return self.metrics[key]
+
+    def observe(self, event, model, seconds, cost):
+        pb_utils.Logger.log_info(f"xform: {event}ed {model} in {seconds:.2f} s" + (f", {cost >> 20} MiB"
+                                                                                    if event == "load" else ""))
+        if self.loads is None:
+            return
+        self.metric(self.loads if event == "load" else self.unloads, model).increment(1)
+        self.metric(self.resident, model).set(cost)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        catalog, engines, settings = read_catalog(Path(args["model_repository"]) / args["model_version"] / CATALOG)
+        self.metrics = Metrics()
+        loader = StubLoader(engines, lambda m: pb_utils.load_model(model_name=m),
+                            lambda m: pb_utils.unload_model(model_name=m), stubs, residency.memory_bytes,
+                            residency.wait_gone, settings.unload_timeout, self.metrics.observe,
+                            check=lambda name: verify(catalog[name].path),
+                            ready=lambda m: pb_utils.is_model_ready(model_name=m))
+        pool = Pool(loader, settings.max_loaded, None, (), settings.load_timeout)
+        self.router = Router(catalog, pool, call, settings.pivot)
+        self.names = [t.name for t in inputs()]
+        self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
+        pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "
+                                 + " | ".join(catalog.summary()))
+
+    def execute(self, requests):
+        for request in requests:
+            given = {}
+            for name in self.names:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                given[name] = None if t is None else t.as_numpy().copy()  # outlives the request's memory
+            self.threads.submit(self.answer, given, request.get_response_sender())
+        return None
+
+    def answer(self, given, sender):
+        try:
+            final = response(self.router.handle(given))
+        except Exception as e:  # noqa: BLE001 - this request fails, by its kind; the others go on
+            kind, message = failure(e)
+            final = error(message, kind)
+        try:
+            sender.send(final, flags=FINAL)
+        except Exception as e:  # noqa: BLE001 - the client is gone
+            pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
+
+    def finalize(self):
+        self.threads.shutdown(wait=False)
