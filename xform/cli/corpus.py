@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out, stopped_code
+from xform.cli.documents import corpus_documents, document_options
 from xform.cli.flags import table
 from xform.cli.options import (
     batching_options,
@@ -76,12 +77,13 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
                    "is replaced without it).")
 @batching_options
 @text_options
+@document_options
 @generation_options
 @handle_errors
 def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, oversubscribe, shard_lines,
            max_restarts, stall_timeout, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens,
            max_rows, read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column,
-           vocab_map, replace_unknowns, greedy, **settings) -> None:
+           vocab_map, replace_unknowns, documents, markup, memory, skip_target_language, greedy, **settings) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers."""
@@ -100,15 +102,20 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
     session = xform.load(bundle, backend=backend if local else "ort", device=device if local else None,
                          threads=threads if local else 1)
     warn_unjudged(session)
-    gen, vocab = decoding_for(session, bundle, backend, settings, True, max_new_tokens, src_lang, tgt_lang,
+    as_documents = corpus_documents(documents, markup, memory, skip_target_language, scores or token_scores,
+                                    prefix_column, force)
+    gen, vocab = decoding_for(session, bundle, backend, settings, True, max_new_tokens,
+                              None if as_documents and src_lang == "auto" else src_lang, tgt_lang,
                               replace_unknowns, vocab_map)
     text = TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
                        replace_unknowns)
-    plan = plan_corpus(list(inputs), field, shard_lines, bundle, decoding_identity(gen, text, backend, device,
-                       vocab_map), gen.num_return_sequences, text.scores)
+    identity = decoding_identity(gen, text, backend, device, vocab_map)
+    if as_documents is not None:  # a record without it is a corpus of lines, as before documents
+        identity["documents"] = as_documents.to_dict()
+    plan = plan_corpus(list(inputs), field, shard_lines, bundle, identity, gen.num_return_sequences, text.scores)
     # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
     job = Job(str(bundle.absolute()), gen, text, batching, backend, device, threads, vocab,
-              plan.identity.bundle["sha256"], table())  # lines' errors and warnings name the flags
+              plan.identity.bundle["sha256"], table(), as_documents)  # errors and warnings name the flags
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out
+from xform.cli.documents import check_document_flags, document_options, run_documents, wants_documents
 from xform.cli.flags import said
 from xform.cli.options import (
     batching_options,
@@ -27,6 +28,7 @@ from xform.cli.options import (
     write_json,
 )
 from xform.errors import XformError
+from xform.runtime.decoding.request import TextOptions
 from xform.runtime.text.translator import Translator
 
 
@@ -258,10 +260,11 @@ def print_bench(r) -> None:
                                               "and the memory those limits bound, on stderr.")
 @batching_options
 @text_options
+@document_options
 @generation_options
 @handle_errors
 def run(bundle, backend, device, threads, allow_tf32, uncaptured, texts, input_file, batch_size, batch_type,
-        max_batch_tokens, max_rows, read_ahead, output, echo,
+        max_batch_tokens, max_rows, read_ahead, output, echo, documents, markup, memory, skip_target_language,
         max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
         target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
         iters, json_path, force, verbose,
@@ -275,6 +278,11 @@ def run(bundle, backend, device, threads, allow_tf32, uncaptured, texts, input_f
 
     check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
                     output, echo, check, benchmark)
+    documents = wants_documents(documents, markup, memory, skip_target_language)
+    if documents:
+        check_document_flags(input_file, texts, {"--scores": scores, "--token-scores": token_scores,
+                                                 "--target-prefix": bool(target_prefixes),
+                                                 "--prefix-column": prefix_column, "--echo": echo, "--check": check})
     scores = "tokens" if token_scores else scores
     json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
                    *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
@@ -286,27 +294,22 @@ def run(bundle, backend, device, threads, allow_tf32, uncaptured, texts, input_f
                          cuda_graph=False if uncaptured else None)
     warn_unjudged(session)
     gen, vocab_map = decoding_for(session, bundle, backend, settings, bool(texts or input_file), max_new_tokens,
-                                  src_lang, tgt_lang, replace_unknowns, vocab_map)
+                                  None if documents and src_lang == "auto" else src_lang, tgt_lang, replace_unknowns,
+                                  vocab_map)
     report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
                     "tf32": bool(getattr(session.backend, "tf32", False)), "generation": gen.to_dict()}
     failed = False
     checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
     if verbose:
         print_plan(session, batching, gen)
-    if texts or input_file:
-        with progress_bar(input_file is not None, "lines", "translated",
-                          lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
-            lines = input_lines(texts, input_file, target_prefixes)
-            from xform.runtime.decoding.request import TextOptions
-            text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
-            results = labelled_results(session, lines, gen, batching, on_batch, text)
-            with output_file(output) as sink:
-                errors, n = write_translations(results, gen.num_return_sequences, report, checked, scores, sink,
-                                               echo=output is None or echo)
-        if errors:
-            err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated "
-                      "(their output lines are empty)")
-            failed = True
+    if documents:
+        text = TextOptions(False, src_lang, tgt_lang, truncate, False, replace_unknowns, vocab_map)
+        run_documents(session, texts, input_file, output, gen, batching, text, markup, memory, force,
+                      skip_target_language, report)
+    elif texts or input_file:
+        text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
+        failed = not translate_lines(session, texts, input_file, target_prefixes, output, echo, gen, batching, text,
+                                     report, checked)
     if check:
         failed = not run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report) or failed
     if benchmark:
@@ -315,6 +318,22 @@ def run(bundle, backend, device, threads, allow_tf32, uncaptured, texts, input_f
         write_json(json_path, report, force, json_inputs)
     if failed:
         sys.exit(1)
+
+
+def translate_lines(session, texts, input_file, target_prefixes, output, echo, gen, batching, text, report: dict,
+                    checked: CheckedLines) -> bool:
+    """`xform run` of --text / --input-file lines: printed, or written to --output; whether every
+    line was translated (the failed ones are named on stderr, their output lines empty)."""
+    with progress_bar(input_file is not None, "lines", "translated",
+                      lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
+        lines = input_lines(texts, input_file, target_prefixes)
+        results = labelled_results(session, lines, gen, batching, on_batch, text)
+        with output_file(output) as sink:
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked, text.scores, sink,
+                                           echo=output is None or echo)
+    if errors:
+        err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated (their output lines are empty)")
+    return not errors
 
 
 def print_plan(session, batching, gen) -> None:

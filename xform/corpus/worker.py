@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from xform.corpus.shards import Shard, ShardTask
-from xform.errors import render
+from xform.errors import message, render
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import LineResult, TextOptions
+from xform.runtime.documents.memory import TranslationMemory
+from xform.runtime.documents.translate import DocumentOptions, DocumentResult, DocumentTranslator
 from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.translator import Translator
 from xform.runtime.text.vocab_map import VocabMap
@@ -33,7 +35,8 @@ class Job:
     (a worker whose bundle's differs refuses to start; None: not checked), the backend, the
     decoding, the text policy, the batching and the vocabulary map, read by the driver; `names`:
     how the door that made the job names a setting in a line's error or a warning (the CLI: its
-    flags), None: by the setting's own name."""
+    flags), None: by the setting's own name; `documents`: each line (a record) is a document
+    (runtime/documents/), None: a sentence."""
     bundle: str
     gen: GenerationConfig
     text: TextOptions = TextOptions()
@@ -44,6 +47,7 @@ class Job:
     vocab_map: VocabMap | None = None
     manifest_sha256: str | None = None
     names: Mapping[str, str] | None = field(default=None, compare=False)
+    documents: DocumentOptions | None = None
 
     def said(self, message: str | None) -> str | None:
         """A line's error or a warning (errors.Message) in the words of the job's door."""
@@ -66,11 +70,50 @@ class LineTranslator:
     def __init__(self, session, job: Job):
         self.session, self.job = session, job
         self.text = Translator(session)
+        self.documents: DocumentTranslator | None = None
+
+    def document_translator(self, on_batch: Callable[[int, int], None] | None) -> DocumentTranslator:
+        """The job's document translator (its memory opened once a worker; the driver has checked it)."""
+        if self.documents is None:
+            options = self.job.documents
+            assert options is not None
+            memory = TranslationMemory(options.memory) if options.memory is not None else None
+            self.documents = DocumentTranslator(self.text, self.job.gen, self.job.batching,
+                                                replace(self.job.text, vocab_map=self.job.vocab_map),
+                                                markup=options.markup, memory=memory,
+                                                keep_target_language=options.keep_target_language)
+        self.documents.on_batch = on_batch
+        return self.documents
+
+    def translate_documents(self, records: list[str | bytes],
+                            on_batch: Callable[[int, int], None] | None = None) -> Translated:
+        """Each record translated as a document (its one translation) or its error, in order."""
+        done = Translated([])
+        texts: dict[int, str] = {}
+        failed: dict[int, str] = {}
+        for i, record in enumerate(records):
+            try:
+                texts[i] = record.decode("utf-8") if isinstance(record, bytes) else record
+            except UnicodeDecodeError as e:
+                failed[i] = f"not UTF-8 ({e})"
+        translator = self.document_translator(on_batch)
+        decoded = translator.tally.decoded
+        results = dict(zip(texts, translator.translate_each([(f"line {i}", t) for i, t in texts.items()])))
+        done.tokens = translator.tally.decoded - decoded  # sentences decoded: a document's "tokens" are its sentences
+        for i in range(len(records)):
+            result = results.get(i)
+            if isinstance(result, DocumentResult):
+                done.lines.append(([result.text], None))
+            else:
+                done.lines.append((None, failed[i] if result is None else self.job.said(message(result))))
+        return done
 
     def translate(self, lines: list[str | bytes], on_batch: Callable[[int, int], None] | None = None) -> Translated:
         """Each line's translations (n of them: texts, or with scores [text, score], with token
         scores [text, score, [log-probs]]) or its error, in order."""
         job, text, batching = self.job, self.job.text, self.job.batching
+        if job.documents is not None:
+            return self.translate_documents(lines, on_batch)
         done = Translated([])
 
         def counted(lines_done: int, tokens: int) -> None:
@@ -154,8 +197,8 @@ class ShardWorker:
         start = time.perf_counter()
         lines = ["" if i in task.failed else line for i, line in enumerate(task.lines)]
         done = self.translator.translate(lines, on_batch)
-        for i, message in task.failed.items():  # lines the reader could not use fail as they are
-            done.lines[i] = (None, message)
+        for i, said in task.failed.items():  # lines the reader could not use fail as they are
+            done.lines[i] = (None, said)
         node, restarted = self.where()
         return ShardResult(task.shard, done.lines, done.warnings, done.tokens, time.perf_counter() - start,
                            self.worker, os.getpid(), node, restarted, peak_rss_mib())

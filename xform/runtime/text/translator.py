@@ -242,6 +242,44 @@ class Translator(LineStream):
                 n += 1
         return n
 
+    @in_callers_words
+    def translate_document(self, text: str, *, format: str = "text", memory: "str | Path | None" = None,
+                           src_lang: str | None = None, tgt_lang: str | None = None,
+                           skip_target_language: bool = False, truncate: bool = False, max_batch_size: int = 32,
+                           batch_type: str = "examples", **options: Any) -> str:
+        """Translate a document: its paragraphs split into sentences (sentencex, by `src_lang`'s
+        rules), decoded together, and joined back with the text's whitespace, line and paragraph
+        breaks; `format` "markdown" leaves code, URLs, link targets and HTML tags as they are.
+        `memory`: an SQLite translation memory (created when missing): sentences it holds for this
+        bundle and these settings are not decoded again. `src_lang` "auto" (a multilingual model):
+        each paragraph's language identified (py3langid); `skip_target_language`: paragraphs
+        already in `tgt_lang` kept as they are. A sentence over max_len is cut at its clauses, else
+        truncated with `truncate`, else refused. `options`: translate_batch's."""
+        return self.translate_documents([text], format=format, memory=memory, src_lang=src_lang, tgt_lang=tgt_lang,
+                                        skip_target_language=skip_target_language, truncate=truncate,
+                                        max_batch_size=max_batch_size, batch_type=batch_type, **options)[0]
+
+    @in_callers_words
+    def translate_documents(self, texts: Sequence[str], *, format: str = "text", memory: "str | Path | None" = None,
+                            src_lang: str | None = None, tgt_lang: str | None = None,
+                            skip_target_language: bool = False, truncate: bool = False, max_batch_size: int = 32,
+                            batch_type: str = "examples", **options: Any) -> list[str]:
+        """Documents translated as translate_document does one, their sentences decoded together."""
+        from xform.runtime.documents.memory import TranslationMemory
+        from xform.runtime.documents.translate import DocumentTranslator
+
+        refuse_one_text(texts, "texts")
+        gen = self.generation(tgt_lang, options)
+        text = TextOptions(False, src_lang, tgt_lang, truncate)
+        opened = TranslationMemory(memory) if memory is not None else None
+        try:
+            documents = DocumentTranslator(self, gen, ct2_batching(max_batch_size, batch_type), text, markup=format,
+                                           memory=opened, keep_target_language=skip_target_language)
+            return [r.text for r in documents.translate([(f"texts[{i}]", t) for i, t in enumerate(texts)])]
+        finally:
+            if opened is not None:
+                opened.close()
+
     def score_batch(self, source: Sequence[str], target: Sequence[str], *, src_lang: str | None = None,
                     tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
         """The log-likelihood of each target given its source, teacher-forced (Session.score).

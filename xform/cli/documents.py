@@ -1,0 +1,154 @@
+"""`xform run --documents`: each --text and the --input-file translated as a document (sentences
+split and rejoined with the layout, Markdown's markup left alone, repeats from a translation
+memory, paragraph languages detected): runtime/documents/."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from xform.cli import err
+from xform.cli.flags import flag, said
+from xform.cli.options import with_options
+from xform.errors import InputError, XformError
+
+
+def document_options(fn):
+    """The flags of translating documents (run, corpus)."""
+    return with_options(fn, [
+        click.option("--documents", is_flag=True,
+                     help="Translate each --text and the whole --input-file as a document: paragraphs split into "
+                          "sentences (sentencex, by --src-lang's rules), decoded together, rejoined with the "
+                          "original whitespace, line and paragraph breaks."),
+        click.option("--format", "markup", type=click.Choice(["text", "markdown"]), default=None,
+                     help="A document's markup (implies --documents; default text): markdown leaves code blocks, "
+                          "inline code, URLs, link targets and HTML tags untouched."),
+        click.option("--memory", type=click.Path(path_type=Path), default=None,
+                     help="A translation memory (SQLite, created when missing): a sentence translated before with "
+                          "this bundle and these settings is not decoded again (implies --documents)."),
+        click.option("--skip-target-language", is_flag=True,
+                     help="Leave paragraphs already in --tgt-lang as they are (identified by py3langid; implies "
+                          "--documents)."),
+    ])
+
+
+def wants_documents(documents: bool, markup: str | None, memory: Path | None, skip_target_language: bool) -> bool:
+    return bool(documents or markup or memory or skip_target_language)
+
+
+def check_document_flags(input_file: Path | None, texts: tuple, refused: dict[str, bool]) -> None:
+    """--documents' usage errors: its inputs, and the line flags that have no meaning for a document."""
+    if not (texts or input_file):
+        raise click.UsageError("--documents translates --text / --input-file: give one")
+    for name, given in refused.items():
+        if given:
+            raise click.UsageError(f"{name} goes with lines, not --documents (a document's translation is one text)")
+
+
+def read_documents(texts: tuple[str, ...], input_file: Path | None) -> list[tuple[str, str]]:
+    """(name, text) of each --text and of --input-file (UTF-8; `-`: standard input)."""
+    docs = [(f"--text {i}", t) for i, t in enumerate(texts, 1)]
+    if input_file is not None:
+        name = "<stdin>" if str(input_file) == "-" else str(input_file)
+        data = sys.stdin.buffer.read() if name == "<stdin>" else input_file.read_bytes()
+        try:
+            docs.append((name, data.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            line = data[:e.start].count(b"\n") + 1
+            raise XformError(f"--input-file {name}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    return docs
+
+
+def translate_documents(session, docs: list[tuple[str, str]], gen, batching, text, markup: str | None,
+                        memory_path: Path | None, force: bool, skip_target_language: bool, on_batch=None):
+    """The documents translated (DocumentResults) and the run's tally; the summary on stderr."""
+    from xform.runtime.documents.memory import TranslationMemory
+    from xform.runtime.documents.translate import DocumentTranslator
+    from xform.runtime.text.translator import Translator
+
+    memory = None
+    try:
+        memory = TranslationMemory(memory_path, force=force) if memory_path is not None else None
+        translator = DocumentTranslator(Translator(session), gen, batching, text, markup=markup or "text",
+                                        memory=memory, keep_target_language=skip_target_language,
+                                        on_batch=on_batch)
+        results = translator.translate(docs)
+    except InputError as e:
+        raise click.UsageError(said(e)) from None
+    finally:
+        if memory is not None:
+            memory.close()
+    report(results, translator.tally, memory_path)
+    return results, translator.tally
+
+
+def report(results, tally, memory_path: Path | None) -> None:
+    """What was done, on stderr: sentences, distinct ones, the memory's hits, those decoded; per
+    document, its paragraphs by language and those kept in the target language."""
+    line = f"documents: {tally.documents}, {tally.sentences:,} sentences, {tally.distinct:,} distinct"
+    if memory_path is not None:
+        line += f", {tally.remembered:,} from the memory {memory_path}"
+    err.print(escape(line + f", {tally.decoded:,} decoded"))
+    for r in results:
+        parts = []
+        if r.languages:
+            parts.append("paragraphs by language: " + ", ".join(f"{k} {v}" for k, v in sorted(r.languages.items())))
+        if r.kept:
+            parts.append(f"{r.kept} sentences already in the target language, kept")
+        if parts:
+            err.print(escape(f"{r.name}: " + "; ".join(parts)))
+
+
+def run_documents(session, texts: tuple[str, ...], input_file: Path | None, output: Path | None, gen, batching,
+                  text, markup: str | None, memory: Path | None, force: bool, skip_target_language: bool,
+                  record: dict) -> None:
+    """`xform run --documents`: each document's translation on stdout (one after another, each
+    ending in a line break), or the one document's into --output, written atomically."""
+    from xform.cli.options import progress_bar
+    from xform.files import atomic_file
+
+    if gen.num_return_sequences > 1:
+        raise click.UsageError(f"--documents writes one translation a document, not {flag('num_return_sequences')} "
+                               f"{gen.num_return_sequences}")
+    docs = read_documents(texts, input_file)
+    if output is not None and len(docs) > 1:
+        raise click.UsageError(f"--output holds one document, given {len(docs)} (--text and --input-file): give one")
+    with progress_bar(input_file is not None, "sentences", "translated", lambda: None) as on_batch:
+        results, tally = translate_documents(session, docs, gen, batching, text, markup, memory, force,
+                                             skip_target_language, on_batch)
+    record["documents"] = [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages}
+                           for r in results]
+    record["tally"] = vars(tally)
+    if output is not None:
+        try:
+            with atomic_file(output) as f:
+                f.write(results[0].text)
+        except OSError as e:
+            raise XformError(f"--output {output}: {e.strerror or e}") from None
+        return
+    for r in results:
+        click.echo(r.text, nl=not r.text.endswith("\n"))
+
+
+def corpus_documents(documents: bool, markup: str | None, memory: Path | None, skip_target_language: bool,
+                     scores: bool, prefix_column: bool, force: bool):
+    """`xform corpus --documents`: each record a document, as DocumentOptions (None: lines). The
+    memory is opened here first, so that a foreign file is refused (and a damaged one of xform's
+    replaced with --force) before a worker starts; the workers share it (SQLite, WAL)."""
+    from xform.runtime.documents.memory import TranslationMemory
+    from xform.runtime.documents.translate import DocumentOptions
+
+    if not wants_documents(documents, markup, memory, skip_target_language):
+        return None
+    for name, given in {"--scores / --token-scores": scores, "--prefix-column": prefix_column}.items():
+        if given:
+            raise click.UsageError(f"{name} goes with lines, not --documents (a document's translation is one text)")
+    if memory is not None:
+        try:
+            TranslationMemory(memory, force=force).close()
+        except InputError as e:
+            raise click.UsageError(said(e)) from None
+    return DocumentOptions(markup or "text", str(memory.absolute()) if memory is not None else None,
+                           skip_target_language)

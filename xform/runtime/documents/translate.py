@@ -1,0 +1,261 @@
+"""Documents translated: each split into sentences with its layout (layout.py, markdown.py), the
+sentences of all of them decoded together through the one line stream (text_lines.py: sorted by
+length, batched as files are), each distinct sentence once and none the memory holds
+(memory.py), and each document joined back with its layout.
+
+A sentence longer than the model's max_len is cut at its clause boundaries (segmenter.clauses)
+and its pieces' translations joined by a space; one that no cut fits is truncated with
+`truncate`, else refused before anything is decoded, named by document and line."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from xform.errors import InputError, message
+from xform.runtime.decoding.generation import GenerationConfig
+from xform.runtime.decoding.request import TextOptions
+from xform.runtime.documents.codes import base_language
+from xform.runtime.documents.detect import Detector
+from xform.runtime.documents.layout import Document, plain
+from xform.runtime.documents.marks import with_marks
+from xform.runtime.documents.memory import TranslationMemory
+from xform.runtime.documents.segmenter import clauses
+from xform.runtime.scheduling.batching import Batching
+from xform.runtime.text.text_lines import LineStream
+
+FORMATS = ("text", "markdown")
+AUTO = "auto"
+STORE_EVERY = 64  # translations written to the memory in one transaction
+
+
+@dataclass(frozen=True)
+class DocumentOptions:
+    """How texts are taken as documents: their `markup` (text or markdown), a translation memory's
+    path, and whether paragraphs already in the target language are kept as they are."""
+    markup: str = "text"
+    memory: str | None = None
+    keep_target_language: bool = False
+
+    def to_dict(self) -> dict:
+        return {"markup": self.markup, "memory": self.memory, "keep_target_language": self.keep_target_language}
+
+
+@dataclass
+class DocumentResult:
+    """A document translated: its `name`, its `text`, its sentences, those left as they were
+    (`kept`: already in the target language) and its paragraphs by source language."""
+    name: str
+    text: str
+    sentences: int
+    kept: int = 0
+    languages: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Tally:
+    """A run's counts: sentences, the distinct ones to translate, the memory's hits, those decoded."""
+    documents: int = 0
+    sentences: int = 0
+    distinct: int = 0
+    remembered: int = 0
+    decoded: int = 0
+
+
+class DocumentTranslator:
+    """Documents in, DocumentResults out, over a LineStream (a Translator), the decoding settings
+    (`gen`, `batching`, `text`: text.src_lang may be "auto") and the document options: `markup`
+    (text or markdown), a translation `memory`, `keep_target_language` (paragraphs already in the
+    target language left as they are)."""
+
+    def __init__(self, lines: LineStream, gen: GenerationConfig, batching: Batching | None = None,
+                 text: TextOptions | None = None, *, markup: str = "text", memory: TranslationMemory | None = None,
+                 keep_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None):
+        if markup not in FORMATS:
+            raise InputError(f"{{format}}: expected one of {', '.join(FORMATS)}, got {markup!r}").naming("format")
+        self.lines, self.gen, self.batching = lines, gen, batching or Batching()
+        self.options = text or TextOptions()
+        self.markup, self.memory, self.on_batch = markup, memory, on_batch
+        self.keep_target_language = keep_target_language
+        self.detector = self.language_detector()
+        self.tally = Tally()
+        self.context: dict[str | None, str] = {}
+
+    def language_detector(self) -> Detector | None:
+        """A Detector over the bundle's source codes for src_lang "auto" or keeping the target
+        language's paragraphs; "auto" with a bundle that takes no source language is refused."""
+        src, tgt = self.options.src_lang, self.options.tgt_lang
+        codes = list(self.lines.text.codes)
+        if src == AUTO:
+            if not codes or not self.takes_source(codes[0]):
+                raise InputError("{src_lang} auto: this bundle takes no source language (it is not a multilingual "
+                                 "model such as NLLB, M2M100 or mBART-50); give its source language or none"
+                                 ).naming("src_lang")
+            return Detector(codes)
+        if src is not None:
+            self.lines.check_src_lang(src)
+        if self.keep_target_language:
+            if tgt is None:
+                raise InputError("{keep_target_language}: name the target language ({tgt_lang})"
+                                 ).naming("keep_target_language", "tgt_lang")
+            return Detector(codes or [tgt])
+        return None
+
+    def takes_source(self, code: str) -> bool:
+        try:
+            self.lines.check_src_lang(code)
+        except InputError:
+            return False
+        return True
+
+    def translate(self, documents: Iterable[tuple[str, str]]) -> list[DocumentResult]:
+        """Each (name, text) translated, in order."""
+        parsed = [self.parse(name, text) for name, text in documents]
+        wanted: dict[str | None, dict[str, list[str]]] = {}
+        for document, languages in parsed:
+            for segment, language in zip(document.segments, languages):
+                if not isinstance(language, bool):  # False: kept as it is
+                    wanted.setdefault(language, {}).setdefault(segment.source, []).append(
+                        f"{document.name}:{segment.line}")
+        done = {language: self.translated(language, sources) for language, sources in wanted.items()}
+        self.tally.documents += len(parsed)
+        return [self.result(document, languages, done) for document, languages in parsed]
+
+    def translate_each(self, documents: Sequence[tuple[str, str]]) -> list[DocumentResult | InputError]:
+        """Each document translated, or the error that refused it: all together first, and where
+        one is refused, each alone, so that one bad document fails alone (a corpus's records)."""
+        try:
+            return list(self.translate(documents))
+        except InputError:
+            pass
+        out: list[DocumentResult | InputError] = []
+        for document in documents:
+            try:
+                out.extend(self.translate([document]))
+            except InputError as e:
+                out.append(e)
+        return out
+
+    def parse(self, name: str, text: str) -> tuple[Document, list[str | None | bool]]:
+        """A document's sentences and each one's source language (False: kept as it is)."""
+        of_paragraph: dict[int, str | None] = {}
+        split = self.splitter()
+        if self.detector is None:
+            document = split(text, self.options.src_lang, name)
+            return document, [self.options.src_lang] * len(document.segments)
+        document = split(text, None, name)  # the generic rules first: paragraphs to identify
+        for paragraph, body in document.paragraphs().items():
+            of_paragraph[paragraph] = self.detector.code(body) if self.detector.codes else None
+        if self.options.src_lang == AUTO:  # again, each paragraph by its language's rules
+            document = self.resplit(document, of_paragraph, split)
+        languages: list[str | None | bool] = []
+        for segment in document.segments:
+            code = of_paragraph[segment.paragraph]
+            kept = (self.keep_target_language and code is not None
+                    and base_language(code) == base_language(self.options.tgt_lang or ""))
+            languages.append(False if kept else code if self.options.src_lang == AUTO else self.options.src_lang)
+        return document, languages
+
+    def splitter(self) -> Callable[[str, str | None, str], Document]:
+        if self.markup == "markdown":
+            from xform.runtime.documents.markdown import markdown
+            return markdown
+        return lambda text, language, name: plain(text, language, name)
+
+    def resplit(self, document: Document, of_paragraph: dict[int, str | None],
+                split: Callable[[str, str | None, str], Document]) -> Document:
+        """The document split again, each paragraph by its own language's rules."""
+        languages = set(of_paragraph.values())
+        if len(languages) == 1:
+            return split(document.text, languages.pop(), document.name)
+        by_language = {code: split(document.text, code, document.name) for code in languages}
+        segments = [s for code, d in by_language.items() for s in d.segments if of_paragraph.get(s.paragraph) == code]
+        return Document(document.text, sorted(segments, key=lambda s: s.start), document.name)
+
+    def result(self, document: Document, languages: list, done: dict) -> DocumentResult:
+        translations = [None if language is False else with_marks(done[language][segment.source], segment)
+                        for segment, language in zip(document.segments, languages)]
+        self.tally.sentences += len(document.segments)
+        paragraphs = Counter(lang for lang in {s.paragraph: lang for s, lang in zip(document.segments, languages)
+                                               }.values() if isinstance(lang, str))
+        return DocumentResult(document.name, document.render(translations), len(document.segments),
+                              translations.count(None), dict(paragraphs))
+
+    # -- the sentences of one source language ---------------------------------------------------
+    def translated(self, language: str | None, sources: dict[str, list[str]]) -> dict[str, str]:
+        """Each distinct sentence's translation: its pieces (fitted to max_len) from the memory or
+        decoded, joined by a space."""
+        pieces = {source: self.fitted(source, language, where) for source, where in sources.items()}
+        units = list(dict.fromkeys(p for ps in pieces.values() for p in ps))
+        self.tally.distinct += len(units)
+        known: dict[str, str] = {}
+        if self.memory is not None:
+            known = self.memory.lookup(self.memory_context(language), units)
+            self.tally.remembered += len(known)
+        known.update(self.decoded([u for u in units if u not in known], language))
+        return {source: " ".join(known[p] for p in ps) for source, ps in pieces.items()}
+
+    def fitted(self, source: str, language: str | None, where: list[str]) -> list[str]:
+        """A sentence as pieces within max_len: itself, else cut at clauses, else itself (truncated
+        with `truncate`), else refused naming where it is."""
+        if self.fits(source, language):
+            return [source]
+        cut = clauses(source, lambda piece: self.fits(piece, language))
+        if cut is not None:
+            return cut
+        if self.options.truncate:
+            return [source]
+        n = len(self.lines.encode_text(source, language, self.options.tgt_lang))
+        raise InputError(f"{where[0]}: a sentence of {n} source tokens, more than the model's max_len "
+                         f"{self.lines.config.max_len}, with no clause boundary that cuts it short enough "
+                         "({truncate} to cut it)").naming("truncate")
+
+    def fits(self, text: str, language: str | None) -> bool:
+        return len(self.lines.encode_text(text, language, self.options.tgt_lang)) <= self.lines.config.max_len
+
+    def decoded(self, units: Sequence[str], language: str | None) -> dict[str, str]:
+        """Sentences decoded through the line stream (a window at a time, sorted, batched); stored in
+        the memory as they come. A sentence that cannot be translated is refused by its text."""
+        if not units:
+            return {}
+        text = TextOptions(False, language, self.options.tgt_lang, self.options.truncate,
+                           replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map)
+        out: dict[str, str] = {}
+        pending: dict[str, str] = {}
+        for unit, line in zip(units, self.lines.translate_lines(units, self.gen, self.batching, text,
+                                                               on_batch=self.on_batch)):
+            if line.error is not None:
+                said = message(line.error).after(f"the sentence {unit[:60]!r}: ")
+                raise InputError(said.template).naming(*said.settings)
+            out[unit] = pending[unit] = line.hypotheses[0]
+            if self.memory is not None and len(pending) >= STORE_EVERY:
+                self.memory.store(self.memory_context(language), pending)
+                pending = {}
+        if self.memory is not None:
+            self.memory.store(self.memory_context(language), pending)
+        self.tally.decoded += len(out)
+        return out
+
+    def memory_context(self, language: str | None) -> str:
+        """The memory's key for this bundle, these settings and this source language."""
+        if language not in self.context:
+            assert self.memory is not None
+            self.context[language] = self.memory.context(self.settings(language))
+        return self.context[language]
+
+    def settings(self, language: str | None) -> dict[str, Any]:
+        bundle = self.lines.session.bundle
+        vocab_map = self.options.vocab_map
+        return {"manifest": manifest_hash(bundle.path) if bundle is not None else None,
+                "generation": self.gen.to_dict(), "src_lang": language, "tgt_lang": self.options.tgt_lang,
+                "truncate": self.options.truncate, "replace_unknowns": self.options.replace_unknowns,
+                "vocab_map": None if vocab_map is None else str(getattr(vocab_map, "source", vocab_map))}
+
+
+def manifest_hash(path) -> str:
+    """The sha256 of a bundle's manifest, which holds every other file's."""
+    import hashlib
+    from pathlib import Path
+
+    from xform.manifest import MANIFEST
+    return hashlib.sha256((Path(path) / MANIFEST).read_bytes()).hexdigest()
