@@ -72,7 +72,7 @@ def translate_documents(session, docs: list[tuple[str, str]], gen, batching, tex
     try:
         memory = TranslationMemory(memory_path, force=force) if memory_path is not None else None
         translator = DocumentTranslator(Translator(session), gen, batching, text, markup=markup or "text",
-                                        memory=memory, keep_target_language=skip_target_language,
+                                        memory=memory, skip_target_language=skip_target_language,
                                         on_batch=on_batch)
         results = translator.translate(docs)
     except InputError as e:

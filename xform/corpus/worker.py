@@ -81,7 +81,7 @@ class LineTranslator:
             self.documents = DocumentTranslator(self.text, self.job.gen, self.job.batching,
                                                 replace(self.job.text, vocab_map=self.job.vocab_map),
                                                 markup=options.markup, memory=memory,
-                                                keep_target_language=options.keep_target_language)
+                                                skip_target_language=options.skip_target_language)
         self.documents.on_batch = on_batch
         return self.documents
 

@@ -21,6 +21,7 @@ from xform.runtime.documents.segmenter import sentences
 
 URL = re.compile(r"(?:https?://|www\.)[^\s<>()]+(?:\([^\s<>()]*\)[^\s<>()]*)*")
 TRAILING = ".,;:!?'\""
+LEADING = ".,;:!?"  # what a run after an atom may begin with that is no word
 TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)")
 MARKERS = {"em_open", "em_close", "strong_open", "strong_close", "s_open", "s_close"}
 
@@ -198,6 +199,10 @@ def inline_segments(inline: Inline, language: str | None, lines: Lines, paragrap
         keep = [i for i in range(r0, r1) if not marker[i]]
         plain = "".join(inline.raw[i] for i in keep)
         for ps, pe in sentences(plain, language) if plain.strip() else []:
+            while ps < pe and (plain[ps] in LEADING or plain[ps].isspace()):  # `, then` after an atom
+                ps += 1
+            if ps == pe:
+                continue
             s0, s1 = widened(inline, keep[ps], keep[pe - 1] + 1)
             marks = tuple(sentence_marks(inline, s0, s1, keep[ps:pe]))
             source = normalised(plain[ps:pe])

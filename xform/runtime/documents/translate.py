@@ -35,10 +35,10 @@ class DocumentOptions:
     path, and whether paragraphs already in the target language are kept as they are."""
     markup: str = "text"
     memory: str | None = None
-    keep_target_language: bool = False
+    skip_target_language: bool = False
 
     def to_dict(self) -> dict:
-        return {"markup": self.markup, "memory": self.memory, "keep_target_language": self.keep_target_language}
+        return {"markup": self.markup, "memory": self.memory, "skip_target_language": self.skip_target_language}
 
 
 @dataclass
@@ -65,18 +65,18 @@ class Tally:
 class DocumentTranslator:
     """Documents in, DocumentResults out, over a LineStream (a Translator), the decoding settings
     (`gen`, `batching`, `text`: text.src_lang may be "auto") and the document options: `markup`
-    (text or markdown), a translation `memory`, `keep_target_language` (paragraphs already in the
+    (text or markdown), a translation `memory`, `skip_target_language` (paragraphs already in the
     target language left as they are)."""
 
     def __init__(self, lines: LineStream, gen: GenerationConfig, batching: Batching | None = None,
                  text: TextOptions | None = None, *, markup: str = "text", memory: TranslationMemory | None = None,
-                 keep_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None):
+                 skip_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None):
         if markup not in FORMATS:
             raise InputError(f"{{format}}: expected one of {', '.join(FORMATS)}, got {markup!r}").naming("format")
         self.lines, self.gen, self.batching = lines, gen, batching or Batching()
         self.options = text or TextOptions()
         self.markup, self.memory, self.on_batch = markup, memory, on_batch
-        self.keep_target_language = keep_target_language
+        self.skip_target_language = skip_target_language
         self.detector = self.language_detector()
         self.tally = Tally()
         self.context: dict[str | None, str] = {}
@@ -94,10 +94,10 @@ class DocumentTranslator:
             return Detector(codes)
         if src is not None:
             self.lines.check_src_lang(src)
-        if self.keep_target_language:
+        if self.skip_target_language:
             if tgt is None:
-                raise InputError("{keep_target_language}: name the target language ({tgt_lang})"
-                                 ).naming("keep_target_language", "tgt_lang")
+                raise InputError("{skip_target_language}: name the target language ({tgt_lang})"
+                                 ).naming("skip_target_language", "tgt_lang")
             return Detector(codes or [tgt])
         return None
 
@@ -151,7 +151,7 @@ class DocumentTranslator:
         languages: list[str | None | bool] = []
         for segment in document.segments:
             code = of_paragraph[segment.paragraph]
-            kept = (self.keep_target_language and code is not None
+            kept = (self.skip_target_language and code is not None
                     and base_language(code) == base_language(self.options.tgt_lang or ""))
             languages.append(False if kept else code if self.options.src_lang == AUTO else self.options.src_lang)
         return document, languages

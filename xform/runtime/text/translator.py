@@ -274,7 +274,7 @@ class Translator(LineStream):
         opened = TranslationMemory(memory) if memory is not None else None
         try:
             documents = DocumentTranslator(self, gen, ct2_batching(max_batch_size, batch_type), text, markup=format,
-                                           memory=opened, keep_target_language=skip_target_language)
+                                           memory=opened, skip_target_language=skip_target_language)
             return [r.text for r in documents.translate([(f"texts[{i}]", t) for i, t in enumerate(texts)])]
         finally:
             if opened is not None:
