@@ -98,7 +98,7 @@ class LineTranslator:
                 failed[i] = f"not UTF-8 ({e})"
         translator = self.document_translator(on_batch)
         decoded = translator.tally.decoded
-        results = dict(zip(texts, translator.translate_each([(f"line {i}", t) for i, t in texts.items()])))
+        results = dict(zip(texts, translator.translate_each([("", t) for t in texts.values()])))
         done.tokens = translator.tally.decoded - decoded  # sentences decoded: a document's "tokens" are its sentences
         for i in range(len(records)):
             result = results.get(i)

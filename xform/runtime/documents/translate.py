@@ -116,7 +116,7 @@ class DocumentTranslator:
             for segment, language in zip(document.segments, languages):
                 if not isinstance(language, bool):  # False: kept as it is
                     wanted.setdefault(language, {}).setdefault(segment.source, []).append(
-                        f"{document.name}:{segment.line}")
+                        f"{document.name}:{segment.line}" if document.name else f"line {segment.line}")
         done = {language: self.translated(language, sources) for language, sources in wanted.items()}
         self.tally.documents += len(parsed)
         return [self.result(document, languages, done) for document, languages in parsed]

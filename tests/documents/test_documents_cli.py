@@ -1,0 +1,97 @@
+"""`xform run --documents` and `xform corpus --documents`: the file translated as the Python door
+translates it, written atomically to --output or printed; the memory's hits reported on a second
+run; line flags and foreign memories refused with the flag named and exit 2; each JSON-lines
+record a document in a corpus, a bad one failing alone."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import xform
+from tests.documents.texts import MARKDOWN, PLAIN
+from xform.cli import main
+
+pytest.importorskip("sentencex", reason="documents need the documents extra (pip install -e '.[dev]')")
+SHORT = ["--max-new-tokens", "12"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["run", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def translator(text_marian):
+    return xform.Translator(text_marian)
+
+
+def test_run_translates_a_file_as_a_document(text_marian, translator, tmp_path):
+    src = tmp_path / "doc.md"
+    src.write_text(MARKDOWN)
+    memory = tmp_path / "tm.db"
+    r = run(text_marian, "--input-file", src, "--format", "markdown", "--memory", memory, "--output",
+            tmp_path / "out.md", *SHORT)
+    assert r.exit_code == 0, r.output
+    expected = translator.translate_document(MARKDOWN, format="markdown", max_decoding_length=12)
+    assert (tmp_path / "out.md").read_text() == expected
+    assert "0 from the memory" in r.stderr and " decoded" in r.stderr
+    again = run(text_marian, "--input-file", src, "--format", "markdown", "--memory", memory, *SHORT)
+    assert again.exit_code == 0, again.output
+    assert again.stdout == expected + ("" if expected.endswith("\n") else "\n")
+    assert ", 0 decoded" in again.stderr
+
+
+def test_each_text_is_a_document(text_marian, translator):
+    r = run(text_marian, "--documents", "--text", PLAIN["en"], "--text", "a blue dog. my old cat", *SHORT)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "".join(t if t.endswith("\n") else t + "\n" for t in translator.translate_documents(
+        [PLAIN["en"], "a blue dog. my old cat"], max_decoding_length=12))
+
+
+@pytest.mark.parametrize("flags, named", [(["--scores"], "--scores"), (["--prefix-column"], "--prefix-column"),
+                                          (["--num-hypotheses", "2", "--num-beams", "2"], "--num-hypotheses"),
+                                          (["--src-lang", "auto"], "--src-lang auto"),
+                                          (["--skip-target-language"], "--tgt-lang")])
+def test_line_flags_and_bad_settings_are_refused(text_marian, tmp_path, flags, named):
+    src = tmp_path / "doc.txt"
+    src.write_text("a blue dog.\n")
+    r = run(text_marian, "--documents", "--input-file", src, *flags)
+    assert r.exit_code == 2 and named in r.output, r.output
+
+
+def test_a_foreign_memory_and_a_file_not_utf8(text_marian, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    r = run(text_marian, "--text", "a blue dog.", "--memory", notes)
+    assert r.exit_code == 2 and f"--memory {notes}: expected an xform translation memory" in r.output
+    assert notes.read_text() == "mine\n"
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a blue dog.\n\nmy \xff cat\n")
+    r = run(text_marian, "--documents", "--input-file", bad)
+    assert r.exit_code == 1 and f"--input-file {bad}:3: not UTF-8" in r.output
+
+
+def test_corpus_records_are_documents(text_marian, translator, tmp_path):
+    src = tmp_path / "in.jsonl"
+    records = [{"id": 1, "text": PLAIN["en"]}, {"id": 2, "text": MARKDOWN}, {"id": 3, "text": ""},
+               {"id": 4, "text": " ".join(["the red cat sleeps"] * 40) + "."}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    memory = tmp_path / "tm.db"
+    r = CliRunner().invoke(main, ["corpus", str(text_marian), str(src), "--output-dir", str(tmp_path / "o"),
+                                  "--documents", "--memory", str(memory), "--shard-lines", "2", *SHORT])
+    assert r.exit_code == 1, r.output  # the fourth record is too long: it fails alone
+    got = [json.loads(line) for line in (tmp_path / "o" / "in.jsonl").read_text().splitlines()]
+    assert [g["translation"] for g in got[:3]] == translator.translate_documents(
+        [PLAIN["en"], MARKDOWN, ""], max_decoding_length=12)
+    assert "more than the model's max_len" in got[3]["error"] and "--truncate" in got[3]["error"]
+    assert got[3]["error"].startswith("line 1: a sentence of") and f"{src}:4: line 1: a sentence" in r.output
+    with xform_memory(memory) as tm:
+        assert len(tm) > 10
+    r = CliRunner().invoke(main, ["corpus", str(text_marian), str(src), "--output-dir", str(tmp_path / "o2"),
+                                  "--documents", "--memory", str(memory), "--shard-lines", "2", "--truncate",
+                                  *SHORT])
+    assert r.exit_code == 0, r.output
+
+
+def xform_memory(path):
+    from xform.runtime.documents.memory import TranslationMemory
+    return TranslationMemory(path)
