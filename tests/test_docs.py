@@ -23,7 +23,7 @@ from xform.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ["README.md", "docs/cli.md", "docs/models.md", "docs/decoding.md", "docs/quality.md", "docs/serving.md",
-          "docs/python.md", "docs/bundle.md", "docs/corpus.md"]
+          "docs/python.md", "docs/bundle.md", "docs/corpus.md", "docs/documents.md"]
 
 # marked blocks and who runs them
 RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/test_readme.py checks it)",
@@ -31,7 +31,7 @@ RUN = {"main-command": "tests/test_readme.py", "test-command": ".ci/run (tests/t
        "grpc-stream-snippet": "tests/serving/test_inflight_server.py",
        "file-command": "here", "hf-command": "here", "own-model-command": "here",
        "corpus-command": "here", "corpus-ray-command": "here", "corpus-python": "here", "eval-command": "here",
-       "ct2-python": "here", "fleet-python": "tests/runtime/test_fleet_translator.py",
+       "ct2-python": "here", "documents-command": "here", "fleet-python": "tests/runtime/test_fleet_translator.py",
        "fleet-serve-command": "tests/serving/test_fleet_server.py"}
 # guides whose commands take a GPU, or minutes to hours with the peers installed: every xform flag,
 # script and script flag they name is checked to exist (test_named_commands_exist)
@@ -116,6 +116,23 @@ def test_file_quick_start(demo_bundle, tmp_path, monkeypatch):
                         "123456\tone hundred twenty three thousand four hundred fifty six"]
     scores = json.loads((tmp_path / "scores.json").read_text())
     assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100) and scores["lines"] == 4
+
+
+def test_documents_guide(tmp_path, monkeypatch):
+    """docs/documents.md's block, on a small trained Marian exported where it says."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencex")
+    from tests.marian_fixtures import build_text_marian
+    from xform.exporter.export import export_bundle
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "opus-mt-en-de").mkdir()
+    build_text_marian(tmp_path / "opus-mt-en-de", seed=0, steps=40, d_model=32, encoder_layers=1, decoder_layers=2)
+    export_bundle(tmp_path / "opus-mt-en-de", tmp_path / "en-de")
+    outputs = run_lines(marked("documents-command", "docs/documents.md"), tmp_path)
+    first, again = (tmp_path / "notes.de.md").read_text(), (tmp_path / "again.de.md").read_text()
+    assert first == again and first != (tmp_path / "notes.md").read_text()
+    assert "`cat --help`" in first and "](https://example.org/guide)" in first and first.startswith("# ")
+    assert "6 from the memory notes.db, 0 decoded" in outputs[1] and "0 from the memory" in outputs[0]
 
 
 def test_hugging_face_quick_start(tmp_path, monkeypatch):
