@@ -278,3 +278,20 @@ def test_the_readme_grpc_stream_snippet(served, session, capsys):
     lines = capsys.readouterr().out.splitlines()
     want = Translator(session).translate(["40512"])[0]
     assert lines[-1] == want and "".join(lines[:-1]).strip() == want.strip() and len(lines) > 2
+
+
+def test_a_document_request_joins_the_engine(served, session):
+    """`document_format`: each text row a document, its sentences through the running batch
+    (serving/documents.py), beside a plain request; tests/documents/test_serving.py has the rest."""
+    pytest.importorskip("sentencex")
+    import tritonclient.http as th
+    server, name = served
+    docs = ["40512 7\n\n- 999999\n- 12\n", "  123456\r\n\r\n3"]
+    text = th.InferInput("text", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[d.encode()] for d in docs], dtype=object))
+    fmt = th.InferInput("document_format", [2, 1], "BYTES")
+    fmt.set_data_from_numpy(np.array([[b"text"], [b"text"]], dtype=object))
+    r = http(server).infer(name, [text, fmt])
+    assert [t.decode() for t in r.as_numpy("translation").reshape(-1)] == [
+        Translator(session).translate_document(d) for d in docs]
+    assert infer(http(server), th, name, texts=["7"])[1] == ["seven"]

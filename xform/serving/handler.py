@@ -19,10 +19,12 @@ import numpy as np
 from xform.errors import InputError, SettingError, XformError, render
 from xform.runtime.decoding import controls
 from xform.runtime.decoding.controls import Control
-from xform.runtime.decoding.request import Request, Result, refuse_unknown
+from xform.runtime.decoding.request import Request, Result, TextOptions, refuse_unknown
+from xform.runtime.documents.translate import AUTO
 from xform.runtime.scheduling.scheduler import Scheduler
 from xform.runtime.text.translator import Translator
 from xform.serving import tensors
+from xform.serving.documents import NOT_WITH_DOCUMENTS, DocumentJob, document_outputs
 
 
 class ServerFault(str):
@@ -193,16 +195,22 @@ def settings_of(text: Translator, inputs: dict[str, np.ndarray | None], tgt_lang
     return settings
 
 
-def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None) -> Job:
-    """Triton's door: a request's tensors (None where absent) as a Job holding its Request;
+def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None
+          ) -> Job | DocumentJob:
+    """Triton's door: a request's tensors (None where absent) as a Job holding its Request (with
+    `document_format`, a DocumentJob: serving/documents.py);
     InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
     sequences) one request may ask for, so that no request can make the server allocate beyond it.
     An input the model does not declare is refused with the nearest (Triton itself refuses one
     before the model sees it; a caller of this function gets the same)."""
     refuse_unknown([k for k, v in inputs.items() if v is not None], (t.name for t in tensors.inputs()), "input")
+    truncate = one_flag("truncate", inputs.get("truncate"))
+    if inputs.get("document_format") is not None:
+        src_lang = one_string("src_lang", inputs.get("src_lang"))
+        return document_job(session, index, inputs, src_lang, one_string("tgt_lang", inputs.get("tgt_lang")),
+                            truncate)
     text = Translator(session)  # the request's text policy, made once
     src_lang, tgt_lang = languages(text, inputs)
-    truncate = one_flag("truncate", inputs.get("truncate"))
     replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
     if replace:
         if inputs.get("text") is None:
@@ -227,6 +235,31 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
         raise InputError(f"input '{'num_beams' if gen.strategy == 'beam' else name}': {request.batch} rows x "
                          f"{width} = {request.rows} decoder rows, more than this model's max_rows {max_rows}")
     return Job(index, request)
+
+
+def document_job(session, index: int, inputs: dict[str, np.ndarray | None], src_lang: str | None,
+                 tgt_lang: str | None, truncate: bool) -> DocumentJob:
+    """A request with `document_format` as a DocumentJob; InputError names the input at fault."""
+    markup = one_string("document_format", inputs["document_format"])
+    for name in NOT_WITH_DOCUMENTS:
+        if inputs.get(name) is not None:
+            raise InputError(f"input '{name}': goes with lines, not with 'document_format' (a document's "
+                             "translation is one text)")
+    rows = inputs.get("text")
+    if rows is None:
+        raise InputError("input 'document_format': goes with 'text' (each row a document)")
+    text = Translator(session)
+    if src_lang is not None and src_lang != AUTO:
+        text.check_src_lang(src_lang)
+    try:
+        settings = settings_of(text, inputs, tgt_lang)
+        gen = session.generation_config(settings.pop("max_new_tokens"), **settings)
+    except InputError as e:
+        raise request_error(e) from None
+    if gen.num_return_sequences > 1:
+        raise InputError("input 'num_return_sequences': a document's translation is one text")
+    return DocumentJob(index, strings("text", rows), gen, TextOptions(False, src_lang, tgt_lang, truncate),
+                       markup or "text", one_flag("skip_target_language", inputs.get("skip_target_language")))
 
 
 def trim(out: np.ndarray, pad: int) -> np.ndarray:
@@ -293,16 +326,31 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
     `vocab_map` (the model's --vocab-map), a text request decodes alone over what its sources allow."""
     results: list[Any] = [None] * len(requests)
     jobs: list[Job] = []
+    documents: list[DocumentJob] = []
     for i, inputs in enumerate(requests):
         try:
-            jobs.append(parse(session, i, inputs, max_rows))
+            job = parse(session, i, inputs, max_rows)
         except XformError as e:
             results[i] = said(e)
+            continue
+        (jobs if isinstance(job, Job) else documents).append(job)  # type: ignore[arg-type]
     alone = [j for j in jobs if vocab_map is not None and j.request.texts is not None]
     together = [j for j in jobs if j not in alone]
     for job, outcome in [*decoded_together(session, together, max_rows), *decoded_alone(session, alone, vocab_map)]:
         results[job.index] = outcome
+    for document in documents:
+        results[document.index] = document_outcome(session, document)
     return results
+
+
+def document_outcome(session, job: DocumentJob) -> dict[str, np.ndarray] | str:
+    """A document request's outputs, or its error (the request's, named by its input, or the server's)."""
+    try:
+        return document_outputs(session, job)
+    except InputError as e:
+        return str(request_error(e))
+    except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
+        return ServerFault(f"decoding failed: {type(e).__name__}: {e}")
 
 
 def decoded_together(session, jobs: list[Job], max_rows: int | None):

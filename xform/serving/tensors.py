@@ -53,6 +53,11 @@ TAIL = [
            "to most (a bundle exported --with-attention).", "tokenizer"),
     Tensor("return_attention", "TYPE_BOOL", (1,), "Also `attention`.", "attention", setting="return_attention"),
     Tensor("stream", "TYPE_BOOL", (1,), "A response every step, then the final one.", "engine"),
+    Tensor("document_format", "TYPE_STRING", (1,), "Each `text` row is a document, `text` or `markdown`: its "
+           "sentences split, translated and rejoined with its layout (`src_lang` may be `auto`).", "tokenizer",
+           setting="format"),
+    Tensor("skip_target_language", "TYPE_BOOL", (1,), "With document_format: paragraphs already in tgt_lang are "
+           "kept as they are.", "tokenizer", setting="skip_target_language"),
 ]
 OUTPUTS = [
     Tensor("output_ids", "TYPE_INT64", (-1,), "Each row's best hypothesis."),

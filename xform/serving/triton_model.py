@@ -156,6 +156,8 @@ class TritonPythonModel:
         self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
                                    max_queue=int(params["max_queue"])).start()
         self.watcher = Watcher(self.scheduler)
+        from concurrent.futures import ThreadPoolExecutor
+        self.documents = ThreadPoolExecutor(4, thread_name_prefix="xform-document")  # each waits on the batch
         # responses go out from this thread: a send waits on Triton, the engine's steps must not
         # (reply, outputs of a part | the call that sends the final response), or None: stop
         self.outbox: queue.Queue[tuple[Reply, Any] | None] = queue.Queue()
@@ -184,6 +186,7 @@ class TritonPythonModel:
     def start(self, request):
         from xform.errors import XformError
         from xform.runtime.scheduling.scheduler import OverloadedError
+        from xform.serving.documents import DocumentJob
         from xform.serving.handler import one_flag, parse, said
         from xform.serving.inflight import TextStream, submit
 
@@ -193,6 +196,9 @@ class TritonPythonModel:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
             job = parse(self.session, 0, tensors, self.max_rows)
+            if isinstance(job, DocumentJob):
+                self.documents.submit(self.document, job, reply)
+                return
             stream = TextStream(self.session, job, lambda o: self.outbox.put((reply, o))) if streaming else None
             future = submit(self.scheduler, self.session, job, stream)
         except OverloadedError as e:
@@ -206,6 +212,16 @@ class TritonPythonModel:
             return
         self.watcher.add(future, request.is_cancelled)
         future.add_done_callback(lambda f: self.outbox.put((reply, lambda: self.finish(f, job, reply))))
+
+    def document(self, job, reply):
+        """A document request, on a thread of its own: its sentences join the running batch."""
+        from xform.serving.documents import ScheduledSession
+        from xform.serving.handler import document_outcome
+
+        result = document_outcome(ScheduledSession(self.session, self.scheduler), job)
+        final = reply.error(result, "server" if type(result).__name__ == "ServerFault" else "request") if (
+            isinstance(result, str)) else response(result)
+        self.outbox.put((reply, lambda: reply.sender.send(final, flags=FINAL)))
 
     def finish(self, future, job, reply):
         from xform.errors import InputError
@@ -229,6 +245,7 @@ class TritonPythonModel:
     def finalize(self):
         if self.role == "engine":
             self.watcher.close()
+            self.documents.shutdown(wait=False, cancel_futures=True)
             self.scheduler.close()  # what was queued or running is told Cancelled: its FINAL is in the outbox
             self.outbox.put(None)
             self.responder.join(30)
