@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-import xform
+from tests.serving.test_handler import demo, text  # noqa: F401 - the demo session fixture, text rows
 from xform.runtime.scheduling.scheduler import Scheduler
 from xform.runtime.text.translator import Translator
 from xform.serving.documents import ScheduledSession
@@ -16,15 +16,6 @@ from xform.serving.handler import document_outcome, execute, parse
 
 pytest.importorskip("sentencex", reason="documents need the documents extra (pip install -e '.[dev]')")
 DOCS = ["40512 7\n\n- 999999\n- 12\n", "  123456\r\n\r\n\r\n3"]
-
-
-@pytest.fixture(scope="module")
-def demo(demo_bundle):
-    return xform.load(demo_bundle, backend="ort")
-
-
-def text(*texts):
-    return np.array([[t.encode()] for t in texts], dtype=object)
 
 
 def string(value):
