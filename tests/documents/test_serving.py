@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - `demo` is test_handler's fixture, imported
 """Documents through the server's code, without Triton: a request with `document_format` answers
 each `text` row as translate_document does, in the dynamic model's execute and through a running
 Scheduler (the in-flight engine's: ScheduledSession), beside ordinary requests; line inputs and
