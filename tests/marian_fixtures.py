@@ -158,3 +158,27 @@ def build_text_marian(directory: Path, seed: int, steps: int, **config):
     model = train_marian(MarianMTModel(marian_config(vocab_size=vocab, **config)), steps)
     model.save_pretrained(directory)
     return model
+
+
+def build_upper_marian(directory: Path, steps: int = 150, seed: int = 0):
+    """A Marian with write_tokenizer's files trained `steps` full-batch steps to write CORPUS's
+    sentences in upper case (the target side's pieces): word for word, so its translations are
+    words and its attention follows them; saved in `directory` with its tokenizer."""
+    from transformers import MarianMTModel, MarianTokenizer
+    vocab = write_tokenizer(directory)
+    tok = MarianTokenizer.from_pretrained(directory)
+    torch.manual_seed(seed)
+    model = MarianMTModel(marian_config(vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=1,
+                                        encoder_ffn_dim=64, decoder_ffn_dim=64))
+    batch = tok(CORPUS, text_target=[s.upper() for s in CORPUS], return_tensors="pt", padding=True)
+    labels = batch["labels"].masked_fill(batch["labels"] == tok.pad_token_id, -100)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return model

@@ -19,9 +19,25 @@ def m2m(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def text_marian(tmp_path_factory):
-    """A text Marian (tests/marian_fixtures.py: its tokenizer knows CORPUS's words), briefly trained
-    to reverse its input: each sentence's translation depends on it."""
-    from tests.marian_fixtures import text_marian_bundle
-    return text_marian_bundle(tmp_path_factory, "documents", 1, 60, d_model=32, encoder_layers=1, decoder_layers=1,
-                              encoder_ffn_dim=48, decoder_ffn_dim=48)
+def text_marian_dir(tmp_path_factory):
+    """A text Marian (tests/marian_fixtures.py: its tokenizer knows CORPUS's words) trained to write
+    its input in upper case, word for word: each sentence's translation depends on it, and its
+    attention follows the words. Its Hugging Face directory."""
+    from tests.marian_fixtures import build_upper_marian
+    d = tmp_path_factory.mktemp("documents") / "marian"
+    d.mkdir()
+    build_upper_marian(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def text_marian(text_marian_dir, tmp_path_factory):
+    from xform.exporter.export import export_bundle
+    return export_bundle(text_marian_dir, tmp_path_factory.mktemp("documents") / "bundle").path
+
+
+@pytest.fixture(scope="session")
+def attention_marian(text_marian_dir, tmp_path_factory):
+    """The same model exported --with-attention: its translations come with word alignments."""
+    from xform.exporter.export import export_bundle
+    return export_bundle(text_marian_dir, tmp_path_factory.mktemp("documents") / "aligned", attention_layer=-1).path

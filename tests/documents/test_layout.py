@@ -75,7 +75,7 @@ def test_markdown_leaves_code_urls_targets_and_tags_outside_every_sentence():
 def test_marks_go_around_the_translation():
     doc = markdown("see [the red dog](https://x.org) now. my old *cat*.\n", "en")
     link, emphasis = doc.segments
-    assert link.marks == (Mark(4, 15, "[", "](https://x.org)"),)
+    assert link.marks == (Mark(1, 4, "[", "](https://x.org)"),)  # words 1-3: the red dog
     assert with_marks("VOIR LE CHIEN", link) == "[VOIR LE CHIEN](https://x.org)"
     assert doc.text[emphasis.start:emphasis.end] == "my old *cat*."
     assert with_marks("T", emphasis) == "*T*"

@@ -21,7 +21,8 @@ LIST_MARKER = re.compile(r"[ \t]*(?:[-*+\u2022\u2023\u25e6]|\d{1,3}[.)])[ \t]+(?
 @dataclass(frozen=True)
 class Mark:
     """Markup around words of a sentence (Markdown's emphasis, a link's brackets and target):
-    `open` before the source's characters [start, end), `close` after them."""
+    `open` before the source's words [start, end) (whitespace-separated, 0-based), `close` after
+    them; an empty side is one a sentence's edge cut off."""
     start: int
     end: int
     open: str

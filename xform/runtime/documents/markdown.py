@@ -239,12 +239,21 @@ def runs(atom: bytearray) -> list[tuple[int, int]]:
 
 
 def sentence_marks(inline: Inline, s0: int, s1: int, kept: list[int]):
-    """The marks inside raw span [s0, s1), in the sentence's plain coordinates (`kept`: the raw
-    index of each of its plain characters)."""
-    def plain_index(raw_index: int) -> int:
+    """The marks inside raw span [s0, s1), over the sentence's words (`kept`: the raw index of each
+    of its plain characters): a mark covers the words its characters touch."""
+    plain = "".join(inline.raw[k] for k in kept)
+
+    def at(raw_index: int) -> int:  # the plain character a raw index comes before
         return sum(1 for k in kept if k < raw_index)
     for a, b, c, d in inline.marks:
         opens, closes = s0 <= a and b <= s1, s0 <= c and d <= s1
         if opens or closes:
-            yield Mark(plain_index(b) if opens else 0, plain_index(c) if closes else len(kept),
-                       inline.raw[a:b] if opens else "", inline.raw[c:d] if closes else "")
+            first, last = words_of(plain, at(b) if opens else 0, at(c) if closes else len(plain))
+            yield Mark(first, last, inline.raw[a:b] if opens else "", inline.raw[c:d] if closes else "")
+
+
+def words_of(text: str, start: int, end: int) -> tuple[int, int]:
+    """[first, last) of the whitespace-separated words of `text` that characters [start, end) touch."""
+    first = len(text[:start].split()) - (1 if 0 < start < len(text) and not text[start - 1].isspace()
+                                         and not text[start].isspace() else 0)
+    return first, max(len(text[:end].split()), first + 1)

@@ -26,7 +26,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS contexts (id TEXT PRIMARY KEY, settings TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (context TEXT NOT NULL, source TEXT NOT NULL, target TEXT NOT NULL,
-                                    PRIMARY KEY (context, source)) WITHOUT ROWID;
+                                    alignment TEXT, PRIMARY KEY (context, source)) WITHOUT ROWID;
 """
 
 
@@ -115,18 +115,33 @@ class TranslationMemory:
         self.counts.misses += len(sources) - len(found)
         return found
 
-    def store(self, context: str, translated: Mapping[str, str]) -> None:
-        """Add translations in one transaction: all of them or, killed mid-write, none."""
+    def store(self, context: str, translated: Mapping[str, str],
+              alignments: Mapping[str, list | None] | None = None) -> None:
+        """Add translations (and, for some, their word alignments: alignment.py) in one transaction:
+        all of them or, killed mid-write, none."""
         if not translated:
             return
+        aligned = alignments or {}
+        rows = [(context, s, t, None if aligned.get(s) is None else json.dumps(aligned[s]))
+                for s, t in translated.items()]
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self.db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)",
-                                [(context, s, t) for s, t in translated.items()])
+            self.db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", rows)
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    def alignments(self, context: str, sources: Iterable[str]) -> dict[str, list]:
+        """The word alignments the memory holds for `sources` in `context` (those stored with one)."""
+        sources = list(dict.fromkeys(sources))
+        found: dict[str, list] = {}
+        for i in range(0, len(sources), 500):
+            chunk = sources[i:i + 500]
+            query = (f"SELECT source, alignment FROM entries WHERE context = ? AND alignment IS NOT NULL "
+                     f"AND source IN ({','.join('?' * len(chunk))})")
+            found.update((s, json.loads(a)) for s, a in self.db.execute(query, (context, *chunk)))
+        return found
 
     def __len__(self) -> int:
         return self.db.execute("SELECT count(*) FROM entries").fetchone()[0]

@@ -9,12 +9,13 @@ and its pieces' translations joined by a space; one that no cut fits is truncate
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from xform.errors import InputError, message
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
+from xform.runtime.documents.alignment import Alignment, can_align, decode_aligned
 from xform.runtime.documents.codes import base_language
 from xform.runtime.documents.detect import Detector
 from xform.runtime.documents.layout import Document, plain
@@ -78,6 +79,7 @@ class DocumentTranslator:
         self.markup, self.memory, self.on_batch = markup, memory, on_batch
         self.skip_target_language = skip_target_language
         self.detector = self.language_detector()
+        self.aligns = can_align(lines, self.options)  # marks placed around the words they became
         self.tally = Tally()
         self.context: dict[str | None, str] = {}
 
@@ -112,12 +114,17 @@ class DocumentTranslator:
         """Each (name, text) translated, in order."""
         parsed = [self.parse(name, text) for name, text in documents]
         wanted: dict[str | None, dict[str, list[str]]] = {}
+        marked: dict[str | None, set[str]] = {}
         for document, languages in parsed:
             for segment, language in zip(document.segments, languages):
-                if not isinstance(language, bool):  # False: kept as it is
-                    wanted.setdefault(language, {}).setdefault(segment.source, []).append(
-                        f"{document.name}:{segment.line}" if document.name else f"line {segment.line}")
-        done = {language: self.translated(language, sources) for language, sources in wanted.items()}
+                if isinstance(language, bool):  # False: kept as it is
+                    continue
+                wanted.setdefault(language, {}).setdefault(segment.source, []).append(
+                    f"{document.name}:{segment.line}" if document.name else f"line {segment.line}")
+                if segment.marks:
+                    marked.setdefault(language, set()).add(segment.source)
+        done = {language: self.translated(language, sources, marked.get(language, set()))
+                for language, sources in wanted.items()}
         self.tally.documents += len(parsed)
         return [self.result(document, languages, done) for document, languages in parsed]
 
@@ -173,7 +180,8 @@ class DocumentTranslator:
         return Document(document.text, sorted(segments, key=lambda s: s.start), document.name)
 
     def result(self, document: Document, languages: list, done: dict) -> DocumentResult:
-        translations = [None if language is False else with_marks(done[language][segment.source], segment)
+        translations = [None if language is False else with_marks(done[language][0][segment.source], segment,
+                                                                  done[language][1].get(segment.source))
                         for segment, language in zip(document.segments, languages)]
         self.tally.sentences += len(document.segments)
         paragraphs = Counter(lang for lang in {s.paragraph: lang for s, lang in zip(document.segments, languages)
@@ -182,18 +190,31 @@ class DocumentTranslator:
                               translations.count(None), dict(paragraphs))
 
     # -- the sentences of one source language ---------------------------------------------------
-    def translated(self, language: str | None, sources: dict[str, list[str]]) -> dict[str, str]:
-        """Each distinct sentence's translation: its pieces (fitted to max_len) from the memory or
-        decoded, joined by a space."""
+    def translated(self, language: str | None, sources: dict[str, list[str]], marked: set[str]
+                   ) -> tuple[dict[str, str], dict[str, Alignment]]:
+        """Each distinct sentence's translation (its pieces, fitted to max_len, from the memory or
+        decoded, joined by a space) and, for a whole sentence with marks where the bundle can say,
+        its word alignment (from the memory, else decoded with the attention)."""
         pieces = {source: self.fitted(source, language, where) for source, where in sources.items()}
         units = list(dict.fromkeys(p for ps in pieces.values() for p in ps))
         self.tally.distinct += len(units)
         known: dict[str, str] = {}
+        aligned: dict[str, Alignment] = {}
+        to_align = [s for s in marked if pieces[s] == [s]] if self.aligns else []
         if self.memory is not None:
             known = self.memory.lookup(self.memory_context(language), units)
+            aligned = self.memory.alignments(self.memory_context(language), to_align)
             self.tally.remembered += len(known)
-        known.update(self.decoded([u for u in units if u not in known], language))
-        return {source: " ".join(known[p] for p in ps) for source, ps in pieces.items()}
+        with_attention = [u for u in to_align if u not in aligned]
+        known.update(self.decoded([u for u in units if u not in known and u not in with_attention], language))
+        if with_attention:
+            self.tally.decoded += len(with_attention)
+            got = decode_aligned(self.lines, with_attention, self.gen, replace(self.options, src_lang=language))
+            known.update({u: t for u, (t, _) in got.items()})
+            aligned.update({u: a or [] for u, (_, a) in got.items()})  # []: none could be made, none asked again
+            if self.memory is not None:
+                self.memory.store(self.memory_context(language), {u: t for u, (t, _) in got.items()}, aligned)
+        return {source: " ".join(known[p] for p in ps) for source, ps in pieces.items()}, aligned
 
     def fitted(self, source: str, language: str | None, where: list[str]) -> list[str]:
         """A sentence as pieces within max_len: itself, else cut at clauses, else itself (truncated
