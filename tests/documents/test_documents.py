@@ -103,8 +103,8 @@ def test_an_empty_document_and_one_of_only_layout(translator):
 
 
 def test_bad_settings_are_refused_by_name(translator):
-    with pytest.raises(InputError, match="format: expected one of text, markdown, got 'html'"):
-        translator.translate_document("a.", format="html")
+    with pytest.raises(InputError, match="format: expected one of text, markdown, html, got 'rtf'"):
+        translator.translate_document("a.", format="rtf")
     with pytest.raises(InputError, match="src_lang auto: this bundle takes no source language"):
         translator.translate_document("a.", src_lang="auto")
     with pytest.raises(InputError, match="skip_target_language: name the target language"):

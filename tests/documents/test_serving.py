@@ -41,7 +41,7 @@ def test_execute_answers_documents_beside_lines(demo):
 @pytest.mark.parametrize("inputs, named", [
     ({"src_ids": np.array([[5, 2]], np.int64)}, "input 'src_ids': goes with lines"),
     ({"return_scores": np.array([[True]])}, "input 'return_scores': goes with lines"),
-    ({"document_format": string("html")}, "input 'document_format': expected one of text, markdown, got 'html'"),
+    ({"document_format": string("rtf")}, "input 'document_format': expected one of text, markdown, html, got 'rtf'"),
     ({"src_lang": string("auto")}, "input 'src_lang' auto: this bundle takes no source language"),
     ({"skip_target_language": np.array([[True]])}, "input 'skip_target_language': name the target language"),
     ({"num_return_sequences": np.array([[2]], np.int32), "num_beams": np.array([[2]], np.int32)},

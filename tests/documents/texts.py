@@ -56,3 +56,24 @@ UNTOUCHED = ["`cat --eats bread`", "(https://example.org/a_(b)?q=1)", "https://e
              '```python\nthe red cat sleeps. # code: never translated\nprint("a blue dog")\n```',
              "    indented code: the red dog is here.", "<div>an html block: the red cat sleeps.</div>",
              '[ref]: https://example.org/ref "the red title"', "|-------------|------------|"]
+
+HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>the red cat sleeps</title>
+<style>p { content: "a blue dog. runs"; }</style></head>
+<body>
+  <h1>the red cat sleeps</h1>
+  <p class="lead">a blue dog <b>runs fast</b>. my old bird is <a href="https://example.org/a?b=1&amp;c=2">here</a>
+     &amp; the red dog.<br>one green cat eats bread.</p>
+  <!-- a comment: the red cat is here. -->
+  <ul><li>my old cat runs fast</li><li>a blue <code>cat --help</code> bird sleeps.</li></ul>
+  <pre>the red cat sleeps. never translated</pre>
+  <script>const s = "a blue dog. never translated";</script>
+  <table><tr><td>my old dog</td><td>is here</td></tr></table>
+</body></html>
+"""
+
+HTML_UNTOUCHED = ['<!DOCTYPE html>', '<html lang="en">', '<meta charset="utf-8">',
+                  '<style>p { content: "a blue dog. runs"; }</style>', '<p class="lead">',
+                  '<a href="https://example.org/a?b=1&amp;c=2">', '<br>', '<!-- a comment: the red cat is here. -->',
+                  '<code>cat --help</code>', '<pre>the red cat sleeps. never translated</pre>',
+                  '<script>const s = "a blue dog. never translated";</script>', '<td>', '</td>', '</body></html>']

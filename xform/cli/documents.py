@@ -22,9 +22,10 @@ def document_options(fn):
                      help="Translate each --text and the whole --input-file as a document: paragraphs split into "
                           "sentences (sentencex, by --src-lang's rules), decoded together, rejoined with the "
                           "original whitespace, line and paragraph breaks."),
-        click.option("--format", "markup", type=click.Choice(["text", "markdown"]), default=None,
+        click.option("--format", "markup", type=click.Choice(["text", "markdown", "html"]), default=None,
                      help="A document's markup (implies --documents; default text): markdown leaves code blocks, "
-                          "inline code, URLs, link targets and HTML tags untouched."),
+                          "inline code, URLs, link targets and HTML tags untouched; html translates text only, "
+                          "tags, attributes, scripts, styles and code as written."),
         click.option("--memory", type=click.Path(path_type=Path), default=None,
                      help="A translation memory (SQLite, created when missing): a sentence translated before with "
                           "this bundle and these settings is not decoded again (implies --documents)."),

@@ -53,7 +53,7 @@ TAIL = [
            "to most (a bundle exported --with-attention).", "tokenizer"),
     Tensor("return_attention", "TYPE_BOOL", (1,), "Also `attention`.", "attention", setting="return_attention"),
     Tensor("stream", "TYPE_BOOL", (1,), "A response every step, then the final one.", "engine"),
-    Tensor("document_format", "TYPE_STRING", (1,), "Each `text` row is a document, `text` or `markdown`: its "
+    Tensor("document_format", "TYPE_STRING", (1,), "Each `text` row is a document, `text`, `markdown` or `html`: its "
            "sentences split, translated and rejoined with its layout (`src_lang` may be `auto`).", "tokenizer",
            setting="format"),
     Tensor("skip_target_language", "TYPE_BOOL", (1,), "With document_format: paragraphs already in tgt_lang are "

@@ -44,10 +44,12 @@ class Segment:
 
 @dataclass
 class Document:
-    """A text and its sentences, in order, none overlapping."""
+    """A text and its sentences, in order, none overlapping; `escape`: how a translation is written
+    into it (HTML's `&` and `<` as entities), None: as it is."""
     text: str
     segments: list[Segment] = field(default_factory=list)
     name: str = "<document>"
+    escape: Callable[[str], str] | None = None
 
     def paragraphs(self) -> dict[int, str]:
         """Each paragraph's sentences, joined: what its language is identified from."""

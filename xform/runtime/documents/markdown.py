@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from xform.errors import XformError
 from xform.runtime.documents.layout import Document, Lines, Mark, Segment, normalised
@@ -184,9 +185,11 @@ def text_atoms(inline: Inline, start: int, end: int) -> None:
         inline.atoms.append((m.start(), url_end))
 
 
-def inline_segments(inline: Inline, language: str | None, lines: Lines, paragraph: int) -> list[Segment]:
+def inline_segments(inline: Inline, language: str | None, lines: Lines, paragraph: int,
+                    clean: Callable[[str], str] = str) -> list[Segment]:
     """The sentences of an inline run: its text between atoms, markers taken out, split by the
-    segmenter; each with the marks it holds (a mark cut by the sentence's edge keeps its one side)."""
+    segmenter; each with the marks it holds (a mark cut by the sentence's edge keeps its one side).
+    `clean`: a sentence's text as the model is to read it (HTML's entities resolved)."""
     atom = bytearray(len(inline.raw))
     marker = bytearray(len(inline.raw))
     for a, b in inline.atoms:
@@ -205,7 +208,7 @@ def inline_segments(inline: Inline, language: str | None, lines: Lines, paragrap
                 continue
             s0, s1 = widened(inline, keep[ps], keep[pe - 1] + 1)
             marks = tuple(sentence_marks(inline, s0, s1, keep[ps:pe]))
-            source = normalised(plain[ps:pe])
+            source = normalised(clean(plain[ps:pe]))
             if any(c.isalnum() for c in source):  # punctuation alone (after a URL, say) is layout
                 out.append(Segment(inline.at[s0], inline.at[s1 - 1] + 1, source, lines(inline.at[s0]), paragraph,
                                    marks))

@@ -25,7 +25,7 @@ from xform.runtime.documents.segmenter import clauses
 from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.text_lines import LineStream
 
-FORMATS = ("text", "markdown")
+FORMATS = ("text", "markdown", "html")
 AUTO = "auto"
 STORE_EVERY = 64  # translations written to the memory in one transaction
 
@@ -167,6 +167,9 @@ class DocumentTranslator:
         if self.markup == "markdown":
             from xform.runtime.documents.markdown import markdown
             return markdown
+        if self.markup == "html":
+            from xform.runtime.documents.html import html_document
+            return html_document
         return lambda text, language, name: plain(text, language, name)
 
     def resplit(self, document: Document, of_paragraph: dict[int, str | None],
@@ -180,8 +183,9 @@ class DocumentTranslator:
         return Document(document.text, sorted(segments, key=lambda s: s.start), document.name)
 
     def result(self, document: Document, languages: list, done: dict) -> DocumentResult:
-        translations = [None if language is False else with_marks(done[language][0][segment.source], segment,
-                                                                  done[language][1].get(segment.source))
+        escape = document.escape or str
+        translations = [None if language is False else with_marks(escape(done[language][0][segment.source]),
+                                                                  segment, done[language][1].get(segment.source))
                         for segment, language in zip(document.segments, languages)]
         self.tally.sentences += len(document.segments)
         paragraphs = Counter(lang for lang in {s.paragraph: lang for s, lang in zip(document.segments, languages)
