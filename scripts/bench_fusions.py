@@ -52,8 +52,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_ops import SRC_LEN, sources  # noqa: E402 - a script beside this one: the same sources
+
 NEW_TOKENS = 64
-SRC_LEN = 32
 WORKLOADS = {"b1 greedy": (1, 1), "b16 greedy": (16, 1), "b1 beam4": (1, 4), "b16 beam4": (16, 4),
              "encoder b16": (16, 0)}
 SETTLE_S = 0.3  # pause between variants: spinning pool threads settle
@@ -88,14 +90,6 @@ def apply_options(ort, opts, options: dict[str, str]) -> None:
                                else ort.ExecutionMode.ORT_SEQUENTIAL)
 
 
-def sources(batch: int, vocab: int, pad: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    src = rng.integers(2, vocab - 10, (batch, SRC_LEN)).astype(np.int64)
-    src[src == pad] = 2
-    src[:, -1] = eos
-    return src, np.full(batch, SRC_LEN, np.int64)
-
-
 def worker(bundle: str, options: dict[str, str], threads: int, workloads: list[str], conn) -> None:
     """Open the bundle with the variant's options; on each message time every workload once."""
     import onnxruntime
@@ -115,7 +109,7 @@ def worker(bundle: str, options: dict[str, str], threads: int, workloads: list[s
     runs = {}
     for w in workloads:
         batch, beams = WORKLOADS[w]
-        src, lens = sources(batch, cfg.src_vocab_size, session.pad_id, session.eos_id)
+        src, lens = sources(cfg.src_vocab_size, batch, session.pad_id, session.eos_id)
         if beams == 0:
             runs[w] = (lambda s=src, n=lens: encoder_call(session.backend, s, n))
             continue

@@ -11,14 +11,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_gpu_runs_its_smallest_case_on_the_cpu(tmp_path):
+def run_script(name: str, args: list[str], tmp_path: Path) -> Path:
+    """scripts/NAME with `args`, its work and output folders under tmp_path: the output folder,
+    once it exited 0."""
     pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--device", "cpu", "--shape", "tiny",
-           "--batches", "1,3", "--beams", "1,2", "--new-tokens", "6", "--warmup", "0", "--iters", "1",
-           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    cmd = [sys.executable, str(ROOT / "scripts" / name), *args, "--work", str(tmp_path / "work"),
+           "--out", str(tmp_path / "out")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "bench_gpu_cpu.json").read_text())
+    return tmp_path / "out"
+
+
+def test_bench_gpu_runs_its_smallest_case_on_the_cpu(tmp_path):
+    out = run_script("bench_gpu.py", ["--device", "cpu", "--shape", "tiny", "--batches", "1,3", "--beams", "1,2",
+                                      "--new-tokens", "6", "--warmup", "0", "--iters", "1"], tmp_path)
+    report = json.loads((out / "bench_gpu_cpu.json").read_text())
     assert report["baseline"] == "transformers fp32" and report["device"] == "cpu"
     rows = {(r["engine"], r["batch"], r["beams"]): r for r in report["rows"]}
     assert set(rows) == {(e, b, k) for e in ("xform fp32", "transformers fp32") for b in (1, 3) for k in (1, 2)}
@@ -28,7 +35,7 @@ def test_bench_gpu_runs_its_smallest_case_on_the_cpu(tmp_path):
             assert r["tokens_equal_transformers"] == 1.0, r
         else:
             assert r["vs_baseline"] == 1.0 and r["tokens_equal_transformers"] is None
-    md = (tmp_path / "out" / "bench_gpu_cpu.md").read_text()
+    md = (out / "bench_gpu_cpu.md").read_text()
     assert "python scripts/bench_gpu.py --device cpu" in md and "| xform fp32 | 3 | beam 2 |" in md
 
 
@@ -36,17 +43,13 @@ def test_bench_cuda_step_runs_on_the_cpu(tmp_path):
     """scripts/bench_cuda_step.py (the decoder step bound once, its variants against the plain
     session) on the tiny shape on the CPU: the plain and the optimizer-fused variants run, the fused
     graph's logits stay within 1e-5 of the plain one's, at two positions and again after the others."""
-    pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_cuda_step.py"), "--device", "cpu", "--shape", "tiny",
-           "--precisions", "fp32", "--variants", "plain", "fused", "--rows", "1", "3", "--steps", "3",
-           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "bench_cuda_step.json").read_text())
+    out = run_script("bench_cuda_step.py", ["--device", "cpu", "--shape", "tiny", "--precisions", "fp32", "--variants",
+                                            "plain", "fused", "--rows", "1", "3", "--steps", "3"], tmp_path)
+    report = json.loads((out / "bench_cuda_step.json").read_text())
     rows = {(r["variant"], r["rows"]): r for r in report["rows"]}
     assert set(rows) == {(v, n) for v in ("plain", "fused") for n in (1, 3)} and report["machine"]
     for (variant, _), r in rows.items():
         assert "error" not in r and r["ms"] > 0
         diffs = [v for k, v in r.items() if "max_abs" in k]
         assert (len(diffs) == 4 and max(diffs) < 1e-5) if variant == "fused" else not diffs, r
-    assert "| fp32 | fused | 3 |" in (tmp_path / "out" / "bench_cuda_step.md").read_text()
+    assert "| fp32 | fused | 3 |" in (out / "bench_cuda_step.md").read_text()
