@@ -47,9 +47,9 @@ class Export:
         return json.loads((target / "manifest.json").read_text())["format"] == "xform-bundle"
 
 
-class Triton:
-    """xform triton BUNDLE -o REPO --name NAME writes REPO/NAME (dynamic scheduling: one model)."""
-    directory = True
+class OnABundle:
+    """A command (its `args`) that reads a copy of the tiny bundle and writes TARGET: xform wrote
+    TARGET when the command ran and exited 0."""
 
     def __init__(self, home: Path, checkpoint_dir: Path, tiny_bundle: Path):
         self.input = home / "in" / "bundle"
@@ -58,6 +58,11 @@ class Triton:
     def ours(self, target: Path) -> None:
         r = CliRunner().invoke(main, self.args(target))
         assert r.exit_code == 0, r.output
+
+
+class Triton(OnABundle):
+    """xform triton BUNDLE -o REPO --name NAME writes REPO/NAME (dynamic scheduling: one model)."""
+    directory = True
 
     def args(self, target: Path) -> list[str]:
         target = target.resolve()
@@ -68,17 +73,9 @@ class Triton:
         return (target / "config.pbtxt").is_file() and (target / "1" / "model.py").is_file()
 
 
-class RunJson:
+class RunJson(OnABundle):
     """xform run BUNDLE --benchmark --json TARGET."""
     directory = False
-
-    def __init__(self, home: Path, checkpoint_dir: Path, tiny_bundle: Path):
-        self.input = home / "in" / "bundle"
-        shutil.copytree(tiny_bundle, self.input)
-
-    def ours(self, target: Path) -> None:
-        r = CliRunner().invoke(main, self.args(target))
-        assert r.exit_code == 0, r.output
 
     def args(self, target: Path) -> list[str]:
         return ["run", str(self.input), "--benchmark", "--batch", "1", "--src-len", "3", "--new-tokens", "2",
