@@ -107,7 +107,19 @@ def test_bad_settings_are_refused_by_name(translator):
         translator.translate_document("a.", format="rtf")
     with pytest.raises(InputError, match="src_lang auto: this bundle takes no source language"):
         translator.translate_document("a.", src_lang="auto")
-    with pytest.raises(InputError, match="skip_target_language: name the target language"):
-        translator.translate_document("a.", skip_target_language=True)
     with pytest.raises(InputError, match="texts: expected a list of texts"):
         translator.translate_documents("a text")
+
+
+def test_a_pair_bundle_knows_its_target_language(translator, demo_bundle):
+    """skip_target_language with no tgt_lang: the bundle's one pair says the target (this Marian's
+    tokenizer_config: en to EN), so paragraphs in English stay as they are and others translate;
+    a bundle that declares no pair is refused, naming the setting to give."""
+    import xform
+    text = "the red cat sleeps and the blue dog runs fast.\n\nle chat rouge dort et le chien bleu court.\n"
+    out = translator.translate_document(text, skip_target_language=True, **SHORT)
+    assert out.startswith("the red cat sleeps and the blue dog runs fast.\n\n")
+    assert not out.endswith("le chat rouge dort et le chien bleu court.\n")
+    with pytest.raises(InputError, match="skip_target_language: name the target language .tgt_lang.; this bundle "
+                                         "does not declare one pair"):
+        xform.Translator(demo_bundle).translate_document("12", skip_target_language=True)

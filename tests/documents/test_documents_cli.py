@@ -49,13 +49,17 @@ def test_each_text_is_a_document(text_marian, translator):
 
 @pytest.mark.parametrize("flags, named", [(["--scores"], "--scores"), (["--prefix-column"], "--prefix-column"),
                                           (["--num-hypotheses", "2", "--num-beams", "2"], "--num-hypotheses"),
-                                          (["--src-lang", "auto"], "--src-lang auto"),
-                                          (["--skip-target-language"], "--tgt-lang")])
+                                          (["--src-lang", "auto"], "--src-lang auto")])
 def test_line_flags_and_bad_settings_are_refused(text_marian, tmp_path, flags, named):
     src = tmp_path / "doc.txt"
     src.write_text("a blue dog.\n")
     r = run(text_marian, "--documents", "--input-file", src, *flags)
     assert r.exit_code == 2 and named in r.output, r.output
+
+
+def test_skipping_the_target_language_needs_to_know_it(demo_bundle):
+    r = run(demo_bundle, "--text", "12", "--skip-target-language")
+    assert r.exit_code == 2 and "--skip-target-language: name the target language (--tgt-lang)" in r.output
 
 
 def test_a_foreign_memory_and_a_file_not_utf8(text_marian, tmp_path):

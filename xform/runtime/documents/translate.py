@@ -16,7 +16,7 @@ from xform.errors import InputError, message
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.documents.alignment import Alignment, can_align, decode_aligned
-from xform.runtime.documents.codes import base_language
+from xform.runtime.documents.codes import base_language, codes_for
 from xform.runtime.documents.detect import Detector
 from xform.runtime.documents.layout import Document, plain
 from xform.runtime.documents.marks import with_marks
@@ -84,9 +84,10 @@ class DocumentTranslator:
         self.context: dict[str | None, str] = {}
 
     def language_detector(self) -> Detector | None:
-        """A Detector over the bundle's source codes for src_lang "auto" or keeping the target
-        language's paragraphs; "auto" with a bundle that takes no source language is refused."""
-        src, tgt = self.options.src_lang, self.options.tgt_lang
+        """A Detector over the bundle's source codes for src_lang "auto", or over all languages to
+        find paragraphs already in the target language; "auto" with a bundle that takes no source
+        language, and keeping the target language's paragraphs without knowing it, are refused."""
+        src = self.options.src_lang
         codes = list(self.lines.text.codes)
         if src == AUTO:
             if not codes or not self.takes_source(codes[0]):
@@ -97,11 +98,22 @@ class DocumentTranslator:
         if src is not None:
             self.lines.check_src_lang(src)
         if self.skip_target_language:
-            if tgt is None:
-                raise InputError("{skip_target_language}: name the target language ({tgt_lang})"
-                                 ).naming("skip_target_language", "tgt_lang")
-            return Detector(codes or [tgt])
+            return Detector(codes if self.target_language() in {base_language(c) for c in codes} else ())
         return None
+
+    def target_language(self) -> str:
+        """The language translations are in (ISO 639-1 where it has one): tgt_lang, else the one
+        pair the bundle declares (xform export --languages, its tokenizer, its OPUS-MT name)."""
+        if self.options.tgt_lang is not None:
+            return base_language(self.options.tgt_lang)
+        bundle = self.lines.session.bundle
+        if bundle is not None:
+            from xform.runtime.fleet.languages import bundle_languages
+            languages = bundle_languages(bundle.path)
+            if languages.one_pair:
+                return base_language(languages.pairs[0][1])
+        raise InputError("{skip_target_language}: name the target language ({tgt_lang}); this bundle does not "
+                         "declare one pair").naming("skip_target_language", "tgt_lang")
 
     def takes_source(self, code: str) -> bool:
         try:
@@ -145,23 +157,20 @@ class DocumentTranslator:
 
     def parse(self, name: str, text: str) -> tuple[Document, list[str | None | bool]]:
         """A document's sentences and each one's source language (False: kept as it is)."""
-        of_paragraph: dict[int, str | None] = {}
         split = self.splitter()
         if self.detector is None:
             document = split(text, self.options.src_lang, name)
             return document, [self.options.src_lang] * len(document.segments)
         document = split(text, None, name)  # the generic rules first: paragraphs to identify
-        for paragraph, body in document.paragraphs().items():
-            of_paragraph[paragraph] = self.detector.code(body) if self.detector.codes else None
-        if self.options.src_lang == AUTO:  # again, each paragraph by its language's rules
+        found = {p: self.detector.language(body) for p, body in document.paragraphs().items()}
+        auto = self.options.src_lang == AUTO
+        of_paragraph = {p: codes_for(iso, self.detector.codes)[0] if auto else self.options.src_lang
+                        for p, iso in found.items()}
+        if auto:  # again, each paragraph by its language's rules
             document = self.resplit(document, of_paragraph, split)
-        languages: list[str | None | bool] = []
-        for segment in document.segments:
-            code = of_paragraph[segment.paragraph]
-            kept = (self.skip_target_language and code is not None
-                    and base_language(code) == base_language(self.options.tgt_lang or ""))
-            languages.append(False if kept else code if self.options.src_lang == AUTO else self.options.src_lang)
-        return document, languages
+        target = self.target_language() if self.skip_target_language else None
+        return document, [False if found[s.paragraph] == target else of_paragraph[s.paragraph]
+                          for s in document.segments]
 
     def splitter(self) -> Callable[[str, str | None, str], Document]:
         if self.markup == "markdown":
