@@ -25,14 +25,12 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-import xform
 from tests.conftest import requires_triton
+from tests.fleet_fixtures import PAIRS, WORDS, export_bundles
+from tests.fleet_fixtures import alone as translators_alone
 from tests.serving.test_lifecycle import Served
 from tests.test_docs import marked
-from xform.cli import main
-from xform.exporter.export import export_bundle
 from xform.runtime.fleet.catalog import Catalog
 from xform.serving.fleet_repository import bls_threads, write_fleet
 from xform.serving.inflight import stream_model
@@ -44,56 +42,19 @@ pytestmark = [pytest.mark.serve, requires_triton]
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = 6  # max_new_tokens of every request: tiny models, short answers
-WORDS = ["the red cat sleeps", "a blue dog runs fast"]
-# (src, tgt, texts, the bundle the route takes, how that bundle alone is asked)
-PAIRS = [("num", "en", ["40512", "7"], "numbers", {}), ("en", "de", WORDS, "en-de", {}),
-         ("en", "fr", WORDS, "en-fr", {}), ("fr", "es", ["le chat", "un chien"], "m2m", {"src_lang": "fr",
-                                                                                        "tgt_lang": "es"})]
-
-
-def random_marian(directory: Path, seed: int, src: str, tgt: str) -> None:
-    """A Marian with the test tokenizer and random weights (its translations differ from text to
-    text), declaring src>tgt in its tokenizer_config.json, saved in `directory`."""
-    import torch
-    from transformers import MarianMTModel
-
-    from tests.marian_fixtures import marian_config, write_tokenizer
-    directory.mkdir(parents=True)
-    vocab = write_tokenizer(directory)
-    torch.manual_seed(seed)
-    model = MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=1))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.normal_(0, 0.25)
-    model.save_pretrained(directory)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "source_lang": src, "target_lang": tgt}))
+PAIRS = PAIRS[:4]  # numbers, en-de, en-fr, m2m
 
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """A directory of four bundles: numbers, en-de, en-fr, m2m."""
-    from tests.models.test_multilingual_text import make_model, make_tokenizer
-    root = tmp_path_factory.mktemp("fleet")
-    out = root / "bundles"
-    r = CliRunner().invoke(main, ["export", "demo", "-o", str(out / "numbers"), "--languages", "num:en"])
-    assert r.exit_code == 0, r.output
-    for name, seed, tgt in (("en-de", 5, "de"), ("en-fr", 6, "fr")):
-        random_marian(root / name, seed, "en", tgt)
-        export_bundle(root / name, out / name)
-    tok = make_tokenizer("m2m100", root)
-    make_model("m2m100", len(tok.encoder) + len(tok.lang_token_to_id) + tok.num_madeup_words).save_pretrained(
-        root / "m2m")
-    tok.save_pretrained(root / "m2m")
-    export_bundle(root / "m2m", out / "m2m")
-    return out
+    return export_bundles(tmp_path_factory.mktemp("fleet"), ("numbers", "en-de", "en-fr", "m2m"))
 
 
 @pytest.fixture(scope="module")
 def alone(bundles):
     """name -> the bundle's own xform.Translator."""
-    return {p.name: xform.Translator(p) for p in bundles.iterdir()}
+    return translators_alone(bundles)
 
 
 @pytest.fixture(scope="module")
