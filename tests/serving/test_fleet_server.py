@@ -25,12 +25,14 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import requires_triton
 from tests.fleet_fixtures import PAIRS, WORDS, export_bundles
 from tests.fleet_fixtures import alone as translators_alone
 from tests.serving.test_lifecycle import Served
 from tests.test_docs import marked
+from xform.cli import main
 from xform.runtime.fleet.catalog import Catalog
 from xform.serving.fleet_repository import bls_threads, write_fleet
 from xform.serving.inflight import stream_model
@@ -232,6 +234,51 @@ def test_serve_models_survives_evictions_and_sigterm_during_a_load_leaves_nothin
     served.assert_nothing_left()
 
 
+def bundle_memory(served: ServedFleet) -> int:
+    """The Pss of the bundles' stubs of `served` (all its stubs but the router's), now."""
+    from xform.serving import residency
+    return sum(residency.memory_bytes(p) for p in served.stubs() if residency.stub_model(p) not in (ROUTER, None))
+
+
+def test_serve_models_keeps_within_its_memory_budget_and_its_preloaded_bundle(bundles, tmp_path, alone):
+    """--memory-budget 150MB --preload numbers: numbers loads at start and is never evicted; the
+    others (about 40-60 MiB each, measured at their loads) come and go; after every request the
+    bundles' stubs hold less than the budget (measured from the processes); every answer equals
+    its bundle alone; `xform serve --status` says it all. Then a budget that the preloaded bundle
+    alone exceeds is refused at start, naming it (exit 1)."""
+    from xform.serving.fleet_status import fetch
+    served = ServedFleet(tmp_path / "a", "--models", str(bundles), "--memory-budget", "150MB", "--preload", "numbers",
+                         "--grace", "10")
+    try:
+        lines = served.wait_ready()
+        assert any("within 143 MiB, numbers preloaded" in x for x in lines), lines
+        server = TritonServer(tmp_path, [], "127.0.0.1", *served.ports)
+        for src, tgt, texts, name, languages in PAIRS[1:] * 2 + PAIRS[:1]:
+            status, got = translate(server, texts, src, tgt)
+            assert status == 200 and got["translation"] == alone[name].translate(texts, SHORT, **languages), got
+            assert stream_model("numbers") in ready(server) and 0 < bundle_memory(served) <= 150_000_000
+        r = CliRunner().invoke(main, ["serve", "--status", served.url])
+        assert r.exit_code == 0, r.output
+        data = fetch(served.url)
+        b = {x["name"]: x for x in data["bundles"]}
+        assert b["numbers"]["preloaded"] and b["numbers"]["evictions"] == 0 and b["numbers"]["loads"] == 1, r.output
+        assert b["numbers"]["requests"] == 1 and b["en-de"]["requests"] == 2 and b["en-de"]["loads"] >= 1, r.output
+        # four bundles of 40 MiB or more beside numbers' do not fit 143 MiB: the budget evicted some
+        assert sum(x["evictions"] for x in b.values()) >= 1 and data["resident_bytes"] <= 150_000_000, r.output
+        assert data["preload"] == {"state": "done", "error": None}
+        row = next(x for x in r.output.splitlines() if x.split()[:2] == ["numbers", "preloaded"])
+        assert "MiB" in row and r.output.count("unloaded") >= 1
+    finally:
+        served.proc.send_signal(signal.SIGTERM)
+        served.finish()
+    served.assert_nothing_left()
+    refused = ServedFleet(tmp_path / "b", "--models", str(bundles), "--memory-budget", "30MB", "--preload", "numbers")
+    code, rest = refused.finish(120)
+    assert code == 1 and "--preload 'numbers': 'numbers' took" in rest, rest
+    assert "more than the --memory-budget 30000000 bytes: it cannot be loaded within it" in rest, rest
+    refused.assert_nothing_left()
+
+
 @pytest.mark.skip(reason="not settled: alone it passes (the watch reports a stub pid other than the one killed), "
                          "after the tests above serve did not exit within 60 s; see docs/design.md, issue 45 part 2")
 def test_a_loaded_bundles_stub_killed_still_stops_serve_with_exit_1(bundles, tmp_path):
@@ -259,7 +306,8 @@ def test_the_guides_block_runs(bundles, tmp_path, alone):
     request as it is written (the ports aside)."""
     block = marked("fleet-serve-command", "docs/serving.md")
     lines = [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
-    serve = next(line for line in lines if line.startswith("xform serve"))
+    serve = next(line for line in lines if line.startswith("xform serve --models"))
+    status_line = next(line for line in lines if line.startswith("xform serve --status"))
     curl = next(line for line in lines if line.startswith("curl"))
     args = shlex.split(serve.rstrip("&").strip())[2:]
     where = args.index("--models") + 1
@@ -276,6 +324,12 @@ def test_the_guides_block_runs(bundles, tmp_path, alone):
         english = alone["numbers"].translate([body["text"]])
         assert got["translation"] == alone["en-de"].translate(english)[0]
         assert got["route"] == "num>en numbers; en>de en-de"
+        args = shlex.split(status_line)[1:]
+        args[-1] = args[-1].replace("localhost:8000", f"127.0.0.1:{served.ports[0]}")
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "2 of 4 bundles loaded" in r.output and "memory budget 1024.0 MiB" in r.output, r.output
+        assert [x.split()[:2] for x in r.output.splitlines()[3:5]] == [["numbers", "loaded"], ["en-de", "loaded"]]
     finally:
         served.proc.send_signal(signal.SIGTERM)
         served.finish()

@@ -186,10 +186,10 @@ class Pool:
             for name in sorted(self.pinned):
                 try:
                     with self.lease(name):
-                        pass
+                        self.requests[name] -= 1  # a load, not a request
                 except LoadFailed as e:
                     self.close()
-                    raise InputError(f"{{preload}} {name!r}: {e}").naming("preload") from e
+                    raise InputError(f"{{preload}} {name!r}: " + e.template).naming("preload", *e.settings) from e
                 held = {n: self.costs[n] for n in self.pinned if n in self.slots}
                 if self.budget is not None and sum(held.values()) > self.budget:
                     self.close()
