@@ -5,6 +5,7 @@ without what shapes the answer), the kinds of errors, the loader's cost and unlo
 catalog.json's round trip. Triton's side: tests/serving/test_fleet_server.py."""
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -282,6 +283,14 @@ def test_preloading_waits_for_the_server_and_says_why_it_failed():
     p.run()
     assert p.said() == {"state": "done", "error": None} and pool.stats().loaded == ["numbers"]
     assert Preloading(Pool(Loads()), lambda: False).said()["state"] == "done"  # nothing to preload
+    loads = Loads()
+    p = Preloading(Pool(loads, None, None, ("numbers",), 5.0), lambda: True)
+    for _ in range(3):
+        p.start()  # each request calls it: one thread, one load
+    deadline = time.monotonic() + 10
+    while p.state == "loading" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.state == "done" and loads.events == [("load", "numbers")]
 
     class Big(Loads):
         def load(self, name):

@@ -259,21 +259,25 @@ class Router:
 
 
 class Preloading:
-    """The bundles of --preload (the pool's pinned names), loaded in a thread once the server is
-    ready: Triton 2.51 refuses a BLS load while it starts ("Server not ready"), so not in the
-    router's `initialize`. `state`: loading, done or failed (`error` says why, in the server's
-    flags' words: preloaded bundles that do not fit --memory-budget are refused by name);
-    `xform serve` waits for it and stops the server when it failed."""
+    """The bundles of --preload (the pool's pinned names), loaded in a thread started by the
+    router's first request (`start`, at every request: once), when the server is ready. Not in
+    the router's `initialize`: Triton 2.51 refuses a BLS load while it starts ("Server not
+    ready"), and a thread of the stub calling Triton while `initialize` runs was seen to abort
+    tritonserver (boost::interprocess::lock_exception). `xform serve` asks for the status as
+    soon as Triton is ready, which starts it, and waits for it. `state`: loading, done or failed
+    (`error` says why, in the server's flags' words: preloaded bundles that do not fit
+    --memory-budget are refused by name)."""
 
     def __init__(self, pool: Pool, server_ready: Callable[[], bool], timeout: float = 600.0, poll: float = 0.25):
         self.pool, self.server_ready, self.timeout, self.poll = pool, server_ready, timeout, poll
         self.state = "loading" if pool.pinned else "done"
         self.error: str | None = None
+        self.started = threading.Lock()
 
-    def start(self) -> "Preloading":
-        if self.state == "loading":
+    def start(self) -> None:
+        """Start loading, once (later calls return at once)."""
+        if self.state == "loading" and self.started.acquire(blocking=False):
             threading.Thread(target=self.run, daemon=True, name="xform-preload").start()
-        return self
 
     def run(self) -> None:
         deadline = time.monotonic() + self.timeout

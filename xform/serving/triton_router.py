@@ -13,8 +13,8 @@ file is what needs Triton:
 - metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total
   and xform_model_resident_bytes, each by bundle; a request with `status` true answers the
   router's state (serving/fleet_status.py: `xform serve --status URL`);
-- the bundles of --preload are loaded once the server is ready (router.Preloading: Triton
-  refuses a BLS load while it starts), their state in the status.
+- the bundles of --preload are loaded from a thread the first request starts (router.Preloading:
+  Triton refuses a BLS load while it starts), their state in the status.
 """
 import json
 import os
@@ -115,13 +115,13 @@ class TritonPythonModel:
         self.preloading = xrouter.Preloading(pool, lambda: ready(ROUTER), wait)
         self.router = Router(catalog, pool, call, settings.pivot, status=lambda: {
             **fleet_status.state(catalog, pool, settings, resident), "preload": self.preloading.said()})
-        self.preloading.start()
         self.names = [t.name for t in inputs()]
         self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
         pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "
                                  + " | ".join(catalog.summary()))
 
     def execute(self, requests):
+        self.preloading.start()  # once: not from initialize (router.Preloading)
         for request in requests:
             given = {}
             for name in self.names:
