@@ -302,3 +302,14 @@ def test_a_failed_load_fails_only_its_leases_and_is_retried():
     loader.fail.clear()
     use(pool, "bad")  # a later lease tries again
     assert loader.log.count(("load", "bad")) == 2 and pool.stats().loaded == ["good", "bad"]
+
+
+def test_while_preloading_only_the_pinned_names_go_unestimated():
+    """A preloaded name is measured as it comes (preload checks them together); a lease of another
+    name that loads between two preloads is estimated as always."""
+    pool = Pool(Loader(costs={"x": 40}), budget_bytes=100, pinned=["p", "q"])
+    use(pool, "x")
+    pool.preloading = True
+    assert pool.estimate("q") == 0 and pool.estimate("a") == 40
+    pool.preloading = False
+    assert pool.estimate("q") == 40

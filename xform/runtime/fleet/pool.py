@@ -221,7 +221,7 @@ class Pool:
         name = attempt.name
         for victim, slot in evicted:
             self.unload(victim, slot)
-        if name not in self.costs and self.budget is not None and not self.preloading:
+        if name not in self.costs and self.budget is not None and not (self.preloading and name in self.pinned):
             log.info("%s: no cost measured yet; estimated at %d bytes (the largest measured) to make room",
                      name, self.estimate(name))
         t0 = self.clock()
@@ -294,10 +294,11 @@ class Pool:
     def estimate(self, name: str) -> int:
         """`name`'s cost at its last load; before its first, the largest seen (at most what the
         budget leaves beside the pinned names: a guess makes room, it never blocks a load that
-        nothing else stands in the way of); while preloading, nothing (measured as it comes)."""
+        nothing else stands in the way of); a pinned name while preloading, nothing (measured as
+        it comes, preload checks them together)."""
         if name in self.costs:
             return self.costs[name]
-        if self.preloading:
+        if self.preloading and name in self.pinned:
             return 0
         largest = max(self.costs.values(), default=0)
         return largest if self.budget is None else max(min(largest, self.room(name)), 0)
