@@ -71,7 +71,7 @@ class Translator(TextTranslator):
     def __init__(self, model_path: str | Path, device: str = "cpu", device_index: int = 0,
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
                  backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None, *,
-                 max_loaded: int | None = None, memory_budget: int | None = None, pinned: Iterable[str] = (),
+                 max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
                  pivot: str | None = "en", load_timeout: float = 60.0):
         from xform.runtime.bundle import Bundle
         one_process(device_index, inter_threads)
@@ -102,7 +102,7 @@ def one_process(device_index: Any, inter_threads: int) -> None:
 def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", device_index: int = 0,
           compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0, backend: str = "ort",
           allow_tf32: bool = False, cuda_graph: bool | None = None, *, max_loaded: int | None = None,
-          memory_budget: int | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
+          memory_budget: int | str | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
           load_timeout: float = 60.0) -> FleetTranslator:
     """`Translator(DIR)`: a FleetTranslator whose bundles open with the Translator's settings."""
     one_process(device_index, inter_threads)

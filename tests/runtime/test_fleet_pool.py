@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from xform.errors import InputError
-from xform.runtime.fleet.pool import LoadFailed, Pool, Unavailable
+from xform.runtime.fleet.pool import LoadFailed, Pool, Unavailable, parse_size
 
 
 class Loader:
@@ -95,13 +95,81 @@ def test_the_trim_after_a_load_evicts_what_idle_ones_it_can():
     assert pool.stats().loaded == ["held", "new"] and pool.stats().evictions == {"a": 1, "idle": 1}
 
 
-def test_a_name_over_the_budget_on_its_own_is_refused():
-    pool = Pool(Loader(costs={"big": 500, "a": 10}), budget_bytes=100)
-    use(pool, "big")  # its cost is unknown before its first load
-    use(pool, "a")  # estimated at most the budget: big goes, a loads
-    assert pool.stats().loaded == ["a"]
-    with pytest.raises(LoadFailed, match="500 bytes at its last load, more than the memory_budget 100"):
+def test_a_name_over_the_budget_on_its_own_is_refused_at_its_first_load():
+    loader = Loader(costs={"big": 500, "a": 10})
+    pool = Pool(loader, budget_bytes=100)
+    use(pool, "a")
+    with pytest.raises(LoadFailed, match="'big' took 500 bytes at its load, more than the memory_budget 100 bytes: "
+                                         "it cannot be loaded within it"):
+        use(pool, "big")  # its cost is unknown before its first load: loaded, measured, unloaded
+    assert loader.log == [("load", "a"), ("load", "big"), ("unload", "big")]  # estimated 10: a stayed
+    assert pool.stats().loaded == ["a"] and pool.stats().failures == {"big": 1}
+    with pytest.raises(LoadFailed, match="'big' took 500 bytes"):
+        use(pool, "big")  # known now: refused without a load
+    assert loader.log.count(("load", "big")) == 1
+    use(pool, "a")  # the others serve
+
+
+def test_an_unmeasured_name_is_estimated_and_the_log_says_so(caplog):
+    pool = Pool(Loader(costs={"a": 60, "b": 30, "c": 30}), budget_bytes=100)
+    with caplog.at_level("INFO", logger="xform.runtime.fleet.pool"):
+        use(pool, "a", "b")
+    assert "b: no cost measured yet; estimated at 60 bytes (the largest measured)" in caplog.text
+    assert pool.stats().loaded == ["b"] and pool.stats().evictions == {"a": 1}  # 60 + 60 > 100: a made room
+    use(pool, "c")  # estimated 60 beside b's 30: fits
+    assert pool.stats().loaded == ["b", "c"]
+
+
+def test_preloaded_names_count_against_the_budget_and_are_refused_by_name_when_they_do_not_fit():
+    loader = Loader(costs={"p": 50, "q": 40, "a": 5, "b": 5, "big": 55})
+    pool = Pool(loader, budget_bytes=100, pinned=["p", "q"])
+    pool.preload()
+    assert pool.stats().loaded == ["p", "q"]
+    use(pool, "a", "b")  # 10 bytes left beside p and q: b, estimated at 10, evicts a
+    assert pool.stats().loaded == ["p", "q", "b"] and pool.stats().evictions == {"a": 1}
+    with pytest.raises(LoadFailed, match=r"'big' took 55 bytes .* leaves beside the preloaded bundles \(90 bytes\)"):
         use(pool, "big")
+    assert "p" in pool.stats().loaded and "q" in pool.stats().loaded
+    loader = Loader(costs={"p": 70, "q": 40})
+    pool = Pool(loader, budget_bytes=100, pinned=["p", "q"])
+    with pytest.raises(InputError, match=r"preload \['p', 'q'\]: together 110 bytes \(p 70 bytes, q 40 bytes\), "
+                                         "more than the memory_budget 100 bytes"):
+        pool.preload()
+    assert pool.stats().loaded == [] and loader.log[-2:] == [("unload", "p"), ("unload", "q")]
+    with pytest.raises(InputError, match="preload 'p': 'p' took 70 bytes at its load, more than the memory_budget 50"):
+        Pool(Loader(costs={"p": 70}), budget_bytes=50, pinned=["p"]).preload()
+
+
+def test_the_stats_count_requests_and_time_loads():
+    ticks = iter(range(100))
+    pool = Pool(Loader(), max_loaded=1, clock=lambda: float(next(ticks)))
+    use(pool, "a", "a", "b", "a")
+    s = pool.stats()
+    assert s.requests == {"a": 3, "b": 1} and s.loads == {"a": 2, "b": 1}
+    assert s.last_load_seconds == {"a": 1.0, "b": 1.0} and s.load_seconds == {"a": 2.0, "b": 1.0}
+    assert s.measured == {"a": 1, "b": 1} and s.costs == {"a": 1}
+
+
+def test_a_lease_waiting_for_its_names_load_times_out_unavailable():
+    loader = Loader()
+    gate, started = loader.gate("a")
+    pool = Pool(loader, load_timeout=0.05)
+    t = threading.Thread(target=use, args=(pool, "a"))
+    t.start()
+    assert started.wait(10)
+    with pytest.raises(Unavailable, match=r"'a': no room to load it within load_timeout 0.05 s \('a' is loading\)"):
+        use(pool, "a")
+    gate.set()
+    t.join(10)
+    assert pool.stats().loaded == ["a"] and pool.stats().loads == {"a": 1}
+
+
+def test_sizes():
+    assert [parse_size(v) for v in ("500MB", "2GiB", "1.5 GB", "1048576", "64kib", None, 7)] == [
+        500_000_000, 2 << 30, 1_500_000_000, 1 << 20, 64 << 10, None, 7]
+    for bad in ("2 parsecs", "GiB", "-1GB", ""):
+        with pytest.raises(InputError, match=r"memory_budget .*: a size such as 500MB, 2GiB or a number of bytes"):
+            parse_size(bad)
 
 
 def test_pinned_names_are_never_evicted():
@@ -234,3 +302,14 @@ def test_a_failed_load_fails_only_its_leases_and_is_retried():
     loader.fail.clear()
     use(pool, "bad")  # a later lease tries again
     assert loader.log.count(("load", "bad")) == 2 and pool.stats().loaded == ["good", "bad"]
+
+
+def test_while_preloading_only_the_pinned_names_go_unestimated():
+    """A preloaded name is measured as it comes (preload checks them together); a lease of another
+    name that loads between two preloads is estimated as always."""
+    pool = Pool(Loader(costs={"x": 40}), budget_bytes=100, pinned=["p", "q"])
+    use(pool, "x")
+    pool.preloading = True
+    assert pool.estimate("q") == 0 and pool.estimate("a") == 40
+    pool.preloading = False
+    assert pool.estimate("q") == 40

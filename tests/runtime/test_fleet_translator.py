@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import xform
-from tests.marian_fixtures import marian_config, write_tokenizer
+from tests.fleet_fixtures import WORDS, export_bundles
+from tests.fleet_fixtures import alone as translators_alone
 from tests.test_docs import marked
-from xform.cli import main
 from xform.errors import XformError
-from xform.exporter.export import export_bundle
 from xform.runtime.decoding.request import TranslationResult
 from xform.runtime.fleet.catalog import Catalog
 from xform.runtime.fleet.local import FleetTranslator, RoutedResult, resident_bytes
@@ -27,52 +25,18 @@ from xform.runtime.fleet.routes import RouteError
 
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 SHORT = {"max_decoding_length": 6, "beam_size": 2}
-WORDS = ["the red cat sleeps", "a blue dog runs fast"]
-
-
-def random_marian(directory):
-    """A Marian with the test tokenizer and random weights large enough that its translations
-    differ from text to text (briefly trained ones say nothing yet), saved in `directory`."""
-    import torch
-    from transformers import MarianMTModel
-    vocab = write_tokenizer(directory)
-    torch.manual_seed(5)
-    model = MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=1))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:  # not the sinusoidal positions
-                p.normal_(0, 0.25)
-    model.save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """A directory of three bundles: numbers (demo, num:en), en-de (Marian), m2m (M2M100)."""
-    from tests.models.test_multilingual_text import make_model, make_tokenizer
-    root = tmp_path_factory.mktemp("fleet")
-    out = root / "bundles"
-    r = CliRunner().invoke(main, ["export", "demo", "-o", str(out / "numbers"), "--languages", "num:en"])
-    assert r.exit_code == 0, r.output
-    marian = root / "opus-mt-fr-es"  # its tokenizer_config.json comes before its name
-    marian.mkdir()
-    random_marian(marian)
-    config = json.loads((marian / "tokenizer_config.json").read_text())
-    (marian / "tokenizer_config.json").write_text(json.dumps({**config, "source_lang": "en", "target_lang": "de"}))
-    export_bundle(marian, out / "en-de")
-    m2m = root / "m2m"
-    m2m.mkdir()
-    tok = make_tokenizer("m2m100", m2m)
-    make_model("m2m100", len(tok.encoder) + len(tok.lang_token_to_id) + tok.num_madeup_words).save_pretrained(
-        m2m / "hf")
-    tok.save_pretrained(m2m / "hf")
-    export_bundle(m2m / "hf", out / "m2m")
-    return out
+    return export_bundles(tmp_path_factory.mktemp("fleet"), ("numbers", "en-de", "m2m"))
 
 
 @pytest.fixture(scope="module")
 def alone(bundles):
     """name -> that bundle's own xform.Translator."""
-    return {name: xform.Translator(bundles / name) for name in ("numbers", "en-de", "m2m")}
+    return translators_alone(bundles)
 
 
 def hypotheses(results):
@@ -155,6 +119,16 @@ def test_a_cost_is_the_resident_growth_across_the_load(bundles):
     assert fleet.stats().loaded == ["m2m"] and 60 << 20 <= fleet.stats().costs["m2m"] < 200 << 20
     with pytest.raises(XformError, match=r"pinned \['nope'\]: no such bundle"):
         FleetTranslator(bundles, lambda path: Recording(path.name, []), pinned=["nope"])
+    held.clear()
+    with pytest.raises(XformError, match=r"preload 'm2m': 'm2m' took \d+ bytes at its load, more than the "
+                                         "memory_budget 50000000 bytes: it cannot be loaded within it"):
+        FleetTranslator(bundles, lambda path: held.append(b"x" * (64 << 20)) or Recording(path.name, []),
+                        memory_budget="50MB", pinned=["m2m"])
+    held.clear()
+    fleet = xform.Translator(bundles, memory_budget="1GiB", pinned=["numbers"])  # a size, as the server's flag
+    assert fleet.pool.budget == 1 << 30 and fleet.stats().loaded == ["numbers"]
+    with pytest.raises(XformError, match="memory_budget '2 parsecs': a size such as 500MB, 2GiB"):
+        xform.Translator(bundles, memory_budget="2 parsecs")
 
 
 def test_a_directory_of_no_bundles_is_still_one_bundles_error(tmp_path):

@@ -1,12 +1,16 @@
 """Many bundles on one real tritonserver (loopback), routed by language through the model
-`translate` (serving/router.py, triton_router.py, fleet_repository.py): four tiny bundles of
-distinct pairs (the demo, `export --languages num:en`; two random Marians, en>de and en>fr by
-their tokenizer_config.json; an M2M100, any of its codes to another), `--max-loaded 2`.
+`translate` (serving/router.py, triton_router.py, fleet_repository.py): six tiny bundles of
+distinct pairs (the demo, `export --languages num:en`; four random Marians, en>de, en>fr, de>en
+and fr>de by their tokenizer_config.json; an M2M100, any of its codes to another),
+`--max-loaded 2` (tests/fleet_fixtures.py).
 
 Every answer equals its bundle translating alone (xform.Translator), the READY models of
 Triton's repository index follow the least recently used rule, a pivot equals two translations
-by hand, an unknown pair is a 400 naming the pairs, a bundle corrupted after the scan is a 500
-for its pair only; `xform serve --models DIR` in a process of its own survives evictions and
+by hand, an unknown pair is a 400 naming the pairs, 32 clients over the six pairs get no error
+and the answers each bundle gives alone, a bundle corrupted after the scan is a 500 for its pair
+only; `xform serve --models DIR` in a process of its own survives evictions, keeps within
+--memory-budget with a --preload bundle (and refuses one that does not fit), `--status` prints
+its state, and
 SIGTERM (during a load) leaves nothing behind (a loaded bundle's stub killed stopping it, exit
 1, is written but skipped: not settled); docs/serving.md's block runs here. Every server
 is stopped by its fixture or a `finally`; every wait is bounded."""
@@ -21,20 +25,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-import xform
 from tests.conftest import requires_triton
+from tests.fleet_fixtures import PAIRS as SIX
+from tests.fleet_fixtures import WORDS, export_bundles
+from tests.fleet_fixtures import alone as translators_alone
 from tests.serving.test_lifecycle import Served
 from tests.test_docs import marked
 from xform.cli import main
-from xform.exporter.export import export_bundle
 from xform.runtime.fleet.catalog import Catalog
+from xform.serving import residency
 from xform.serving.fleet_repository import bls_threads, write_fleet
+from xform.serving.fleet_status import fetch
 from xform.serving.inflight import stream_model
 from xform.serving.repository import ModelOptions
 from xform.serving.router import ROUTER, Settings
@@ -44,61 +51,26 @@ pytestmark = [pytest.mark.serve, requires_triton]
 pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[dev]')")
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = 6  # max_new_tokens of every request: tiny models, short answers
-WORDS = ["the red cat sleeps", "a blue dog runs fast"]
-# (src, tgt, texts, the bundle the route takes, how that bundle alone is asked)
-PAIRS = [("num", "en", ["40512", "7"], "numbers", {}), ("en", "de", WORDS, "en-de", {}),
-         ("en", "fr", WORDS, "en-fr", {}), ("fr", "es", ["le chat", "un chien"], "m2m", {"src_lang": "fr",
-                                                                                        "tgt_lang": "es"})]
-
-
-def random_marian(directory: Path, seed: int, src: str, tgt: str) -> None:
-    """A Marian with the test tokenizer and random weights (its translations differ from text to
-    text), declaring src>tgt in its tokenizer_config.json, saved in `directory`."""
-    import torch
-    from transformers import MarianMTModel
-
-    from tests.marian_fixtures import marian_config, write_tokenizer
-    directory.mkdir(parents=True)
-    vocab = write_tokenizer(directory)
-    torch.manual_seed(seed)
-    model = MarianMTModel(marian_config(vocab_size=vocab, encoder_layers=1, decoder_layers=1))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.normal_(0, 0.25)
-    model.save_pretrained(directory)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "source_lang": src, "target_lang": tgt}))
+PAIRS = SIX[:4]  # numbers, en-de, en-fr, m2m: the pairs most tests ask
+CLIENTS = 32  # the load test's
+SECONDS = float(os.environ.get("XFORM_FLEET_LOAD_SECONDS", "20"))
 
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    """A directory of four bundles: numbers, en-de, en-fr, m2m."""
-    from tests.models.test_multilingual_text import make_model, make_tokenizer
-    root = tmp_path_factory.mktemp("fleet")
-    out = root / "bundles"
-    r = CliRunner().invoke(main, ["export", "demo", "-o", str(out / "numbers"), "--languages", "num:en"])
-    assert r.exit_code == 0, r.output
-    for name, seed, tgt in (("en-de", 5, "de"), ("en-fr", 6, "fr")):
-        random_marian(root / name, seed, "en", tgt)
-        export_bundle(root / name, out / name)
-    tok = make_tokenizer("m2m100", root)
-    make_model("m2m100", len(tok.encoder) + len(tok.lang_token_to_id) + tok.num_madeup_words).save_pretrained(
-        root / "m2m")
-    tok.save_pretrained(root / "m2m")
-    export_bundle(root / "m2m", out / "m2m")
-    return out
+    """A directory of six bundles: numbers, en-de, en-fr, m2m, de-en, fr-de."""
+    return export_bundles(tmp_path_factory.mktemp("fleet"), tuple(p[3] for p in SIX))
 
 
 @pytest.fixture(scope="module")
 def alone(bundles):
     """name -> the bundle's own xform.Translator."""
-    return {p.name: xform.Translator(p) for p in bundles.iterdir()}
+    return translators_alone(bundles)
 
 
 @pytest.fixture(scope="module")
 def fleet(bundles, tmp_path_factory):
-    """The four bundles (a copy, which the last test corrupts) served with --max-loaded 2."""
+    """The six bundles (a copy, which a later test corrupts) served with --max-loaded 2."""
     root = tmp_path_factory.mktemp("served")
     shutil.copytree(bundles, root / "bundles")
     options, settings = ModelOptions(max_batch=8), Settings(max_loaded=2, load_timeout=60.0)
@@ -115,7 +87,8 @@ def fleet(bundles, tmp_path_factory):
 def test_the_repository_holds_every_bundle_and_the_router(bundles, tmp_path):
     from xform.errors import InputError
     from xform.serving.router import read_catalog
-    written = write_fleet(Catalog.scan(bundles), tmp_path / "repo", ModelOptions(), Settings(max_loaded=2))
+    four = [bundles / name for name in ("en-de", "en-fr", "m2m", "numbers")]
+    written = write_fleet(Catalog.scan(four), tmp_path / "repo", ModelOptions(), Settings(max_loaded=2))
     assert written == ["en-de", "en-de-stream", "en-fr", "en-fr-stream", "m2m", "m2m-stream", "numbers",
                        "numbers-stream", ROUTER]
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == sorted(written)
@@ -156,7 +129,7 @@ def ready(server) -> set[str]:
 
 
 def test_every_pair_equals_its_bundle_alone_and_loads_follow_lru(fleet, alone):
-    """Two rounds over the four pairs, max_loaded 2: after each request, the READY engine models
+    """Two rounds over four pairs, max_loaded 2: after each request, the READY engine models
     in Triton's index are the two least recently used, as the pool's rule says."""
     server, _ = fleet
     lru: OrderedDict[str, None] = OrderedDict()
@@ -200,6 +173,65 @@ def test_the_generate_endpoint_takes_json(fleet, alone):
                        {"text": "7", "src_lang": "num", "tgt_lang": "en", "max_new_tokens": SHORT})
     assert status == 200, got
     assert got["translation"] == alone["numbers"].translate(["7"], SHORT)[0] and got["route"] == "num>en numbers"
+
+
+def bundle_stubs(server) -> int:
+    """The bundles' stubs running now (tritonserver's children but the router's)."""
+    return sum(1 for m in residency.stub_models(server.stubs()).values() if m != ROUTER)
+
+
+def test_many_clients_over_six_pairs_get_what_each_bundle_says_alone(fleet, alone):
+    """The load test of issue 45: 32 clients for a bounded time (20 s; XFORM_FLEET_LOAD_SECONDS
+    sets it, 60 in the issue), each cycling over the six pairs from a starting point of its own,
+    so that every loaded bundle is in use while requests for the others wait for room. No
+    request fails, every answer equals its bundle translating the same texts alone, bundles were
+    loaded and evicted over and over (the router's counts agree with the clients'), and never
+    more than two bundles' stubs ran at once (sampled from the server's processes)."""
+    server, _ = fleet
+    expected = {(s, t): alone[name].translate(texts, SHORT, **languages) for s, t, texts, name, languages in SIX}
+    before = {b["name"]: b for b in fetch(server.http_url)["bundles"]}
+    stop, errors, answered, most = time.monotonic() + SECONDS, [], Counter(), [0]
+    lock, done = threading.Lock(), threading.Event()
+
+    def client(i: int) -> None:
+        k = i
+        while time.monotonic() < stop and len(errors) < 5:
+            src, tgt, texts, name, _ = SIX[k % len(SIX)]
+            k += 1
+            status, got = translate(server, texts, src, tgt)
+            with lock:
+                if status != 200 or got.get("translation") != expected[(src, tgt)]:
+                    errors.append((src, tgt, status, got))
+                else:
+                    answered[name] += 1
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            most[0] = max(most[0], bundle_stubs(server))
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(SECONDS + 300)  # a request in flight at the end may wait for a load or two, bounded
+    done.set()
+    watcher.join(5)
+    assert not any(t.is_alive() for t in clients), "a client still waits 300 s after the end"
+    assert not errors, errors[:3]
+    assert set(answered) == {p[3] for p in SIX}, answered
+    assert 1 <= most[0] <= 2, most
+    assert len(ready(server)) <= 2
+    unloaded = [m for m in server.index() if m.get("reason") == "unloaded"]
+    assert len(unloaded) >= 4, server.index()  # six bundles through two places: evictions happened
+    state = {b["name"]: b for b in fetch(server.http_url)["bundles"]}
+    delta = {n: {k: b[k] - before[n][k] for k in ("requests", "loads", "evictions", "failures")}
+             for n, b in state.items()}
+    assert {n: d["requests"] for n, d in delta.items()} == dict(answered), (delta, answered)
+    assert sum(d["evictions"] for d in delta.values()) >= 4 and not any(d["failures"] for d in delta.values())
+    print(f"{sum(answered.values())} answers in {SECONDS:.0f} s, {sum(d['loads'] for d in delta.values())} loads; "
+          f"at most {most[0]} bundle stubs at once")
 
 
 def test_a_bundle_corrupted_after_the_scan_fails_its_pair_only(fleet, alone):
@@ -271,6 +303,50 @@ def test_serve_models_survives_evictions_and_sigterm_during_a_load_leaves_nothin
     served.assert_nothing_left()
 
 
+def bundle_memory(served: ServedFleet) -> int:
+    """The Pss of the bundles' stubs of `served` (all its stubs but the router's), now."""
+    from xform.serving import residency
+    return sum(residency.memory_bytes(p) for p in served.stubs() if residency.stub_model(p) not in (ROUTER, None))
+
+
+def test_serve_models_keeps_within_its_memory_budget_and_its_preloaded_bundle(bundles, tmp_path, alone):
+    """--memory-budget 150MB --preload numbers: numbers loads at start and is never evicted; the
+    others (about 40-60 MiB each, measured at their loads) come and go; after every request the
+    bundles' stubs hold less than the budget (measured from the processes); every answer equals
+    its bundle alone; `xform serve --status` says it all. Then a budget that the preloaded bundle
+    alone exceeds is refused at start, naming it (exit 1)."""
+    served = ServedFleet(tmp_path / "a", "--models", str(bundles), "--memory-budget", "150MB", "--preload", "numbers",
+                         "--grace", "10")
+    try:
+        lines = served.wait_ready()
+        assert any("within 143 MiB, numbers preloaded" in x for x in lines), lines
+        server = TritonServer(tmp_path, [], "127.0.0.1", *served.ports)
+        for src, tgt, texts, name, languages in PAIRS[1:] * 2 + PAIRS[:1]:
+            status, got = translate(server, texts, src, tgt)
+            assert status == 200 and got["translation"] == alone[name].translate(texts, SHORT, **languages), got
+            assert stream_model("numbers") in ready(server) and 0 < bundle_memory(served) <= 150_000_000
+        r = CliRunner().invoke(main, ["serve", "--status", served.url])
+        assert r.exit_code == 0, r.output
+        data = fetch(served.url)
+        b = {x["name"]: x for x in data["bundles"]}
+        assert b["numbers"]["preloaded"] and b["numbers"]["evictions"] == 0 and b["numbers"]["loads"] == 1, r.output
+        assert b["numbers"]["requests"] == 1 and b["en-de"]["requests"] == 2 and b["en-de"]["loads"] >= 1, r.output
+        # three bundles of 40 MiB or more beside numbers' do not fit 143 MiB: the budget evicted some
+        assert sum(x["evictions"] for x in b.values()) >= 1 and data["resident_bytes"] <= 150_000_000, r.output
+        assert data["preload"] == {"state": "done", "error": None}
+        row = next(x for x in r.output.splitlines() if x.split()[:2] == ["numbers", "preloaded"])
+        assert "MiB" in row and r.output.count("unloaded") >= 1
+    finally:
+        served.proc.send_signal(signal.SIGTERM)
+        served.finish()
+    served.assert_nothing_left()
+    refused = ServedFleet(tmp_path / "b", "--models", str(bundles), "--memory-budget", "30MB", "--preload", "numbers")
+    code, rest = refused.finish(120)
+    assert code == 1 and "--preload 'numbers': 'numbers' took" in rest, rest
+    assert "more than the --memory-budget 30000000 bytes: it cannot be loaded within it" in rest, rest
+    refused.assert_nothing_left()
+
+
 @pytest.mark.skip(reason="not settled: alone it passes (the watch reports a stub pid other than the one killed), "
                          "after the tests above serve did not exit within 60 s; see docs/design.md, issue 45 part 2")
 def test_a_loaded_bundles_stub_killed_still_stops_serve_with_exit_1(bundles, tmp_path):
@@ -298,7 +374,8 @@ def test_the_guides_block_runs(bundles, tmp_path, alone):
     request as it is written (the ports aside)."""
     block = marked("fleet-serve-command", "docs/serving.md")
     lines = [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
-    serve = next(line for line in lines if line.startswith("xform serve"))
+    serve = next(line for line in lines if line.startswith("xform serve --models"))
+    status_line = next(line for line in lines if line.startswith("xform serve --status"))
     curl = next(line for line in lines if line.startswith("curl"))
     args = shlex.split(serve.rstrip("&").strip())[2:]
     where = args.index("--models") + 1
@@ -315,6 +392,12 @@ def test_the_guides_block_runs(bundles, tmp_path, alone):
         english = alone["numbers"].translate([body["text"]])
         assert got["translation"] == alone["en-de"].translate(english)[0]
         assert got["route"] == "num>en numbers; en>de en-de"
+        args = shlex.split(status_line)[1:]
+        args[-1] = args[-1].replace("localhost:8000", f"127.0.0.1:{served.ports[0]}")
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "2 of 6 bundles loaded" in r.output and "memory budget 1024.0 MiB" in r.output, r.output
+        assert [x.split()[:2] for x in r.output.splitlines()[3:5]] == [["numbers", "loaded"], ["en-de", "loaded"]]
     finally:
         served.proc.send_signal(signal.SIGTERM)
         served.finish()

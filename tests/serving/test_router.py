@@ -3,7 +3,9 @@
 tensors a hop is sent (a Marian's >>xx<< prefix, a fairseq model's codes, a pivot's first hop
 without what shapes the answer), the kinds of errors, the loader's cost and unload wait, and
 catalog.json's round trip. Triton's side: tests/serving/test_fleet_server.py."""
+import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,19 @@ import pytest
 from xform.runtime.fleet.catalog import Catalog, Entry
 from xform.runtime.fleet.languages import FAIRSEQ, PREFIX, Ask, Languages
 from xform.runtime.fleet.pool import Pool
-from xform.serving.router import (HopFailed, Router, Settings, StubLoader, config_pbtxt, failure, inputs,
-                                  read_catalog, write_catalog)
+from xform.serving import fleet_status
+from xform.serving.router import (
+    HopFailed,
+    Preloading,
+    Router,
+    Settings,
+    StubLoader,
+    config_pbtxt,
+    failure,
+    inputs,
+    read_catalog,
+    write_catalog,
+)
 
 CATALOG = Catalog([
     Entry("numbers", Path("/b/numbers"), Languages(pairs=(("num", "en"),), origin="manifest")),
@@ -184,13 +197,16 @@ def test_the_stub_loader_measures_its_stubs_and_waits_for_them_to_exit():
 
 
 def test_the_catalog_round_trips_and_the_config_lists_the_inputs(tmp_path):
-    settings = Settings(max_loaded=2, load_timeout=9.0, pivot=None, threads=8)
+    settings = Settings(max_loaded=2, memory_budget=3 << 30, preload=("m2m",), load_timeout=9.0, pivot=None,
+                        threads=8)
     write_catalog(tmp_path / "catalog.json", CATALOG, ENGINES, settings)
     catalog, engines, back = read_catalog(tmp_path / "catalog.json")
     assert engines == ENGINES and back == settings
     assert [(e.name, e.languages) for e in catalog] == [(e.name, e.languages) for e in CATALOG]
     config = config_pbtxt(8, 8)
     assert 'name: "translate"' in config and "max_batch_size: 8" in config and "decoupled" not in config
+    assert 'name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true' in config  # not with status
+    assert 'name: "status" data_type: TYPE_BOOL' in config and 'name: "status" data_type: TYPE_STRING' in config
     names = [t.name for t in inputs()]
     assert names[:4] == ["text", "src_lang", "tgt_lang", "model"] and "num_beams" in names
     assert not {"src_ids", "stream", "return_attention"} & set(names)
@@ -222,3 +238,87 @@ def test_a_load_that_never_returns_fails_once_its_stub_is_gone():
                          check=lambda name: (_ for _ in ()).throw(RuntimeError(f"{name}: sha256 mismatch")))
     with pytest.raises(RuntimeError, match="m2m: sha256 mismatch"):
         checked.load("m2m")
+
+
+def test_a_status_request_answers_the_routers_state():
+    """`status` true: no translation, the pool's state as JSON (fleet_status.state), which
+    `xform serve --status` prints as a table."""
+    ticks = iter(range(1000))
+    loads = Loads()
+    pool = Pool(loads, 2, 100, ("numbers",), 5.0, clock=lambda: float(next(ticks)))
+    settings = Settings(max_loaded=2, memory_budget=100, preload=("numbers",))
+    r = Router(CATALOG, pool, lambda e, t: {"translation": t["text"]}, "en",
+               status=lambda: fleet_status.state(CATALOG, pool, settings, lambda name: 7 << 20))
+    pool.preload()
+    for src, tgt in [("num", "en"), ("en", "de"), ("de", "fr"), ("en", "fr")]:
+        ask(r, ["x"], src, tgt)
+    out = r.handle({"status": np.array([[True]]), "text": None})
+    assert list(out) == ["status"]
+    data = json.loads(out["status"][0, 0])
+    assert data["settings"] == {"max_loaded": 2, "memory_budget": 100, "preload": ["numbers"], "load_timeout": 60.0,
+                                "pivot": "en"}
+    assert data["loaded"] == ["numbers", "en-multi"] and data["resident_bytes"] == 2 and data["loading"] is None
+    b = {x["name"]: x for x in data["bundles"]}
+    assert b["numbers"] == {"name": "numbers", "languages": "num>en", "loaded": True, "preloaded": True,
+                            "loading": False, "bytes": 7 << 20, "bytes_at_load": 1, "in_flight": 0, "requests": 1,
+                            "loads": 1, "evictions": 0, "failures": 0, "mean_load_seconds": 1.0,
+                            "last_load_seconds": 1.0}
+    assert b["en-multi"]["loads"] == 2 and b["en-multi"]["evictions"] == 1 and b["en-multi"]["requests"] == 2
+    assert b["m2m"]["loaded"] is False and b["m2m"]["bytes"] is None and b["m2m"]["bytes_at_load"] == 1
+    lines = fleet_status.table(data)
+    assert lines[0] == ("2 of 3 bundles loaded, 0.0 MiB measured at load (at most 2 loaded, memory budget 0.0 MiB; "
+                        "preloaded: numbers; loading: none)")
+    assert lines[1].split() == ["bundle", "state", "memory", "at", "load", "in", "flight", "requests", "loads", "mean",
+                                "load", "last", "load", "evictions", "failures"]
+    assert [x.split()[:2] for x in lines[2:]] == [["numbers", "preloaded"], ["en-multi", "loaded"],
+                                                  ["m2m", "unloaded"]]
+    assert lines[2].split()[2:] == ["7.0", "MiB", "0.0", "MiB", "0", "1", "1", "1.00", "s", "1.00", "s", "0", "0"]
+
+
+def test_preloading_waits_for_the_server_and_says_why_it_failed():
+    ready = iter([False, False, True])
+    pool = Pool(Loads(), None, None, ("numbers",), 5.0)
+    p = Preloading(pool, lambda: next(ready), poll=0.001)
+    assert p.said() == {"state": "loading", "error": None}
+    p.run()
+    assert p.said() == {"state": "done", "error": None} and pool.stats().loaded == ["numbers"]
+    assert Preloading(Pool(Loads()), lambda: False).said()["state"] == "done"  # nothing to preload
+    loads = Loads()
+    p = Preloading(Pool(loads, None, None, ("numbers",), 5.0), lambda: True)
+    for _ in range(3):
+        p.start()  # each request calls it: one thread, one load
+    deadline = time.monotonic() + 10
+    while p.state == "loading" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.state == "done" and loads.events == [("load", "numbers")]
+
+    class Big(Loads):
+        def load(self, name):
+            return super().load(name)[0], 500
+    p = Preloading(Pool(Big(), None, 100, ("m2m", "numbers"), 5.0), lambda: True)
+    p.run()
+    assert p.state == "failed" and p.error == ("--preload 'm2m': 'm2m' took 500 bytes at its load, more than the "
+                                               "--memory-budget 100 bytes: it cannot be loaded within it")
+    p = Preloading(Pool(Loads(), None, None, ("m2m",), 5.0), lambda: False, timeout=0.01, poll=0.001)
+    p.run()
+    assert p.said() == {"state": "failed", "error": "the server was not ready 0 s after the start"}
+
+
+def test_serve_checks_the_fleet_flags_before_starting_anything(tmp_path):
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    from xform.cli.serving import router_settings
+    catalog = CATALOG
+    s = router_settings({"memory_budget": "2GiB", "preload": ["m2m", "numbers"], "max_loaded": 3}, catalog)
+    assert s.memory_budget == 2 << 30 and s.preload == ("m2m", "numbers") and s.max_loaded == 3 and s.pivot == "en"
+    with pytest.raises(Exception, match="--preload nope: no such bundle; the bundles: en-multi, m2m, numbers"):
+        router_settings({"preload": ["nope"]}, catalog)
+    with pytest.raises(Exception, match="--preload m2m, numbers: 2 bundles, more than --max-loaded 1"):
+        router_settings({"preload": ["m2m", "numbers"], "max_loaded": 1}, catalog)
+    r = CliRunner().invoke(main, ["serve", "--models", str(tmp_path), "--memory-budget", "lots"])
+    assert r.exit_code == 1 and "--memory-budget 'lots': a size such as 500MB, 2GiB" in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--status", "127.0.0.1:9", "--models", str(tmp_path)])
+    assert r.exit_code == 2 and "--status URL reads a running server" in r.output
+    r = CliRunner().invoke(main, ["serve", "--status", "127.0.0.1:9"])
+    assert r.exit_code == 1 and "--status 127.0.0.1:9: no server answers at http://127.0.0.1:9" in r.output, r.output

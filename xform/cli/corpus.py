@@ -86,12 +86,15 @@ def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, ove
            vocab_map, replace_unknowns, documents, markup, memory, skip_target_language, greedy, **settings) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
-    where it stopped. --ray runs the shards on a Ray cluster's workers."""
+    where it stopped. --ray runs the shards on a Ray cluster's workers. BUNDLE may be a directory
+    of bundles: --src-lang and --tgt-lang pick the one that translates the pair."""
     import xform
+    from xform.cli.fleet import routed_bundle
     from xform.corpus.pipeline import plan_corpus
     from xform.corpus.record import Record
     from xform.corpus.worker import Job, TextOptions
 
+    bundle, src_lang, tgt_lang = routed_bundle(bundle, src_lang, tgt_lang)  # a directory: its route's bundle
     check_corpus_flags(bundle, inputs, output_dir, ray_address, workers, json_path, force)
     if ray_address is None and threads is not None:
         from xform.corpus.cluster import worker_threads

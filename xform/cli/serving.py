@@ -4,6 +4,7 @@ serving/fleet_repository.py)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Sequence
@@ -87,6 +88,16 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @click.option("--max-loaded", type=click.IntRange(min=1), default=None,
               help="Many bundles: the most loaded at once; the least recently used idle one is unloaded to make "
                    "room (default: no bound).")
+@click.option("--memory-budget", metavar="SIZE", default=None,
+              help="Many bundles: the most memory the loaded bundles' processes may hold (500MB, 2GiB), each "
+                   "bundle's cost measured at its load (Pss); the least recently used idle ones are unloaded to "
+                   "make room. A bundle larger than the budget fails its own requests (500).")
+@click.option("--preload", "preload", metavar="NAME", multiple=True,
+              help="Many bundles: load this bundle at start and never unload it (repeat it, or NAME,NAME); it "
+                   "counts against --max-loaded and --memory-budget: more than fits is refused at start.")
+@click.option("--status", "status_url", metavar="URL", default=None,
+              help="Print the state of the many-bundle server at URL (http://host:port): each bundle loaded or "
+                   "not, its memory, requests, loads and their latency, evictions; then exit.")
 @click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Many bundles: seconds a request waits for room to load its bundle before it is answered "
                    "unavailable (503). [default: 60]")
@@ -108,9 +119,10 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
                    "terminationGracePeriodSeconds, systemd's TimeoutStopSec).")
 @triton_model_options
 @handle_errors
-def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, load_timeout: float | None,
-          pivot: str | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
-          metrics_port: int, grace: float, **options) -> None:
+def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, memory_budget: str | None,
+          preload: tuple[str, ...], status_url: str | None, load_timeout: float | None, pivot: str | None,
+          prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int, metrics_port: int,
+          grace: float, **options) -> None:
     """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
 
     Several bundles, or --models DIR: each a Triton model loaded at its first request, and the model
@@ -118,13 +130,19 @@ def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | 
     tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel. Exit codes: 0
     stopped by a signal (SIGINT, SIGTERM, SIGHUP); 1 tritonserver did not start, died, or a model's
     stub died (the message says which and where Triton's log is kept); 2 bad flags.
+    With --status URL: print that server's state and exit.
     """
     from xform.serving.lifecycle import Stopper
     from xform.serving.server import find_triton
 
+    if status_url is not None:
+        if bundles or models_dir is not None or prepare:
+            raise click.UsageError("--status URL reads a running server: give no BUNDLE, --models or --prepare")
+        return print_status(status_url)
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
-    fleet = {"max_loaded": max_loaded, "load_timeout": load_timeout, "pivot": pivot}
+    fleet = {"max_loaded": max_loaded, "load_timeout": load_timeout, "pivot": pivot, "memory_budget": memory_budget,
+             "preload": [n for given in preload for n in given.split(",") if n] or None}
     if prepare:
         if bundles or models_dir is not None:
             raise click.UsageError("--prepare prepares the server, not a bundle: give no BUNDLE")
@@ -209,12 +227,56 @@ def print_endpoints(server, name: str, names: list[str]) -> None:
 
 
 # -- many bundles, one server: xform serve BUNDLE... | --models DIR ---------------------------------
-def router_settings(fleet: dict):
+def router_settings(fleet: dict, catalog=None):
+    """The router's settings from serve's flags; --preload names checked against `catalog`."""
+    from xform.runtime.fleet.pool import parse_size
+    from xform.serving import residency
     from xform.serving.router import Settings
-    pivot = fleet.get("pivot")
-    return Settings(max_loaded=fleet.get("max_loaded"),
+    pivot, budget, preload = fleet.get("pivot"), parse_size(fleet.get("memory_budget")), fleet.get("preload") or ()
+    if budget is not None and (budget < 1 or residency.memory_bytes(os.getpid()) == 0):
+        raise XformError(f"--memory-budget {fleet['memory_budget']}: " + (
+            "at least 1 byte" if budget < 1 else "this system does not say a process's memory (/proc), so a bundle's "
+            "cost cannot be measured; bound them by --max-loaded"))
+    unknown = [n for n in preload if catalog is not None and n not in catalog]
+    if unknown:
+        raise XformError(f"--preload {', '.join(unknown)}: no such bundle; the bundles: "
+                         f"{', '.join(e.name for e in catalog)}")
+    if fleet.get("max_loaded") is not None and len(set(preload)) > fleet["max_loaded"]:
+        raise XformError(f"--preload {', '.join(preload)}: {len(set(preload))} bundles, more than --max-loaded "
+                         f"{fleet['max_loaded']} (preloaded bundles are never unloaded)")
+    return Settings(max_loaded=fleet.get("max_loaded"), memory_budget=budget, preload=tuple(sorted(set(preload))),
                     load_timeout=60.0 if fleet.get("load_timeout") is None else fleet["load_timeout"],
                     pivot="en" if pivot is None else (None if pivot.lower() == "none" else pivot))
+
+
+def await_preload(server, settings, stopper) -> None:
+    """Wait until the router has loaded the bundles of --preload (it does once Triton is ready);
+    XformError saying why it could not (then run_server stops the server)."""
+    import time
+
+    from xform.serving.fleet_status import fetch
+    if not settings.preload:
+        return
+    wait = settings.load_timeout * len(settings.preload) + 60
+    deadline = time.monotonic() + wait
+    with err.status(f"preloading {', '.join(settings.preload)}"):
+        while not stopper.requested:
+            said = fetch(server.http_url).get("preload", {})
+            if said.get("state") == "done":
+                return
+            if said.get("state") == "failed":
+                raise XformError(f"not serving: {said.get('error')}")
+            if time.monotonic() > deadline:
+                raise XformError(f"--preload {', '.join(settings.preload)}: not loaded {wait:.0f} s after the start")
+            time.sleep(0.25)
+
+
+def print_status(url: str) -> None:
+    """`xform serve --status URL`: the server's state, a line a bundle."""
+    from xform.serving.fleet_status import fetch, table
+    out.print(f"xform serve at {url}: model translate", markup=False)
+    for line in table(fetch(url)):
+        out.print(f"  {line}", markup=False)
 
 
 def serve_fleet(where: Path | Sequence[Path], fleet: dict, wheel_dir: Path | None, host: str,
@@ -228,15 +290,18 @@ def serve_fleet(where: Path | Sequence[Path], fleet: dict, wheel_dir: Path | Non
     from xform.serving.router import ROUTER
     from xform.serving.server import TritonServer
 
+    router_settings(fleet)  # its flags checked before the scan
     catalog = Catalog.scan(where)
-    opts, settings = model_options(**options), router_settings(fleet)
+    opts, settings = model_options(**options), router_settings(fleet, catalog)
     with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
         repo = Path(tmp) / "models"
         write_fleet(catalog, repo, opts, settings)
         server = stopper.server = TritonServer(repo, [ROUTER], host, *ports, log_path=Path(tmp) / "tritonserver.log",
                                                bls_threads=bls_threads(opts, settings), grace=grace, explicit=True)
-        what, code = run_server(server, stopper, wheel_dir, f"{len(catalog)} bundles",
-                                lambda: print_fleet(server, catalog, settings))
+        def ready() -> None:
+            await_preload(server, settings, stopper)
+            print_fleet(server, catalog, settings)
+        what, code = run_server(server, stopper, wheel_dir, f"{len(catalog)} bundles", ready)
     out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
               f"(exit code {code})")
 
@@ -254,7 +319,10 @@ def example(catalog) -> dict:
 
 def print_fleet(server, catalog, settings) -> None:
     from xform.serving.router import ROUTER
-    bound = f"at most {settings.max_loaded} loaded at once" if settings.max_loaded else "no bound on those loaded"
+    bounds = [f"at most {settings.max_loaded} loaded at once"] if settings.max_loaded else []
+    bounds += [f"within {settings.memory_budget >> 20} MiB"] if settings.memory_budget else []
+    bounds += [f"{', '.join(settings.preload)} preloaded"] if settings.preload else []
+    bound = ", ".join(bounds) or "no bound on those loaded"
     out.print(f"serving {len(catalog)} bundles through model [bold]{ROUTER}[/] ({server.install.source} "
               f"tritonserver, pid {server.process.pid}; each bundle loads at its first request, {bound}); Ctrl-C "
               "stops it")
@@ -265,6 +333,7 @@ def print_fleet(server, catalog, settings) -> None:
     out.print(f"  JSON    curl -X POST {server.http_url}/v2/models/{ROUTER}/generate -d {shlex.quote(body)}",
               markup=False)
     out.print(f"  index   curl -X POST {server.http_url}/v2/repository/index (which bundles are loaded)")
+    out.print(f"  status  xform serve --status {server.http_url}")
     out.print(f"  ready   {server.http_url}/v2/models/{ROUTER}/ready")
     out.print(f"  gRPC    {server.host}:{server.grpc_port}")
     out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")

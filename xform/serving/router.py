@@ -44,9 +44,10 @@ OWN = [
     Tensor("src_lang", "TYPE_STRING", (1,), "The source language (one a request)."),
     Tensor("tgt_lang", "TYPE_STRING", (1,), "The target language (one a request)."),
     Tensor("model", "TYPE_STRING", (1,), "A bundle by name, instead of the route's choice."),
+    Tensor("status", "TYPE_BOOL", (1,), "True: no translation; the router's state as JSON (output `status`)."),
 ]
 # the bundle models' text-level inputs, passed to each hop as they came
-NOT_PASSED = {"text", "src_ids", "src_lang", "tgt_lang", "return_attention", "stream"}
+NOT_PASSED = {"text", "src_ids", "src_lang", "tgt_lang", "return_attention", "stream", "status"}
 # what shapes the answer, not the decoding: a pivot's first hop makes one translation
 LAST_HOP_ONLY = {"num_return_sequences", "return_alternatives", "return_scores", "target_prefix"}
 OUTPUTS = [
@@ -55,7 +56,10 @@ OUTPUTS = [
     Tensor("scores", "TYPE_FP32", (1,), "With return_scores: the last hop's score."),
     Tensor("hypotheses", "TYPE_STRING", (-1,), "With num_return_sequences k > 1: all k (the last hop's)."),
     Tensor("hypothesis_scores", "TYPE_FP32", (-1,), "With num_return_sequences k > 1 and return_scores."),
+    Tensor("status", "TYPE_STRING", (1,), "With status: the bundles, loaded or not, and their counters (JSON)."),
 ]
+
+OWN_OUTPUTS = {"route", "status"}  # the router's, not asked of a bundle
 
 
 def inputs() -> list[Tensor]:
@@ -80,7 +84,7 @@ def failure(e: BaseException) -> tuple[str, str]:
     if isinstance(e, InputError):
         return "request", said(e, model="input 'model'", pivot="the server's --pivot")
     if isinstance(e, LoadFailed):
-        return "server", said(e)
+        return "server", said(e, memory_budget="the server's --memory-budget")
     return "server", f"xform: {type(e).__name__}: {e}"
 
 
@@ -99,9 +103,12 @@ def languages_from(data: dict[str, Any]) -> Languages:
 
 @dataclass(frozen=True)
 class Settings:
-    """The router's: `max_loaded` bundles at once (None: no bound), `load_timeout` seconds a request
+    """The router's: `max_loaded` bundles at once and `memory_budget` bytes of their stubs (None: no
+    bound), `preload`: bundles loaded at start and never unloaded, `load_timeout` seconds a request
     waits for room, the `pivot` language (None: none), `threads` answering requests."""
     max_loaded: int | None = None
+    memory_budget: int | None = None
+    preload: tuple[str, ...] = ()
     load_timeout: float = 60.0
     pivot: str | None = "en"
     threads: int = 64
@@ -121,7 +128,8 @@ def read_catalog(path: Path) -> tuple[Catalog, dict[str, str], Settings]:
     data = json.loads(Path(path).read_text())
     bundles = data["bundles"]
     catalog = Catalog([Entry(b["name"], Path(b["path"]), languages_from(b["languages"])) for b in bundles])
-    return catalog, {b["name"]: b["engine"] for b in bundles}, Settings(**data["settings"])
+    settings = Settings(**{**data["settings"], "preload": tuple(data["settings"].get("preload", ()))})
+    return catalog, {b["name"]: b["engine"] for b in bundles}, settings
 
 
 # -- loading bundles into Triton -------------------------------------------------------------------
@@ -205,11 +213,16 @@ class Router:
     `pool` (whose loaded thing is the bundle's engine model) and asked through `call(engine,
     tensors) -> tensors` (raising HopFailed)."""
 
-    def __init__(self, catalog: Catalog, pool: Pool, call: Call, pivot: str | None = "en"):
+    def __init__(self, catalog: Catalog, pool: Pool, call: Call, pivot: str | None = "en",
+                 status: Callable[[], dict[str, Any]] | None = None):
         self.catalog, self.pool, self.call, self.pivot = catalog, pool, call, pivot
+        self.status = status or (lambda: {})
 
     def handle(self, given: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
-        """A request's outputs from its inputs (None where absent); raises what `failure` words."""
+        """A request's outputs from its inputs (None where absent); raises what `failure` words.
+        With a true `status`, the router's state (`status()`) as JSON instead of a translation."""
+        if given.get("status") is not None and bool(np.asarray(given["status"]).reshape(-1)[0]):
+            return {"status": np.array([[json.dumps(self.status()).encode()]], dtype=object)}
         if given.get("text") is None:
             raise InputError("input 'text': missing; the texts to translate, one a row")
         texts = np.asarray(given["text"], dtype=object).reshape(-1, 1)
@@ -245,6 +258,46 @@ class Router:
         return out
 
 
+class Preloading:
+    """The bundles of --preload (the pool's pinned names), loaded in a thread started by the
+    router's first request (`start`, at every request: once), when the server is ready. Not in
+    the router's `initialize`: Triton 2.51 refuses a BLS load while it starts ("Server not
+    ready"), and a thread of the stub calling Triton while `initialize` runs was seen to abort
+    tritonserver (boost::interprocess::lock_exception). `xform serve` asks for the status as
+    soon as Triton is ready, which starts it, and waits for it. `state`: loading, done or failed
+    (`error` says why, in the server's flags' words: preloaded bundles that do not fit
+    --memory-budget are refused by name)."""
+
+    def __init__(self, pool: Pool, server_ready: Callable[[], bool], timeout: float = 600.0, poll: float = 0.25):
+        self.pool, self.server_ready, self.timeout, self.poll = pool, server_ready, timeout, poll
+        self.state = "loading" if pool.pinned else "done"
+        self.error: str | None = None
+        self.started = threading.Lock()
+
+    def start(self) -> None:
+        """Start loading, once (later calls return at once)."""
+        if self.state == "loading" and self.started.acquire(blocking=False):
+            threading.Thread(target=self.run, daemon=True, name="xform-preload").start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not self.server_ready():
+            if time.monotonic() > deadline:
+                self.state, self.error = "failed", f"the server was not ready {self.timeout:.0f} s after the start"
+                return
+            time.sleep(self.poll)
+        try:
+            self.pool.preload()
+        except Exception as e:  # noqa: BLE001 - said in the status; xform serve stops the server
+            self.error = said(e, preload="--preload", memory_budget="--memory-budget")
+            self.state = "failed"
+            return
+        self.state = "done"
+
+    def said(self) -> dict[str, Any]:
+        return {"state": self.state, "error": self.error}
+
+
 def prefixed(prefix: str, text: str) -> bytes:
     """A text as a hop sends it: a multi-target Marian's `>>tgt<< ` before it (not before a blank one)."""
     return (prefix + text if prefix and text.strip() else text).encode("utf-8")
@@ -254,7 +307,7 @@ def config_pbtxt(max_batch: int, threads: int) -> str:
     """The router model's config.pbtxt: not decoupled (answers through its response senders from
     `threads` threads, so `execute` never waits), no dynamic batching (each request routes alone)."""
     lines = [f'name: "{ROUTER}"', 'backend: "python"', f"max_batch_size: {max_batch}", "input ["]
-    lines.append(",\n".join(t.pbtxt(optional=t.name != "text") for t in inputs()))
+    lines.append(",\n".join(t.pbtxt(optional=True) for t in inputs()))  # text: not with status
     lines += ["]", "output [", ",\n".join(t.pbtxt(optional=False) for t in OUTPUTS), "]",
               "instance_group [ { count: 1 kind: KIND_CPU } ]",
               'parameters { key: "role" value: { string_value: "router" } }',

@@ -11,7 +11,10 @@ file is what needs Triton:
   parameter inflight.RELAY, its error's kind read back from the message (inflight.untagged:
   Triton 2.51's BLS drops error codes);
 - metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total
-  and xform_model_resident_bytes, each by bundle.
+  and xform_model_resident_bytes, each by bundle; a request with `status` true answers the
+  router's state (serving/fleet_status.py: `xform serve --status URL`);
+- the bundles of --preload are loaded from a thread the first request starts (router.Preloading:
+  Triton refuses a BLS load while it starts), their state in the status.
 """
 import json
 import os
@@ -21,15 +24,24 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from xform.runtime.fleet.pool import Pool
-from xform.serving import residency
+from xform.serving import fleet_status, residency
+from xform.serving import router as xrouter
 from xform.serving.inflight import RELAY, STREAM_SUFFIX, untagged
-from xform.serving.router import CATALOG, OUTPUTS, HopFailed, Router, StubLoader, failure, inputs, read_catalog
+from xform.serving.router import CATALOG, OUTPUTS, ROUTER, Router, StubLoader, failure, inputs, read_catalog
 from xform.serving.triton_model import FINAL, error, response
 
 
 def stubs(engine):
     """The stubs (children of tritonserver, this stub's parent) that run `engine`."""
     return residency.stubs_of(engine, residency.children(os.getppid()))
+
+
+def ready(model):
+    """Whether Triton says `model` is ready (False while it cannot say)."""
+    try:
+        return bool(pb_utils.is_model_ready(model_name=model))
+    except Exception:  # noqa: BLE001 - starting
+        return False
 
 
 def verify(bundle):
@@ -42,7 +54,7 @@ def call(engine, given):
     """One hop: `given` tensors to the engine model by BLS; its outputs, or HopFailed with the
     kind its engine tagged (an untagged error, Triton's own about the model, is the server's)."""
     request = pb_utils.InferenceRequest(model_name=engine, requested_output_names=[t.name for t in OUTPUTS
-                                                                                  if t.name != "route"],
+                                                                                  if t.name not in xrouter.OWN_OUTPUTS],
                                         inputs=[pb_utils.Tensor(k, v) for k, v in given.items()],
                                         parameters={RELAY: True})
     decoupled = engine.endswith(STREAM_SUFFIX)
@@ -50,7 +62,7 @@ def call(engine, given):
     for r in (request.exec(decoupled=True) if decoupled else [request.exec()]):
         if r.has_error():
             kind, message = untagged(r.error().message())
-            raise HopFailed(message, kind)
+            raise xrouter.HopFailed(message, kind)
         out.update({t.name(): t.as_numpy() for t in r.output_tensors()})
     return out
 
@@ -95,14 +107,21 @@ class TritonPythonModel:
                             residency.wait_gone, settings.unload_timeout, self.metrics.observe,
                             check=lambda name: verify(catalog[name].path),
                             ready=lambda m: pb_utils.is_model_ready(model_name=m))
-        pool = Pool(loader, settings.max_loaded, None, (), settings.load_timeout)
-        self.router = Router(catalog, pool, call, settings.pivot)
+        pool = Pool(loader, settings.max_loaded, settings.memory_budget, settings.preload, settings.load_timeout)
+
+        def resident(name):
+            return sum(residency.memory_bytes(p) for p in stubs(engines[name]))
+        wait = settings.load_timeout * max(len(settings.preload), 1)
+        self.preloading = xrouter.Preloading(pool, lambda: ready(ROUTER), wait)
+        self.router = Router(catalog, pool, call, settings.pivot, status=lambda: {
+            **fleet_status.state(catalog, pool, settings, resident), "preload": self.preloading.said()})
         self.names = [t.name for t in inputs()]
         self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
         pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "
                                  + " | ".join(catalog.summary()))
 
     def execute(self, requests):
+        self.preloading.start()  # once: not from initialize (router.Preloading)
         for request in requests:
             given = {}
             for name in self.names:

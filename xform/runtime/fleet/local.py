@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 from xform.errors import InputError
 from xform.runtime.decoding.request import TranslationResult
 from xform.runtime.fleet.catalog import Catalog
-from xform.runtime.fleet.pool import Pool, PoolStats
+from xform.runtime.fleet.pool import Pool, PoolStats, parse_size
 from xform.runtime.fleet.routes import Hop, Route, plan
 from xform.runtime.text.translator import Translator, refuse_one_text
 
@@ -79,12 +79,13 @@ class RoutedResult(TranslationResult):
 class FleetTranslator:
     """`xform.Translator(DIR)`: text in one language, out in another, over a directory of bundles
     (or a list of bundle paths), each opened by `opener` at its first use and kept within
-    `max_loaded` bundles and `memory_budget` bytes (pool.py's rules); `pinned` bundles are opened
-    now and never unloaded; `pivot`: the language two hops go through where no bundle translates a pair
-    (None: none)."""
+    `max_loaded` bundles and `memory_budget` (bytes, or a size: "2GiB", "500MB"; pool.py's rules);
+    `pinned` bundles are opened now and never unloaded (together within the budget, else
+    refused); `pivot`: the language two hops go through where no bundle translates a pair (None:
+    none)."""
 
     def __init__(self, bundles: str | Path | Sequence[str | Path], opener: Callable[[Path], Translator],
-                 max_loaded: int | None = None, memory_budget: int | None = None, pinned: Iterable[str] = (),
+                 max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
                  pivot: str | None = "en", load_timeout: float = 60.0):
         self.catalog = Catalog.scan(bundles)
         unknown = [n for n in pinned if n not in self.catalog]
@@ -95,7 +96,8 @@ class FleetTranslator:
                              "a bundle's cost cannot be measured; bound them by {max_loaded}"
                              ).naming("memory_budget", "max_loaded")
         self.pivot = pivot
-        self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, memory_budget, pinned, load_timeout)
+        self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, parse_size(memory_budget), pinned,
+                         load_timeout)
         self.pool.preload()
 
     def route(self, src_lang: str | None, tgt_lang: str | None, model: str | None = None) -> Route:

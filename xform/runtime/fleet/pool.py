@@ -10,17 +10,23 @@ The rules:
 - To make room, the least recently leased names with no lease held and not `pinned` are
   evicted (unloaded before the load starts) until `max_loaded` names and `budget_bytes` hold.
   A name's cost is what the loader measured at its load (`load` returns it); before its first
-  load, the largest cost seen (at most the budget) stands for it. A load that comes out larger than the estimate
-  evicts more idle names after it.
+  load, the largest cost seen (at most what the budget leaves beside the pinned names) stands for
+  it, and the log says so. A load that comes out larger than the estimate evicts more idle names
+  after it (while leases hold the others, the budget can be passed until they end).
+- A name whose measured cost is over what the budget leaves beside the pinned names is unloaded
+  at once and refused, then and at every later lease (LoadFailed): it can never fit.
+- `preload()` loads the pinned names (measured as they come, no estimate); pinned names that
+  together do not fit the budget are refused by name (InputError), none of them kept.
 - A lease that finds no room (every loaded name leased or pinned) waits for a release; past
-  `load_timeout` seconds of waiting it raises Unavailable. A name whose own cost is over the
-  budget is refused (LoadFailed).
+  `load_timeout` seconds of waiting it raises Unavailable; so does a lease waiting for its own
+  name's load in progress.
 - A failed load fails the leases waiting for it, with the loader's reason (LoadFailed), and
   nothing else; the next lease of that name tries again.
 """
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -31,6 +37,23 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from xform.errors import InputError, XformError
 
 log = logging.getLogger(__name__)
+
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """A memory budget in bytes from an int or a size: `500MB` (10**6), `2GiB` (2**30), `1.5GB`,
+    `1048576` (bytes); None stays None."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    m = SIZE.fullmatch(str(value))
+    if not m or m.group(2).lower() not in UNITS:
+        raise InputError(f"{{memory_budget}} {value!r}: a size such as 500MB, 2GiB or a number of bytes (units: B, "
+                         "kB, MB, GB, TB; KiB, MiB, GiB, TiB)").naming("memory_budget")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
 class Unavailable(XformError):
@@ -67,8 +90,9 @@ class Attempt:
 @dataclass(frozen=True)
 class PoolStats:
     """A pool's state: `loaded` least recently used first, with each one's `costs` (bytes) and
-    `leases` held; per name, the `loads`, `evictions` and `failures` so far; `loading`: the name
-    being loaded."""
+    `leases` held; per name, the `loads`, `evictions` and `failures` so far, the `requests`
+    (leases) taken, the `load_seconds` in all and the `last_load_seconds`, and `measured`, its
+    cost at its last load (loaded or not); `loading`: the name being loaded."""
     loaded: list[str]
     costs: dict[str, int]
     leases: dict[str, int]
@@ -76,6 +100,10 @@ class PoolStats:
     evictions: dict[str, int]
     failures: dict[str, int]
     loading: str | None
+    requests: dict[str, int]
+    load_seconds: dict[str, float]
+    last_load_seconds: dict[str, float]
+    measured: dict[str, int]
 
 
 class Pool:
@@ -105,6 +133,10 @@ class Pool:
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()
+        self.load_seconds: dict[str, float] = {}
+        self.last_load_seconds: dict[str, float] = {}
+        self.preloading = False
 
     @contextmanager
     def lease(self, name: str) -> Iterator[Any]:
@@ -123,6 +155,7 @@ class Pool:
                 slot = self.slots.get(name)
                 if slot is not None:
                     slot.leases += 1
+                    self.requests[name] += 1
                     self.slots.move_to_end(name)
                     return slot.thing
                 if self.loading is not None:
@@ -146,16 +179,34 @@ class Pool:
             self.cond.notify_all()
 
     def preload(self) -> None:
-        """Load the pinned names now (else at their first lease)."""
-        for name in sorted(self.pinned):
-            with self.lease(name):
-                pass
+        """Load the pinned names now (else at their first lease), each measured as it comes; when
+        they do not fit the budget together (or one alone), unload them and refuse them by name."""
+        self.preloading = True
+        try:
+            for name in sorted(self.pinned):
+                try:
+                    with self.lease(name):
+                        self.requests[name] -= 1  # a load, not a request
+                except LoadFailed as e:
+                    self.close()
+                    raise InputError(f"{{preload}} {name!r}: " + e.template).naming("preload", *e.settings) from e
+                held = {n: self.costs[n] for n in self.pinned if n in self.slots}
+                if self.budget is not None and sum(held.values()) > self.budget:
+                    self.close()
+                    said = ", ".join(f"{n} {c} bytes" for n, c in sorted(held.items()))
+                    raise InputError(f"{{preload}} {sorted(held)}: together {sum(held.values())} bytes ({said}), "
+                                     f"more than the {{memory_budget}} {self.budget} bytes; preloaded bundles are "
+                                     "never unloaded, so they must fit").naming("preload", "memory_budget")
+        finally:
+            self.preloading = False
 
     def stats(self) -> PoolStats:
         with self.cond:
             return PoolStats(list(self.slots), {n: s.cost for n, s in self.slots.items()},
                              {n: s.leases for n, s in self.slots.items()}, dict(self.loads), dict(self.evictions),
-                             dict(self.failures), self.loading.name if self.loading else None)
+                             dict(self.failures), self.loading.name if self.loading else None,
+                             dict(self.requests), dict(self.load_seconds), dict(self.last_load_seconds),
+                             dict(self.costs))
 
     def close(self) -> None:
         """Unload every name with no lease held."""
@@ -170,8 +221,13 @@ class Pool:
         name = attempt.name
         for victim, slot in evicted:
             self.unload(victim, slot)
+        if name not in self.costs and self.budget is not None and not (self.preloading and name in self.pinned):
+            log.info("%s: no cost measured yet; estimated at %d bytes (the largest measured) to make room",
+                     name, self.estimate(name))
+        t0 = self.clock()
         try:
             thing, cost = self.loader.load(name)
+            self.refuse_over_budget(name, thing, int(cost))
         except Exception as e:  # the loader's failure, whatever it is, is this name's alone
             with self.cond:
                 attempt.error = e
@@ -181,8 +237,10 @@ class Pool:
             raise self.failed(name, e) from e
         with self.cond:
             self.slots[name] = Slot(thing, int(cost), leases=1)
-            self.costs[name] = int(cost)
+            self.requests[name] += 1
             self.loads[name] += 1
+            self.last_load_seconds[name] = self.clock() - t0
+            self.load_seconds[name] = self.load_seconds.get(name, 0.0) + self.last_load_seconds[name]
             trimmed = self.evict(self.room_for(None, partial=True) or [])  # larger than its estimate
             self.cond.notify_all()
         for victim, slot in trimmed:
@@ -192,13 +250,37 @@ class Pool:
             self.cond.notify_all()
         return thing
 
+    def refuse_over_budget(self, name: str, thing: Any, cost: int) -> None:
+        """Having just loaded `name` at `cost`: record the cost; when it can never fit (over what
+        the budget leaves beside the pinned names), unload it and raise LoadFailed."""
+        with self.cond:
+            self.costs[name] = cost
+            refused = self.budget is not None and cost > self.room(name)
+        if refused:
+            self.unload(name, Slot(thing, cost))
+            raise self.over_budget(name)
+
+    def room(self, name: str) -> int:
+        """What the budget leaves to `name` beside the pinned names loaded (the whole budget for a
+        pinned one: preload checks them together)."""
+        assert self.budget is not None
+        if name in self.pinned:
+            return self.budget
+        return self.budget - sum(s.cost for n, s in self.slots.items() if n in self.pinned)
+
+    def over_budget(self, name: str) -> LoadFailed:
+        assert self.budget is not None
+        beside = self.budget - self.room(name)
+        where = f" leaves beside the preloaded bundles ({beside} bytes)" if beside else ""
+        return LoadFailed(f"{name!r} took {self.costs[name]} bytes at its load, more than the {{memory_budget}} "
+                          f"{self.budget} bytes{where}: it cannot be loaded within it").naming("memory_budget")
+
     def room_for(self, name: str | None, partial: bool = False) -> list[str] | None:
         """The idle names to evict (least recently used first) so that `name` fits (None: so that
         what is loaded fits); when evicting every idle one would not do, None (`partial`: every
         idle one, the nearest it comes)."""
-        if name is not None and self.budget is not None and self.costs.get(name, 0) > self.budget:
-            raise LoadFailed(f"{name!r} took {self.costs[name]} bytes at its last load, more than the "
-                             f"{{memory_budget}} {self.budget} bytes").naming("memory_budget")
+        if name is not None and self.budget is not None and self.costs.get(name, 0) > self.room(name):
+            raise self.over_budget(name)
         coming = 0 if name is None else 1
         expected = 0 if name is None else self.estimate(name)
         idle = [n for n, s in self.slots.items() if s.leases == 0 and n not in self.pinned and n != name]
@@ -210,12 +292,16 @@ class Pool:
         return victims
 
     def estimate(self, name: str) -> int:
-        """`name`'s cost at its last load; before its first, the largest seen (at most the budget:
-        a guess makes room, it never blocks a load that nothing else stands in the way of)."""
+        """`name`'s cost at its last load; before its first, the largest seen (at most what the
+        budget leaves beside the pinned names: a guess makes room, it never blocks a load that
+        nothing else stands in the way of); a pinned name while preloading, nothing (measured as
+        it comes, preload checks them together)."""
         if name in self.costs:
             return self.costs[name]
+        if self.preloading and name in self.pinned:
+            return 0
         largest = max(self.costs.values(), default=0)
-        return largest if self.budget is None else min(largest, self.budget)
+        return largest if self.budget is None else max(min(largest, self.room(name)), 0)
 
     def fits(self, victims: list[str], coming: int, expected: int) -> bool:
         kept = [s for n, s in self.slots.items() if n not in victims]

@@ -89,3 +89,23 @@ def plan(catalog: Catalog, src: str | None, tgt: str | None, model: str | None =
     raise RouteError(f"no bundle translates {{src_lang}} {src!r} to {{tgt_lang}} {tgt!r}{through}; the pairs these "
                      f"bundles translate: {' | '.join(catalog.summary())}").naming(
         "src_lang", "tgt_lang", *(["pivot"] if pivot else []))
+
+
+def one_hop(catalog: Catalog, src: str | None, tgt: str | None, pivot: str | None = "en") -> Hop:
+    """The one bundle a job that runs a single bundle over its inputs (a corpus) takes for `src` >
+    `tgt`: the route `plan` picks, chosen once. A route through the pivot is refused naming its two
+    hops (run them one after the other), and so is a bundle asked by a prefix on each text (a
+    multi-target Marian's `>>tgt<<`), which such a job does not add."""
+    route = plan(catalog, src, tgt, None, pivot)
+    if len(route.hops) > 1:
+        first, second = route.hops
+        raise RouteError(f"no bundle translates {{src_lang}} {src!r} to {{tgt_lang}} {tgt!r} in one hop; the route "
+                         f"is {route}, and a corpus runs one bundle: translate to {first.tgt!r} first ({first.model}), "
+                         f"then that output to {tgt!r} ({second.model})").naming("src_lang", "tgt_lang")
+    one = route.hops[0]
+    if one.asked.prefix:
+        raise RouteError(f"{{src_lang}} {src!r} to {{tgt_lang}} {tgt!r}: {one.model} is asked by a "
+                         f"{one.asked.prefix.strip()!r} prefix on each source, which a corpus does not add: put it "
+                         f"at the start of each input line and give the bundle {one.model} itself"
+                         ).naming("src_lang", "tgt_lang")
+    return one
