@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xform.errors import InputError
 from xform.runtime.fleet.catalog import Catalog, Entry
 from xform.runtime.fleet.languages import FAIRSEQ, PREFIX, Ask, Languages
 from xform.runtime.fleet.pool import Pool
@@ -322,3 +323,18 @@ def test_serve_checks_the_fleet_flags_before_starting_anything(tmp_path):
     assert r.exit_code == 2 and "--status URL reads a running server" in r.output
     r = CliRunner().invoke(main, ["serve", "--status", "127.0.0.1:9"])
     assert r.exit_code == 1 and "--status 127.0.0.1:9: no server answers at http://127.0.0.1:9" in r.output, r.output
+
+
+def test_a_document_goes_to_its_bundle_whole():
+    """document_format is passed on: the bundle splits and rejoins the document; a route that asks
+    by a >>xx<< prefix and src_lang auto are refused, naming the input."""
+    r, sent = router()
+    fmt = np.array([[b"markdown"]], dtype=object)
+    got, route, _ = ask(r, ["# Hallo\n\nEin Satz. Noch einer."], "de", "fr", document_format=fmt)
+    assert route == "de>fr m2m" and sent[-1][1]["document_format"] == [[b"markdown"]]
+    assert sent[-1][1]["text"] == [[b"# Hallo\n\nEin Satz. Noch einer."]]
+    with pytest.raises(InputError, match="input 'document_format': en>fr en-multi asks its bundle for the target by "
+                                         "a prefix"):
+        ask(r, ["a cat. a dog."], "en", "fr", document_format=fmt)
+    with pytest.raises(InputError, match="input 'src_lang': auto identifies"):
+        ask(r, ["a cat."], "auto", "fr", document_format=fmt)

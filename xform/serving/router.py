@@ -227,7 +227,13 @@ class Router:
             raise InputError("input 'text': missing; the texts to translate, one a row")
         texts = np.asarray(given["text"], dtype=object).reshape(-1, 1)
         src, tgt, model = (one_string(n, given.get(n)) for n in ("src_lang", "tgt_lang", "model"))
+        if given.get("document_format") is not None and src == "auto":
+            raise InputError("input 'src_lang': auto identifies each paragraph's language inside one multilingual "
+                             "bundle; the router picks a bundle by the source language: give it")
         route = plan(self.catalog, src, tgt, model, self.pivot)
+        if given.get("document_format") is not None and any(h.asked.prefix for h in route.hops):
+            raise InputError(f"input 'document_format': {route} asks its bundle for the target by a prefix on each "
+                             "source (Marian's >>xx<<), which a document's sentences cannot carry: send sentences")
         passed = {k: v for k, v in given.items() if v is not None and k not in NOT_PASSED and k != "model"}
         outputs: dict[str, np.ndarray] = {}
         for i, hop in enumerate(route.hops):
