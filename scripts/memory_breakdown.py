@@ -5,13 +5,16 @@
 
 Each setting runs in a process of its own and translates the first --lines lines of FILE with
 `Translator.translate_lines` (what `xform run --input-file` and scripts/bench_files.py run, same
-token budget). It prints VmRSS (MiB) after each import, before and after each ONNX Runtime session
-opens (the graph named), after the tokenizer, then per batch: its rows and source length, RSS
-before it, after its encoder, and the process's high-water mark (VmHWM) once it is done, so the
-batch that set the peak is visible; at that batch, the runtime's own host buffers (the K/V cache's
-capacity, the cross K/V, the logits and candidate buffers: their allocated bytes, not all of them
-resident); glibc's heap figures (mallinfo2) at the end and the RSS after `malloc_trim(0)`, which
-is what the allocator held free but not returned. Settings change every session's options:
+token budget). It prints VmRSS (MiB) after each import, after each ONNX Runtime session opens (the
+graph named; while its prepacking holds the mapped tables, and once they are paged out again),
+after the tokenizer, then per batch: its rows and source length, RSS before it, after its encoder,
+at its end, and the process's high-water mark (VmHWM) once it is done, so the batch that set the
+peak is visible, with the runtime's own host buffers (the K/V cache at its capacity, the cross
+K/V, the logits and candidate buffers: allocated, and resident by /proc/self/pagemap); at the
+batch with the highest RSS the owners of it, as far as they can be told apart; glibc's heaps over
+all its arenas (malloc_info) at the end and the RSS after `malloc_trim(0)`, which is what the
+allocator held free but not returned. The lines each setting translated are compared with the
+first setting's. Settings (one process each):
 
 - default: xform's own (every CPU session allocating from one arena for the process);
 - own-arenas: each session an arena of its own (ONNX Runtime's default; xform's before issue 44);
@@ -26,7 +29,8 @@ is what the allocator held free but not returned. Settings change every session'
   the largest block freed so far: every block from 1 MiB on is its own mapping, returned when freed;
 - malloc-arenas-1: one glibc arena for every thread (MALLOC_ARENA_MAX=1);
 - trim-per-batch: `malloc_trim(0)` before each batch's encoder (glibc gives back the free memory
-  it holds).
+  it holds);
+- capacity-16: the self-attention cache starts at 16 positions, not 32 (`xform.load(cache_capacity=16)`).
 """
 from __future__ import annotations
 
@@ -34,8 +38,10 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -45,31 +51,40 @@ SETTINGS = {"default": {}, "own-arenas": {"own": True}, "no-arena": {"arena": Fa
             "shrink-encoder": {"shrink": ("encoder",)},
             "shrink-all": {"shrink": ("encoder", "decoder", "decoder_beam")},
             "malloc-mmap-1m": {"env": {"MALLOC_MMAP_THRESHOLD_": "1048576"}},
-            "malloc-arenas-1": {"env": {"MALLOC_ARENA_MAX": "1"}}, "trim-per-batch": {"trim": True}}
-MALLINFO = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-            "keepcost")
-
-
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO]
+            "malloc-arenas-1": {"env": {"MALLOC_ARENA_MAX": "1"}}, "trim-per-batch": {"trim": True},
+            "capacity-16": {"capacity": 16}}
 
 
 def libc():
     try:
         lib = ctypes.CDLL("libc.so.6")
-        lib.mallinfo2.restype = Mallinfo2
-        return lib
-    except (OSError, AttributeError):
+        return lib if hasattr(lib, "malloc_info") else None
+    except OSError:
         return None
 
 
 def heap() -> dict:
-    """glibc's figures, MiB: the heap's bytes in use and free (held, not returned), mmapped blocks."""
+    """glibc's figures over all its arenas (malloc_info; mallinfo2 reports the main one only), MiB:
+    heap memory taken from the system, the free part of it (held, not returned), mmapped blocks."""
     lib = libc()
     if lib is None:
         return {}
-    m = lib.mallinfo2()
-    return {"heap_in_use": m.uordblks / 2**20, "heap_free": m.fordblks / 2**20, "mmapped": m.hblkhd / 2**20}
+    lib.fopen.restype, lib.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    lib.malloc_info.argtypes, lib.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+    fd, path = tempfile.mkstemp()
+    os.close(fd)
+    fp = lib.fopen(path.encode(), b"w")
+    lib.malloc_info(0, fp)
+    lib.fclose(fp)
+    with open(path) as f:
+        text = f.read().rsplit("</heap>", 1)[-1]  # the totals over every arena
+    os.unlink(path)
+
+    def total(kind: str) -> float:
+        m = re.search(rf'<(?:total|system) type="{kind}" (?:count="\d+" )?size="(\d+)"', text)
+        return int(m.group(1)) / 2**20 if m else 0.0
+
+    return {"heap_system": total("current"), "heap_free": total("fast") + total("rest"), "mmapped": total("mmap")}
 
 
 def resident_mib(arrays) -> float:
@@ -231,7 +246,7 @@ def child(args, setting: dict) -> dict:
     patch_sessions(points, setting, sessions)
     batches: list[dict] = []
     patch_batches(batches, setting.get("trim", False))
-    s = xform.load(args.bundle, backend="ort", threads=args.threads)
+    s = xform.load(args.bundle, backend="ort", threads=args.threads, cache_capacity=setting.get("capacity"))
     points.append(("xform.load done", rss_mib(), None))
     before = rss_mib()
     s.tokenizer.encode("warm the tokenizer up")
@@ -271,7 +286,7 @@ def report(name: str, r: dict) -> None:
               + " / ".join(f"{f[k]:.0f} ({res[k]:.0f})" for k in ("cache", "cross", "logits", "candidates")) + " |")
     breakdown(r, max(range(len(batches)), key=lambda i: batches[i]["end"]))
     e = r["end"]
-    print(f"\nAfter the file: RSS {e['rss']:.0f} MiB; glibc heap in use {e.get('heap_in_use', 0):.0f}, free but held "
+    print(f"\nAfter the file: RSS {e['rss']:.0f} MiB; glibc heaps {e.get('heap_system', 0):.0f}, of it free but held "
           f"{e.get('heap_free', 0):.0f}, mmapped blocks {e.get('mmapped', 0):.0f} MiB; RSS after malloc_trim(0) "
           f"{e.get('rss_after_malloc_trim', 0):.0f} MiB")
 
@@ -286,7 +301,7 @@ def breakdown(r: dict, i: int) -> None:
     parts += [(f"runtime host buffers: {k} (resident)", b["buffers"]["resident"][k])
               for k in ("cache", "cross", "logits", "candidates")]
     parts += [("the bundle's mapped files (resident pages)", b["files"]),
-              ("glibc: freed, held for reuse (mallinfo2 fordblks)", b.get("heap_free", 0.0))]
+              ("glibc: freed, held for reuse (every arena's free chunks)", b.get("heap_free", 0.0))]
     known = sum(mib for _, mib in parts)
     parts.append(("the rest: ONNX Runtime's arenas (activations), numpy temporaries, tokenizer", b["end"] - known))
     print(f"\nResident at the end of batch {i + 1} ({b['end']:.0f} MiB; glibc's free memory may be partly "
