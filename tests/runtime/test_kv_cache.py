@@ -119,3 +119,21 @@ def test_a_step_without_a_running_decode_says_so(demo_bundle):
     # the failed start left no decode behind (the last one's buffers are gone): refused by name
     with pytest.raises(XformError, match=r"step\(\): no decode is running"):
         backend.step(np.array([2]), 0)
+
+
+def test_every_cpu_session_allocates_from_the_one_arena_and_decodes_the_same(tiny_bundle):
+    """Every session the CPU backend opens (the encoder, the reorder graph, each decoder-step graph
+    at its first use) takes its tensors from the process's one CPU arena, not an arena of its own
+    (docs/design.md, "One CPU arena"); greedy and beam tokens stay the eager model's."""
+    model = make_model("seed-002")
+    src, lens = padded_batch(model.cfg, [13, 2, 9, 5], seed=3)
+    session = xform.load(tiny_bundle, backend="ort")
+    ref = greedy_decode(model, torch.from_numpy(src), torch.from_numpy(lens), 16).numpy()
+    np.testing.assert_array_equal(session.generate(src, max_new_tokens=16), ref)
+    beams = session.generate(src, max_new_tokens=16, num_beams=3)
+    torch_beams = xform.load(tiny_bundle, backend="torch").generate(src, max_new_tokens=16, num_beams=3)
+    np.testing.assert_array_equal(beams, torch_beams)
+    opened = session.backend.sessions
+    assert {"encoder", "reorder", "decoder"} <= set(opened), sorted(opened)
+    for graph, s in opened.items():
+        assert s.get_session_options().get_session_config_entry("session.use_env_allocators") == "1", graph

@@ -14,6 +14,8 @@ docs/benchmarks.md, "Where Marian-base fp32 memory goes"):
   to both sessions (`SessionOptions.add_initializer`), instead of each session paging in its own
   copy (the manifest's `shared_weights`, found at export).
 - The previous decode's buffers are released before the next encoder runs.
+- On the CPU every session allocates from one ONNX Runtime arena (ort_files.one_cpu_arena): the
+  decoder's steps reuse what the encoder's run grew, instead of each arena keeping its own peak.
 
 Everything runs through IO binding: the encoder's outputs stay OrtValues bound straight into the
 decoder; the ids, the logits and the new keys and values land in preallocated, bound buffers.
@@ -58,7 +60,14 @@ from xform.runtime.backends.cuda_graphs import (
     capture_wanted,
 )
 from xform.runtime.backends.ort_beams import BeamOps
-from xform.runtime.backends.ort_files import bind_host, import_onnxruntime, providers_for, session, shared_weights
+from xform.runtime.backends.ort_files import (
+    bind_host,
+    import_onnxruntime,
+    one_cpu_arena,
+    providers_for,
+    session,
+    shared_weights,
+)
 from xform.runtime.backends.ort_restriction import Restriction
 from xform.runtime.backends.step_inputs import StepInputs
 from xform.runtime.bundle import Bundle
@@ -175,6 +184,8 @@ class OrtBackend(Restriction, BeamOps):
         for w in self.shared:
             if graph in w.graphs:
                 opts.add_initializer(w.graphs[graph], w.value)
+        if self.ort_device == "cpu":
+            one_cpu_arena(ort, opts)
         captured = self.capture and graph == DECODER  # DECODER_BEAM's TopK reads k on the CPU: refused
         return session(ort, self.bundle.graph_file(graph), opts,
                        capture_providers(self.tf32) if captured else self.providers)
