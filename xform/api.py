@@ -60,7 +60,8 @@ class Translator(TextTranslator):
     (runtime/fleet/local.py): `translate_batch(texts, src_lang=, tgt_lang=)` routed by language
     to bundles loaded on demand, at most `max_loaded` of them and `memory_budget` bytes,
     `pinned` ones never unloaded, through `pivot` where no bundle translates a pair; waiting at
-    most `load_timeout` seconds for room. docs/python.md lists where the arguments differ."""
+    most `load_timeout` seconds for room; a bundle unused for `idle_unload` seconds is closed.
+    docs/python.md lists where the arguments differ."""
 
     def __new__(cls, model_path: Any = None, *args: Any, **kwargs: Any) -> Any:  # None: copy / pickle
         if isinstance(model_path, (list, tuple)) or (isinstance(model_path, (str, Path))
@@ -72,12 +73,12 @@ class Translator(TextTranslator):
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
                  backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None, *,
                  max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
-                 pivot: str | None = "en", load_timeout: float = 60.0):
+                 pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None):
         from xform.runtime.bundle import Bundle
         one_process(device_index, inter_threads)
         given = [k for k, v in (("max_loaded", max_loaded), ("memory_budget", memory_budget),
                                 ("pinned", tuple(pinned) or None), ("load_timeout", load_timeout != 60.0 or None),
-                                ("pivot", pivot != "en" or None)) if v is not None]
+                                ("pivot", pivot != "en" or None), ("idle_unload", idle_unload)) if v is not None]
         if given:
             raise XformError(f"{', '.join(given)}: for a directory of bundles; {model_path} is one bundle")
         bundle = Bundle.open(model_path)  # its precision is refused before any graph loads
@@ -103,7 +104,7 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
           compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0, backend: str = "ort",
           allow_tf32: bool = False, cuda_graph: bool | None = None, *, max_loaded: int | None = None,
           memory_budget: int | str | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
-          load_timeout: float = 60.0) -> FleetTranslator:
+          load_timeout: float = 60.0, idle_unload: float | None = None) -> FleetTranslator:
     """`Translator(DIR)`: a FleetTranslator whose bundles open with the Translator's settings."""
     one_process(device_index, inter_threads)
     if compute_type not in ("default", "auto"):
@@ -113,7 +114,7 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
     def opener(path: Path) -> TextTranslator:
         return TextTranslator(open_session(path, backend, device, intra_threads or None, torch_factory=torch_backend,
                                            allow_tf32=allow_tf32, cuda_graph=cuda_graph))
-    return FleetTranslator(bundles, opener, max_loaded, memory_budget, pinned, pivot, load_timeout)
+    return FleetTranslator(bundles, opener, max_loaded, memory_budget, pinned, pivot, load_timeout, idle_unload)
 
 
 def _ct2_name(precision: str) -> str:

@@ -3,6 +3,7 @@ max_loaded, a memory budget, pinned names, a leased name never evicted, a waiter
 load for many concurrent first leases, a failed load failing that name's leases only and retried.
 No sleeps: threads meet at Events and the pool's own Condition."""
 import threading
+import time
 
 import pytest
 
@@ -313,3 +314,40 @@ def test_while_preloading_only_the_pinned_names_go_unestimated():
     assert pool.estimate("q") == 0 and pool.estimate("a") == 40
     pool.preloading = False
     assert pool.estimate("q") == 40
+
+
+def test_names_idle_for_idle_unload_seconds_are_unloaded():
+    """reap() unloads what no lease has held for idle_unload seconds by the pool's clock: not a
+    name still leased, not one released since, not a pinned one; the next lease loads it again."""
+    now = [0.0]
+    loader = Loader()
+    pool = Pool(loader, pinned=["p"], clock=lambda: now[0], idle_unload=10)
+    try:
+        use(pool, "p", "a", "b")
+        now[0] = 5.0
+        use(pool, "b")  # b's idle time starts again
+        with pool.lease("c"):
+            now[0] = 10.0
+            assert pool.reap() == ["a"]  # a idle 10 s; b 5 s; c leased; p pinned
+            now[0] = 30.0
+            assert pool.reap() == ["b"]
+        assert pool.stats().loaded == ["p", "c"] and pool.stats().idle_unloads == {"a": 1, "b": 1}
+        use(pool, "a")
+        assert loader.log[-3:] == [("unload", "a"), ("unload", "b"), ("load", "a")]
+        assert pool.stats().evictions == {}  # idle unloads are not evictions
+    finally:
+        pool.close()
+
+
+def test_the_pools_thread_unloads_idle_names_and_stops_with_it():
+    loader = Loader()
+    pool = Pool(loader, idle_unload=0.2)
+    use(pool, "a")
+    deadline = time.monotonic() + 10
+    while pool.stats().loaded and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.stats().loaded == [] and loader.log == [("load", "a"), ("unload", "a")]
+    pool.close()
+    assert pool.reaper is not None and not pool.reaper.is_alive()
+    with pytest.raises(InputError, match="idle_unload 0: seconds, more than 0"):
+        Pool(loader, idle_unload=0)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,21 @@ def test_loads_and_evictions_follow_least_recently_used(bundles):
     assert all(isinstance(c, int) and c >= 0 for c in s.costs.values())  # measured at each load (below)
     fleet.close()
     assert fleet.stats().loaded == []
+
+
+def test_an_idle_bundle_is_closed_after_idle_unload_seconds(bundles):
+    fleet = xform.Translator(bundles, idle_unload=0.3)
+    try:
+        fleet.translate_batch(["7"], src_lang="num", tgt_lang="en", max_decoding_length=2)
+        deadline = time.monotonic() + 20
+        while fleet.stats().loaded and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.stats().loaded == [] and fleet.stats().idle_unloads == {"numbers": 1}
+        assert fleet.translate_batch(["7"], src_lang="num", tgt_lang="en", max_decoding_length=2)  # loaded again
+    finally:
+        fleet.close()
+    with pytest.raises(XformError, match="idle_unload: for a directory of bundles"):
+        xform.Translator(bundles / "numbers", idle_unload=5)
 
 
 def test_model_and_errors(bundles, alone):

@@ -309,6 +309,31 @@ def bundle_memory(served: ServedFleet) -> int:
     return sum(residency.memory_bytes(p) for p in served.stubs() if residency.stub_model(p) not in (ROUTER, None))
 
 
+def test_an_idle_bundle_is_unloaded_and_loads_again(bundles, tmp_path, alone):
+    """--idle-unload 1: a bundle no request used for a second is unloaded (Triton's index, the
+    status); the server lives on (its stub leaving is no death) and the next request loads it again."""
+    served = ServedFleet(tmp_path, "--models", str(bundles), "--idle-unload", "1", "--grace", "10")
+    try:
+        served.wait_ready()
+        server = TritonServer(tmp_path, [], "127.0.0.1", *served.ports)
+        src, tgt, texts, name, languages = PAIRS[0]
+        assert translate(server, texts, src, tgt)[0] == 200
+        deadline = time.monotonic() + 30
+        while stream_model(name) in ready(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stream_model(name) not in ready(server)
+        data = fetch(served.url)
+        b = {x["name"]: x for x in data["bundles"]}
+        assert b[name]["idle_unloads"] == 1 and not b[name]["loaded"] and data["settings"]["idle_unload"] == 1
+        status, got = translate(server, texts, src, tgt)
+        assert status == 200 and got["translation"] == alone[name].translate(texts, SHORT, **languages), got
+        assert served.proc.poll() is None
+    finally:
+        served.proc.send_signal(signal.SIGTERM)
+        served.finish()
+    served.assert_nothing_left()
+
+
 def test_serve_models_keeps_within_its_memory_budget_and_its_preloaded_bundle(bundles, tmp_path, alone):
     """--memory-budget 150MB --preload numbers: numbers loads at start and is never evicted; the
     others (about 40-60 MiB each, measured at their loads) come and go; after every request the

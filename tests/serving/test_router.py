@@ -257,12 +257,12 @@ def test_a_status_request_answers_the_routers_state():
     assert list(out) == ["status"]
     data = json.loads(out["status"][0, 0])
     assert data["settings"] == {"max_loaded": 2, "memory_budget": 100, "preload": ["numbers"], "load_timeout": 60.0,
-                                "pivot": "en"}
+                                "pivot": "en", "idle_unload": None}
     assert data["loaded"] == ["numbers", "en-multi"] and data["resident_bytes"] == 2 and data["loading"] is None
     b = {x["name"]: x for x in data["bundles"]}
     assert b["numbers"] == {"name": "numbers", "languages": "num>en", "loaded": True, "preloaded": True,
                             "loading": False, "bytes": 7 << 20, "bytes_at_load": 1, "in_flight": 0, "requests": 1,
-                            "loads": 1, "evictions": 0, "failures": 0, "mean_load_seconds": 1.0,
+                            "loads": 1, "evictions": 0, "failures": 0, "idle_unloads": 0, "mean_load_seconds": 1.0,
                             "last_load_seconds": 1.0}
     assert b["en-multi"]["loads"] == 2 and b["en-multi"]["evictions"] == 1 and b["en-multi"]["requests"] == 2
     assert b["m2m"]["loaded"] is False and b["m2m"]["bytes"] is None and b["m2m"]["bytes_at_load"] == 1

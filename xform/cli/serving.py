@@ -101,6 +101,9 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Many bundles: seconds a request waits for room to load its bundle before it is answered "
                    "unavailable (503). [default: 60]")
+@click.option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Many bundles: unload a bundle no request has used for this many seconds (not a --preload "
+                   "one), giving its memory back before a newcomer needs the room. [default: never]")
 @click.option("--pivot", default=None,
               help="Many bundles: the language two hops go through where no bundle translates a pair; 'none': "
                    "no pivot. [default: en]")
@@ -120,9 +123,9 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @triton_model_options
 @handle_errors
 def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, memory_budget: str | None,
-          preload: tuple[str, ...], status_url: str | None, load_timeout: float | None, pivot: str | None,
-          prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int, metrics_port: int,
-          grace: float, **options) -> None:
+          preload: tuple[str, ...], status_url: str | None, load_timeout: float | None, idle_unload: float | None,
+          pivot: str | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
+          metrics_port: int, grace: float, **options) -> None:
     """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
 
     Several bundles, or --models DIR: each a Triton model loaded at its first request, and the model
@@ -142,6 +145,7 @@ def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | 
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
     fleet = {"max_loaded": max_loaded, "load_timeout": load_timeout, "pivot": pivot, "memory_budget": memory_budget,
+             "idle_unload": idle_unload,
              "preload": [n for given in preload for n in given.split(",") if n] or None}
     if prepare:
         if bundles or models_dir is not None:
@@ -246,7 +250,8 @@ def router_settings(fleet: dict, catalog=None):
                          f"{fleet['max_loaded']} (preloaded bundles are never unloaded)")
     return Settings(max_loaded=fleet.get("max_loaded"), memory_budget=budget, preload=tuple(sorted(set(preload))),
                     load_timeout=60.0 if fleet.get("load_timeout") is None else fleet["load_timeout"],
-                    pivot="en" if pivot is None else (None if pivot.lower() == "none" else pivot))
+                    pivot="en" if pivot is None else (None if pivot.lower() == "none" else pivot),
+                    idle_unload=fleet.get("idle_unload"))
 
 
 def await_preload(server, settings, stopper) -> None:

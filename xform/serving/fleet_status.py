@@ -29,12 +29,12 @@ def state(catalog: Catalog, pool: Pool, settings: Any, resident: Callable[[str],
             "bytes": (resident(name) if resident else s.costs[name]) if loaded else None,
             "bytes_at_load": s.measured.get(name), "in_flight": s.leases.get(name, 0),
             "requests": s.requests.get(name, 0), "loads": loads, "evictions": s.evictions.get(name, 0),
-            "failures": s.failures.get(name, 0),
+            "failures": s.failures.get(name, 0), "idle_unloads": s.idle_unloads.get(name, 0),
             "mean_load_seconds": s.load_seconds[name] / loads if loads else None,
             "last_load_seconds": s.last_load_seconds.get(name)})
     return {"settings": {"max_loaded": settings.max_loaded, "memory_budget": settings.memory_budget,
                          "preload": list(settings.preload), "load_timeout": settings.load_timeout,
-                         "pivot": settings.pivot},
+                         "pivot": settings.pivot, "idle_unload": settings.idle_unload},
             "loaded": s.loaded, "loading": s.loading, "resident_bytes": sum(s.costs.values()), "bundles": bundles}
 
 

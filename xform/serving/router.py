@@ -105,7 +105,8 @@ def languages_from(data: dict[str, Any]) -> Languages:
 class Settings:
     """The router's: `max_loaded` bundles at once and `memory_budget` bytes of their stubs (None: no
     bound), `preload`: bundles loaded at start and never unloaded, `load_timeout` seconds a request
-    waits for room, the `pivot` language (None: none), `threads` answering requests."""
+    waits for room, the `pivot` language (None: none), `threads` answering requests, `idle_unload`
+    seconds after which a bundle no request used is unloaded (None: never)."""
     max_loaded: int | None = None
     memory_budget: int | None = None
     preload: tuple[str, ...] = ()
@@ -113,6 +114,7 @@ class Settings:
     pivot: str | None = "en"
     threads: int = 64
     unload_timeout: float = 60.0  # how long an unload waits for its stubs to exit
+    idle_unload: float | None = None
 
 
 def write_catalog(path: Path, catalog: Catalog, engines: dict[str, str], settings: Settings) -> None:

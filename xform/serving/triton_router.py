@@ -107,7 +107,8 @@ class TritonPythonModel:
                             residency.wait_gone, settings.unload_timeout, self.metrics.observe,
                             check=lambda name: verify(catalog[name].path),
                             ready=lambda m: pb_utils.is_model_ready(model_name=m))
-        pool = Pool(loader, settings.max_loaded, settings.memory_budget, settings.preload, settings.load_timeout)
+        pool = Pool(loader, settings.max_loaded, settings.memory_budget, settings.preload, settings.load_timeout,
+                    idle_unload=settings.idle_unload)
 
         def resident(name):
             return sum(residency.memory_bytes(p) for p in stubs(engines[name]))

@@ -82,11 +82,11 @@ class FleetTranslator:
     `max_loaded` bundles and `memory_budget` (bytes, or a size: "2GiB", "500MB"; pool.py's rules);
     `pinned` bundles are opened now and never unloaded (together within the budget, else
     refused); `pivot`: the language two hops go through where no bundle translates a pair (None:
-    none)."""
+    none); `idle_unload`: seconds after which a bundle nothing has used is closed (None: never)."""
 
     def __init__(self, bundles: str | Path | Sequence[str | Path], opener: Callable[[Path], Translator],
                  max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
-                 pivot: str | None = "en", load_timeout: float = 60.0):
+                 pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None):
         self.catalog = Catalog.scan(bundles)
         unknown = [n for n in pinned if n not in self.catalog]
         if unknown:
@@ -97,7 +97,7 @@ class FleetTranslator:
                              ).naming("memory_budget", "max_loaded")
         self.pivot = pivot
         self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, parse_size(memory_budget), pinned,
-                         load_timeout)
+                         load_timeout, idle_unload=idle_unload)
         self.pool.preload()
 
     def route(self, src_lang: str | None, tgt_lang: str | None, model: str | None = None) -> Route:

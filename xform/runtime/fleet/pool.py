@@ -22,6 +22,9 @@ The rules:
   name's load in progress.
 - A failed load fails the leases waiting for it, with the loader's reason (LoadFailed), and
   nothing else; the next lease of that name tries again.
+- With `idle_unload` seconds, a name no lease has held for that long (not pinned) is unloaded by
+  a thread of the pool's (`reap`), so an idle pair gives its memory back without a newcomer
+  needing the room; the next lease loads it again.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from xform.errors import InputError, XformError
@@ -78,6 +81,7 @@ class Slot:
     thing: Any
     cost: int
     leases: int = 0
+    idle_since: float = 0.0  # when its last lease ended (the clock's time)
 
 
 @dataclass
@@ -104,15 +108,17 @@ class PoolStats:
     load_seconds: dict[str, float]
     last_load_seconds: dict[str, float]
     measured: dict[str, int]
+    idle_unloads: dict[str, int] = field(default_factory=dict)
 
 
 class Pool:
     """Names loaded on demand within `max_loaded` names and `budget_bytes` (None: no bound);
-    `pinned` names are never evicted (the module's rules)."""
+    `pinned` names are never evicted; `idle_unload` seconds: a name unused that long is unloaded
+    (None: kept until its room is needed) (the module's rules)."""
 
     def __init__(self, loader: Loader, max_loaded: int | None = None, budget_bytes: int | None = None,
                  pinned: Iterable[str] = (), load_timeout: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, idle_unload: float | None = None):
         self.pinned = frozenset(pinned)
         if max_loaded is not None and max_loaded < 1:
             raise InputError(f"{{max_loaded}} {max_loaded}: at least 1 (None: no bound)").naming("max_loaded")
@@ -124,6 +130,8 @@ class Pool:
                              "never evicted, so they must fit").naming("max_loaded")
         if load_timeout <= 0:
             raise InputError(f"{{load_timeout}} {load_timeout}: seconds, more than 0").naming("load_timeout")
+        if idle_unload is not None and idle_unload <= 0:
+            raise InputError(f"{{idle_unload}} {idle_unload}: seconds, more than 0 (None: never)").naming("idle_unload")
         self.loader, self.max_loaded, self.budget, self.load_timeout = loader, max_loaded, budget_bytes, load_timeout
         self.clock = clock
         self.cond = threading.Condition()
@@ -137,6 +145,13 @@ class Pool:
         self.load_seconds: dict[str, float] = {}
         self.last_load_seconds: dict[str, float] = {}
         self.preloading = False
+        self.idle_unload, self.idle_unloads = idle_unload, Counter[str]()
+        self.stopped = threading.Event()
+        self.reaper: threading.Thread | None = None
+        if idle_unload is not None:
+            self.reaper = threading.Thread(target=self.reap_every, args=(max(0.05, min(idle_unload / 4, 5.0)),),
+                                           name="xform-pool-reaper", daemon=True)
+            self.reaper.start()
 
     @contextmanager
     def lease(self, name: str) -> Iterator[Any]:
@@ -175,8 +190,32 @@ class Pool:
 
     def release(self, name: str) -> None:
         with self.cond:
-            self.slots[name].leases -= 1
+            slot = self.slots[name]
+            slot.leases -= 1
+            if slot.leases == 0:
+                slot.idle_since = self.clock()
             self.cond.notify_all()
+
+    def reap(self) -> list[str]:
+        """Unload the names idle for `idle_unload` seconds or more (not pinned, no lease held, not
+        loading); the names unloaded."""
+        if self.idle_unload is None:
+            return []
+        with self.cond:
+            now = self.clock()
+            idle = [n for n, s in self.slots.items() if s.leases == 0 and n not in self.pinned
+                    and now - s.idle_since >= self.idle_unload]
+            gone = [(n, self.slots.pop(n)) for n in idle]
+            self.idle_unloads.update(idle)
+        for name, slot in gone:
+            self.unload(name, slot)
+        if gone:
+            log.info("unloaded %s: idle %.0f s or more", ", ".join(idle), self.idle_unload)
+        return idle
+
+    def reap_every(self, interval: float) -> None:
+        while not self.stopped.wait(interval):
+            self.reap()
 
     def preload(self) -> None:
         """Load the pinned names now (else at their first lease), each measured as it comes; when
@@ -206,10 +245,13 @@ class Pool:
                              {n: s.leases for n, s in self.slots.items()}, dict(self.loads), dict(self.evictions),
                              dict(self.failures), self.loading.name if self.loading else None,
                              dict(self.requests), dict(self.load_seconds), dict(self.last_load_seconds),
-                             dict(self.costs))
+                             dict(self.costs), dict(self.idle_unloads))
 
     def close(self) -> None:
-        """Unload every name with no lease held."""
+        """Stop the idle reaper; unload every name with no lease held."""
+        self.stopped.set()
+        if self.reaper is not None and self.reaper is not threading.current_thread():
+            self.reaper.join(10)
         with self.cond:
             idle = [(n, self.slots.pop(n)) for n, s in list(self.slots.items()) if s.leases == 0]
         for name, slot in idle:
