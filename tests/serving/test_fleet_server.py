@@ -19,7 +19,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -258,26 +257,11 @@ def test_a_bundle_corrupted_after_the_scan_fails_its_pair_only(fleet, alone):
 class ServedFleet(Served):
     """`xform serve --models DIR ...` in a process of its own (python -m xform from this checkout's
     root, so that it and Triton's stubs, which start in its directory, import this checkout's xform)."""
+    ready = f"through model {ROUTER}"
 
     def __init__(self, tmp: Path, *args: str):
-        self.ports = free_ports(3)
-        self.tmp = tmp / "tmp"
-        self.tmp.mkdir(parents=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "xform", "serve", *args, "--http-port", str(self.ports[0]), "--grpc-port",
-             str(self.ports[1]), "--metrics-port", str(self.ports[2])], cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": str(self.tmp)})
-        self.t0 = time.monotonic()
+        self.start([sys.executable, "-m", "xform", "serve", *args], tmp, cwd=ROOT)
         self.url = f"http://127.0.0.1:{self.ports[0]}"
-
-    def wait_ready(self, timeout: float = 120) -> list[str]:
-        lines = []
-        for line in self.proc.stdout:
-            lines.append(line)
-            if "metrics" in line or time.monotonic() - self.t0 > timeout:
-                break
-        assert any(f"through model {ROUTER}" in x for x in lines), lines
-        return lines
 
 
 def test_serve_models_survives_evictions_and_sigterm_during_a_load_leaves_nothing(bundles, tmp_path):

@@ -23,15 +23,20 @@ XFORM = str(Path(sys.executable).parent / "xform")
 
 class Served:
     """`xform serve BUNDLE` in a process of its own, its temporary files under `tmp`."""
+    ready = "serving model"  # a line of its output once it serves
 
     def __init__(self, bundle, tmp: Path, *flags: str):
+        self.start([XFORM, "serve", str(bundle), *flags], tmp)
+
+    def start(self, command: list[str], tmp: Path, cwd: Path | None = None) -> None:
+        """Run `command` on three free ports, its TMPDIR under `tmp`."""
         self.ports = free_ports(3)
         self.tmp = tmp / "tmp"
         self.tmp.mkdir(parents=True)
         self.proc = subprocess.Popen(
-            [XFORM, "serve", str(bundle), "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
-             "--metrics-port", str(self.ports[2]), *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": str(self.tmp)})
+            [*command, "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port",
+             str(self.ports[2])], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TMPDIR": str(self.tmp)})
         self.t0 = time.monotonic()
 
     def wait_ready(self, timeout: float = 120) -> list[str]:
@@ -40,7 +45,7 @@ class Served:
             lines.append(line)
             if "metrics" in line or time.monotonic() - self.t0 > timeout:
                 break
-        assert any("serving model" in x for x in lines), lines
+        assert any(self.ready in x for x in lines), lines
         return lines
 
     def triton_pids(self) -> list[int]:
