@@ -15,7 +15,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from xform.errors import InputError
 
@@ -105,15 +105,18 @@ class TranslationMemory:
     def lookup(self, context: str, sources: Iterable[str]) -> dict[str, str]:
         """The translations the memory holds for `sources` in `context`; counts hits and misses."""
         sources = list(dict.fromkeys(sources))
-        found: dict[str, str] = {}
-        for i in range(0, len(sources), 500):  # SQLite's bound-variable limit
-            chunk = sources[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT source, target FROM entries WHERE context = ? AND source IN ({marks})"
-            found.update(self.db.execute(query, (context, *chunk)))
+        found = dict(self.select("target", "", context, sources))
         self.counts.hits += len(found)
         self.counts.misses += len(sources) - len(found)
         return found
+
+    def select(self, column: str, where: str, context: str, sources: list[str]) -> Iterator[tuple[str, Any]]:
+        """(source, `column`) of the entries of `context` among `sources` (and `where`), queried 500
+        sources at a time (SQLite's bound-variable limit)."""
+        for i in range(0, len(sources), 500):
+            chunk = sources[i:i + 500]
+            yield from self.db.execute(f"SELECT source, {column} FROM entries WHERE context = ? {where}AND source "
+                                       f"IN ({','.join('?' * len(chunk))})", (context, *chunk))
 
     def store(self, context: str, translated: Mapping[str, str],
               alignments: Mapping[str, list | None] | None = None) -> None:
@@ -134,14 +137,8 @@ class TranslationMemory:
 
     def alignments(self, context: str, sources: Iterable[str]) -> dict[str, list]:
         """The word alignments the memory holds for `sources` in `context` (those stored with one)."""
-        sources = list(dict.fromkeys(sources))
-        found: dict[str, list] = {}
-        for i in range(0, len(sources), 500):
-            chunk = sources[i:i + 500]
-            query = (f"SELECT source, alignment FROM entries WHERE context = ? AND alignment IS NOT NULL "
-                     f"AND source IN ({','.join('?' * len(chunk))})")
-            found.update((s, json.loads(a)) for s, a in self.db.execute(query, (context, *chunk)))
-        return found
+        return {s: json.loads(a) for s, a in self.select("alignment", "AND alignment IS NOT NULL ", context,
+                                                         list(dict.fromkeys(sources)))}
 
     def __len__(self) -> int:
         return self.db.execute("SELECT count(*) FROM entries").fetchone()[0]
