@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from xform.errors import InputError, message
+from xform.files import sha256_file
+from xform.manifest import MANIFEST
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.documents.alignment import Alignment, can_align, decode_aligned
@@ -278,18 +281,12 @@ class DocumentTranslator:
         return self.context[language]
 
     def settings(self, language: str | None) -> dict[str, Any]:
+        """What makes a translation what it is, as the corpus's record counts it: the sha256 of the
+        bundle's manifest (which holds every file's) and of the vocabulary map's file, the
+        decoding and the text options."""
         bundle = self.lines.session.bundle
         vocab_map = self.options.vocab_map
-        return {"manifest": manifest_hash(bundle.path) if bundle is not None else None,
+        return {"manifest": sha256_file(Path(bundle.path) / MANIFEST) if bundle is not None else None,
                 "generation": self.gen.to_dict(), "src_lang": language, "tgt_lang": self.options.tgt_lang,
                 "truncate": self.options.truncate, "replace_unknowns": self.options.replace_unknowns,
-                "vocab_map": None if vocab_map is None else str(getattr(vocab_map, "source", vocab_map))}
-
-
-def manifest_hash(path) -> str:
-    """The sha256 of a bundle's manifest, which holds every other file's."""
-    import hashlib
-    from pathlib import Path
-
-    from xform.manifest import MANIFEST
-    return hashlib.sha256((Path(path) / MANIFEST).read_bytes()).hexdigest()
+                "vocab_map": None if vocab_map is None else sha256_file(getattr(vocab_map, "source", vocab_map))}
