@@ -43,8 +43,13 @@ def check_document_flags(input_file: Path | None, texts: tuple, refused: dict[st
     """--documents' usage errors: its inputs, and the line flags that have no meaning for a document."""
     if not (texts or input_file):
         raise click.UsageError("--documents translates --text / --input-file: give one")
-    for name, given in refused.items():
-        if given:
+    refuse_line_flags(refused)
+
+
+def refuse_line_flags(given: dict[str, bool]) -> None:
+    """A usage error naming the first line flag given: it has no meaning for a document."""
+    for name, on in given.items():
+        if on:
             raise click.UsageError(f"{name} goes with lines, not --documents (a document's translation is one text)")
 
 
@@ -143,9 +148,7 @@ def corpus_documents(documents: bool, markup: str | None, memory: Path | None, s
 
     if not wants_documents(documents, markup, memory, skip_target_language):
         return None
-    for name, given in {"--scores / --token-scores": scores, "--prefix-column": prefix_column}.items():
-        if given:
-            raise click.UsageError(f"{name} goes with lines, not --documents (a document's translation is one text)")
+    refuse_line_flags({"--scores / --token-scores": scores, "--prefix-column": prefix_column})
     if memory is not None:
         try:
             TranslationMemory(memory, force=force).close()
