@@ -219,8 +219,7 @@ class TritonPythonModel:
         from xform.serving.handler import document_outcome
 
         result = document_outcome(ScheduledSession(self.session, self.scheduler), job)
-        final = reply.error(result, "server" if type(result).__name__ == "ServerFault" else "request") if (
-            isinstance(result, str)) else response(result)
+        final = reply.error(result) if isinstance(result, str) else response(result)  # a ServerFault: a 500
         self.outbox.put((reply, lambda: reply.sender.send(final, flags=FINAL)))
 
     def finish(self, future, job, reply):
