@@ -149,3 +149,31 @@ def test_a_manifest_keeps_its_languages(demo_bundle):
     assert "languages" not in data and Manifest.from_json(data, "m").languages is None
     m = Manifest.from_json({**data, "languages": [["num", "en"], ["num", "en"]]}, "m")
     assert m.languages == (("num", "en"),) and m.to_json()["languages"] == [["num", "en"]]
+
+
+def test_a_rescan_says_what_was_added_removed_changed_and_refused(bundle, tmp_path):
+    import shutil
+
+    from xform.runtime.fleet.catalog import Catalog
+    for name in ("opus-mt-en-de", "opus-mt-en-fr", "opus-mt-de-en"):
+        bundle(name)
+    before = Catalog.scan(tmp_path)
+    same, nothing = before.rescan(tmp_path)
+    assert nothing.said() == "no change" and [e for e in same] == [e for e in before]
+    bundle("opus-mt-fr-de")
+    shutil.rmtree(tmp_path / "opus-mt-en-fr")
+    manifest = json.loads((tmp_path / "opus-mt-en-de" / "manifest.json").read_text())
+    manifest["languages"] = [["en", "es"]]  # re-exported: other languages, another manifest
+    (tmp_path / "opus-mt-en-de" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "opus-mt-de-en" / "manifest.json").write_text("{ damaged")
+    after, changes = before.rescan(tmp_path)
+    assert changes.added == ["opus-mt-fr-de"] and changes.removed == ["opus-mt-en-fr"]
+    assert changes.changed == ["opus-mt-en-de"] and list(changes.refused) == ["opus-mt-de-en"]
+    assert after["opus-mt-en-de"].languages.pairs == (("en", "es"),)
+    assert after["opus-mt-de-en"] == before["opus-mt-de-en"]  # kept as it was read: its loads will say why
+    assert changes.said().startswith("added opus-mt-fr-de; removed opus-mt-en-fr; changed opus-mt-en-de; "
+                                     "refused opus-mt-de-en (")
+    bundle("late")
+    (tmp_path / "late" / "manifest.json").write_text("[]")
+    newest, more = after.rescan(tmp_path)
+    assert "late" not in newest and list(more.refused) == ["late", "opus-mt-de-en"] and not more.added

@@ -351,3 +351,38 @@ def test_the_pools_thread_unloads_idle_names_and_stops_with_it():
     assert pool.reaper is not None and not pool.reaper.is_alive()
     with pytest.raises(InputError, match="idle_unload 0: seconds, more than 0"):
         Pool(loader, idle_unload=0)
+
+
+def test_retire_unloads_an_idle_name_at_once_and_a_leased_one_at_its_last_release():
+    loader = Loader()
+    pool = Pool(loader, max_loaded=3, pinned=["p"])
+    pool.preload()
+    use(pool, "a", "b")
+    pool.acquire("b")
+    assert pool.retire(["a", "b", "p", "never"], unpin=True) == ["a", "p"]  # b is leased: later
+    s = pool.stats()
+    assert s.loaded == ["b"] and "p" not in pool.pinned and "a" not in s.measured
+    assert ("unload", "b") not in loader.log
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(use(pool, "b")))
+    waiter.start()  # waits for b's unload, then loads it anew
+    time.sleep(0.05)
+    assert loader.log.count(("load", "b")) == 1 and not got
+    pool.release("b")
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [None]
+    assert loader.log[-2:] == [("unload", "b"), ("load", "b")] and pool.stats().loaded == ["b"]
+    assert pool.retiring == set()
+
+
+def test_a_retired_name_evicted_before_its_unload_loads_fresh_and_is_not_held_back():
+    pool = Pool(Loader(), max_loaded=1)
+    use(pool, "a")
+    held = pool.acquire("a")
+    pool.retire(["a"])
+    pool.release("a")  # its unload runs in a thread; wait for it
+    deadline = time.monotonic() + 10
+    while pool.stats().loaded and time.monotonic() < deadline:
+        time.sleep(0.01)
+    use(pool, "b", "a")  # a evicts b, and a's new load is a plain one
+    assert pool.stats().loaded == ["a"] and pool.retiring == set() and held == ("loaded", "a")

@@ -108,6 +108,34 @@ def test_an_idle_bundle_is_closed_after_idle_unload_seconds(bundles):
         xform.Translator(bundles / "numbers", idle_unload=5)
 
 
+def test_rescan_routes_new_bundles_and_closes_removed_and_changed_ones(bundles, alone, tmp_path):
+    """A copy of two bundles: en-de added to it and numbers removed after the first use; then
+    en-de re-exported (its manifest changed): closed, and opened anew at its next use."""
+    where = tmp_path / "dir"
+    for name in ("numbers", "m2m"):
+        shutil.copytree(bundles / name, where / name)
+    fleet = xform.Translator(where)
+    try:
+        fleet.translate_batch(["7"], src_lang="num", tgt_lang="en", max_decoding_length=2)
+        assert fleet.route("en", "de").hops[0].model == "m2m"  # until a pair bundle comes
+        shutil.copytree(bundles / "en-de", where / "en-de")
+        shutil.rmtree(where / "numbers")
+        changes = fleet.rescan()
+        assert (changes.added, changes.removed, changes.changed) == (["en-de"], ["numbers"], [])
+        assert fleet.stats().loaded == [] and fleet.stats().loads == {"numbers": 1}  # closed: unused
+        got = fleet.translate_batch(WORDS, src_lang="en", tgt_lang="de", **SHORT)
+        assert hypotheses(got) == hypotheses(alone["en-de"].translate_batch(WORDS, **SHORT))
+        assert [str(r.route) for r in got] == ["en>de en-de"] * 2
+        with pytest.raises(RouteError, match="no bundle translates src_lang 'num'"):
+            fleet.route("num", "en")
+        manifest = json.loads((where / "en-de" / "manifest.json").read_text())
+        (where / "en-de" / "manifest.json").write_text(json.dumps({**manifest, "languages": [["en", "nl"]]}))
+        assert fleet.rescan().changed == ["en-de"] and fleet.stats().loaded == []
+        assert fleet.route("en", "nl").hops[0].model == "en-de" and fleet.rescan().said() == "no change"
+    finally:
+        fleet.close()
+
+
 def test_model_and_errors(bundles, alone):
     fleet = xform.Translator(bundles, max_loaded=1)
     got = fleet.translate_batch(WORDS, src_lang="en", tgt_lang="de", model="m2m", **SHORT)  # not the pair bundle

@@ -320,7 +320,7 @@ def test_serve_checks_the_fleet_flags_before_starting_anything(tmp_path):
     r = CliRunner().invoke(main, ["serve", "--models", str(tmp_path), "--memory-budget", "lots"])
     assert r.exit_code == 1 and "--memory-budget 'lots': a size such as 500MB, 2GiB" in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--status", "127.0.0.1:9", "--models", str(tmp_path)])
-    assert r.exit_code == 2 and "--status URL reads a running server" in r.output
+    assert r.exit_code == 2 and "--status URL asks a running server" in r.output
     r = CliRunner().invoke(main, ["serve", "--status", "127.0.0.1:9"])
     assert r.exit_code == 1 and "--status 127.0.0.1:9: no server answers at http://127.0.0.1:9" in r.output, r.output
 

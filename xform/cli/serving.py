@@ -98,6 +98,10 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @click.option("--status", "status_url", metavar="URL", default=None,
               help="Print the state of the many-bundle server at URL (http://host:port): each bundle loaded or "
                    "not, its memory, requests, loads and their latency, evictions; then exit.")
+@click.option("--rescan", "rescan_url", metavar="URL", default=None,
+              help="Ask the many-bundle server at URL to read its bundles again (--models DIR: new ones served, "
+                   "removed ones unloaded, re-exported ones reloaded; SIGUSR1 to serve does the same), print "
+                   "what changed and exit.")
 @click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Many bundles: seconds a request waits for room to load its bundle before it is answered "
                    "unavailable (503). [default: 60]")
@@ -123,7 +127,8 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
 @triton_model_options
 @handle_errors
 def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, memory_budget: str | None,
-          preload: tuple[str, ...], status_url: str | None, load_timeout: float | None, idle_unload: float | None,
+          preload: tuple[str, ...], status_url: str | None, rescan_url: str | None, load_timeout: float | None,
+          idle_unload: float | None,
           pivot: str | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
           metrics_port: int, grace: float, **options) -> None:
     """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
@@ -133,15 +138,18 @@ def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | 
     tritonserver comes from PATH (NVIDIA's containers) or the nvidia-pytriton wheel. Exit codes: 0
     stopped by a signal (SIGINT, SIGTERM, SIGHUP); 1 tritonserver did not start, died, or a model's
     stub died (the message says which and where Triton's log is kept); 2 bad flags.
-    With --status URL: print that server's state and exit.
+    With --status URL: print that server's state and exit; with --rescan URL, have it read its
+    bundles again (SIGUSR1 to a running serve does too).
     """
     from xform.serving.lifecycle import Stopper
     from xform.serving.server import find_triton
 
-    if status_url is not None:
-        if bundles or models_dir is not None or prepare:
-            raise click.UsageError("--status URL reads a running server: give no BUNDLE, --models or --prepare")
-        return print_status(status_url)
+    for flag, url in (("--status", status_url), ("--rescan", rescan_url)):
+        if url is not None:
+            if bundles or models_dir is not None or prepare or (status_url and rescan_url):
+                raise click.UsageError(f"{flag} URL asks a running server: give no BUNDLE, --models, --prepare, "
+                                       "or the other of --status and --rescan")
+            return print_status(url) if flag == "--status" else print_rescan(url)
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise XformError(f"--wheel-dir {wheel_dir}: no such directory")
     fleet = {"max_loaded": max_loaded, "load_timeout": load_timeout, "pivot": pivot, "memory_budget": memory_budget,
@@ -189,7 +197,8 @@ def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[i
               f"(exit code {code})")
 
 
-def run_server(server, stopper, wheel_dir: Path | None, label: str, printer) -> tuple[str, int | None]:
+def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
+               tick=lambda: None) -> tuple[str, int | None]:
     """Start `server`, `printer()` its endpoints, watch it until a stop or a death, stop it (always);
     (what ended it, tritonserver's exit code), or XformError when it failed or died."""
     from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
@@ -203,7 +212,7 @@ def run_server(server, stopper, wheel_dir: Path | None, label: str, printer) -> 
                 server.start(should_stop=lambda: stopper.requested)
         if not stopper.requested:
             printer()
-            outcome, what = watch(server, stopper)
+            outcome, what = watch(server, stopper, tick=tick)
     except StopRequested:
         pass
     except ServerError as e:
@@ -284,6 +293,27 @@ def print_status(url: str) -> None:
         out.print(f"  {line}", markup=False)
 
 
+def print_rescan(url: str) -> None:
+    """`xform serve --rescan URL`: what the server found when it read its bundles again."""
+    from xform.serving.fleet_status import rescan, rescanned
+    out.print(f"xform serve at {url}: {rescanned(rescan(url))}", markup=False)
+
+
+def rescan_on_signal(server, asked) -> None:
+    """A SIGUSR1 since the last look: the server asked to rescan, from a thread (watch goes on)."""
+    import threading
+
+    from xform.serving.fleet_status import rescan, rescanned
+
+    def ask() -> None:
+        try:
+            out.print(f"rescan (SIGUSR1): {rescanned(rescan(server.http_url))}", markup=False)
+        except XformError as e:
+            err.print(f"rescan (SIGUSR1) failed: {e}", markup=False)
+    if asked.take():
+        threading.Thread(target=ask, name="xform-rescan", daemon=True).start()
+
+
 def serve_fleet(where: Path | Sequence[Path], fleet: dict, wheel_dir: Path | None, host: str,
                 ports: tuple[int, int, int], grace: float, options: dict, stopper) -> None:
     """Scan the bundles, write them and the router into a temporary repository, run tritonserver
@@ -292,21 +322,23 @@ def serve_fleet(where: Path | Sequence[Path], fleet: dict, wheel_dir: Path | Non
 
     from xform.runtime.fleet.catalog import Catalog
     from xform.serving.fleet_repository import bls_threads, write_fleet
+    from xform.serving.lifecycle import Asked
     from xform.serving.router import ROUTER
     from xform.serving.server import TritonServer
 
     router_settings(fleet)  # its flags checked before the scan
     catalog = Catalog.scan(where)
     opts, settings = model_options(**options), router_settings(fleet, catalog)
-    with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="xform-serve-") as tmp, Asked() as asked:
         repo = Path(tmp) / "models"
-        write_fleet(catalog, repo, opts, settings)
+        write_fleet(catalog, repo, opts, settings, where)
         server = stopper.server = TritonServer(repo, [ROUTER], host, *ports, log_path=Path(tmp) / "tritonserver.log",
                                                bls_threads=bls_threads(opts, settings), grace=grace, explicit=True)
         def ready() -> None:
             await_preload(server, settings, stopper)
             print_fleet(server, catalog, settings)
-        what, code = run_server(server, stopper, wheel_dir, f"{len(catalog)} bundles", ready)
+        what, code = run_server(server, stopper, wheel_dir, f"{len(catalog)} bundles", ready,
+                                lambda: rescan_on_signal(server, asked))
     out.print(f"{what or 'stopped before tritonserver was ready on ' + stopper.name}; stopped tritonserver "
               f"(exit code {code})")
 
@@ -339,6 +371,7 @@ def print_fleet(server, catalog, settings) -> None:
               markup=False)
     out.print(f"  index   curl -X POST {server.http_url}/v2/repository/index (which bundles are loaded)")
     out.print(f"  status  xform serve --status {server.http_url}")
+    out.print(f"  rescan  xform serve --rescan {server.http_url} (or kill -USR1 {os.getpid()})")
     out.print(f"  ready   {server.http_url}/v2/models/{ROUTER}/ready")
     out.print(f"  gRPC    {server.host}:{server.grpc_port}")
     out.print(f"  metrics http://{server.host}:{server.metrics_port}/metrics")

@@ -16,9 +16,10 @@ Tritonserver runs it with `--model-control-mode=explicit --load-model=translate`
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
+from typing import Sequence
 
 from xform.errors import InputError
 from xform.files import atomic_directory
@@ -26,6 +27,19 @@ from xform.runtime.fleet.catalog import Catalog
 from xform.serving.inflight import stream_model
 from xform.serving.repository import ModelOptions, model_names, not_our_model, write_model
 from xform.serving.router import CATALOG, ROUTER, Settings, config_pbtxt, write_catalog
+
+
+def origin(source: str | Path | Sequence[str | Path], options: ModelOptions) -> dict:
+    """catalog.json's `origin`: what a rescan reads again and writes its new bundles' models with."""
+    where = str(Path(source).resolve()) if isinstance(source, (str, Path)) else [str(Path(p).resolve()) for p in source]
+    return {"source": where, "options": {k: (str(v) if isinstance(v, Path) else v)
+                                         for k, v in asdict(options).items()}}
+
+
+def options_from(data: dict) -> ModelOptions:
+    """ModelOptions as `origin` wrote them."""
+    vocab_map = data.get("vocab_map")
+    return ModelOptions(**{**data, "vocab_map": None if vocab_map is None else Path(vocab_map)})
 
 
 def engine_model(name: str, options: ModelOptions) -> str:
@@ -39,19 +53,31 @@ def bls_threads(options: ModelOptions, settings: Settings) -> int:
     return (options.bls_threads or 32) + settings.threads
 
 
+def name_problems(catalog: Catalog, options: ModelOptions) -> dict[str, str]:
+    """bundle -> why its name cannot be served beside the others (the router's name, or a model
+    name another bundle writes too)."""
+    problems = {e.name: f"a bundle named {e.name!r}: {ROUTER!r} is the router's model; rename its directory"
+                for e in catalog if ROUTER in model_names(e.name, options)}
+    written = [m for e in catalog for m in model_names(e.name, options)]
+    for e in catalog:
+        clash = sorted(m for m in model_names(e.name, options) if written.count(m) > 1)
+        if clash and e.name not in problems:
+            problems[e.name] = (f"two bundles write the model {clash[0]!r} (a bundle NAME's engine is NAME-stream): "
+                                "rename one directory")
+    return problems
+
+
 def write_fleet(catalog: Catalog, repo: str | Path, options: ModelOptions = ModelOptions(),
-                settings: Settings = Settings()) -> list[str]:
-    """Write every bundle of `catalog` and the router into `repo`; returns the models written."""
+                settings: Settings = Settings(), source: str | Path | Sequence[str | Path] | None = None) -> list[str]:
+    """Write every bundle of `catalog` and the router into `repo`; returns the models written.
+    `source`, where the catalog was read (a directory of bundles, or bundle paths), is what a
+    rescan reads again (serving/rescan.py; None: the catalog's own paths)."""
+    source = [e.path for e in catalog] if source is None else source
     if options.name is not None:
         raise InputError("--name names one bundle's model; many bundles are named by their directories")
-    taken = [e.name for e in catalog if ROUTER in model_names(e.name, options)]
-    if taken:
-        raise InputError(f"a bundle named {taken[0]!r}: {ROUTER!r} is the router's model; rename its directory")
-    written = [m for e in catalog for m in model_names(e.name, options)]
-    clash = sorted({m for m in written if written.count(m) > 1})
-    if clash:
-        raise InputError(f"two bundles write the model {clash[0]!r} (a bundle NAME's engine is NAME-stream): "
-                         "rename one directory")
+    problems = name_problems(catalog, options)
+    if problems:
+        raise InputError(next(iter(problems.values())))
     engines = {}
     for entry in catalog:
         write_model(entry.path, repo, replace(options, name=entry.name), reference=True)
@@ -60,6 +86,6 @@ def write_fleet(catalog: Catalog, repo: str | Path, options: ModelOptions = Mode
         version = tmp / "1"
         version.mkdir()
         shutil.copyfile(Path(str(resources.files("xform.serving") / "triton_router.py")), version / "model.py")
-        write_catalog(version / CATALOG, catalog, engines, settings)
+        write_catalog(version / CATALOG, catalog, engines, settings, origin(source, options))
         (tmp / "config.pbtxt").write_text(config_pbtxt(options.max_batch, settings.threads))
-    return [*written, ROUTER]
+    return [*(m for e in catalog for m in model_names(e.name, options)), ROUTER]

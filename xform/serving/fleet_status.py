@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any, Callable
 
 from xform.errors import XformError
-from xform.runtime.fleet.catalog import Catalog
+from xform.runtime.fleet.catalog import Catalog, Changes
 from xform.runtime.fleet.pool import Pool
 
 
@@ -40,8 +40,18 @@ def state(catalog: Catalog, pool: Pool, settings: Any, resident: Callable[[str],
 
 def fetch(url: str, model: str = "translate", timeout: float = 10.0) -> dict:
     """The state a server at `url` (http://host:port, or host:port) answers to a status request."""
+    return ask(url, "status", "--status", model, timeout)
+
+
+def rescan(url: str, model: str = "translate", timeout: float = 600.0) -> dict:
+    """What a server at `url` found when asked to rescan its bundles (serving/rescan.py)."""
+    return ask(url, "rescan", "--rescan", model, timeout)
+
+
+def ask(url: str, control: str, flag: str, model: str = "translate", timeout: float = 10.0) -> dict:
+    """The JSON the router answers (in its output `status`) to a request with `control` true."""
     base = (url if "://" in url else "http://" + url).rstrip("/")
-    body = {"inputs": [{"name": "status", "shape": [1, 1], "datatype": "BOOL", "data": [True]}]}
+    body = {"inputs": [{"name": control, "shape": [1, 1], "datatype": "BOOL", "data": [True]}]}
     request = urllib.request.Request(f"{base}/v2/models/{model}/infer", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     try:
@@ -49,15 +59,21 @@ def fetch(url: str, model: str = "translate", timeout: float = 10.0) -> dict:
             answer = json.loads(r.read())
     except urllib.error.HTTPError as e:
         said = (e.read() or b"").decode(errors="replace")[:300]
-        raise XformError(f"--status {url}: {base} answered HTTP {e.code} ({said}); expected the model {model!r} "
+        raise XformError(f"{flag} {url}: {base} answered HTTP {e.code} ({said}); expected the model {model!r} "
                          "of `xform serve` over many bundles") from e
     except (urllib.error.URLError, OSError) as e:
-        raise XformError(f"--status {url}: no server answers at {base} ({getattr(e, 'reason', e)})") from e
+        raise XformError(f"{flag} {url}: no server answers at {base} ({getattr(e, 'reason', e)})") from e
     out = {o["name"]: o["data"] for o in answer.get("outputs", [])}
     if "status" not in out:
-        raise XformError(f"--status {url}: the model {model!r} answered no status (outputs {sorted(out)}): "
-                         "an xform older than --status, or another model")
+        raise XformError(f"{flag} {url}: the model {model!r} answered no status (outputs {sorted(out)}): "
+                         f"an xform older than {flag}, or another model")
     return json.loads(out["status"][0])
+
+
+def rescanned(data: dict) -> str:
+    """A rescan's answer in a line: what changed, and what the server now holds."""
+    said = Changes(data["added"], data["removed"], data["changed"], data["refused"]).said()
+    return f"{said}; {len(data['bundles'])} bundles: {', '.join(data['bundles'])}"
 
 
 def size(n: int | None) -> str:

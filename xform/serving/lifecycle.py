@@ -13,6 +13,8 @@ backend stubs, and the log that outlives the run when something went wrong.
   server) a stub that exits because its model was unloaded is no death: its model is not READY
   in Triton's repository index, or it was loaded again in a new stub. A stub gone while its
   model is still READY is.
+- Serving many bundles, SIGUSR1 asks the router to read its bundles again (serving/rescan.py);
+  serve goes on.
 - tritonserver is started with PR_SET_PDEATHSIG (server.die_with_parent): if serve itself is
   SIGKILLed, the kernel kills tritonserver too, and its stubs exit when they find it gone.
 """
@@ -21,8 +23,10 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from xform.serving import residency
 from xform.serving.server import TritonServer
@@ -63,8 +67,31 @@ class Stopper:
         return signal.Signals(self.signum).name if self.signum else ""
 
 
-def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25) -> tuple[str, str]:
-    """Wait until a stop is asked for, tritonserver exits, or one of its stubs dies; returns
+class Asked:
+    """A signal (`signum`, SIGUSR1 by default) as a flag, installed for a `with` block: `take()`
+    says whether it came since the last take (the many-bundle server's rescan)."""
+
+    def __init__(self, signum: int = signal.SIGUSR1) -> None:
+        self.signum, self.flag = signum, threading.Event()
+        self.previous: object = None
+
+    def __enter__(self) -> "Asked":
+        self.previous = signal.signal(self.signum, lambda signum, frame: self.flag.set())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(self.signum, self.previous)  # type: ignore[arg-type]
+
+    def take(self) -> bool:
+        came = self.flag.is_set()
+        self.flag.clear()
+        return came
+
+
+def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
+          tick: Callable[[], None] = lambda: None) -> tuple[str, str]:
+    """Wait until a stop is asked for, tritonserver exits, or one of its stubs dies (calling
+    `tick()` at each poll: it must not block); returns
     (STOPPED | DIED | STUB_DIED, what happened, in words). A stub that left because its model
     was unloaded (explicit model control: the index says the model is not READY, or it was
     loaded again and runs in a new stub) is no death."""
@@ -83,6 +110,7 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25) -> tuple[s
             return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
                                "not restart it and would answer every request to its model with an error")
         stubs = now
+        tick()
         time.sleep(poll)
 
 

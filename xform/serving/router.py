@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from xform.errors import InputError, XformError
+from xform.files import atomic_write
 from xform.runtime.fleet.catalog import Catalog, Entry
 from xform.runtime.fleet.languages import Ask, Languages
 from xform.runtime.fleet.pool import LoadFailed, Pool, Unavailable
@@ -45,9 +46,11 @@ OWN = [
     Tensor("tgt_lang", "TYPE_STRING", (1,), "The target language (one a request)."),
     Tensor("model", "TYPE_STRING", (1,), "A bundle by name, instead of the route's choice."),
     Tensor("status", "TYPE_BOOL", (1,), "True: no translation; the router's state as JSON (output `status`)."),
+    Tensor("rescan", "TYPE_BOOL", (1,), "True: no translation; the bundles read again (serving/rescan.py), what "
+           "changed as JSON (output `status`)."),
 ]
 # the bundle models' text-level inputs, passed to each hop as they came
-NOT_PASSED = {"text", "src_ids", "src_lang", "tgt_lang", "return_attention", "stream", "status"}
+NOT_PASSED = {"text", "src_ids", "src_lang", "tgt_lang", "return_attention", "stream", "status", "rescan"}
 # what shapes the answer, not the decoding: a pivot's first hop makes one translation
 LAST_HOP_ONLY = {"num_return_sequences", "return_alternatives", "return_scores", "target_prefix"}
 OUTPUTS = [
@@ -56,7 +59,8 @@ OUTPUTS = [
     Tensor("scores", "TYPE_FP32", (1,), "With return_scores: the last hop's score."),
     Tensor("hypotheses", "TYPE_STRING", (-1,), "With num_return_sequences k > 1: all k (the last hop's)."),
     Tensor("hypothesis_scores", "TYPE_FP32", (-1,), "With num_return_sequences k > 1 and return_scores."),
-    Tensor("status", "TYPE_STRING", (1,), "With status: the bundles, loaded or not, and their counters (JSON)."),
+    Tensor("status", "TYPE_STRING", (1,), "With status: the bundles, loaded or not, and their counters; with "
+           "rescan: what changed (JSON)."),
 ]
 
 OWN_OUTPUTS = {"route", "status"}  # the router's, not asked of a bundle
@@ -117,19 +121,22 @@ class Settings:
     idle_unload: float | None = None
 
 
-def write_catalog(path: Path, catalog: Catalog, engines: dict[str, str], settings: Settings) -> None:
-    """catalog.json: the settings, and each bundle's name, path, engine model and languages (read
-    once, by the scan: the router opens no bundle file to route)."""
-    data = {"settings": settings.__dict__, "bundles": [
+def write_catalog(path: Path, catalog: Catalog, engines: dict[str, str], settings: Settings,
+                  origin: dict | None = None) -> None:
+    """catalog.json: the settings, and each bundle's name, path, engine model, languages and
+    manifest stamp (read by the scan: the router opens no bundle file to route); `origin`, what a
+    rescan reads again (fleet_repository.origin). Written atomically: a rescan rewrites it."""
+    data = {"settings": settings.__dict__, "origin": origin, "bundles": [
         {"name": e.name, "path": str(Path(e.path).resolve()), "engine": engines[e.name],
-         "languages": languages_json(e.languages)} for e in catalog]}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+         "languages": languages_json(e.languages), "stamp": e.stamp} for e in catalog]}
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def read_catalog(path: Path) -> tuple[Catalog, dict[str, str], Settings]:
     data = json.loads(Path(path).read_text())
     bundles = data["bundles"]
-    catalog = Catalog([Entry(b["name"], Path(b["path"]), languages_from(b["languages"])) for b in bundles])
+    catalog = Catalog([Entry(b["name"], Path(b["path"]), languages_from(b["languages"]), b.get("stamp", ""))
+                       for b in bundles])
     settings = Settings(**{**data["settings"], "preload": tuple(data["settings"].get("preload", ()))})
     return catalog, {b["name"]: b["engine"] for b in bundles}, settings
 
@@ -216,15 +223,21 @@ class Router:
     tensors) -> tensors` (raising HopFailed)."""
 
     def __init__(self, catalog: Catalog, pool: Pool, call: Call, pivot: str | None = "en",
-                 status: Callable[[], dict[str, Any]] | None = None):
+                 status: Callable[[], dict[str, Any]] | None = None,
+                 rescan: Callable[[], dict[str, Any]] | None = None):
         self.catalog, self.pool, self.call, self.pivot = catalog, pool, call, pivot
         self.status = status or (lambda: {})
+        self.rescan = rescan
 
     def handle(self, given: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """A request's outputs from its inputs (None where absent); raises what `failure` words.
-        With a true `status`, the router's state (`status()`) as JSON instead of a translation."""
-        if given.get("status") is not None and bool(np.asarray(given["status"]).reshape(-1)[0]):
-            return {"status": np.array([[json.dumps(self.status()).encode()]], dtype=object)}
+        With a true `status`, the router's state (`status()`) as JSON instead of a translation;
+        with a true `rescan`, what `rescan()` found (serving/rescan.py)."""
+        for control, answer in (("status", self.status), ("rescan", self.rescan)):
+            if given.get(control) is not None and bool(np.asarray(given[control]).reshape(-1)[0]):
+                if answer is None:
+                    raise InputError(f"input {control!r}: this router cannot {control}")
+                return {"status": np.array([[json.dumps(answer()).encode()]], dtype=object)}
         if given.get("text") is None:
             raise InputError("input 'text': missing; the texts to translate, one a row")
         texts = np.asarray(given["text"], dtype=object).reshape(-1, 1)

@@ -10,9 +10,11 @@ file is what needs Triton:
   never waits for a load or a decode; a hop is relayed to the engine model by BLS with the
   parameter inflight.RELAY, its error's kind read back from the message (inflight.untagged:
   Triton 2.51's BLS drops error codes);
-- metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total
-  and xform_model_resident_bytes, each by bundle; a request with `status` true answers the
-  router's state (serving/fleet_status.py: `xform serve --status URL`);
+- metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total,
+  xform_model_resident_bytes and the histogram xform_model_load_seconds, each by bundle;
+- a request with `status` true answers the router's state (serving/fleet_status.py: `xform serve
+  --status URL`), one with `rescan` true reads the bundles again (serving/rescan.py: `xform serve
+  --rescan URL`, or SIGUSR1 to serve);
 - the bundles of --preload are loaded from a thread the first request starts (router.Preloading:
   Triton refuses a BLS load while it starts), their state in the status.
 """
@@ -27,6 +29,7 @@ from xform.runtime.fleet.pool import Pool
 from xform.serving import fleet_status, residency
 from xform.serving import router as xrouter
 from xform.serving.inflight import RELAY, STREAM_SUFFIX, untagged
+from xform.serving.rescan import Rescanner
 from xform.serving.router import CATALOG, OUTPUTS, ROUTER, Router, StubLoader, failure, inputs, read_catalog
 from xform.serving.triton_model import FINAL, error, response
 
@@ -67,8 +70,11 @@ def call(engine, given):
     return out
 
 
+LOAD_BUCKETS = [0.5, 1, 2, 5, 10, 30, 60, 120, 300]  # seconds: a tiny bundle loads in 1-2 s, a large one in tens
+
+
 class Metrics:
-    """The router's counters in Triton's /metrics; nothing where this Triton has no custom metrics."""
+    """The router's metrics in Triton's /metrics; nothing where this Triton has no custom metrics."""
 
     def __init__(self):
         try:
@@ -77,6 +83,7 @@ class Metrics:
             self.unloads = family("xform_model_unloads_total", "Bundles unloaded by the router", family.COUNTER)
             self.resident = family("xform_model_resident_bytes", "A loaded bundle's stubs' memory (Pss)",
                                    family.GAUGE)
+            self.seconds = family("xform_model_load_seconds", "Seconds a bundle's load took", family.HISTOGRAM)
         except Exception as e:  # noqa: BLE001 - metrics are a help, not a need
             pb_utils.Logger.log_warn(f"xform: no router metrics: {e}")
             self.loads = None
@@ -85,7 +92,8 @@ class Metrics:
     def metric(self, family, model):
         key = (id(family), model)
         if key not in self.metrics:
-            self.metrics[key] = family.Metric(labels={"model": model})
+            buckets = {"buckets": LOAD_BUCKETS} if family is self.seconds else {}
+            self.metrics[key] = family.Metric(labels={"model": model}, **buckets)
         return self.metrics[key]
 
     def observe(self, event, model, seconds, cost):
@@ -95,17 +103,20 @@ class Metrics:
             return
         self.metric(self.loads if event == "load" else self.unloads, model).increment(1)
         self.metric(self.resident, model).set(cost)
+        if event == "load":
+            self.metric(self.seconds, model).observe(seconds)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        catalog, engines, settings = read_catalog(Path(args["model_repository"]) / args["model_version"] / CATALOG)
+        path = Path(args["model_repository"]) / args["model_version"] / CATALOG
+        catalog, engines, settings = read_catalog(path)
         self.metrics = Metrics()
         loader = StubLoader(engines, lambda m: pb_utils.load_model(model_name=m),
                             lambda m: pb_utils.unload_model(model_name=m), stubs, residency.memory_bytes,
                             residency.wait_gone, settings.unload_timeout, self.metrics.observe,
-                            check=lambda name: verify(catalog[name].path),
+                            check=lambda name: verify(self.router.catalog[name].path),
                             ready=lambda m: pb_utils.is_model_ready(model_name=m))
         pool = Pool(loader, settings.max_loaded, settings.memory_budget, settings.preload, settings.load_timeout,
                     idle_unload=settings.idle_unload)
@@ -115,7 +126,8 @@ class TritonPythonModel:
         wait = settings.load_timeout * max(len(settings.preload), 1)
         self.preloading = xrouter.Preloading(pool, lambda: ready(ROUTER), wait)
         self.router = Router(catalog, pool, call, settings.pivot, status=lambda: {
-            **fleet_status.state(catalog, pool, settings, resident), "preload": self.preloading.said()})
+            **fleet_status.state(self.router.catalog, pool, settings, resident), "preload": self.preloading.said()})
+        self.router.rescan = Rescanner(path, self.router, pool, engines)
         self.names = [t.name for t in inputs()]
         self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
         pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "

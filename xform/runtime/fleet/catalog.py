@@ -1,15 +1,20 @@
 """A catalog of bundles: a directory of them (each subdirectory holding a manifest.json) or a list
 of bundle paths, each entry named by its directory and knowing what it translates
 (languages.py). Reading a catalog opens no session; the pool (pool.py) loads what a route needs.
+
+A catalog read again (`rescan`) says what changed since (`Changes`): bundles added, removed, and
+changed (their manifest, which holds every file's hash, is not the one read before); a bundle
+that cannot be read is refused with its reason, not the whole scan.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from xform.errors import BundleError, InputError
+from xform.errors import BundleError, InputError, XformError
+from xform.files import sha256_file
 from xform.manifest import MANIFEST
 from xform.runtime.fleet.languages import Languages, bundle_languages
 
@@ -19,10 +24,16 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 @dataclass(frozen=True)
 class Entry:
-    """One bundle of a catalog: its `name` (its directory's), `path` and `languages`."""
+    """One bundle of a catalog: its `name` (its directory's), `path`, `languages`, and `stamp`, its
+    manifest's sha256 when it was read ('' where not known)."""
     name: str
     path: Path
     languages: Languages
+    stamp: str = ""
+
+    @classmethod
+    def read(cls, path: Path) -> "Entry":
+        return cls(path.name, path, bundle_languages(path), sha256_file(path / MANIFEST))
 
     def describe(self) -> str:
         said = self.languages.summary()
@@ -76,7 +87,24 @@ class Catalog:
 
     @classmethod
     def scan(cls, where: str | Path | Sequence[str | Path]) -> "Catalog":
-        return cls([Entry(p.name, p, bundle_languages(p)) for p in bundle_paths(where)])
+        return cls([Entry.read(p) for p in bundle_paths(where)])
+
+    def rescan(self, where: str | Path | Sequence[str | Path]) -> tuple["Catalog", "Changes"]:
+        """`where` read again: the new catalog and what changed from this one. A bundle that cannot
+        be read (a damaged manifest) is refused with its reason: a new one is left out, a known one
+        kept as it was read before (its loads fail with the reason, as they would have)."""
+        entries, refused = [], {}
+        for path in bundle_paths(where):
+            try:
+                entries.append(Entry.read(path))
+            except (XformError, OSError, ValueError, KeyError) as e:
+                refused[path.name] = f"{type(e).__name__}: {e}" if not isinstance(e, XformError) else str(e)
+                if path.name in self.entries:
+                    entries.append(self.entries[path.name])
+        new = Catalog(entries)
+        changed = [e.name for e in new if e.name in self.entries and e != self.entries[e.name]]
+        return new, Changes([e.name for e in new if e.name not in self.entries],
+                            [n for n in self.entries if n not in new], changed, refused)
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self.entries.values())
@@ -95,3 +123,19 @@ class Catalog:
     def summary(self) -> list[str]:
         """Each bundle and what it translates, a line a bundle."""
         return [e.describe() for e in self]
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a rescan found: bundles `added`, `removed`, `changed` (their files or languages), and
+    `refused`: name -> why it could not be read."""
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def said(self) -> str:
+        parts = [f"{what} {', '.join(names)}" for what, names in
+                 (("added", self.added), ("removed", self.removed), ("changed", self.changed)) if names]
+        parts += [f"refused {n} ({why})" for n, why in self.refused.items()]
+        return "; ".join(parts) or "no change"

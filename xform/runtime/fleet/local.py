@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from xform.errors import InputError
 from xform.runtime.decoding.request import TranslationResult
-from xform.runtime.fleet.catalog import Catalog
+from xform.runtime.fleet.catalog import Catalog, Changes
 from xform.runtime.fleet.pool import Pool, PoolStats, parse_size
 from xform.runtime.fleet.routes import Hop, Route, plan
 from xform.runtime.text.translator import Translator, refuse_one_text
@@ -87,7 +87,7 @@ class FleetTranslator:
     def __init__(self, bundles: str | Path | Sequence[str | Path], opener: Callable[[Path], Translator],
                  max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
                  pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None):
-        self.catalog = Catalog.scan(bundles)
+        self.bundles, self.catalog = bundles, Catalog.scan(bundles)
         unknown = [n for n in pinned if n not in self.catalog]
         if unknown:
             raise InputError(f"pinned {unknown}: no such bundle; known: {', '.join(e.name for e in self.catalog)}")
@@ -95,8 +95,8 @@ class FleetTranslator:
             raise InputError("{memory_budget}: this system does not say a process's resident memory (/proc), so "
                              "a bundle's cost cannot be measured; bound them by {max_loaded}"
                              ).naming("memory_budget", "max_loaded")
-        self.pivot = pivot
-        self.pool = Pool(SessionLoader(self.catalog, opener), max_loaded, parse_size(memory_budget), pinned,
+        self.pivot, self.loader = pivot, SessionLoader(self.catalog, opener)
+        self.pool = Pool(self.loader, max_loaded, parse_size(memory_budget), pinned,
                          load_timeout, idle_unload=idle_unload)
         self.pool.preload()
 
@@ -134,6 +134,19 @@ class FleetTranslator:
         with self.pool.lease(hop.model) as loaded, loaded.lock:
             return loaded.translator.translate_batch(sources, target_prefix, src_lang=asked.src_lang,
                                                      tgt_lang=asked.tgt_lang, **options)
+
+    def rescan(self) -> Changes:
+        """Read the bundles again (a directory: bundles added and removed; any: re-exported ones):
+        new ones are routed to, removed and changed ones closed (now if unused, else when their
+        batch ends; a changed one opens its new files at its next use, a pinned one at once).
+        A bundle that cannot be read is refused in the answer, the others go on."""
+        new, changes = self.catalog.rescan(self.bundles)
+        self.loader.catalog = self.catalog = new
+        self.pool.retire(changes.changed)
+        self.pool.retire(changes.removed, unpin=True)
+        for name in sorted(set(changes.changed) & self.pool.pinned):
+            self.pool.warm(name)
+        return changes
 
     def stats(self) -> PoolStats:
         """Which bundles are loaded (least recently used first), their costs, loads and evictions."""

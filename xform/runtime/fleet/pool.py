@@ -25,6 +25,10 @@ The rules:
 - With `idle_unload` seconds, a name no lease has held for that long (not pinned) is unloaded by
   a thread of the pool's (`reap`), so an idle pair gives its memory back without a newcomer
   needing the room; the next lease loads it again.
+- `retire(names)` (bundles removed or changed on disk): each leaves the pool, unloaded at once if
+  no lease holds it, else when its last lease ends; a lease asked meanwhile waits for that
+  unload, then loads it anew. Its measured cost is forgotten; removed ones are unpinned.
+  Unloads, like evictions, hold the loader token, so a name is never loaded while it unloads.
 """
 from __future__ import annotations
 
@@ -146,6 +150,7 @@ class Pool:
         self.last_load_seconds: dict[str, float] = {}
         self.preloading = False
         self.idle_unload, self.idle_unloads = idle_unload, Counter[str]()
+        self.retiring: set[str] = set()
         self.stopped = threading.Event()
         self.reaper: threading.Thread | None = None
         if idle_unload is not None:
@@ -168,6 +173,9 @@ class Pool:
         with self.cond:
             while True:
                 slot = self.slots.get(name)
+                if slot is not None and name in self.retiring:
+                    self.wait(deadline, name, f"{name!r} is being unloaded (retired)")
+                    continue
                 if slot is not None:
                     slot.leases += 1
                     self.requests[name] += 1
@@ -194,7 +202,45 @@ class Pool:
             slot.leases -= 1
             if slot.leases == 0:
                 slot.idle_since = self.clock()
+                if name in self.retiring:
+                    threading.Thread(target=self.drop, args=(name,), name=f"xform-retire-{name}", daemon=True).start()
             self.cond.notify_all()
+
+    def retire(self, leaving: Iterable[str], unpin: bool = False) -> list[str]:
+        """The names `leaving` leave the pool (the module's rules; `unpin`: no longer pinned, else a
+        pinned one loads again at its next lease); those unloaded now (the others at their last
+        release)."""
+        gone = set(leaving)
+        with self.cond:
+            if unpin:
+                self.pinned = self.pinned - gone
+            for name in gone:
+                self.costs.pop(name, None)
+            loading = {self.loading.name} if self.loading is not None else set()
+            self.retiring |= {n for n in gone if n in self.slots or n in loading}
+            idle = sorted(n for n in self.retiring & gone if n in self.slots and self.slots[n].leases == 0)
+        return [name for name in idle if self.drop(name)]
+
+    def drop(self, name: str) -> bool:
+        """Unload retiring `name` if no lease holds it, holding the loader token; whether it did."""
+        with self.cond:
+            while self.loading is not None:
+                self.cond.wait()
+            slot = self.slots.get(name)
+            if slot is None:  # evicted or reaped meanwhile
+                self.retiring.discard(name)
+            if name not in self.retiring or slot is None or slot.leases:
+                return False
+            del self.slots[name]
+            self.loading = Attempt(name)
+        try:
+            self.unload(name, slot)
+        finally:
+            with self.cond:
+                self.retiring.discard(name)
+                self.loading = None
+                self.cond.notify_all()
+        return True
 
     def reap(self) -> list[str]:
         """Unload the names idle for `idle_unload` seconds or more (not pinned, no lease held, not
@@ -206,6 +252,7 @@ class Pool:
             idle = [n for n, s in self.slots.items() if s.leases == 0 and n not in self.pinned
                     and now - s.idle_since >= self.idle_unload]
             gone = [(n, self.slots.pop(n)) for n in idle]
+            self.retiring.difference_update(idle)
             self.idle_unloads.update(idle)
         for name, slot in gone:
             self.unload(name, slot)
@@ -224,8 +271,7 @@ class Pool:
         try:
             for name in sorted(self.pinned):
                 try:
-                    with self.lease(name):
-                        self.requests[name] -= 1  # a load, not a request
+                    self.warm(name)
                 except LoadFailed as e:
                     self.close()
                     raise InputError(f"{{preload}} {name!r}: " + e.template).naming("preload", *e.settings) from e
@@ -238,6 +284,12 @@ class Pool:
                                      "never unloaded, so they must fit").naming("preload", "memory_budget")
         finally:
             self.preloading = False
+
+    def warm(self, name: str) -> None:
+        """Load `name` now if it is not loaded (counted as a load, not a request)."""
+        with self.lease(name):
+            with self.cond:
+                self.requests[name] -= 1
 
     def stats(self) -> PoolStats:
         with self.cond:
@@ -273,6 +325,7 @@ class Pool:
         except Exception as e:  # the loader's failure, whatever it is, is this name's alone
             with self.cond:
                 attempt.error = e
+                self.retiring.discard(name)
                 self.failures[name] += 1
                 self.loading = None
                 self.cond.notify_all()
@@ -353,6 +406,7 @@ class Pool:
 
     def evict(self, victims: list[str]) -> list[tuple[str, Slot]]:
         out = [(n, self.slots.pop(n)) for n in victims]
+        self.retiring.difference_update(victims)
         self.evictions.update(victims)
         return out
 
