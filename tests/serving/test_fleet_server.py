@@ -11,8 +11,8 @@ and the answers each bundle gives alone, a bundle corrupted after the scan is a 
 only; `xform serve --models DIR` in a process of its own survives evictions, keeps within
 --memory-budget with a --preload bundle (and refuses one that does not fit), `--status` prints
 its state, and
-SIGTERM (during a load) leaves nothing behind (a loaded bundle's stub killed stopping it, exit
-1, is written but skipped: not settled); docs/serving.md's block runs here. Every server
+SIGTERM (during a load) leaves nothing behind, a loaded bundle's stub killed stops it (exit 1),
+and it rescans its directory; docs/serving.md's block runs here. Every server
 is stopped by its fixture or a `finally`; every wait is bounded."""
 import json
 import os
@@ -397,8 +397,6 @@ def test_serve_rescans_on_sigusr1_and_on_request_and_says_its_loads_in_metrics(b
     served.assert_nothing_left()
 
 
-@pytest.mark.skip(reason="not settled: alone it passes (the watch reports a stub pid other than the one killed), "
-                         "after the tests above serve did not exit within 60 s; see docs/design.md, issue 45 part 2")
 def test_a_loaded_bundles_stub_killed_still_stops_serve_with_exit_1(bundles, tmp_path):
     """An unloaded bundle's stub leaving is no death, but one killed while its model is READY is:
     Triton would answer every request to it with an error."""

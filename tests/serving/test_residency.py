@@ -74,3 +74,26 @@ def test_an_index_that_does_not_answer_counts_the_gone_stubs_as_dead():
         def ready_models(self):
             raise TimeoutError("timed out")
     assert died(Silent(True, set()), {3: "b-stream"}, {3: "b-stream"}, {}) == [3]
+
+
+def test_the_watch_keeps_a_killed_stubs_model_while_its_command_line_is_already_gone(monkeypatch):
+    """A stub being killed was seen listed once more after its command line had gone (read as no
+    model), then gone: the watch still knows which model it ran, so its death stops serve."""
+    from xform.serving import lifecycle
+    looks = iter([{2: "translate", 3: "b-stream"}, {2: "translate", 3: ""}, {2: "translate"}])
+    monkeypatch.setattr(lifecycle, "running", lambda server: next(looks, {2: "translate"}))
+
+    class Watched(Server):
+        process = type("P", (), {"poll": lambda self: None})()
+
+    class Stop:
+        polls = 0
+
+        @property
+        def requested(self):
+            self.polls += 1
+            return self.polls > 10  # the watch would go on for ever: stop it
+
+        name = "SIGTERM"
+    outcome, said = lifecycle.watch(Watched(True, {"translate", "b-stream"}), Stop(), poll=0)
+    assert outcome == lifecycle.STUB_DIED and "(pid 3) died" in said, said

@@ -103,7 +103,9 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
             return STOPPED, f"stopped on {stopper.name}"
         if process.poll() is not None:
             return DIED, f"tritonserver exited on its own with code {process.returncode}"
-        now = running(server)
+        # a stub being killed can still be listed after its memory (and so its command line) is
+        # gone: it keeps the model it was seen running
+        now = {pid: model or stubs.get(pid, "") for pid, model in running(server).items()}
         gone = {pid: model for pid, model in stubs.items() if pid not in now}
         dead = died(server, gone, stubs, now) if gone else []
         if dead:
