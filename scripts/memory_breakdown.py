@@ -30,9 +30,9 @@ first setting's. Settings (one process each):
 - malloc-arenas-1: one glibc arena for every thread (MALLOC_ARENA_MAX=1);
 - trim-per-batch: `malloc_trim(0)` before each batch's encoder (glibc gives back the free memory
   it holds);
-- capacity-16: the self-attention cache starts at 16 positions, not 32 (`xform.load(cache_capacity=16)`);
-- capacity-from-source: each batch's cache starts at its longest source + 8 positions rounded up
-  to 16 (a policy measured here, not one xform has), then doubles as before.
+- capacity-16, capacity-32: the self-attention cache starts at 16 (or 32, xform's default before
+  the first capacity came from the source) positions whatever the batch (`xform.load(cache_capacity=N)`);
+  by default each batch's starts at its longest source + 8 positions rounded up to 16.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ SETTINGS = {"default": {}, "own-arenas": {"own": True}, "no-arena": {"arena": Fa
             "shrink-all": {"shrink": ("encoder", "decoder", "decoder_beam")},
             "malloc-mmap-1m": {"env": {"MALLOC_MMAP_THRESHOLD_": "1048576"}},
             "malloc-arenas-1": {"env": {"MALLOC_ARENA_MAX": "1"}}, "trim-per-batch": {"trim": True},
-            "capacity-16": {"capacity": 16}, "capacity-from-source": {"from_source": True}}
+            "capacity-16": {"capacity": 16}, "capacity-32": {"capacity": 32}}
 
 
 def libc():
@@ -210,7 +210,7 @@ def host_buffers(backend) -> dict:
                          "candidates": resident_mib(cand)}}
 
 
-def patch_batches(batches: list, trim: bool = False, from_source: bool = False) -> None:
+def patch_batches(batches: list, trim: bool = False) -> None:
     """Each batch's rows, source length, RSS before it and after its encoder, and (at the next
     batch or the end) the high-water mark it left and its host buffers at their largest."""
     import xform.runtime.backends.ort_backend as ob
@@ -223,8 +223,6 @@ def patch_batches(batches: list, trim: bool = False, from_source: bool = False) 
             close_batch(batches[-1], self)
         if trim and libc() is not None:
             libc().malloc_trim(0)
-        if from_source:
-            self.initial_capacity = min(self.max_len, -(-(src_ids.shape[1] + 8) // 16) * 16)
         before = rss_mib()
         start(self, src_ids, src_lengths, group)
         batches.append({"rows": src_ids.shape[0] * group, "src_len": src_ids.shape[1], "before": before,
@@ -249,7 +247,7 @@ def child(args, setting: dict) -> dict:
     sessions: dict[str, float] = {}
     patch_sessions(points, setting, sessions)
     batches: list[dict] = []
-    patch_batches(batches, setting.get("trim", False), setting.get("from_source", False))
+    patch_batches(batches, setting.get("trim", False))
     s = xform.load(args.bundle, backend="ort", threads=args.threads, cache_capacity=setting.get("capacity"))
     points.append(("xform.load done", rss_mib(), None))
     before = rss_mib()

@@ -34,7 +34,8 @@ def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None
          cuda_graph: bool | None = None) -> Session:
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt. `cache_capacity`:
     the positions the graph backends' self-attention cache starts with (doubled when full;
-    default backend.INITIAL_CAPACITY). `allow_tf32`: ONNX Runtime on CUDA may run fp32 matmuls in
+    default: on the CPU each batch's longest source + 8 rounded up to 16, on a device
+    backend.INITIAL_CAPACITY). `allow_tf32`: ONNX Runtime on CUDA may run fp32 matmuls in
     TF32 (faster, logits about 1e-3 off; the check then judges fp32 by fp16's tolerance).
     `cuda_graph`: ONNX Runtime on CUDA captures the decoder step as a CUDA graph (2.3-3x the
     tokens/s on an H100, docs/gpu.md); False runs it uncaptured."""

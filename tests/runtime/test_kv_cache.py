@@ -56,6 +56,24 @@ def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bu
         assert new[:, :, 4].any() and not new[:, :, 5:].any()
 
 
+def test_the_first_capacity_follows_each_batchs_longest_source(tiny_bundle):
+    """By default the host cache starts at the longest source + 8 positions, rounded up to 16,
+    capped at max_len (backend.source_capacity); a device starts at INITIAL_CAPACITY; a given
+    cache_capacity is kept. Tokens are the fixed capacity's whatever the start."""
+    from xform.runtime.backends.backend import INITIAL_CAPACITY, source_capacity
+    assert [source_capacity(n, 40) for n in (1, 8, 9, 24, 25, 40)] == [16, 16, 32, 32, 40, 40]
+    model = make_model("seed-002")
+    session, fixed = xform.load(tiny_bundle, backend="ort"), xform.load(tiny_bundle, backend="ort", cache_capacity=32)
+    for lengths, capacity in (([3, 5], 16), ([13, 2, 9], 32), ([30, 4], 40)):
+        src, lens = padded_batch(model.cfg, lengths, seed=3)
+        got = session.generate(src, max_new_tokens=12, min_new_tokens=12)
+        assert session.backend.cache.capacity == capacity, lengths
+        np.testing.assert_array_equal(got, fixed.generate(src, max_new_tokens=12, min_new_tokens=12))
+        assert fixed.backend.cache.capacity == 32
+    session.backend.ops = object()  # the device's branch: as on CUDA
+    assert session.backend.start_capacity(3) == INITIAL_CAPACITY
+
+
 def test_beams_through_growth_equal_transformers(marians):
     from tests.marian_fixtures import sources
     from tests.runtime.test_beam_search import MAX_NEW, hf_beams

@@ -27,13 +27,13 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
                  torch_factory: Callable | None = None, cache_capacity: int | None = None,
                  allow_tf32: bool = False, cuda_graph: bool | None = None):
     """The backend object; `torch_factory(bundle, device, threads)` makes the eager one;
-    `cache_capacity` the graph backends' first cache capacity (None: INITIAL_CAPACITY);
+    `cache_capacity` the graph backends' first cache capacity (None: ONNX Runtime on the CPU starts
+    each batch at its longest source's (backend.source_capacity), a device at INITIAL_CAPACITY);
     `allow_tf32` lets ONNX Runtime on CUDA run fp32 matmuls in TF32 (off: fp32 is fp32);
     `cuda_graph` False runs ONNX Runtime's decoder step on CUDA uncaptured (None: captured as a
     CUDA graph, runtime/backends/cuda_graphs.py)."""
-    capacity = INITIAL_CAPACITY if cache_capacity is None else cache_capacity
-    if capacity < 1:
-        raise XformError(f"cache_capacity must be at least 1, got {capacity}")
+    if cache_capacity is not None and cache_capacity < 1:
+        raise XformError(f"cache_capacity must be at least 1, got {cache_capacity}")
     device = device or default_device(backend)
     if device not in DEVICES:
         raise XformError(f"unknown device {device!r}; choose from {DEVICES}")
@@ -46,10 +46,12 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
             "cuda_graph")
     if backend == "ort":
         from xform.runtime.backends.ort_backend import OrtBackend
-        return OrtBackend(bundle, device, threads, initial_capacity=capacity, tf32=allow_tf32, cuda_graph=cuda_graph)
+        return OrtBackend(bundle, device, threads, initial_capacity=cache_capacity, tf32=allow_tf32,
+                          cuda_graph=cuda_graph)
     if backend == "trt":
         from xform.runtime.backends.trt_backend import TrtBackend
-        return TrtBackend(bundle, device, initial_capacity=capacity)
+        return TrtBackend(bundle, device, initial_capacity=INITIAL_CAPACITY if cache_capacity is None
+                          else cache_capacity)
     if backend == "torch" and torch_factory is not None:
         return torch_factory(bundle, device, threads)
     if backend == "torch":

@@ -34,11 +34,20 @@ import numpy as np
 from xform.contract import Capabilities
 from xform.errors import JoinRefused
 
-__all__ = ["INITIAL_CAPACITY", "Backend", "Capabilities", "JoinRefused", "Restricting"]
+__all__ = ["INITIAL_CAPACITY", "source_capacity", "Backend", "Capabilities", "JoinRefused", "Restricting"]
 
 # The self-attention cache of the graph backends is a fixed-capacity buffer updated in place
 # (contract.py): this many positions at the first step, doubled whenever a decode fills it.
 INITIAL_CAPACITY = 32
+
+
+def source_capacity(src_len: int, limit: int) -> int:
+    """A host cache's first capacity for a batch whose longest source has `src_len` tokens: 8
+    positions more, rounded up to 16, at most `limit`. A translation is about as long as its
+    source, so most batches never grow, and short ones hold no 32 positions they never reach
+    (docs/design.md, "The cache's first capacity from the source": beam 4's peak -7%, speed the
+    same)."""
+    return max(1, min(limit, -(-(src_len + 8) // 16) * 16))
 
 
 class Backend(Protocol):

@@ -6,9 +6,11 @@ docs/benchmarks.md, "Where Marian-base fp32 memory goes"):
 - The self-attention cache is one buffer per layer, key and value, owned here: numpy arrays on
   the CPU, device buffers on CUDA. The decoder graph reads it where it is (bound, never copied)
   and returns only the new token's keys and values, which are written in at the step's position
-  (contract.py). Its capacity starts at INITIAL_CAPACITY positions and doubles when full, so a
-  short decode attends over a short cache; on the CPU, positions not yet written are zero pages
-  that cost no memory. Beam search reorders it in place (CPU) or through the reorder graph (CUDA).
+  (contract.py). Its capacity doubles when full. On the CPU it starts at the batch's longest
+  source plus 8, rounded up to 16 (backend.source_capacity: a translation is about as long as its
+  source), since the decoder reads every position at every step and a read makes even a
+  never-written zero page resident; on a device at INITIAL_CAPACITY. Beam search reorders it in
+  place (CPU) or through the reorder graph (CUDA).
 - A weight several graphs hold (a shared embedding table, the restricted decoder's layers) is
   mapped once from the bundle and given
   to both sessions (`SessionOptions.add_initializer`), instead of each session paging in its own
@@ -41,7 +43,7 @@ from xform.contract import (
     kv_names,
 )
 from xform.errors import InputError, JoinRefused, XformError
-from xform.runtime.backends.backend import INITIAL_CAPACITY
+from xform.runtime.backends.backend import INITIAL_CAPACITY, source_capacity
 from xform.runtime.backends.cache import (
     Cache,
     DeviceCache,
@@ -79,8 +81,10 @@ class OrtBackend(Restriction, BeamOps):
     name = "ort"
 
     def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
-                 initial_capacity: int = INITIAL_CAPACITY, tf32: bool = False, cuda_graph: bool | None = None):
-        self.initial_capacity = initial_capacity  # the cache's positions at a start; doubled when full
+                 initial_capacity: int | None = None, tf32: bool = False, cuda_graph: bool | None = None):
+        # the cache's positions at a start, doubled when full; None: from the batch's longest source
+        # on the host (backend.source_capacity), INITIAL_CAPACITY on a device
+        self.initial_capacity = initial_capacity
         ort = self.ort = import_onnxruntime()
         providers = providers_for(ort, device, tf32)
         self.tf32 = tf32  # fp32 matmuls in TF32 on CUDA (--allow-tf32): the check judges them as such
@@ -196,7 +200,7 @@ class OrtBackend(Restriction, BeamOps):
         Bs, S = src_ids.shape
         H, D = self.kv_heads, self.head_dim
         self.live = False
-        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.initial_capacity, D)
+        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.start_capacity(S), D)
         if self.ops is None:  # the last decode's buffers go before the encoder allocates
             self.cache.release()
             self.cross.release()
@@ -213,6 +217,12 @@ class OrtBackend(Restriction, BeamOps):
         self.buffers(Bs * group, S)
         self.live = True
         self.bind_rows()
+
+    def start_capacity(self, src_len: int) -> int:
+        """The cache's positions at a start over sources of `src_len` tokens (__init__'s rule)."""
+        if self.initial_capacity is not None:
+            return self.initial_capacity
+        return INITIAL_CAPACITY if self.ops is not None else source_capacity(src_len, self.max_len)
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray, addresses: list[int], mask: np.ndarray) -> None:
         """The encoder's cross K/V into `addresses`, its source mask into `mask`."""
