@@ -97,3 +97,42 @@ def test_the_watch_keeps_a_killed_stubs_model_while_its_command_line_is_already_
         name = "SIGTERM"
     outcome, said = lifecycle.watch(Watched(True, {"translate", "b-stream"}), Stop(), poll=0)
     assert outcome == lifecycle.STUB_DIED and "(pid 3) died" in said, said
+
+
+def replay(monkeypatch, looks):
+    """lifecycle.watch over `looks`: (the stubs tritonserver has, the models READY) at each poll;
+    then stopped if nothing died."""
+    from xform.serving import lifecycle
+    server = type("Watched", (Server,), {"process": type("P", (), {"poll": lambda self: None})()})(True, set())
+    seen = iter(looks)
+
+    def running(_):
+        stubs, server.ready = next(seen, (looks[-1][0], looks[-1][1]))
+        return dict(stubs)
+    monkeypatch.setattr(lifecycle, "running", running)
+
+    class Stop:
+        polls, name = 0, "SIGTERM"
+
+        @property
+        def requested(self):
+            self.polls += 1
+            return self.polls > len(looks) + 5
+    return lifecycle.watch(server, Stop(), poll=0)
+
+
+def test_a_stub_killed_before_the_watch_read_its_model_is_a_death_once_its_model_has_no_stub(monkeypatch):
+    """As seen on Triton 2.51: a load starts a stub that checks the model's config, then the
+    instance's; the watch saw the instance's stub only before its exec (no model in its command
+    line), and then it was killed: its model is READY with no stub, a death."""
+    from xform.serving import lifecycle
+    outcome, said = replay(monkeypatch, [({2: "translate"}, {"translate"}),
+                                         ({2: "translate", 3: "b-stream"}, {"translate"}),  # the config's stub
+                                         ({2: "translate", 4: ""}, {"translate"}),  # the instance's, before exec
+                                         ({2: "translate"}, {"translate", "b-stream"})])  # killed
+    assert outcome == lifecycle.STUB_DIED and "(pid 4) died" in said, said
+    # the config's stub, gone before its command line was read, while its model loads: no death
+    outcome, _ = replay(monkeypatch, [({2: "translate"}, {"translate"}), ({2: "translate", 3: ""}, {"translate"}),
+                                      ({2: "translate", 4: ""}, {"translate"}),
+                                      ({2: "translate", 4: "b-stream"}, {"translate", "b-stream"})])
+    assert outcome == lifecycle.STOPPED

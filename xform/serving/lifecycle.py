@@ -98,6 +98,7 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
     process = server.process
     assert process is not None  # started
     stubs = running(server)
+    unknown: set[int] = set()  # stubs gone before their command line said their model
     while True:
         if stopper.requested:
             return STOPPED, f"stopped on {stopper.name}"
@@ -107,7 +108,10 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         # gone: it keeps the model it was seen running
         now = {pid: model or stubs.get(pid, "") for pid, model in running(server).items()}
         gone = {pid: model for pid, model in stubs.items() if pid not in now}
+        unknown |= {pid for pid, model in gone.items() if not model}
         dead = died(server, gone, stubs, now) if gone else []
+        if not dead and unknown and all(now.values()):  # judged once every live stub says its model
+            dead, unknown = (sorted(unknown) if orphaned(server, now) else []), set()
         if dead:
             return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
                                "not restart it and would answer every request to its model with an error")
@@ -135,6 +139,20 @@ def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now
         return sorted(gone)
     reloaded = {m for p, m in now.items() if p not in before}
     return sorted(p for p, m in gone.items() if m in ready and m not in reloaded)
+
+
+def orphaned(server: TritonServer, now: dict[int, str]) -> bool:
+    """Whether a model is READY that no live stub runs (each READY model of a many-bundle server
+    is a Python-backend model with a stub of its own): the death of a stub that was gone before
+    its command line said which model it ran, such as the instance stub Triton starts right after
+    the one that checks a model's config. An index that does not answer counts as one (died's rule)."""
+    if not server.explicit:
+        return False
+    try:
+        ready = server.ready_models()
+    except (OSError, ValueError):
+        return True
+    return bool(ready - set(now.values()))
 
 
 def keep_log(server: TritonServer) -> Path | None:
