@@ -177,3 +177,6 @@ def test_a_rescan_says_what_was_added_removed_changed_and_refused(bundle, tmp_pa
     (tmp_path / "late" / "manifest.json").write_text("[]")
     newest, more = after.rescan(tmp_path)
     assert "late" not in newest and list(more.refused) == ["late", "opus-mt-de-en"] and not more.added
+    listed = Catalog.scan([tmp_path / "opus-mt-en-de", tmp_path / "opus-mt-fr-de"])
+    shutil.rmtree(tmp_path / "opus-mt-fr-de")  # a bundle given by path, gone: removed, not an error
+    assert listed.rescan([tmp_path / "opus-mt-en-de", tmp_path / "opus-mt-fr-de"])[1].removed == ["opus-mt-fr-de"]

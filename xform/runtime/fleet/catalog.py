@@ -94,7 +94,10 @@ class Catalog:
         be read (a damaged manifest) is refused with its reason: a new one is left out, a known one
         kept as it was read before (its loads fail with the reason, as they would have)."""
         entries, refused = [], {}
-        for path in bundle_paths(where):
+        # a list of bundles: one gone is removed (a directory: bundle_paths' errors if none is left)
+        paths = bundle_paths(where) if isinstance(where, (str, Path)) else [Path(p) for p in where
+                                                                           if is_bundle(Path(p))]
+        for path in paths:
             try:
                 entries.append(Entry.read(path))
             except (XformError, OSError, ValueError, KeyError) as e:
