@@ -72,14 +72,16 @@ def ask(router, src, tgt):
 
 def test_an_added_bundle_is_written_and_routed_a_removed_one_leaves(served, demo_bundle):
     where, repo, router, pool, loads = served
-    assert rescan(router) == {"added": [], "removed": [], "changed": [], "refused": {}, "bundles": ["a", "b", "c"]}
+    assert rescan(router) == {"added": [], "removed": [], "changed": [], "refused": {}, "reload_failed": {},
+                              "bundles": ["a", "b", "c"]}
     with pytest.raises(InputError, match="no bundle translates src_lang 'de' to tgt_lang 'en'"):
         ask(router, "de", "en")
     ask(router, "num", "en")
     bundle(demo_bundle, where, "d", ("de", "en"))
     shutil.rmtree(where / "a")
     got = rescan(router)
-    assert got == {"added": ["d"], "removed": ["a"], "changed": [], "refused": {}, "bundles": ["b", "c", "d"]}
+    assert got == {"added": ["d"], "removed": ["a"], "changed": [], "refused": {}, "reload_failed": {},
+                   "bundles": ["b", "c", "d"]}
     assert ask(router, "de", "en") == "de>en d"
     assert sorted(p.name for p in repo.iterdir()) == ["b", "b-stream", "c", "c-stream", "d", "d-stream", ROUTER]
     assert ("unload", "a") in loads.events and "a" not in pool.stats().loaded
@@ -127,9 +129,12 @@ def test_unreadable_and_unservable_bundles_are_refused_the_rest_goes_on(served, 
     bundle(demo_bundle, where, "f", ("it", "en"))
     (where / "f" / "decoder.onnx").write_bytes(b"not the graph")  # its files' hashes fail
     (where / "a" / "manifest.json").write_text("[]")  # a known one damaged: kept as it was read
+    bundle(demo_bundle, where, "bad name", ("it", "en"))
+    bundle(demo_bundle, where, ".g.xform-77-x.tmp", ("it", "en"))  # an export's temporary: not a bundle
     got = rescan(router)
     assert got["added"] == [] and got["bundles"] == ["a", "b", "c"]
-    assert sorted(got["refused"]) == ["a", "e", "f", ROUTER]
+    assert sorted(got["refused"]) == ["a", "bad name", "e", "f", ROUTER]
+    assert "is not a model name" in got["refused"]["bad name"]
     assert "'translate' is the router's model" in got["refused"][ROUTER]
     assert "decoder.onnx" in got["refused"]["f"] and not (repo / "f").exists()
     assert ask(router, "num", "en") == "num>en a"
@@ -140,3 +145,18 @@ def test_rescan_url_refuses_what_it_cannot_ask(tmp_path):
     assert r.exit_code == 2 and "--status URL asks a running server" in r.output
     r = CliRunner().invoke(main, ["serve", "--rescan", "http://127.0.0.1:9"])
     assert r.exit_code == 1 and "--rescan http://127.0.0.1:9: no server answers at http://127.0.0.1:9" in r.output
+
+
+def test_a_linked_bundle_is_one_bundle_and_a_removed_preload_leaves_the_catalog(served, tmp_path):
+    """A bundle reached through a link keeps its link's name and is no change at each rescan; a
+    removed --preload bundle is no longer preloaded in catalog.json (a router Triton reloads
+    would otherwise try to preload it)."""
+    where, repo, router, pool, loads = served
+    shutil.copytree(where / "c", tmp_path / "exports-d")
+    (where / "d").symlink_to(tmp_path / "exports-d")
+    assert rescan(router)["added"] == ["d"]
+    assert read_catalog(repo / ROUTER / "1" / CATALOG)[0]["d"].path == where / "d"  # the link, as given
+    assert rescan(router)["changed"] == [] and rescan(router)["bundles"] == ["a", "b", "c", "d"]
+    shutil.rmtree(where / "b")
+    assert rescan(router)["removed"] == ["b"]
+    assert read_catalog(repo / ROUTER / "1" / CATALOG)[2].preload == ()

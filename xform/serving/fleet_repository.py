@@ -15,6 +15,7 @@ Tritonserver runs it with `--model-control-mode=explicit --load-model=translate`
 """
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import asdict, replace
 from importlib import resources
@@ -31,7 +32,8 @@ from xform.serving.router import CATALOG, ROUTER, Settings, config_pbtxt, write_
 
 def origin(source: str | Path | Sequence[str | Path], options: ModelOptions) -> dict:
     """catalog.json's `origin`: what a rescan reads again and writes its new bundles' models with."""
-    where = str(Path(source).resolve()) if isinstance(source, (str, Path)) else [str(Path(p).resolve()) for p in source]
+    # absolute, links kept: a bundle reached through a link keeps the name its link gives it
+    where = os.path.abspath(source) if isinstance(source, (str, Path)) else [os.path.abspath(p) for p in source]
     return {"source": where, "options": {k: (str(v) if isinstance(v, Path) else v)
                                          for k, v in asdict(options).items()}}
 

@@ -73,6 +73,7 @@ def ask(url: str, control: str, flag: str, model: str = "translate", timeout: fl
 def rescanned(data: dict) -> str:
     """A rescan's answer in a line: what changed, and what the server now holds."""
     said = Changes(data["added"], data["removed"], data["changed"], data["refused"]).said()
+    said += "".join(f"; {n} not loaded again ({why})" for n, why in data.get("reload_failed", {}).items())
     return f"{said}; {len(data['bundles'])} bundles: {', '.join(data['bundles'])}"
 
 

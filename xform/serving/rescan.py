@@ -17,7 +17,8 @@ catalog.json's `origin` says, and serve what it finds without a restart.
   its reason and the rest goes on: a new one is not added, a known one stays as it was (its own
   requests say what is wrong with it, 500, as before the rescan).
 
-The answer (JSON in the output `status`): added, removed, changed, refused (name -> why), and the
+The answer (JSON in the output `status`): added, removed, changed, refused (name -> why),
+reload_failed (a changed --preload bundle that could not be loaded again: name -> why), and the
 bundles served now. Rescans are one at a time; catalog.json is rewritten so that a router
 reloaded by Triton serves what the last rescan found.
 """
@@ -59,15 +60,20 @@ class Rescanner:
             old = self.router.catalog
             new, found = old.rescan(self.source)
             new, changes = self.written(old, new, found)
+            self.engines.update({n: engine_model(n, self.options) for n in changes.added})
+            # routed by the new catalog before anything leaves: a hop planned on the old one that
+            # asks a removed bundle now fails its load (the loader checks the catalog), never
+            # loads it again behind the rescan's back
+            self.router.catalog = new
+            self.leaving = [*self.leaving, *changes.removed]
             self.pool.retire(changes.changed)
             self.pool.retire(changes.removed, unpin=True)
-            self.engines.update({n: engine_model(n, self.options) for n in changes.added})
-            self.router.catalog = new
+            self.settings = replace(self.settings, preload=tuple(n for n in self.settings.preload if n in new))
             write_catalog(self.catalog_path, new, self.engines, self.settings, self.origin)
-            self.leaving = self.clear([*self.leaving, *changes.removed], new)
-            self.reload_pinned(changes.changed)
+            self.leaving = self.clear(self.leaving, new)
+            failed = self.reload_pinned(changes.changed)
             return {"added": changes.added, "removed": changes.removed, "changed": changes.changed,
-                    "refused": changes.refused, "bundles": [e.name for e in new]}
+                    "refused": changes.refused, "reload_failed": failed, "bundles": [e.name for e in new]}
 
     def written(self, old: Catalog, new: Catalog, found: Changes) -> tuple[Catalog, Changes]:
         """`new` with the models of its added and changed bundles written; a bundle refused (its
@@ -88,7 +94,8 @@ class Rescanner:
     def clear(self, leaving: list[str], served: Catalog) -> list[str]:
         """Remove the models of the bundles in `leaving` that are unloaded and not served again;
         those still loaded (a request holds them)."""
-        loaded = set(self.pool.stats().loaded)
+        stats = self.pool.stats()
+        loaded = {*stats.loaded, *([stats.loading] if stats.loading else [])}
         still = []
         for name in dict.fromkeys(leaving):
             if name in served:
@@ -101,7 +108,14 @@ class Rescanner:
             self.engines.pop(name, None)
         return still
 
-    def reload_pinned(self, changed: list[str]) -> None:
-        """Load again the pinned (--preload) bundles among `changed`: preloaded ones stay loaded."""
+    def reload_pinned(self, changed: list[str]) -> dict[str, str]:
+        """Load again the pinned (--preload) bundles among `changed`, preloaded ones staying loaded;
+        name -> why, for those that could not be (the rescan has taken effect either way: a
+        request for it loads it, or says why it cannot)."""
+        failed = {}
         for name in sorted(set(changed) & self.pool.pinned):
-            self.pool.warm(name)
+            try:
+                self.pool.warm(name)
+            except XformError as e:
+                failed[name] = str(e)
+        return failed

@@ -20,6 +20,7 @@ gave (inflight.untagged).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -127,7 +128,7 @@ def write_catalog(path: Path, catalog: Catalog, engines: dict[str, str], setting
     manifest stamp (read by the scan: the router opens no bundle file to route); `origin`, what a
     rescan reads again (fleet_repository.origin). Written atomically: a rescan rewrites it."""
     data = {"settings": settings.__dict__, "origin": origin, "bundles": [
-        {"name": e.name, "path": str(Path(e.path).resolve()), "engine": engines[e.name],
+        {"name": e.name, "path": os.path.abspath(e.path), "engine": engines[e.name],
          "languages": languages_json(e.languages), "stamp": e.stamp} for e in catalog]}
     atomic_write(path, json.dumps(data, indent=1) + "\n")
 

@@ -101,10 +101,13 @@ class Metrics:
                                                                                     if event == "load" else ""))
         if self.loads is None:
             return
-        self.metric(self.loads if event == "load" else self.unloads, model).increment(1)
-        self.metric(self.resident, model).set(cost)
-        if event == "load":
-            self.metric(self.seconds, model).observe(seconds)
+        try:
+            self.metric(self.loads if event == "load" else self.unloads, model).increment(1)
+            self.metric(self.resident, model).set(cost)
+            if event == "load":
+                self.metric(self.seconds, model).observe(seconds)
+        except Exception as e:  # noqa: BLE001 - a metric never fails the load it counts
+            pb_utils.Logger.log_warn(f"xform: router metrics for {model}: {e}")
 
 
 class TritonPythonModel:

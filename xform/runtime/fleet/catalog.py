@@ -31,6 +31,11 @@ class Entry:
     languages: Languages
     stamp: str = ""
 
+    def differs(self, other: "Entry") -> bool:
+        """Whether this is another bundle than `other` read before: its manifest (every file's
+        hash) or its languages; not its path's spelling (a link and its target are one bundle)."""
+        return (self.stamp, self.languages) != (other.stamp, other.languages)
+
     @classmethod
     def read(cls, path: Path) -> "Entry":
         return cls(path.name, path, bundle_languages(path), sha256_file(path / MANIFEST))
@@ -58,7 +63,9 @@ def bundle_paths(where: str | Path | Sequence[str | Path]) -> list[Path]:
         if is_bundle(root):
             raise InputError(f"{root}: a bundle, not a directory of bundles; give the directory that holds it, "
                              "or a list of bundle paths")
-        paths = sorted((p for p in root.iterdir() if p.is_dir() and is_bundle(p)), key=lambda p: p.name)
+        # not a dot-directory: xform's own temporaries (.NAME.xform-PID-*.tmp, a --force's -old) hold a manifest
+        paths = sorted((p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and is_bundle(p)),
+                       key=lambda p: p.name)
         if not paths:
             raise InputError(f"{root}: holds no bundle (a subdirectory with a {MANIFEST})")
         return paths
@@ -98,6 +105,10 @@ class Catalog:
         paths = bundle_paths(where) if isinstance(where, (str, Path)) else [Path(p) for p in where
                                                                            if is_bundle(Path(p))]
         for path in paths:
+            if not NAME.fullmatch(path.name):
+                refused[path.name] = (f"the bundle name {path.name!r} is not a model name (letters, digits, _ . -, "
+                                      "starting with a letter or digit): rename its directory")
+                continue
             try:
                 entries.append(Entry.read(path))
             except (XformError, OSError, ValueError, KeyError) as e:
@@ -105,7 +116,7 @@ class Catalog:
                 if path.name in self.entries:
                     entries.append(self.entries[path.name])
         new = Catalog(entries)
-        changed = [e.name for e in new if e.name in self.entries and e != self.entries[e.name]]
+        changed = [e.name for e in new if e.name in self.entries and e.differs(self.entries[e.name])]
         return new, Changes([e.name for e in new if e.name not in self.entries],
                             [n for n in self.entries if n not in new], changed, refused)
 

@@ -275,7 +275,8 @@ class Pool:
                 except LoadFailed as e:
                     self.close()
                     raise InputError(f"{{preload}} {name!r}: " + e.template).naming("preload", *e.settings) from e
-                held = {n: self.costs[n] for n in self.pinned if n in self.slots}
+                with self.cond:
+                    held = {n: s.cost for n, s in self.slots.items() if n in self.pinned}
                 if self.budget is not None and sum(held.values()) > self.budget:
                     self.close()
                     said = ", ".join(f"{n} {c} bytes" for n, c in sorted(held.items()))
