@@ -386,3 +386,53 @@ def test_a_retired_name_evicted_before_its_unload_loads_fresh_and_is_not_held_ba
         time.sleep(0.01)
     use(pool, "b", "a")  # a evicts b, and a's new load is a plain one
     assert pool.stats().loaded == ["a"] and pool.retiring == set() and held == ("loaded", "a")
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert predicate()
+
+
+def test_a_busy_name_takes_no_new_lease_while_a_cold_one_waits_for_its_room():
+    """max_loaded 1, a held: b waits for room; a new lease of a (which b would evict) waits too,
+    so a drains and b loads, then a loads again: first come, first served (without the order, a
+    steady stream of a's requests kept b out until its load timeout)."""
+    loader = Loader()
+    pool = Pool(loader, max_loaded=1, load_timeout=10)
+    pool.acquire("a")
+    got = []
+    cold = threading.Thread(target=lambda: (got.append(pool.acquire("b")), pool.release("b")))
+    cold.start()
+    wait_for(lambda: pool.waiting == ["b"])
+    busy = threading.Thread(target=lambda: (got.append(pool.acquire("a")), pool.release("a")))
+    busy.start()
+    time.sleep(0.1)
+    assert got == [] and pool.stats().leases == {"a": 1}  # a's new lease waits
+    pool.release("a")
+    cold.join(10), busy.join(10)
+    assert got == [("loaded", "b"), ("loaded", "a")] and pool.waiting == []
+    assert loader.log == [("load", "a"), ("unload", "a"), ("load", "b"), ("unload", "b"), ("load", "a")]
+
+
+def test_a_waiter_that_times_out_holds_nothing_back():
+    ticks = [0.0]
+    pool = Pool(Loader(), max_loaded=1, load_timeout=5, clock=lambda: ticks[0])
+    pool.acquire("a")
+    failed = []
+
+    def cold():
+        try:
+            pool.acquire("b")
+        except Unavailable as e:
+            failed.append(str(e))
+    waiter = threading.Thread(target=cold)
+    waiter.start()
+    wait_for(lambda: pool.waiting == ["b"])
+    ticks[0] = 6.0  # past b's deadline
+    with pool.cond:
+        pool.cond.notify_all()
+    waiter.join(10)
+    assert failed and "no room to load it within load_timeout 5" in failed[0] and pool.waiting == []
+    assert pool.acquire("a") == ("loaded", "a")  # granted at once again

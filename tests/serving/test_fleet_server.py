@@ -410,7 +410,7 @@ def test_a_loaded_bundles_stub_killed_still_stops_serve_with_exit_1(bundles, tmp
         assert engine
         os.kill(engine[-1], signal.SIGKILL)
         code, rest = served.finish(60)
-        assert code == 1 and "a Triton Python-backend stub (pid" in rest and ") died" in rest, rest
+        assert code == 1 and "a Triton Python-backend stub" in rest and " died" in rest, rest
     finally:
         if served.proc.poll() is None:
             served.proc.kill()

@@ -136,3 +136,14 @@ def test_a_stub_killed_before_the_watch_read_its_model_is_a_death_once_its_model
                                       ({2: "translate", 4: ""}, {"translate"}),
                                       ({2: "translate", 4: "b-stream"}, {"translate", "b-stream"})])
     assert outcome == lifecycle.STOPPED
+
+
+def test_an_instance_stub_the_watch_never_saw_is_a_death_by_its_model_left_with_no_stub(monkeypatch):
+    """Also seen: the config's stub seen and gone while its model loads, the instance's started,
+    served and was killed between two looks: its model is READY with no stub, a death."""
+    from xform.serving import lifecycle
+    outcome, said = replay(monkeypatch, [({2: "translate"}, {"translate"}),
+                                         ({2: "translate", 3: "b-stream"}, {"translate"}),
+                                         ({2: "translate"}, {"translate"}),
+                                         ({2: "translate"}, {"translate", "b-stream"})])
+    assert outcome == lifecycle.STUB_DIED and "leaving b-stream READY with no stub" in said, said

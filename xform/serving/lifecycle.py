@@ -110,11 +110,17 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         gone = {pid: model for pid, model in stubs.items() if pid not in now}
         unknown |= {pid for pid, model in gone.items() if not model}
         dead = died(server, gone, stubs, now) if gone else []
-        if not dead and unknown and all(now.values()):  # judged once every live stub says its model
-            dead, unknown = (sorted(unknown) if orphaned(server, now) else []), set()
         if dead:
             return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
                                "not restart it and would answer every request to its model with an error")
+        if server.explicit and all(now.values()):  # judged once every live stub says its model
+            lost = orphaned(server, now)
+            if lost or (lost is None and unknown):
+                pids = f" (pid {', '.join(map(str, sorted(unknown)))})" if unknown else ""
+                return STUB_DIED, (f"a Triton Python-backend stub{pids} died, leaving {', '.join(lost or ['?'])} "
+                                   "READY with no stub: Triton does not restart it and would answer every "
+                                   "request to its model with an error")
+            unknown = set()
         stubs = now
         tick()
         time.sleep(poll)
@@ -141,18 +147,17 @@ def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now
     return sorted(p for p, m in gone.items() if m in ready and m not in reloaded)
 
 
-def orphaned(server: TritonServer, now: dict[int, str]) -> bool:
-    """Whether a model is READY that no live stub runs (each READY model of a many-bundle server
-    is a Python-backend model with a stub of its own): the death of a stub that was gone before
-    its command line said which model it ran, such as the instance stub Triton starts right after
-    the one that checks a model's config. An index that does not answer counts as one (died's rule)."""
-    if not server.explicit:
-        return False
+def orphaned(server: TritonServer, now: dict[int, str]) -> list[str] | None:
+    """The models READY that no live stub runs (each READY model of a many-bundle server is a
+    Python-backend model with a stub of its own, from before it is READY until after it is not):
+    their stub died, even one the watch never saw (a load's instance stub started and was killed
+    between two looks) or saw only before it named its model. None when the index does not answer:
+    a death only if a stub of unknown model is gone (died's rule), else no judgement."""
     try:
         ready = server.ready_models()
     except (OSError, ValueError):
-        return True
-    return bool(ready - set(now.values()))
+        return None
+    return sorted(ready - set(now.values()))
 
 
 def keep_log(server: TritonServer) -> Path | None:

@@ -19,7 +19,9 @@ The rules:
   together do not fit the budget are refused by name (InputError), none of them kept.
 - A lease that finds no room (every loaded name leased or pinned) waits for a release; past
   `load_timeout` seconds of waiting it raises Unavailable; so does a lease waiting for its own
-  name's load in progress.
+  name's load in progress. Room is given in order: while a lease waits for room, the loaded
+  names it would evict (least recently used first) take no new lease, so they drain and it
+  loads, rather than busy names keeping a cold one out until its timeout.
 - A failed load fails the leases waiting for it, with the loader's reason (LoadFailed), and
   nothing else; the next lease of that name tries again.
 - With `idle_unload` seconds, a name no lease has held for that long (not pinned) is unloaded by
@@ -151,6 +153,7 @@ class Pool:
         self.preloading = False
         self.idle_unload, self.idle_unloads = idle_unload, Counter[str]()
         self.retiring: set[str] = set()
+        self.waiting: list[str] = []  # the leases waiting for room to load their names, first come first
         self.stopped = threading.Event()
         self.reaper: threading.Thread | None = None
         if idle_unload is not None:
@@ -171,30 +174,57 @@ class Pool:
         """`name` leased (loaded first if need be): release it with `release`."""
         deadline = self.clock() + self.load_timeout
         with self.cond:
-            while True:
-                slot = self.slots.get(name)
-                if slot is not None and name in self.retiring:
-                    self.wait(deadline, name, f"{name!r} is being unloaded (retired)")
-                    continue
-                if slot is not None:
-                    slot.leases += 1
-                    self.requests[name] += 1
-                    self.slots.move_to_end(name)
-                    return slot.thing
-                if self.loading is not None:
-                    attempt = self.loading
-                    self.wait(deadline, name, f"{attempt.name!r} is loading")
-                    if attempt.name == name and attempt.error is not None:
-                        raise self.failed(name, attempt.error)
-                    continue
-                victims = self.room_for(name)
-                if victims is None:
-                    self.wait(deadline, name, self.why_full())
-                    continue
-                attempt = self.loading = Attempt(name)
-                evicted = self.evict(victims)
-                break
+            queued = False
+            try:
+                while True:
+                    slot = self.slots.get(name)
+                    if slot is not None and name in self.retiring:
+                        self.wait(deadline, name, f"{name!r} is being unloaded (retired)")
+                        continue
+                    if slot is not None and name in self.making_room():
+                        self.wait(deadline, name, f"{name!r} is making room for {self.waiting[0]!r}")
+                        continue
+                    if slot is not None:
+                        slot.leases += 1
+                        self.requests[name] += 1
+                        self.slots.move_to_end(name)
+                        return slot.thing
+                    if self.loading is not None:
+                        attempt = self.loading
+                        self.wait(deadline, name, f"{attempt.name!r} is loading")
+                        if attempt.name == name and attempt.error is not None:
+                            raise self.failed(name, attempt.error)
+                        continue
+                    victims = self.room_for(name)
+                    if victims is None:
+                        if not queued:
+                            self.waiting.append(name)
+                            queued = True
+                        self.wait(deadline, name, self.why_full())
+                        continue
+                    attempt = self.loading = Attempt(name)
+                    evicted = self.evict(victims)
+                    break
+            finally:
+                if queued:
+                    self.waiting.remove(name)
+                    self.cond.notify_all()
         return self.load(attempt, evicted)
+
+    def making_room(self) -> set[str]:
+        """The loaded names the first lease waiting for room will evict (least recently used
+        first, as if no lease held them): no new lease of them is granted until it has its room,
+        so a busy bundle cannot keep a cold one out until its load timeout."""
+        if not self.waiting or self.waiting[0] in self.slots:
+            return set()
+        first = self.waiting[0]
+        candidates = [n for n in self.slots if n not in self.pinned and n != first]
+        victims: list[str] = []
+        while not self.fits(victims, 1, self.estimate(first)):
+            if not candidates:
+                return set()  # the pinned names fill the room: nothing to hold back
+            victims.append(candidates.pop(0))
+        return set(victims)
 
     def release(self, name: str) -> None:
         with self.cond:
