@@ -66,12 +66,12 @@ class Rescanner:
             # loads it again behind the rescan's back
             self.router.catalog = new
             self.leaving = [*self.leaving, *changes.removed]
-            self.pool.retire(changes.changed)
-            self.pool.retire(changes.removed, unpin=True)
+            # a changed --preload bundle that cannot be loaded again is said: the rescan has taken
+            # effect either way (a request for it loads it, or says why it cannot)
+            failed = {n: str(e) for n, e in self.pool.follow(changes.changed, changes.removed).items()}
             self.settings = replace(self.settings, preload=tuple(n for n in self.settings.preload if n in new))
             write_catalog(self.catalog_path, new, self.engines, self.settings, self.origin)
             self.leaving = self.clear(self.leaving, new)
-            failed = self.reload_pinned(changes.changed)
             return {"added": changes.added, "removed": changes.removed, "changed": changes.changed,
                     "refused": changes.refused, "reload_failed": failed, "bundles": [e.name for e in new]}
 
@@ -107,15 +107,3 @@ class Rescanner:
                 shutil.rmtree(self.repo / model, ignore_errors=True)
             self.engines.pop(name, None)
         return still
-
-    def reload_pinned(self, changed: list[str]) -> dict[str, str]:
-        """Load again the pinned (--preload) bundles among `changed`, preloaded ones staying loaded;
-        name -> why, for those that could not be (the rescan has taken effect either way: a
-        request for it loads it, or says why it cannot)."""
-        failed = {}
-        for name in sorted(set(changed) & self.pool.pinned):
-            try:
-                self.pool.warm(name)
-            except XformError as e:
-                failed[name] = str(e)
-        return failed

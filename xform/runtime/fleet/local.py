@@ -142,10 +142,9 @@ class FleetTranslator:
         A bundle that cannot be read is refused in the answer, the others go on."""
         new, changes = self.catalog.rescan(self.bundles)
         self.loader.catalog = self.catalog = new
-        self.pool.retire(changes.changed)
-        self.pool.retire(changes.removed, unpin=True)
-        for name in sorted(set(changes.changed) & self.pool.pinned):
-            self.pool.warm(name)
+        failed = self.pool.follow(changes.changed, changes.removed)
+        if failed:
+            raise next(iter(failed.values()))
         return changes
 
     def stats(self) -> PoolStats:

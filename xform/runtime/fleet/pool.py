@@ -251,6 +251,21 @@ class Pool:
             idle = sorted(n for n in self.retiring & gone if n in self.slots and self.slots[n].leases == 0)
         return [name for name in idle if self.drop(name)]
 
+    def follow(self, changed: Iterable[str], removed: Iterable[str]) -> dict[str, XformError]:
+        """The names changed and removed on disk (a rescan's) leave the pool (`retire`; removed
+        ones unpinned), and the pinned among the changed are loaded again now; name -> the error
+        of each that could not be (the others are in place either way)."""
+        changed = list(changed)
+        self.retire(changed)
+        self.retire(removed, unpin=True)
+        failed: dict[str, XformError] = {}
+        for name in sorted(set(changed) & self.pinned):
+            try:
+                self.warm(name)
+            except XformError as e:
+                failed[name] = e
+        return failed
+
     def drop(self, name: str) -> bool:
         """Unload retiring `name` if no lease holds it, holding the loader token; whether it did."""
         with self.cond:
