@@ -364,9 +364,17 @@ def machine() -> str:
 
 
 def versions() -> dict:
-    from importlib.metadata import version
-    return {p: version(p) for p in ("xform", "onnxruntime", "torch", "transformers", "optimum", "optimum-onnx",
-                                    "ctranslate2")}
+    """The installed version of each engine's package; a peer that is not installed is named so
+    (the run measured only the engines asked for)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+    return {p: of(p) for p in ("xform", "onnxruntime", "torch", "transformers", "optimum", "optimum-onnx",
+                               "ctranslate2")}
 
 
 def markdown(summary: dict, command: str) -> str:

@@ -57,21 +57,30 @@ def test_the_cache_is_written_in_place_and_unwritten_positions_stay_zero(tiny_bu
 
 
 def test_the_first_capacity_follows_each_batchs_longest_source(tiny_bundle):
-    """By default the host cache starts at the longest source + 8 positions, rounded up to 16,
-    capped at max_len (backend.source_capacity); a device starts at INITIAL_CAPACITY; a given
-    cache_capacity is kept. Tokens are the fixed capacity's whatever the start."""
-    from xform.runtime.backends.backend import INITIAL_CAPACITY, source_capacity
-    assert [source_capacity(n, 40) for n in (1, 8, 9, 24, 25, 40)] == [16, 16, 32, 32, 40, 40]
+    """By default a host cache of beams starts at the longest source + 8 positions, rounded up to
+    16, capped at max_len, and one of greedy rows at 16 (backend.source_capacity); a device starts
+    at INITIAL_CAPACITY; a given cache_capacity is kept. Tokens are the fixed capacity's whatever
+    the start, through growth too."""
+    from xform.runtime.backends.backend import GREEDY_CAPACITY, INITIAL_CAPACITY, source_capacity
+    assert [source_capacity(n, 40, 4) for n in (1, 8, 9, 24, 25, 40)] == [16, 16, 32, 32, 40, 40]
+    assert [source_capacity(n, 40) for n in (1, 9, 40)] == [GREEDY_CAPACITY] * 3 == [16] * 3
+    assert source_capacity(30, 12) == 12
     model = make_model("seed-002")
     session, fixed = xform.load(tiny_bundle, backend="ort"), xform.load(tiny_bundle, backend="ort", cache_capacity=32)
     for lengths, capacity in (([3, 5], 16), ([13, 2, 9], 32), ([30, 4], 40)):
         src, lens = padded_batch(model.cfg, lengths, seed=3)
-        got = session.generate(src, max_new_tokens=12, min_new_tokens=12)
+        got = session.generate(src, max_new_tokens=12, min_new_tokens=12, num_beams=2)
         assert session.backend.cache.capacity == capacity, lengths
-        np.testing.assert_array_equal(got, fixed.generate(src, max_new_tokens=12, min_new_tokens=12))
+        np.testing.assert_array_equal(got, fixed.generate(src, max_new_tokens=12, min_new_tokens=12, num_beams=2))
         assert fixed.backend.cache.capacity == 32
+        got = session.generate(src, max_new_tokens=12, min_new_tokens=12)  # greedy: 16 whatever the source
+        assert session.backend.cache.capacity == 16, lengths
+        np.testing.assert_array_equal(got, fixed.generate(src, max_new_tokens=12, min_new_tokens=12))
+        got = session.generate(src, max_new_tokens=20, min_new_tokens=20)  # past 16: grown to 32
+        assert session.backend.cache.capacity == 32, lengths
+        np.testing.assert_array_equal(got, fixed.generate(src, max_new_tokens=20, min_new_tokens=20))
     session.backend.ops = object()  # the device's branch: as on CUDA
-    assert session.backend.start_capacity(3) == INITIAL_CAPACITY
+    assert session.backend.start_capacity(3) == session.backend.start_capacity(3, 4) == INITIAL_CAPACITY
 
 
 def test_beams_through_growth_equal_transformers(marians):

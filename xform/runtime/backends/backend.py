@@ -39,14 +39,21 @@ __all__ = ["INITIAL_CAPACITY", "source_capacity", "Backend", "Capabilities", "Jo
 # The self-attention cache of the graph backends is a fixed-capacity buffer updated in place
 # (contract.py): this many positions at the first step, doubled whenever a decode fills it.
 INITIAL_CAPACITY = 32
+GREEDY_CAPACITY = 16  # a host cache's first positions for rows that decode a source alone
 
 
-def source_capacity(src_len: int, limit: int) -> int:
-    """A host cache's first capacity for a batch whose longest source has `src_len` tokens: 8
-    positions more, rounded up to 16, at most `limit`. A translation is about as long as its
-    source, so most batches never grow, and short ones hold no 32 positions they never reach
-    (docs/design.md, "The cache's first capacity from the source": beam 4's peak -7%, speed the
-    same)."""
+def source_capacity(src_len: int, limit: int, group: int = 1) -> int:
+    """A host cache's first capacity for a batch whose longest source has `src_len` tokens and
+    `group` rows a source, at most `limit`. Beams and samples (group > 1): 8 positions more than
+    the source, rounded up to 16. A translation is about as long as its source, so most batches
+    never grow, and short ones hold no 32 positions they never reach (docs/design.md, "The cache's
+    first capacity from the source": beam 4's peak -7%, speed the same). One row a source
+    (greedy): GREEDY_CAPACITY. Greedy rows end at their own lengths and leave the batch, so a
+    growth copies only the rows still running, while a start at the source's length holds it for
+    every row of the batch from the first step (a file's greedy peak -30 to -40 MiB at 16 against
+    the source rule, speed the same: docs/benchmarks.md, "Greedy's cache from 16 positions")."""
+    if group == 1:
+        return max(1, min(limit, GREEDY_CAPACITY))
     return max(1, min(limit, -(-(src_len + 8) // 16) * 16))
 
 

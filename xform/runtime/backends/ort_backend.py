@@ -6,10 +6,11 @@ docs/benchmarks.md, "Where Marian-base fp32 memory goes"):
 - The self-attention cache is one buffer per layer, key and value, owned here: numpy arrays on
   the CPU, device buffers on CUDA. The decoder graph reads it where it is (bound, never copied)
   and returns only the new token's keys and values, which are written in at the step's position
-  (contract.py). Its capacity doubles when full. On the CPU it starts at the batch's longest
-  source plus 8, rounded up to 16 (backend.source_capacity: a translation is about as long as its
-  source), since the decoder reads every position at every step and a read makes even a
-  never-written zero page resident; on a device at INITIAL_CAPACITY. Beam search reorders it in
+  (contract.py). Its capacity doubles when full. On the CPU beams start at the batch's longest
+  source plus 8, rounded up to 16, greedy rows at 16 (backend.source_capacity: a translation is
+  about as long as its source, and greedy rows leave the batch as they end), since the decoder
+  reads every position at every step and a read makes even a never-written zero page resident;
+  on a device at INITIAL_CAPACITY. Beam search reorders it in
   place (CPU) or through the reorder graph (CUDA).
 - A weight several graphs hold (a shared embedding table, the restricted decoder's layers) is
   mapped once from the bundle and given
@@ -200,7 +201,7 @@ class OrtBackend(Restriction, BeamOps):
         Bs, S = src_ids.shape
         H, D = self.kv_heads, self.head_dim
         self.live = False
-        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.start_capacity(S), D)
+        cross_shape, cache_shape = (Bs, H, S, D), (Bs * group, H, self.start_capacity(S, group), D)
         if self.ops is None:  # the last decode's buffers go before the encoder allocates
             self.cache.release()
             self.cross.release()
@@ -218,11 +219,12 @@ class OrtBackend(Restriction, BeamOps):
         self.live = True
         self.bind_rows()
 
-    def start_capacity(self, src_len: int) -> int:
-        """The cache's positions at a start over sources of `src_len` tokens (__init__'s rule)."""
+    def start_capacity(self, src_len: int, group: int = 1) -> int:
+        """The cache's positions at a start over sources of `src_len` tokens, `group` rows a
+        source (__init__'s rule)."""
         if self.initial_capacity is not None:
             return self.initial_capacity
-        return INITIAL_CAPACITY if self.ops is not None else source_capacity(src_len, self.max_len)
+        return INITIAL_CAPACITY if self.ops is not None else source_capacity(src_len, self.max_len, group)
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray, addresses: list[int], mask: np.ndarray) -> None:
         """The encoder's cross K/V into `addresses`, its source mask into `mask`."""
