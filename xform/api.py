@@ -34,9 +34,10 @@ def load(bundle_dir: str | Path, backend: str = "ort", device: str | None = None
          cuda_graph: bool | None = None) -> Session:
     """device: cpu or cuda; by default cpu for torch and ort, cuda for trt. `cache_capacity`:
     the positions the graph backends' self-attention cache starts with (doubled when full;
-    default: on the CPU each batch's longest source + 8 rounded up to 16, on a device
-    backend.INITIAL_CAPACITY). `allow_tf32`: ONNX Runtime on CUDA may run fp32 matmuls in
-    TF32 (faster, logits about 1e-3 off; the check then judges fp32 by fp16's tolerance).
+    default: on the CPU 16 for greedy rows and, for beams and samples, each batch's longest
+    source + 8 rounded up to 16; on a device backend.INITIAL_CAPACITY). `allow_tf32`: ONNX
+    Runtime on CUDA may run fp32 matmuls in TF32 (faster, logits about 1e-3 off; the check then
+    judges fp32 by fp16's tolerance).
     `cuda_graph`: ONNX Runtime on CUDA captures the decoder step as a CUDA graph (2.3-3x the
     tokens/s on an H100, docs/gpu.md); False runs it uncaptured."""
     return open_session(bundle_dir, backend, device, threads, torch_factory=torch_backend,

@@ -28,7 +28,8 @@ def open_backend(bundle: Bundle, backend: str, device: str | None = None, thread
                  allow_tf32: bool = False, cuda_graph: bool | None = None):
     """The backend object; `torch_factory(bundle, device, threads)` makes the eager one;
     `cache_capacity` the graph backends' first cache capacity (None: ONNX Runtime on the CPU starts
-    each batch at its longest source's (backend.source_capacity), a device at INITIAL_CAPACITY);
+    greedy rows at 16 and beams at the batch's longest source's (backend.source_capacity), a device
+    at INITIAL_CAPACITY);
     `allow_tf32` lets ONNX Runtime on CUDA run fp32 matmuls in TF32 (off: fp32 is fp32);
     `cuda_graph` False runs ONNX Runtime's decoder step on CUDA uncaptured (None: captured as a
     CUDA graph, runtime/backends/cuda_graphs.py)."""

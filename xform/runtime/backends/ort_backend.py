@@ -83,8 +83,8 @@ class OrtBackend(Restriction, BeamOps):
 
     def __init__(self, bundle: Bundle, device: str = "cpu", threads: int | None = None,
                  initial_capacity: int | None = None, tf32: bool = False, cuda_graph: bool | None = None):
-        # the cache's positions at a start, doubled when full; None: from the batch's longest source
-        # on the host (backend.source_capacity), INITIAL_CAPACITY on a device
+        # the cache's positions at a start, doubled when full; None: on the host by the rows a
+        # source and the batch's longest source (backend.source_capacity), INITIAL_CAPACITY on a device
         self.initial_capacity = initial_capacity
         ort = self.ort = import_onnxruntime()
         providers = providers_for(ort, device, tf32)
