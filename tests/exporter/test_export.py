@@ -69,8 +69,15 @@ def test_graphs_have_contract_names_and_dynamic_axes(tiny_bundle):
             assert dims == list(t.shape), (t.name, dims)
     dec = onnx.load(str(bundle.graph_file(DECODER)))
     assert not any(n.op_type in ("If", "Loop") for n in dec.graph.node)
-    # the greedy choice is in the graph: each row's best two (TopK), no Where over (rows, vocab) (issue 44)
-    assert any(n.op_type == "TopK" for n in dec.graph.node) and not any(n.op_type == "ArgMax" for n in dec.graph.node)
+    # the greedy choice is in the graph: each row's best 2 + n (TopK, n the never-generated ids),
+    # then the first allowed of them: no Where or ArgMax over (rows, vocab) (issue 44)
+    made = {o: n for n in dec.graph.node for o in n.output}
+    topk = [n for n in dec.graph.node if n.op_type == "TopK"]
+    assert len(topk) == 1 and topk[0].input[0] == "logits"  # the projection's output, unsuppressed
+    argmax = [n for n in dec.graph.node if n.op_type == "ArgMax"]
+    assert len(argmax) == 1 and made[argmax[0].input[0]].op_type == "Where"
+    assert topk[0].output[0] in made[argmax[0].input[0]].input  # over TopK's values, not the vocabulary
+    assert not any("logits" in n.input for n in dec.graph.node if n.op_type in ("Where", "Add", "ArgMax"))
     # 3 decoder layers: logits, next ids, 3 x (key, value)
     assert len(dec.graph.output) == 2 + 2 * 3
 
