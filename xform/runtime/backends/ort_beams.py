@@ -26,7 +26,8 @@ class BeamOps:
     mask: np.ndarray
     group: int
     inputs: StepInputs
-    bound: dict[str, Any]
+    bound: dict[tuple, Any]
+    forget: Callable[[str], None]
     cand_bufs: tuple[np.ndarray, np.ndarray] | None
     num_candidates: np.ndarray
     ids_buf: np.ndarray
@@ -58,7 +59,7 @@ class BeamOps:
             n = max(R, len(self.ids_buf))
             self.cand_bufs = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
             self.num_candidates = np.array([k], np.int64)
-            self.bound.pop(DECODER_BEAM, None)
+            self.forget(DECODER_BEAM)
         dec = self.step_binding(DECODER_BEAM)
         self.inputs.refresh()
         if self.ops is not None:
@@ -98,7 +99,9 @@ class BeamOps:
         sources = compact_sources(self.cross, rows, g, before)
         if sources is not None:
             self.mask = np.ascontiguousarray(self.mask[sources])
-        if len(rows) < before or self.ops is not None:  # on the host a reorder keeps every address
+        # fewer rows: new views and bindings; a reorder keeps every address on the host, and on a
+        # device the step's binding follows the buffer set the cache moved to (step_binding)
+        if len(rows) < before:
             self.bind_rows()
 
     def run_reorder(self, rows: np.ndarray, src: list[int], dst: list[int], shape) -> None:

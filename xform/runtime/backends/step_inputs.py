@@ -11,8 +11,9 @@ updated in place between runs; on a device, one device buffer an input, written 
 array when bound, or, for the inputs that change each step, before every run (`refresh`, then
 the ops' sync). Neither relies on ONNX Runtime copying host memory at a run.
 
-A device buffer only grows; it is reallocated only at a binding, and every binding is made anew
-whenever the rows change (OrtBackend.bind_rows), so no binding keeps a freed address.
+A device buffer only grows; it is reallocated only at a binding over more rows, and every binding
+is dropped whenever the rows change (OrtBackend.bind_rows), so no binding keeps a freed address (a
+beam reorder's two buffer sets keep one binding each: OrtBackend.step_binding).
 
 A session captured as a CUDA graph (cuda_graphs.py) takes no host memory at all: its outputs too
 (the chosen ids, the candidates, the attention) are device buffers here, fetched into the
