@@ -154,9 +154,10 @@ def test_beams_equal_the_host_path(marians, device, beams, fused):
 def test_a_beam_reorder_binds_each_buffer_set_once(demo_bundle, device, fused, monkeypatch):
     """A device's beam reorder moves the cache into the other of its two buffer sets, rows
     unchanged: the step's binding of each set is made once and reused (issue 41: made anew after
-    every gather it was 1.24 ms of a 4 ms beam step on the H100). No growth, no row leaving (every
-    hypothesis runs to its min_new_tokens): two bindings of the step graph over 10 steps, and the
-    hypotheses and scores still the host's."""
+    every gather it was 1.24 ms of a 4 ms beam step on the H100), and so is the reorder graph's,
+    its beam_idx written into device memory before each run. No growth, no row leaving (every
+    hypothesis runs to its min_new_tokens): two bindings of the step graph and two of the reorder
+    graph over 10 steps, and the hypotheses and scores still the host's."""
     from tests.runtime.cuda_double import CudaSession
     host, dev = pair(demo_bundle, device, capacity=32)
     for s in (host, dev):
@@ -173,6 +174,7 @@ def test_a_beam_reorder_binds_each_buffer_set_once(demo_bundle, device, fused, m
     if device is not None:
         step = dev.backend.sessions[DECODER_BEAM if fused else DECODER]
         assert made.count(id(step)) == 2, made.count(id(step))
+        assert made.count(id(dev.backend.reorder)) == 2, made.count(id(dev.backend.reorder))  # one a direction
 
 
 def test_rows_joining_a_running_batch_equal_the_host(demo_bundle, device):

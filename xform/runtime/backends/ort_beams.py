@@ -105,10 +105,20 @@ class BeamOps:
             self.bind_rows()
 
     def run_reorder(self, rows: np.ndarray, src: list[int], dst: list[int], shape) -> None:
-        """DeviceOps.gather on CUDA: the reorder graph from one buffer set into the other."""
-        rb = self.reorder.io_binding()
-        rb.bind_cpu_input("beam_idx", rows)
-        self.bind_tensors(rb, "input", self.cache_names, src, shape)
-        self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
+        """DeviceOps.gather on CUDA: the reorder graph from one buffer set into the other. A beam
+        decode alternates between two such bindings (one a direction), kept like the step's
+        (`bound`, dropped by bind_rows); beam_idx is a device buffer written before each run, since
+        a host input would be copied once, when bound."""
+        assert self.ops is not None
+        idx = self.inputs.address("beam_idx", rows.nbytes)
+        key = ("reorder", src[0], dst[0], tuple(shape), len(rows), idx)
+        rb = self.bound.get(key)
+        if rb is None:
+            rb = self.bound[key] = self.reorder.io_binding()
+            rb.bind_input("beam_idx", self.ort_device, 0, np.int64, [len(rows)], idx)
+            self.bind_tensors(rb, "input", self.cache_names, src, shape)
+            self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
+        self.ops.upload(idx, rows)
+        self.ops.sync()  # the indices on the device before the graph reads them
         self.reorder.run_with_iobinding(rb)
         rb.synchronize_outputs()
