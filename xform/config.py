@@ -221,6 +221,11 @@ class TransformerConfig:
         return self.decoder_norm_positions or (self.norm_position,) * 3
 
     @property
+    def never_generated(self) -> tuple[int, ...]:
+        """The target ids no decoding step emits: the pad id and the banned ids, sorted."""
+        return tuple(sorted({self.pad_id, *self.banned_ids}))
+
+    @property
     def start_id(self) -> int:
         return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
 

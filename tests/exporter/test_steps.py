@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import make_model
-from xform.exporter.steps import FEW_NEVER, greedy_choice, never_ids, rank_candidates
+from xform.exporter.steps import FEW_NEVER, greedy_choice, rank_candidates
 
 K = 3
 
@@ -19,7 +19,7 @@ K = 3
 def models():
     few = make_model("seed-002", banned_ids=(5, 9))
     many = make_model("seed-002", banned_ids=tuple(range(10, 10 + FEW_NEVER + 4)))
-    assert len(never_ids(few)) <= FEW_NEVER < len(never_ids(many))
+    assert len(few.cfg.never_generated) <= FEW_NEVER < len(many.cfg.never_generated)
     return {"few never-generated ids": few, "many never-generated ids": many}
 
 
@@ -29,7 +29,7 @@ def hard_logits(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     min_new_tokens, row 3 past it), row 4 ties between two ids at the top and at the K-th place,
     row 5 never-generated ids and end-of-sentence (early) above a tie."""
     cfg = model.cfg
-    never = never_ids(model)
+    never = list(model.cfg.never_generated)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(6, cfg.tgt_vocab_size, generator=g)
     x[0, cfg.pad_id] = 9.0
@@ -67,7 +67,7 @@ def test_greedy_and_candidates_equal_their_definitions(kind):
     np.testing.assert_array_equal(got.numpy(), ids)
     np.testing.assert_allclose(top.numpy(), values, rtol=0, atol=1e-6)
     # the rows are the hard cases they are meant to be: the best ids raw are not the choices
-    assert greedy[0] != model.cfg.pad_id and greedy[1] not in never_ids(model) and greedy[2] != model.cfg.eos_id
+    assert greedy[0] != model.cfg.pad_id and greedy[1] not in model.cfg.never_generated and greedy[2] != model.cfg.eos_id
     assert greedy[3] == model.cfg.eos_id
 
 

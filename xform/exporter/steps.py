@@ -14,69 +14,50 @@ from xform.models.transformer import EncoderOutput, Seq2SeqTransformer, recordin
 FEW_NEVER = 16
 
 
-def never_ids(model: Seq2SeqTransformer) -> list[int]:
-    """The ids never generated (Seq2SeqTransformer.blocked_ids at any step): pad and banned."""
-    return sorted({model.cfg.pad_id, *model.cfg.banned_ids})
-
-
 def never_bias(model: Seq2SeqTransformer, logits: Tensor) -> Tensor:
     """(V,): -inf at the ids never generated (pad, banned), 0 elsewhere: suppression as one Add."""
     blocked = model.blocked_ids(0, 0, logits.device)
     return torch.zeros(blocked.shape, device=logits.device).masked_fill(blocked, float("-inf"))
 
 
-def struck(ids: Tensor, never: list[int]) -> Tensor:
-    """ids (R, K) -> bool (R, K): which are never generated."""
-    out = ids == never[0]
-    for v in never[1:]:
+def allowed_top(model: Seq2SeqTransformer, scores: Tensor, k: int | Tensor, early: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's k + n best of `scores` (R, V), n the never-generated ids (TopK's order: by
+    value, ties to the lower id), those ids and end-of-sentence in the `early` rows (R, 1) set to
+    -inf: the k best allowed are the k best left, in order. The suppression on (R, k + n) values,
+    not an Add over (R, V) (a full pass and an (R, V) copy for one to a few ids: 1.4 of 6 ms at
+    256 rows, docs/benchmarks.md); more than FEW_NEVER ids: a (V,) -inf bias Add first, n = 0."""
+    cfg = model.cfg
+    never = list(cfg.never_generated)
+    if len(never) > FEW_NEVER:
+        scores, never = scores + never_bias(model, scores), []
+    want = (min(k + len(never), cfg.tgt_vocab_size) if isinstance(k, int)
+            else torch.clamp(k + len(never), max=cfg.tgt_vocab_size))
+    vals, ids = torch.topk(scores, want, dim=-1)  # type: ignore[arg-type]  # a 0-d k stays a graph input
+    out = (ids == cfg.eos_id) & early
+    for v in never:
         out = out | (ids == v)
-    return out
+    return vals.masked_fill(out, float("-inf")), ids
 
 
 def greedy_choice(model: Seq2SeqTransformer, logits: Tensor, positions: Tensor, min_new_tokens: Tensor) -> Tensor:
     """Each row's best id after Seq2SeqTransformer.suppress (pad and banned ids never,
-    end-of-sentence not before min_new_tokens), in one pass over the (R, V) logits: of each row's
-    2 + n best (n the never-generated ids) the first that is neither never generated nor an
-    end-of-sentence the row may not end with yet, which is the best after suppression. A Where
-    and an ArgMax over (R, V) were 11% of Marian-base's greedy graph at 256 rows, and the (V,)
-    -inf bias Add that replaced them still wrote a suppressed (R, V) copy, 20 MiB of the arena at a
-    file's 157 rows (docs/benchmarks.md); many never-generated ids keep that bias."""
-    cfg = model.cfg
-    never = never_ids(model)
-    early = (positions < min_new_tokens).unsqueeze(1)  # (R, 1)
-    if len(never) > FEW_NEVER:
-        vals, ids = torch.topk(logits + never_bias(model, logits), min(2, cfg.tgt_vocab_size), dim=-1)
-        out = (ids == cfg.eos_id) & early
-    else:
-        vals, ids = torch.topk(logits, min(2 + len(never), cfg.tgt_vocab_size), dim=-1)  # (R, 2 + n)
-        out = struck(ids, never) | ((ids == cfg.eos_id) & early)
-    # TopK's order is by value, ties to the lower id: the first left is ArgMax's choice
-    pick = torch.argmax(vals.masked_fill(out, float("-inf")), dim=-1, keepdim=True)
-    return ids.gather(1, pick).squeeze(1)
+    end-of-sentence not before min_new_tokens), in one pass over the (R, V) logits: the first of
+    its 2 allowed best (allowed_top), which is ArgMax's choice after suppression. A Where and an
+    ArgMax over (R, V) were 11% of Marian-base's greedy graph at 256 rows (docs/benchmarks.md)."""
+    vals, ids = allowed_top(model, logits, 2, (positions < min_new_tokens).unsqueeze(1))
+    return ids.gather(1, torch.argmax(vals, dim=-1, keepdim=True)).squeeze(1)
 
 
 def rank_candidates(model: Seq2SeqTransformer, logits: Tensor, num_candidates: Tensor, min_new_tokens: Tensor,
                     positions: Tensor) -> tuple[Tensor, Tensor]:
     """The candidates graph's computation, also the tail of the fused beam step (beam_graph.py):
     each row's num_candidates best log-probs after Seq2SeqTransformer.suppress, and their ids."""
-    # after the log-softmax, K + 1 + n candidates (n the never-generated ids), then those ids and
-    # end-of-sentence in the rows still short of their min_new_tokens struck and the K best
-    # kept: the suppression on (R, K + 1 + n) values, not an Add over (R, V) (a Where over (R, V)
-    # cost 3x the log-softmax and TopK together on Marian-base; the Add, 1.4 of 6 ms at 256 rows
-    # and an (R, V) tensor in the arena). Many never-generated ids: a (V,) -inf bias Add first
-    cfg = model.cfg
-    never = never_ids(model)
-    scores = torch.log_softmax(logits, dim=-1)  # (R, V)
-    extra = len(never)
-    if extra > FEW_NEVER:
-        scores, extra = scores + never_bias(model, logits), 0
+    # one more candidate than asked, so that end-of-sentence struck from the rows still short of
+    # their min_new_tokens leaves K (a Where over (R, V) cost 3x the log-softmax and TopK together)
     # k is a 0-d tensor, so the trace keeps K a graph input; topk takes one (torch annotates k as an int)
     k = num_candidates[0]
-    vals, ids = torch.topk(scores, torch.clamp(k + 1 + extra, max=cfg.tgt_vocab_size), dim=-1)  # type: ignore[arg-type]
-    out = (ids == cfg.eos_id) & (positions < min_new_tokens).unsqueeze(1)
-    if extra:
-        out = out | struck(ids, never)
-    vals = vals.masked_fill(out, float("-inf"))
+    vals, ids = allowed_top(model, torch.log_softmax(logits, dim=-1), k + 1,
+                            (positions < min_new_tokens).unsqueeze(1))
     top, order = torch.topk(vals, k, dim=-1)  # type: ignore[arg-type]  # (R, K) each; K stays a graph input
     return top, ids.gather(1, order)
 

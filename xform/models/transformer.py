@@ -221,9 +221,10 @@ class Seq2SeqTransformer(nn.Module):
         """(V,) bool: the ids `suppress` removes at this step; (R, V) when n_generated and
         min_new_tokens are per row (R,) (the graphs, whose rows have their own positions)."""
         ids = torch.arange(self.cfg.tgt_vocab_size, device=device)
-        blocked = ids == self.cfg.pad_id
-        for banned in self.cfg.banned_ids:
-            blocked = blocked | (ids == banned)
+        never = self.cfg.never_generated  # the pad id at least
+        blocked = ids == never[0]
+        for v in never[1:]:
+            blocked = blocked | (ids == v)
         early = torch.as_tensor(n_generated) < torch.as_tensor(min_new_tokens)
         return blocked | ((ids == self.cfg.eos_id) & early[..., None])
 

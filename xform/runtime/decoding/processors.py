@@ -25,8 +25,7 @@ class Special:
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> "Special":
-        blocked = sorted({config.pad_id, *config.banned_ids})
-        return cls(config.pad_id, config.eos_id, tuple(blocked), config.tgt_vocab_size)
+        return cls(config.pad_id, config.eos_id, config.never_generated, config.tgt_vocab_size)
 
     # The rules the decoder graphs apply (graphs.py), for a backend computing a step's choice on the
     # host from the logits of a subset of the vocabulary (--vocab-map's restricted decoder).
