@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from xform.serving import residency
-from xform.serving.lifecycle import died
+from xform.serving.lifecycle import died, index
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -61,19 +61,22 @@ class Server:
 def test_a_stub_gone_is_a_death_only_while_its_model_is_ready_and_not_reloaded():
     before = {1: "a-stream", 2: "translate", 3: "b-stream"}
     gone = {1: "a-stream", 3: "b-stream"}
+    server = Server(True, {"translate", "b-stream"})
     # a-stream unloaded (not READY): no death; b-stream still READY: its stub died
-    assert died(Server(True, {"translate", "b-stream"}), gone, before, {2: "translate"}) == [3]
+    assert died(server, gone, before, {2: "translate"}, index(server)) == [3]
     # b-stream READY again in a new stub (pid 4): unloaded and loaded again between two looks
-    assert died(Server(True, {"translate", "b-stream"}), gone, before, {2: "translate", 4: "b-stream"}) == []
+    assert died(server, gone, before, {2: "translate", 4: "b-stream"}, index(server)) == []
     # no explicit model control: every stub is there from the start, any gone one died
-    assert died(Server(False, set()), gone, before, {2: "translate"}) == [1, 3]
+    assert died(Server(False, set()), gone, before, {2: "translate"}, set()) == [1, 3]
 
 
 def test_an_index_that_does_not_answer_counts_the_gone_stubs_as_dead():
     class Silent(Server):
         def ready_models(self):
             raise TimeoutError("timed out")
-    assert died(Silent(True, set()), {3: "b-stream"}, {3: "b-stream"}, {}) == [3]
+    server = Silent(True, set())
+    assert index(server) is None
+    assert died(server, {3: "b-stream"}, {3: "b-stream"}, {}, index(server)) == [3]
 
 
 def test_the_watch_keeps_a_killed_stubs_model_while_its_command_line_is_already_gone(monkeypatch):
@@ -147,3 +150,18 @@ def test_an_instance_stub_the_watch_never_saw_is_a_death_by_its_model_left_with_
                                          ({2: "translate"}, {"translate"}),
                                          ({2: "translate"}, {"translate", "b-stream"})])
     assert outcome == lifecycle.STUB_DIED and "leaving b-stream READY with no stub" in said, said
+
+
+def test_the_watch_asks_the_index_once_a_poll(monkeypatch):
+    """Both rules (a gone stub's model still READY; a READY model with no stub) read one answer
+    of Triton's index a poll, not a request each: stubs gone at two polls (their models
+    unloaded, no death), and the index asked once at each poll that slept after its look."""
+    from xform.serving import lifecycle
+    looks = [({2: "translate", 3: "a-stream"}, {"translate", "a-stream"}), ({2: "translate"}, {"translate"}),
+             ({2: "translate", 4: "b-stream"}, {"translate", "b-stream"}), ({2: "translate"}, {"translate"})]
+    asked, slept = [], []
+    monkeypatch.setattr(Server, "ready_models", lambda self: asked.append(1) or self.ready)
+    monkeypatch.setattr(lifecycle.time, "sleep", lambda s: slept.append(s))
+    outcome, _ = replay(monkeypatch, looks)
+    assert outcome == lifecycle.STOPPED and slept
+    assert len(asked) == len(slept), (len(asked), len(slept))

@@ -109,12 +109,14 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         now = {pid: model or stubs.get(pid, "") for pid, model in running(server).items()}
         gone = {pid: model for pid, model in stubs.items() if pid not in now}
         unknown |= {pid for pid, model in gone.items() if not model}
-        dead = died(server, gone, stubs, now) if gone else []
+        judged = server.explicit and (gone or all(now.values()))
+        ready = index(server) if judged else None  # asked once a poll, for both rules below
+        dead = died(server, gone, stubs, now, ready) if gone else []
         if dead:
             return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
                                "not restart it and would answer every request to its model with an error")
         if server.explicit and all(now.values()):  # judged once every live stub says its model
-            lost = orphaned(server, now)
+            lost = orphaned(ready, now)
             if lost or (lost is None and unknown):
                 pids = f" (pid {', '.join(map(str, sorted(unknown)))})" if unknown else ""
                 return STUB_DIED, (f"a Triton Python-backend stub{pids} died, leaving {', '.join(lost or ['?'])} "
@@ -131,33 +133,34 @@ def running(server: TritonServer) -> dict[int, str]:
     return {pid: residency.stub_model(pid) or "" for pid in server.stubs()}
 
 
-def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now: dict[int, str]) -> list[int]:
-    """The pids of `gone` that died: their model still READY and run by no new stub (an unloaded
-    model is not READY; one loaded again since has a stub that was not there `before`). An index
-    that does not answer counts them all as dead: seen here, Triton 2.51's index can stop
-    answering once a loaded model's stub was killed, and a false stop is safer than a model that
-    answers every request with an error."""
-    if not server.explicit:
-        return sorted(gone)
+def index(server: TritonServer) -> set[str] | None:
+    """The models Triton's index says READY; None when it does not answer."""
     try:
-        ready = server.ready_models()
+        return server.ready_models()
     except (OSError, ValueError):
+        return None
+
+
+def died(server: TritonServer, gone: dict[int, str], before: dict[int, str], now: dict[int, str],
+         ready: set[str] | None) -> list[int]:
+    """The pids of `gone` that died: their model still READY (`ready`, the index's answer) and
+    run by no new stub (an unloaded model is not READY; one loaded again since has a stub that was
+    not there `before`). An index that did not answer (None) counts them all as dead: seen here,
+    Triton 2.51's index can stop answering once a loaded model's stub was killed, and a false stop
+    is safer than a model that answers every request with an error."""
+    if not server.explicit or ready is None:
         return sorted(gone)
     reloaded = {m for p, m in now.items() if p not in before}
     return sorted(p for p, m in gone.items() if m in ready and m not in reloaded)
 
 
-def orphaned(server: TritonServer, now: dict[int, str]) -> list[str] | None:
+def orphaned(ready: set[str] | None, now: dict[int, str]) -> list[str] | None:
     """The models READY that no live stub runs (each READY model of a many-bundle server is a
     Python-backend model with a stub of its own, from before it is READY until after it is not):
     their stub died, even one the watch never saw (a load's instance stub started and was killed
-    between two looks) or saw only before it named its model. None when the index does not answer:
-    a death only if a stub of unknown model is gone (died's rule), else no judgement."""
-    try:
-        ready = server.ready_models()
-    except (OSError, ValueError):
-        return None
-    return sorted(ready - set(now.values()))
+    between two looks) or saw only before it named its model. None when the index did not answer
+    (`ready` None): a death only if a stub of unknown model is gone (died's rule), else no judgement."""
+    return None if ready is None else sorted(ready - set(now.values()))
 
 
 def keep_log(server: TritonServer) -> Path | None:
