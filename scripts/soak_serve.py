@@ -5,6 +5,12 @@ resident memory of tritonserver and its Python-backend stubs are recorded.
 
     pip install -e ".[serve]" && pip install --no-deps nvidia-pytriton==0.7.0
     python scripts/soak_serve.py --minutes 30 [--bundle B] [--clients 32] [--think 0.2] [--json F]
+    python scripts/soak_serve.py --minutes 10 --cancel 0.05 --serve 3   # through `xform serve --restarts 3`
+
+With --serve N the server is `xform serve --restarts N` in a process of its own, which restarts a
+tritonserver that crashes (Triton 2.51's gRPC cancellation race, docs/serving.md): the report
+counts the restarts and the requests lost to them; the memory is then xform serve's, tritonserver's
+and its stubs'.
 
 Memory is judged after the warm-up (the first sample holds the allocators' high-water marks of
 the shapes seen so far): the table prints the growth from the second sample to the last.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,6 +121,45 @@ class Soak:
         return samples
 
 
+class Served:
+    """`xform serve BUNDLE --restarts N` in a process of its own, on three free ports: the ports and
+    `process` the soak reads, its output kept for the restarts it said."""
+
+    def __init__(self, bundle: Path, restarts: int, ports: list[int]):
+        self.http_port, self.grpc_port, self.metrics_port = ports
+        xform = str(Path(sys.executable).parent / "xform")
+        self.output: list[str] = []
+        self.process = subprocess.Popen(
+            [xform, "serve", str(bundle), "--restarts", str(restarts), "--max-rows", "32", "--http-port",
+             str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.process.stdout is not None
+        for line in self.process.stdout:  # until it serves (its endpoints end with the metrics line)
+            self.output.append(line)
+            if "metrics" in line:
+                break
+        else:
+            raise SystemExit(f"xform serve did not start:\n{''.join(self.output)}")
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+
+    def read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            print(f"xform serve: {line.rstrip()}", flush=True)
+
+    def stop(self) -> int:
+        self.process.terminate()
+        code = self.process.wait(120)
+        self.reader.join(10)
+        return code
+
+    @property
+    def restarts(self) -> int:
+        return sum("restarting it" in line for line in self.output)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
@@ -124,6 +170,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cancel", type=float, default=0.0,
                     help="share of requests cancelled mid-stream over gRPC (Triton 2.51 can crash on them: docs)")
+    ap.add_argument("--serve", type=int, default=None, metavar="N",
+                    help="serve through `xform serve --restarts N` (restarting a crashed tritonserver)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -135,27 +183,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = args.bundle or export_bundle("demo", Path(tmp) / "demo").path
         options = ModelOptions(max_rows=32)
-        model = write_model(bundle, Path(tmp) / "repo", options, reference=True)
-        server = TritonServer(Path(tmp) / "repo", model_names(model.name, options), "127.0.0.1", *free_ports(3),
-                              bls_threads=options.bls_threads).start(prepare=lambda m: None)
+        if args.serve is not None:
+            server, name = Served(bundle, args.serve, free_ports(3)), bundle.name
+        else:
+            model = write_model(bundle, Path(tmp) / "repo", options, reference=True)
+            server, name = TritonServer(Path(tmp) / "repo", model_names(model.name, options), "127.0.0.1",
+                                        *free_ports(3), bls_threads=options.bls_threads).start(prepare=lambda m: None), \
+                model.name
         try:
-            soak = Soak(xform.load(bundle, backend="ort", threads=1), server, model.name, args.clients, args.think,
+            soak = Soak(xform.load(bundle, backend="ort", threads=1), server, name, args.clients, args.think,
                         args.seed, args.cancel)
             samples = soak.run(args.minutes, args.every)
         finally:
-            server.stop()
+            code = server.stop()
     settled = samples[1:] or samples
     report = {"minutes": args.minutes, "clients": args.clients, "think_s": args.think, "cancel": args.cancel,
               "requests": sum(s["requests"] for s in samples), "errors": sum(s["errors"] for s in samples),
               "rss_first_mib": samples[0]["rss_mib"], "rss_settled_mib": settled[0]["rss_mib"],
               "rss_last_mib": samples[-1]["rss_mib"], "rss_max_mib": max(s["rss_mib"] for s in samples),
+              "restarts": server.restarts if isinstance(server, Served) else None, "exit_code": code,
               "samples": samples}
     print(f"{report['requests']} requests, {report['errors']} errors; tritonserver + stubs RSS "
           f"{report['rss_settled_mib']:.0f} MiB after the first sample, {report['rss_last_mib']:.0f} MiB at the end "
-          f"(max {report['rss_max_mib']:.0f})")
+          f"(max {report['rss_max_mib']:.0f})" + (f"; xform serve restarted tritonserver {report['restarts']} times, "
+                                                  f"exit code {code}" if args.serve is not None else ""))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
-    sys.exit(1 if report["errors"] else 0)
+    sys.exit(1 if report["errors"] and not report["restarts"] else 0)
 
 
 if __name__ == "__main__":

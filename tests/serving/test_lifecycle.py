@@ -192,3 +192,47 @@ def test_xform_serve_killed_takes_tritonserver_with_it(demo_bundle, tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert not left
     assert not any(port_in_use("127.0.0.1", p) for p in served.ports)
+
+
+def translated(port: int, name: str, text: str) -> str:
+    import tritonclient.http as th
+
+    from tests.serving.test_server import infer
+    with th.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        return infer(client, th, name, texts=[text])[1][0]
+
+
+def restart_gauge(port: int) -> list[float]:
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("xform_serve_restarts{")]
+
+
+def test_a_crashed_tritonserver_is_restarted_within_the_bound(demo_bundle, tmp_path):
+    """Triton 2.51 can die of SIGSEGV when a gRPC cancellation races a completion (docs/serving.md):
+    serve restarts it on the same ports, says so, counts it in /metrics, and answers as before;
+    past --restarts, the next crash stops serve with exit 1 as any death does."""
+    served = Served(demo_bundle, tmp_path, "--restarts", "1")
+    try:
+        served.wait_ready()
+        before = translated(served.ports[0], demo_bundle.name, "40512")
+        assert restart_gauge(served.ports[2]) and set(restart_gauge(served.ports[2])) == {0.0}
+        first = served.triton_pids()
+        os.kill(first[0], signal.SIGSEGV)
+        served.t0 = time.monotonic()
+        lines = served.wait_ready()
+        said = "".join(lines)
+        assert "tritonserver exited on its own with code -11 (SIGSEGV)" in said, said
+        assert "restarting it, restart 1 (at most 1 in 600 s)" in said and "log kept at" in said, said
+        assert served.triton_pids() and served.triton_pids() != first
+        assert translated(served.ports[0], demo_bundle.name, "40512") == before
+        assert set(restart_gauge(served.ports[2])) == {1.0}
+        os.kill(served.triton_pids()[0], signal.SIGSEGV)  # the bound is spent: a death
+        code, output = served.finish(timeout=60)
+    finally:
+        served.finish()
+    assert code == 1 and "code -11 (SIGSEGV)" in output and "Triton log kept at" in output, output
+    for kept in {Path(part.split()[0].rstrip(";")) for part in (said + output).split("log kept at ")[1:]}:
+        kept.unlink(missing_ok=True)
+    served.assert_nothing_left()

@@ -124,13 +124,18 @@ def triton(bundle: Path, repo: Path, reference: bool, force: bool, **options) ->
               help="Seconds a stop lets requests in flight finish (new ones are refused) before tritonserver and "
                    "its stubs are killed; set it below your supervisor's own (Kubernetes' "
                    "terminationGracePeriodSeconds, systemd's TimeoutStopSec).")
+@click.option("--restarts", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Restart tritonserver after a crash (SIGSEGV, SIGABRT...: Triton 2.51 can crash when a gRPC "
+                   "client cancels a request) at most this many times in 10 minutes, on the same ports; past "
+                   "that, or 0, serve exits 1 for its supervisor. Each restart is said on stderr and counted in "
+                   "/metrics (xform_serve_restarts).")
 @triton_model_options
 @handle_errors
 def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | None, memory_budget: str | None,
           preload: tuple[str, ...], status_url: str | None, rescan_url: str | None, load_timeout: float | None,
           idle_unload: float | None,
           pivot: str | None, prepare: bool, wheel_dir: Path | None, host: str, http_port: int, grpc_port: int,
-          metrics_port: int, grace: float, **options) -> None:
+          metrics_port: int, grace: float, restarts: int, **options) -> None:
     """Serve BUNDLE on Triton Inference Server until stopped (with --prepare: prepare, then exit).
 
     Several bundles, or --models DIR: each a Triton model loaded at its first request, and the model
@@ -141,7 +146,7 @@ def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | 
     With --status URL: print that server's state and exit; with --rescan URL, have it read its
     bundles again (SIGUSR1 to a running serve does too).
     """
-    from xform.serving.lifecycle import Stopper
+    from xform.serving.lifecycle import Restarts, Stopper
     from xform.serving.server import find_triton
 
     for flag, url in (("--status", status_url), ("--rescan", rescan_url)):
@@ -168,6 +173,7 @@ def serve(bundles: tuple[Path, ...], models_dir: Path | None, max_loaded: int | 
         raise click.UsageError("give bundles or --models DIR, not both")
     ports = (http_port, grpc_port, metrics_port)
     with Stopper() as stopper:  # from the first moment: a stop while starting stops what was started
+        stopper.restarts = Restarts(restarts)
         if len(bundles) == 1 and all(v is None for v in fleet.values()):
             serve_bundle(bundles[0], wheel_dir, host, ports, grace, options, stopper)
         else:
@@ -200,14 +206,35 @@ def serve_bundle(bundle: Path, wheel_dir: Path | None, host: str, ports: tuple[i
 def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
                tick=lambda: None) -> tuple[str, int | None]:
     """Start `server`, `printer()` its endpoints, watch it until a stop or a death, stop it (always);
-    (what ended it, tritonserver's exit code), or XformError when it failed or died."""
-    from xform.serving.lifecycle import STOPPED, first_error, keep_log, watch
+    a crash that the stopper's `restarts` (lifecycle.Restarts, none by default) allows starts it
+    again on the same ports and repository. (what ended it, tritonserver's exit code), or
+    XformError when it failed or died."""
+    from xform.serving.lifecycle import DIED, STOPPED, Restarts, first_error, keep_log
+
+    restarts = stopper.restarts or Restarts(0)
+    while True:
+        outcome, what, code = run_once(server, stopper, wheel_dir, label, printer, tick)
+        if outcome != DIED or stopper.requested or not restarts.allow(code):
+            break
+        err.print(restarts.said(what, keep_log(server)), markup=False)
+        server.restarts = restarts.count
+    if outcome != STOPPED:
+        kept = keep_log(server)
+        cause = first_error(server)
+        raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
+                         f"{f'; Triton log kept at {kept}' if kept else ''}")
+    return what, code
+
+
+def run_once(server, stopper, wheel_dir: Path | None, label: str, printer, tick) -> tuple[str, str, int | None]:
+    """One life of tritonserver: started, watched, stopped (always); (outcome, what, exit code)."""
+    from xform.serving.lifecycle import STOPPED, watch
     from xform.serving.server import ServerError, StopRequested, find_triton
 
     outcome, what = STOPPED, ""
     try:
         with err.status(f"starting tritonserver for {label}"):
-            server.install = find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
+            server.install = server.install or find_triton(prepare=lambda msg: err.print(msg), wheel_dir=wheel_dir)
             if not stopper.requested:
                 server.start(should_stop=lambda: stopper.requested)
         if not stopper.requested:
@@ -219,12 +246,7 @@ def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
         outcome, what = "failed", str(e).split("; its log", 1)[0].split("\n", 1)[0]
     finally:
         code = server.stop()
-    if outcome != STOPPED:
-        kept = keep_log(server)
-        cause = first_error(server)
-        raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
-                         f"{f'; Triton log kept at {kept}' if kept else ''}")
-    return what, code
+    return outcome, what, code
 
 
 def print_endpoints(server, name: str, names: list[str]) -> None:

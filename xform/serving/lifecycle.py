@@ -6,7 +6,12 @@ backend stubs, and the log that outlives the run when something went wrong.
   abandoned, or the running server gets SIGINT, refuses new requests (Triton answers them
   "unavailable"), lets those in flight finish for the grace period, and is SIGKILLed with its
   stubs after it. A second signal kills at once. Exit code 0.
-- tritonserver dying on its own, or one of its Python-backend stubs dying (Triton 2.51 does not
+- tritonserver crashing (a fault signal: SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL; Triton 2.51's gRPC
+  cancellation race is one, docs/serving.md) is restarted on the same ports and repository, at most
+  `--restarts` times in any RESTART_WINDOW seconds (Restarts): each restart said on stderr, its log
+  kept, and counted in /metrics (`xform_serve_restarts`, from the XFORM_SERVE_RESTARTS the new
+  server is started with). Past the bound, a crash is a death like any other.
+- tritonserver dying on its own otherwise, or one of its Python-backend stubs dying (Triton 2.51 does not
   restart a dead stub and keeps reporting the model ready, answering every request to it with an
   error): the server is stopped and serve exits 1, naming what died and where Triton's log is
   kept, so that a supervisor restarts it. Under explicit model control (many bundles, one
@@ -33,6 +38,56 @@ from xform.serving.server import TritonServer
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOPPED, DIED, STUB_DIED = "stop", "died", "stub"
+# a crash, not a stop: SIGKILL (an operator, the OOM killer) and SIGTERM are not restarted
+FAULTS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+RESTART_WINDOW = 600.0  # seconds: --restarts bounds the restarts within any window this long
+
+
+class Restarts:
+    """How many crashes of tritonserver serve restarts: at most `limit` within any `window` seconds
+    (`clock` for tests). `allow(code)` says whether the exit code `code` is a crash to restart now,
+    and counts it; `count` is the restarts so far."""
+
+    def __init__(self, limit: int, window: float = RESTART_WINDOW, clock: Callable[[], float] = time.monotonic):
+        if limit < 0:
+            raise ValueError(f"restarts: at least 0, got {limit}")
+        self.limit, self.window, self.clock = limit, window, clock
+        self.times: list[float] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.times)
+
+    def allow(self, code: int | None) -> bool:
+        if not crashed(code):
+            return False
+        now = self.clock()
+        if sum(1 for t in self.times if now - t < self.window) >= self.limit:
+            return False
+        self.times.append(now)
+        return True
+
+    def said(self, what: str, kept: Path | None) -> str:
+        """The line serve prints for the restart it is about to make."""
+        log = f"; the crashed server's log kept at {kept}" if kept else ""
+        return (f"{what} (a crash: {cause(what)}); restarting it, restart {self.count} (at most {self.limit} in "
+                f"{self.window:.0f} s){log}")
+
+
+def crashed(code: int | None) -> bool:
+    """Whether tritonserver's exit code `code` is a crash: killed by a fault signal."""
+    return code is not None and code < 0 and -code in {int(s) for s in FAULTS}
+
+
+def signal_name(code: int) -> str:
+    return signal.Signals(-code).name if code < 0 else f"code {code}"
+
+
+def cause(what: str) -> str:
+    """A crash's likely cause, in words."""
+    if "SIGSEGV" in what:
+        return "Triton 2.51 can crash so when a gRPC client cancels a request as it completes, docs/serving.md"
+    return "see the kept log"
 
 
 class Stopper:
@@ -42,6 +97,7 @@ class Stopper:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.server: TritonServer | None = None
+        self.restarts: Restarts | None = None  # the crashes serve restarts (none unless set)
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> "Stopper":
@@ -103,7 +159,9 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         if stopper.requested:
             return STOPPED, f"stopped on {stopper.name}"
         if process.poll() is not None:
-            return DIED, f"tritonserver exited on its own with code {process.returncode}"
+            code = process.returncode
+            named = f" ({signal_name(code)})" if code < 0 else ""
+            return DIED, f"tritonserver exited on its own with code {code}{named}"
         # a stub being killed can still be listed after its memory (and so its command line) is
         # gone: it keeps the model it was seen running
         now = {pid: model or stubs.get(pid, "") for pid, model in running(server).items()}

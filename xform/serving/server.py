@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xform.errors import XformError
+from xform.serving.restart_gauge import RESTARTS_ENV
 
 PYTRITON = "nvidia-pytriton==0.7.0"
 INSTALL = f'pip install -e ".[serve]" && pip install --no-deps {PYTRITON}'
@@ -196,6 +197,7 @@ class TritonServer:
     # asks, through BLS), and readiness is theirs alone (--strict-readiness=false: a model that failed
     # to load later does not fail /v2/health/ready)
     explicit: bool = False
+    restarts: int = 0  # how many times serve restarted it after a crash (lifecycle.Restarts): its models' /metrics
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -233,7 +235,8 @@ class TritonServer:
                               "running?): stop it or choose other ports")
         self.log_path = self.log_path or self.repo.parent / f"tritonserver-{self.http_port}.log"
         log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.install.env,
+        env = {**self.install.env, RESTARTS_ENV: str(self.restarts)}
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout

@@ -22,6 +22,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from xform.runtime.text.translator import Translator
+from xform.serving import restart_gauge
 from xform.serving.handler import execute
 from xform.serving.tensors import inputs as tensor_inputs
 
@@ -81,6 +82,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.role = params.get("role", "batch")
+        self.restart_gauge = restart_gauge.publish(pb_utils, args.get("model_instance_name", config["name"]))
         if self.role == "front":
             self.engine = params["engine"]
             self.outputs = [o["name"] for o in config["output"]]

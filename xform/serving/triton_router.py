@@ -26,7 +26,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from xform.runtime.fleet.pool import Pool
-from xform.serving import fleet_status, residency
+from xform.serving import fleet_status, residency, restart_gauge
 from xform.serving import router as xrouter
 from xform.serving.inflight import RELAY, STREAM_SUFFIX, untagged
 from xform.serving.rescan import Rescanner
@@ -116,6 +116,7 @@ class TritonPythonModel:
         path = Path(args["model_repository"]) / args["model_version"] / CATALOG
         catalog, engines, settings = read_catalog(path)
         self.metrics = Metrics()
+        self.restart_gauge = restart_gauge.publish(pb_utils, args.get("model_instance_name", config["name"]))
         loader = StubLoader(engines, lambda m: pb_utils.load_model(model_name=m),
                             lambda m: pb_utils.unload_model(model_name=m), stubs, residency.memory_bytes,
                             residency.wait_gone, settings.unload_timeout, self.metrics.observe,

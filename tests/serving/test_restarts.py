@@ -1,0 +1,47 @@
+"""Which deaths of tritonserver `xform serve` restarts (serving/lifecycle.py's Restarts): crashes by a
+fault signal, at most --restarts of them within any ten minutes; never a kill, a stop or an exit
+of its own. The real restart, on a real server, is tests/serving/test_lifecycle.py's."""
+import signal
+
+import pytest
+
+from xform.serving.lifecycle import Restarts, crashed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL])
+def test_a_fault_signal_is_a_crash(sig):
+    assert crashed(-int(sig))
+
+
+@pytest.mark.parametrize("code", [None, 0, 1, 2, -int(signal.SIGKILL), -int(signal.SIGTERM), -int(signal.SIGINT)])
+def test_a_kill_a_stop_or_an_exit_is_not(code):
+    assert not crashed(code)
+    assert not Restarts(5).allow(code)
+
+
+def test_at_most_limit_restarts_within_the_window():
+    now = [0.0]
+    restarts = Restarts(2, window=600, clock=lambda: now[0])
+    segv = -int(signal.SIGSEGV)
+    assert restarts.allow(segv) and restarts.count == 1
+    now[0] = 100
+    assert restarts.allow(segv) and restarts.count == 2
+    now[0] = 599
+    assert not restarts.allow(segv)  # a third within 600 s of the first
+    now[0] = 601
+    assert restarts.allow(segv) and restarts.count == 3  # the first left the window
+    now[0] = 650
+    assert not restarts.allow(segv)  # 100 and 601 are still in it
+
+
+def test_no_restarts_and_a_bad_limit():
+    assert not Restarts(0).allow(-int(signal.SIGSEGV))
+    with pytest.raises(ValueError, match="at least 0"):
+        Restarts(-1)
+
+
+def test_the_line_serve_prints_names_the_crash_and_the_bound():
+    restarts = Restarts(3)
+    assert restarts.allow(-int(signal.SIGSEGV))
+    line = restarts.said("tritonserver exited on its own with code -11 (SIGSEGV)", None)
+    assert "restart 1 (at most 3 in 600 s)" in line and "gRPC client cancels" in line
