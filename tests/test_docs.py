@@ -51,6 +51,8 @@ ELSEWHERE = {
                    "Triton's, tested by tests/serving/test_server.py",
     "ray start --head --port 6379": "a cluster of several machines: its xform line is parsed below; "
                                     "tests/corpus/test_ray.py runs a corpus on two Ray nodes of this machine",
+    "tritonserver exited on its own with code -11 (SIGSEGV)": "serve's line on a crash: "
+                                                               "tests/serving/test_lifecycle.py crashes a server",
 }
 
 
