@@ -1,7 +1,9 @@
 """The translation memory: a second run decodes nothing (the backend steps not once), a changed
 decoding setting or language misses, concurrent writers are safe, a SIGKILL mid-run leaves only
-whole entries (and a run after it goes on from them), and a file that is not an xform memory is
-refused by name and never touched."""
+whole entries (and a run after it goes on from them), runs opening a memory not there yet together
+all succeed on the one memory, a damaged, truncated or empty memory is replaced with force only, and
+a file that is not an xform memory is refused by name and never touched, even with force."""
+import json
 import os
 import signal
 import sqlite3
@@ -15,7 +17,7 @@ import xform
 from tests.documents.texts import PLAIN
 from xform.errors import InputError
 from xform.runtime.documents.layout import plain
-from xform.runtime.documents.memory import FORMAT, TranslationMemory
+from xform.runtime.documents.memory import APPLICATION_ID, FORMAT, TranslationMemory
 from xform.runtime.documents.translate import DocumentTranslator
 from xform.runtime.text.translator import Translator
 
@@ -87,7 +89,7 @@ def test_a_foreign_or_damaged_file_is_refused_by_name(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("my notes\n")
     with pytest.raises(InputError, match=r"memory .*notes.txt: expected an xform translation memory \(an SQLite "
-                                         r"database\), found another kind of file; it is not one xform wrote"):
+                                         r"database\), found another kind of file; nothing in it shows xform wrote it"):
         TranslationMemory(text, force=True)
     assert text.read_text() == "my notes\n"  # never touched, even with force
     other = tmp_path / "other.db"
@@ -100,7 +102,8 @@ def test_a_foreign_or_damaged_file_is_refused_by_name(tmp_path):
     db.execute("UPDATE meta SET value = '0' WHERE key = 'version'")
     db.commit()
     db.close()
-    with pytest.raises(InputError, match="of version 0, expected 1; force replaces it") as e:
+    with pytest.raises(InputError, match="expected an xform translation memory of version 1, found one of "
+                                         "version 0; force replaces it") as e:
         TranslationMemory(ours)
     assert e.value.settings == ("memory", "force")
     with TranslationMemory(ours, force=True) as tm:
@@ -180,3 +183,132 @@ def count(path) -> int:
             db.close()
     except sqlite3.Error:
         return 0
+
+
+OPENER = """
+import json, sys
+from xform.runtime.documents.memory import TranslationMemory
+print("ready", flush=True)
+sys.stdin.readline()  # all start at once
+with TranslationMemory(sys.argv[1]) as tm:
+    context = tm.context({"writer": "test"})
+    tm.store(context, {f"shared {j}": f"T{j}" for j in range(30)})
+    tm.store(context, {f"{sys.argv[2]} {j}": f"U{j}" for j in range(10)})
+    print(json.dumps(tm.lookup(context, [f"shared {j}" for j in range(30)] + ["never stored"]), sort_keys=True))
+"""
+
+
+def test_runs_opening_a_new_memory_together_all_succeed(tmp_path):
+    for trial in range(6):
+        path = tmp_path / f"tm{trial}.db"
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, str(path), f"w{i}"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+        try:
+            assert [p.stdout.readline() for p in procs] == ["ready\n"] * 4
+            for p in procs:  # the four released within a millisecond
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            done = [p.communicate(timeout=60) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        assert [p.returncode for p in procs] == [0] * 4, f"trial {trial}: " + " | ".join(err for _, err in done)
+        found = {out for out, _ in done}
+        assert len(found) == 1 and json.loads(found.pop()) == {f"shared {j}": f"T{j}" for j in range(30)}
+        with TranslationMemory(path) as tm:
+            assert len(tm) == 30 + 4 * 10
+
+
+def xform_memory(path, entries: int = 300, mark: bool = True):
+    """An xform memory of several pages, closed (its WAL checkpointed into the file); without the
+    mark in its header (application_id) as the first version of the memory wrote it."""
+    with TranslationMemory(path) as tm:
+        context = tm.context({"writer": "test"})
+        tm.store(context, {f"a sentence of some length, number {j}": f"ein Satz {j}" for j in range(entries)})
+    if not mark:
+        db = sqlite3.connect(path)
+        db.execute("PRAGMA application_id = 0")
+        db.commit()
+        db.close()
+    assert entries < 300 or path.stat().st_size > 8192
+
+
+@pytest.mark.parametrize("size, mark", [(100, True), (2048, True), (5000, True), (5000, False)])
+def test_force_replaces_a_truncated_xform_memory(tmp_path, size, mark):
+    path = tmp_path / "tm.db"
+    xform_memory(path, mark=mark)  # unmarked, its first page (the schema) shows it is xform's
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    with pytest.raises(InputError, match=r"memory .*tm.db: expected an xform translation memory \(an SQLite "
+                                         r"database\), found a damaged xform translation memory \(.*\); force "
+                                         r"replaces it with a new, empty memory") as e:
+        TranslationMemory(path)
+    assert e.value.settings == ("memory", "force") and path.stat().st_size == size  # refused, untouched
+    with TranslationMemory(path, force=True) as tm:
+        assert len(tm) == 0 and tm.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        context = tm.context({"writer": "test"})
+        tm.store(context, {"a": "b"})
+    with TranslationMemory(path) as tm:
+        assert tm.lookup(context, ["a"]) == {"a": "b"}
+    assert [p.name for p in tmp_path.iterdir() if ".xform-" in p.name] == []  # no temporary left
+
+
+def test_an_unmarked_memory_cut_inside_its_schema_is_refused(tmp_path):
+    path = tmp_path / "tm.db"
+    xform_memory(path, mark=False)
+    with open(path, "r+b") as f:
+        f.truncate(2048)  # the header and half the first page: nothing says whose it is
+    with pytest.raises(InputError, match=r"found an SQLite database that cannot be read \(.*\); nothing in it "
+                                         r"shows xform wrote it, so it is never replaced, even with force"):
+        TranslationMemory(path, force=True)
+    assert path.stat().st_size == 2048
+
+
+def test_force_replaces_an_empty_file(tmp_path):
+    path = tmp_path / "tm.db"
+    path.write_bytes(b"")  # what a run killed right after creating the file left
+    with pytest.raises(InputError, match=r"memory .*tm.db: expected an xform translation memory \(an SQLite "
+                                         r"database\), found an empty file .*; force replaces it"):
+        TranslationMemory(path)
+    assert path.read_bytes() == b""
+    with TranslationMemory(path, force=True) as tm:
+        assert len(tm) == 0
+        assert dict(tm.db.execute("SELECT key, value FROM meta"))["format"] == FORMAT
+
+
+def test_a_foreign_file_is_refused_even_with_force(tmp_path):
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE t (x)")
+    db.executemany("INSERT INTO t VALUES (?)", [(f"row {j} " * 10,) for j in range(500)])
+    db.commit()
+    db.close()
+    whole = other.read_bytes()
+    for size in (len(whole), len(whole) // 2, 2048, 100):  # whole or cut short, it shows no sign of xform
+        other.write_bytes(whole[:size])
+        with pytest.raises(InputError, match=r"memory .*other.db: expected an xform translation memory .*; nothing "
+                                             r"in it shows xform wrote it, so it is never replaced, even with force"):
+            TranslationMemory(other, force=True)
+        assert other.read_bytes() == whole[:size]
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(InputError, match="found another kind of file; nothing in it shows xform wrote it"):
+        TranslationMemory(binary, force=True)
+    assert binary.read_bytes() == bytes(range(256)) * 8
+
+
+def test_a_memory_without_the_xform_mark_opens_and_is_marked(tmp_path):
+    path = tmp_path / "tm.db"
+    xform_memory(path, entries=10, mark=False)
+    with TranslationMemory(path) as tm:
+        assert len(tm) == 10
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    db.close()
+
+
+def test_a_memory_in_a_missing_directory_is_refused_by_name(tmp_path):
+    path = tmp_path / "nowhere" / "tm.db"
+    with pytest.raises(InputError, match=r"memory .*nowhere/tm.db: cannot open its lock file .*tm.db.lock \(No such "
+                                         r"file or directory\); give a path in a directory that exists"):
+        TranslationMemory(path)
