@@ -45,3 +45,42 @@ def test_the_line_serve_prints_names_the_crash_and_the_bound():
     assert restarts.allow(-int(signal.SIGSEGV))
     line = restarts.said("tritonserver exited on its own with code -11 (SIGSEGV)", None)
     assert "restart 1 (at most 3 in 600 s)" in line and "gRPC client cancels" in line
+
+
+def test_a_send_triton_never_takes_aborts_once():
+    """serving/stall.py: the engine's responder blocked in a send (Triton 2.51 wedged so under
+    cancellations, issue 55) is seen by the watch thread past the bound, and the abort that makes
+    serve restart the server is made once; a send that returns in time never aborts."""
+    import threading
+
+    from xform.serving.stall import Stall
+    aborted: list[float] = []
+    stall = Stall(0.2, aborted.append)
+    stop = threading.Event()
+    watch = stall.watch(stop, poll=0.02)
+    with stall.sending():
+        stop.wait(0.05)  # a send Triton takes at once
+    assert not aborted
+    wedged = threading.Event()
+
+    def responder():
+        with stall.sending():
+            wedged.wait(5)  # a send that does not return
+    thread = threading.Thread(target=responder)
+    thread.start()
+    deadline = threading.Event()
+    deadline.wait(1.0)
+    wedged.set()
+    thread.join(5)
+    stop.set()
+    watch.join(5)
+    assert len(aborted) == 1 and 0.2 < aborted[0] < 1.0, aborted
+
+
+def test_the_stall_bound_comes_only_from_serve(monkeypatch):
+    from xform.serving.stall import STALL_ENV, stall_seconds
+    monkeypatch.delenv(STALL_ENV, raising=False)
+    assert stall_seconds() is None  # a tritonserver run by hand is never aborted
+    for value, want in (("20", 20.0), ("0", None), ("x", None), ("-3", None)):
+        monkeypatch.setenv(STALL_ENV, value)
+        assert stall_seconds() == want

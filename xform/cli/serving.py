@@ -210,8 +210,10 @@ def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
     again on the same ports and repository. (what ended it, tritonserver's exit code), or
     XformError when it failed or died."""
     from xform.serving.lifecycle import DIED, STOPPED, Restarts, first_error, keep_log
+    from xform.serving.stall import STALL_S
 
     restarts = stopper.restarts or Restarts(0)
+    server.stall = STALL_S if restarts.limit else None  # a wedged engine aborts the server it restarts
     while True:
         outcome, what, code = run_once(server, stopper, wheel_dir, label, printer, tick)
         if outcome != DIED or stopper.requested or not restarts.allow(code):

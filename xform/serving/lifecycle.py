@@ -87,6 +87,9 @@ def cause(what: str) -> str:
     """A crash's likely cause, in words."""
     if "SIGSEGV" in what:
         return "Triton 2.51 can crash so when a gRPC client cancels a request as it completes, docs/serving.md"
+    if "SIGABRT" in what:
+        return ("aborted: by a bundle's engine whose response Triton never took (Triton 2.51's gRPC cancellation "
+                "race, docs/serving.md), or by Triton itself: the kept log says which")
     return "see the kept log"
 
 

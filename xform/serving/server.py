@@ -37,6 +37,7 @@ from pathlib import Path
 
 from xform.errors import XformError
 from xform.serving.restart_gauge import RESTARTS_ENV
+from xform.serving.stall import STALL_ENV
 
 PYTRITON = "nvidia-pytriton==0.7.0"
 INSTALL = f'pip install -e ".[serve]" && pip install --no-deps {PYTRITON}'
@@ -198,6 +199,7 @@ class TritonServer:
     # to load later does not fail /v2/health/ready)
     explicit: bool = False
     restarts: int = 0  # how many times serve restarted it after a crash (lifecycle.Restarts): its models' /metrics
+    stall: float | None = None  # seconds an engine's response may wait for Triton before it aborts it (stall.py)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -236,6 +238,8 @@ class TritonServer:
         self.log_path = self.log_path or self.repo.parent / f"tritonserver-{self.http_port}.log"
         log = open(self.log_path, "wb")
         env = {**self.install.env, RESTARTS_ENV: str(self.restarts)}
+        if self.stall is not None:
+            env[STALL_ENV] = str(self.stall)
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, preexec_fn=die_with_parent)
         log.close()

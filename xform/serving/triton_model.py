@@ -165,6 +165,12 @@ class TritonPythonModel:
         self.outbox: queue.Queue[tuple[Reply, Any] | None] = queue.Queue()
         self.responder = threading.Thread(target=self.respond, name="xform-responder", daemon=True)
         self.responder.start()
+        from xform.serving.stall import Stall, abort_server, stall_seconds
+        limit = stall_seconds()  # under xform serve: a send Triton never takes aborts it (serving/stall.py)
+        self.stall, self.stall_stop = Stall(limit or float("inf"), abort_server(pb_utils.Logger.log_error)), \
+            threading.Event()
+        if limit is not None:
+            self.stall.watch(self.stall_stop)
 
     def respond(self):
         """Send what the outbox holds, in order: a request's parts, then its final response; never
@@ -177,11 +183,12 @@ class TritonPythonModel:
             if reply.closed:
                 continue
             try:
-                if callable(what):
-                    reply.closed = True
-                    what()
-                else:
-                    reply.sender.send(response(what))
+                with self.stall.sending():
+                    if callable(what):
+                        reply.closed = True
+                        what()
+                    else:
+                        reply.sender.send(response(what))
             except Exception as e:  # noqa: BLE001 - a client gone mid-stream: its request ends, the others go on
                 pb_utils.Logger.log_warn(f"xform: a response could not be sent: {e}")
 
@@ -250,5 +257,6 @@ class TritonPythonModel:
             self.scheduler.close()  # what was queued or running is told Cancelled: its FINAL is in the outbox
             self.outbox.put(None)
             self.responder.join(30)
+            self.stall_stop.set()
         if self.role == "front":
             self.pool.shutdown(wait=False)
