@@ -110,6 +110,43 @@ def test_a_utf16_file_is_named_with_the_command_that_converts_it(demo_bundle, tm
     assert run("run", demo_bundle, "--input-file", plain).exit_code == 0
 
 
+def test_a_binary_file_is_called_binary_not_utf16(demo_bundle, tmp_path):
+    """An executable given as the input (zero bytes that read as no UTF-16 / UTF-32 text) is called
+    a binary file, named, with no iconv advice (it was called UTF-16 or UTF-32, issue 55)."""
+    rng = np.random.default_rng(0)
+    elf = tmp_path / "prog"
+    noise = rng.integers(0, 256, 6000, dtype=np.uint8).tobytes()
+    # an executable's first 4 KiB: a header and tables, a third or more of their bytes zeros
+    elf.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(57) + noise[:1500] + bytes(2000) + noise[1500:])
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 20)
+    for f in (elf, blob):
+        r = run("run", demo_bundle, "--input-file", f)
+        assert r.exit_code == 1 and f"--input-file {f}: a binary file" in r.output and "not text" in r.output, r.output
+        assert "UTF-16 or" not in r.output.replace("UTF-8, UTF-16 or UTF-32 text", "") and "iconv" not in r.output
+    assert "an ELF executable" in run("run", demo_bundle, "--input-file", elf).output
+
+
+def test_a_language_a_pair_bundle_lacks_is_refused_with_the_pair_it_translates(text_marian, tmp_path):
+    """--tgt-lang fr on an en>de bundle (a Marian, one pair, as its manifest records): the refusal
+    says it translates en>de only and that fr cannot be served (it said the tokenizer had no
+    languages, issue 55); the pair's own codes are told to be left out."""
+    bundle = tmp_path / "en-de"
+    shutil.copytree(text_marian, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["languages"] = [["en", "de"]]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    r = run("run", bundle, "--text", "the cat", "--tgt-lang", "fr")
+    assert r.exit_code == 2 and "--tgt-lang fr: this bundle translates en>de only" in r.output, r.output
+    assert "--tgt-lang fr cannot be served" in r.output and "no languages" not in r.output, r.output
+    r = run("run", bundle, "--text", "the cat", "--src-lang", "fr")
+    assert r.exit_code == 2 and "--src-lang fr: this bundle translates en>de only" in r.output, r.output
+    r = run("run", bundle, "--text", "the cat", "--tgt-lang", "de")
+    assert r.exit_code == 2 and "translates en>de only" in r.output and "leave it out" in r.output, r.output
+    with pytest.raises(xform.XformError, match="^tgt_lang fr: this bundle translates en>de only"):
+        Translator(xform.load(bundle)).translate(["the cat"], tgt_lang="fr")
+
+
 def interrupt(proc, what: str, ready, timeout: float, sig: int = signal.SIGINT) -> str:
     """Ctrl-C `proc` (a command with its stderr piped; or send it `sig`) once `ready()`, waiting
     at most `timeout` s for it; its stderr (and stdout, where piped together) when it has ended."""

@@ -3,7 +3,8 @@
 One table over the writing commands (export, triton, run --json) and the targets a user can name:
 the command's input itself, a parent of it, a path inside it, a folder (or file) of someone
 else's, the current directory, an empty one, and the command's own earlier output. Only the last
-two are replaced; for every other target every file under the test's directory keeps its bytes.
+two are replaced (an empty directory without --force too: nothing in it is lost); for every
+other target every file under the test's directory keeps its bytes.
 """
 import hashlib
 import json
@@ -136,7 +137,10 @@ def test_force_replaces_only_what_xform_wrote(name, case, tmp_path, monkeypatch,
     command = COMMANDS[name](home, checkpoint_dir, tiny_bundle)
     target = make_target(case, command, home)
     before = snapshot(tmp_path)
-    if case in REPLACED:  # without --force, even these are kept
+    if case == "empty" and command.directory:  # nothing in it to lose: taken without --force (issue 55)
+        r = CliRunner().invoke(main, command.args(target))
+        assert r.exit_code == 0 and command.written(target), r.output
+    elif case in REPLACED:  # without --force, even these are kept
         r = CliRunner().invoke(main, command.args(target))
         assert r.exit_code == 1 and "already exists; pass --force" in r.output, r.output
         assert snapshot(tmp_path) == before

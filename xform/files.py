@@ -142,6 +142,14 @@ def empty_directory(path: Path) -> str | None:
     return None if not any(path.iterdir()) else "is a directory with files in it"
 
 
+def is_empty_directory(path: Path) -> bool:
+    """A directory (not a link to one) with nothing in it, which a rename(2) of a directory replaces."""
+    try:
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    except OSError:
+        return False
+
+
 def check_target(target: Path, force: bool, what: str, owned: Owned,
                  inputs: Iterable[tuple[str, str | Path]] = (), flag: str = "-o") -> None:
     """Refuse to write `target` (a `what`: bundle, Triton model, file) where that could lose anything.
@@ -149,7 +157,8 @@ def check_target(target: Path, force: bool, what: str, owned: Owned,
     Refused whatever `force` says: the current directory or a parent of it, an input of the
     command (`inputs`: its name and path) or a parent of one, a path inside an input directory,
     and an existing target `owned` disowns (not a bundle, a bundle with files xform did not write,
-    a folder of someone's files). An existing target xform wrote is replaced only with `force`.
+    a folder of someone's files). An existing empty directory is taken as a new path is; any
+    other existing target xform wrote is replaced only with `force`.
     Paths are compared after resolving symlinks, so no alias of an input gets through.
     """
     where = f"{flag} {target}"
@@ -171,6 +180,8 @@ def check_target(target: Path, force: bool, what: str, owned: Owned,
     if reason is not None:
         raise BundleError(f"{where}: {reason}; xform replaces only a {what} it wrote, --force or not: move it "
                           f"away or give {flag} another path")
+    if is_empty_directory(Path(target)):
+        return  # nothing in it to lose: taken as a new path is, without --force
     if not force:
         raise BundleError(f"{where}: already exists; pass --force to replace the {what}")
 
@@ -233,17 +244,54 @@ BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian byte-order mark)"),
         (b"\xff\xfe", "UTF-16 (little-endian byte-order mark)"), (b"\xfe\xff", "UTF-16 (big-endian byte-order mark)"))
 
 
+def wide_text(head: bytes) -> str | None:
+    """The UTF-16 / UTF-32 flavour `head` (a file's first bytes, without a byte-order mark) decodes
+    as text in (no NUL or other control characters but tabs and line ends), else None."""
+    import codecs
+
+    for codec, name in (("utf-32-le", "UTF-32"), ("utf-32-be", "UTF-32"), ("utf-16-le", "UTF-16"),
+                        ("utf-16-be", "UTF-16")):
+        try:
+            text = codecs.getincrementaldecoder(codec)().decode(head, final=False)  # a cut last character is fine
+        except UnicodeDecodeError:
+            continue
+        if text and all(ch.isprintable() or ch in "\t\n\r\f\v" for ch in text):
+            return name
+    return None
+
+
+def utf8_head(head: bytes) -> bool:
+    """Whether a file's first bytes read as UTF-8 (a character cut at the end is fine)."""
+    import codecs
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def not_utf8_text(path: Path, flag: str) -> str | None:
-    """Why a regular file of lines is plainly not UTF-8 text (a UTF-16 / UTF-32 byte-order mark,
-    or zero bytes in its first 4 KiB as UTF-16 has between ASCII letters), with how to convert
-    it; None when it may be UTF-8 (a pipe is not read ahead)."""
+    """Why a regular file of lines is plainly not UTF-8 text, with what to do: a UTF-16 / UTF-32
+    byte-order mark, or zero bytes in its first 4 KiB as UTF-16 has between ASCII letters that
+    decode as UTF-16 / UTF-32 text (with how to convert it); zero bytes that do not (an
+    executable, an image, an archive: a binary file, not text). None when it may be UTF-8 (a
+    pipe is not read ahead)."""
     if not path.is_file():
         return None
     with open(path, "rb") as f:
         head = f.read(4096)
     found = next((name for bom, name in BOMS if head.startswith(bom)), None)
-    if found is None and head.count(b"\x00") * 4 >= len(head) > 0:
-        found = "UTF-16 or UTF-32 (zero bytes between the characters)"
+    zeros = head.count(b"\x00")
+    if found is None and zeros:
+        wide = wide_text(head) if zeros * 4 >= len(head) else None  # as many zeros as ASCII in UTF-16 has
+        if wide is None and zeros * 4 < len(head) and utf8_head(head):
+            return None  # UTF-8 text with a stray zero byte: its lines are read as they are
+        if wide is None:
+            kind = " (an ELF executable)" if head.startswith(b"\x7fELF") else ""
+            return (f"{flag} {path}: a binary file{kind}, not text: its first {len(head):,} bytes hold "
+                    f"{zeros:,} zero bytes and do not read as UTF-8, UTF-16 or UTF-32 text. "
+                    f"xform reads UTF-8 text, one sentence a line; pass a text file")
+        found = f"{wide} (zero bytes between the characters)"
     if found is None:
         return None
     wide = "UTF-32" if found.startswith("UTF-32") else "UTF-16"

@@ -119,6 +119,36 @@ def test_tolerance_failure_fails_and_leaves_nothing(tmp_path, checkpoint_dir, mo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_nan_weights_are_refused_by_the_tensor_that_holds_them(tmp_path):
+    """Weights holding NaN / inf are named, with their counts, before any graph is exported (they
+    were reported as "NaN or inf in the ONNX Runtime result" of a graph, issue 55)."""
+    from xform.errors import CheckpointError
+    model = make_model("seed-002")
+    with torch.no_grad():
+        model.decoder_layers[0].ffn.fc1.weight[0, :3] = float("nan")
+        model.encoder_layers[1].ffn.fc2.bias[0] = float("inf")
+    ck = tmp_path / "ck"
+    save_checkpoint(model, ck)
+    with pytest.raises(CheckpointError) as e:
+        export_bundle(ck, tmp_path / "b")
+    said = str(e.value)
+    assert "weight decoder_layers.0.ffn.fc1.weight (72, 48) holds 3 NaN values" in said, said
+    assert "weight encoder_layers.1.ffn.fc2.bias (48,) holds 1 inf value" in said and "ONNX Runtime" not in said
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_empty_directory_is_taken_without_force(tmp_path, checkpoint_dir):
+    """-o an existing empty directory: nothing in it to lose, so it is written without --force (it
+    was refused as "already exists; pass --force to replace the bundle", issue 55)."""
+    out = tmp_path / "b"
+    out.mkdir()
+    export_bundle(checkpoint_dir, out)
+    Bundle.open(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    with pytest.raises(BundleError, match="already exists; pass --force"):  # a bundle now: --force replaces it
+        export_bundle(checkpoint_dir, out)
+
+
 def test_unknown_precision_and_old_opset(tmp_path, checkpoint_dir):
     with pytest.raises(XformError, match="--precision 'fp8'"):
         export_bundle(checkpoint_dir, tmp_path / "b", precision="fp8")

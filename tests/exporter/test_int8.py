@@ -213,6 +213,23 @@ def test_a_trained_model_is_judged_on_its_sentences_not_on_random_ids(task_model
     assert j["chrf_vs_eager"] > r["chrf_vs_eager"] and j["bleu_vs_eager"] > 90
 
 
+def test_a_sample_file_longer_than_judged_says_how_much_was_judged(tmp_path):
+    """A sample file of 1,500 sentences: judged on its first 256, and the manifest and the summary
+    say so (they said "(256 sources)", as if the file held 256, issue 55)."""
+    from click.testing import CliRunner
+
+    from xform.cli import main
+    rng = np.random.default_rng(0)
+    sample = tmp_path / "dev.txt"
+    sample.write_text("".join(f"{n}\n" for n in rng.integers(1, 999999, 1500)))
+    r = CliRunner().invoke(main, ["export", "demo", "--precision", "int8", "--sample-file", str(sample),
+                                  "-o", str(tmp_path / "demo8")])
+    assert r.exit_code == 0, r.output
+    assert "judged on --sample-file dev.txt (the first 256 of its 1,500 sources)" in " ".join(r.output.split())
+    manifest = json.loads((tmp_path / "demo8" / "manifest.json").read_text())
+    assert manifest["tolerance"]["judged_on"] == "--sample-file dev.txt (the first 256 of its 1,500 sources)"
+
+
 def test_random_sources_refuse_only_gross_breakage():
     """The rule itself: 85% alike decodes (a faithful model's chaos on random ids) pass on random
     sources and fail on sentences; NaNs, a scale error's lost nats, or agreement collapsing fail both."""

@@ -164,17 +164,29 @@ def text_scores(session: Session, got: np.ndarray, ref: np.ndarray) -> tuple[flo
     return (float(sacrebleu.corpus_bleu(hyps, [refs]).score), float(sacrebleu.corpus_chrf(hyps, [refs]).score))
 
 
+def sample_lines(path: Path) -> list[tuple[int, str]]:
+    """A sample file's sources: (line number, text) of each non-blank line; unreadable: refused."""
+    try:
+        return [(n, line.strip()) for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
+                if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise XformError(f"--sample-file {path}: unreadable ({e})") from None
+
+
+def sample_used(path: Path, used: int) -> str:
+    """How many of a sample file's sources were judged on: `256 sources`, or `the first 256 of its
+    1,500 sources` where it holds more than SAMPLE_LINES."""
+    total = len(sample_lines(path))
+    return f"the first {used:,} of its {total:,} sources" if total > used else f"{used:,} sources"
+
+
 def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
     """A sample file's sources (export --sample-file): text through the bundle's tokenizer, or, for a
     bundle without one, token ids separated by spaces, one source a line; blank lines skipped, at
     most SAMPLE_LINES. Refused naming the file and line: no sources, ids outside the vocabulary, a
     source longer than max_len."""
     cfg = session.config
-    try:
-        lines = [(n, line.strip()) for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
-                 if line.strip()][:SAMPLE_LINES]
-    except (OSError, UnicodeDecodeError) as e:
-        raise XformError(f"--sample-file {path}: unreadable ({e})") from None
+    lines = sample_lines(path)[:SAMPLE_LINES]
     if not lines:
         raise XformError(f"--sample-file {path}: no sentences (the file is empty or blank)")
     rows: list[list[int]] = []

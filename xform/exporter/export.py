@@ -20,7 +20,7 @@ import torch
 
 from xform import __version__
 from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
-from xform.errors import ToleranceError, XformError
+from xform.errors import CheckpointError, ToleranceError, XformError
 from xform.exporter.beam_graph import share_decoder_data
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
@@ -186,6 +186,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     progress("loading model")
     loaded, notes = with_vocab(loaded or resolve_model(model_ref, arch, hparams), vocab, model_ref)
     model, cfg = loaded.model.eval(), loaded.model.cfg
+    refuse_nonfinite(model, model_ref)
     generation = generation_defaults(loaded, max_new_tokens)
     attention_layer = decoder_layer(attention_layer, cfg.n_decoder_layers)
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
@@ -212,12 +213,36 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         manifest.write(tmp)
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
         c = manifest.verification["check"]
-        manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} ({c['batch']} sources)"
+        from xform.exporter.check import sample_used
+        manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} "
+                                           f"({sample_used(Path(sample_file), c['batch'])})"
                                            if sample_file else UNJUDGED if not judge else "random sources"
                                            + (" (gross breakage only)" if precision != "fp32" else ""))
         manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)
+
+
+def refuse_nonfinite(model: torch.nn.Module, model_ref: str | Path, most: int = 5) -> None:
+    """Refuse a model whose weights (parameters or buffers) hold NaN or inf, naming each such
+    tensor and its count, before any graph is exported (its graphs' outputs would be NaN, which
+    the verification could only blame on ONNX Runtime)."""
+    found = []
+    for kind, named in (("weight", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if not tensor.is_floating_point():
+                continue
+            nan = int(torch.isnan(tensor).sum())
+            inf = int(torch.isinf(tensor).sum())
+            if nan or inf:
+                counts = " and ".join(f"{n:,} {what} value{'s' if n > 1 else ''}"
+                                      for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+                found.append(f"{kind} {name} {tuple(tensor.shape)} holds {counts}")
+    if found:
+        more = f"; and {len(found) - most} more tensors" if len(found) > most else ""
+        raise CheckpointError(f"{model_ref}: non-finite weights: {'; '.join(found[:most])}{more} (as xform names "
+                              "the model's tensors). Its translations would be NaN: export a checkpoint whose "
+                              "weights are finite (one saved before training diverged)")
 
 
 def declared_languages(languages: "list[tuple[str, str]] | None") -> tuple[tuple[str, str], ...] | None:
@@ -352,7 +377,7 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
     `judge` False recorded, not judged). `progress` hears each stage as it starts."""
     import onnxruntime
 
-    from xform.exporter.check import check, read_sample
+    from xform.exporter.check import check, read_sample, sample_used
     from xform.runtime.backends.ort_backend import OrtBackend
     from xform.runtime.open import session_over
     from xform.runtime.session import Session
@@ -378,7 +403,8 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
     report = check(bundle.path, session=session, batch=8, src_len=12, max_new_tokens=32, src_ids=src_ids,
                    src_lengths=src_lengths)
     figures["check"] = report.to_dict()
-    on = (f"on {report.batch} sources of --sample-file {sample_file}" if sample_file is not None
+    on = (f"on {sample_used(Path(sample_file), report.batch)} of --sample-file {sample_file}"
+          if sample_file is not None
           else f"on {report.batch} random sources, judged for gross breakage only")
     if not judge:
         log.warning("%s export not judged (--no-judgement): its figures are recorded, its quality is unknown",
