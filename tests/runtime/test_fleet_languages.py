@@ -180,3 +180,29 @@ def test_a_rescan_says_what_was_added_removed_changed_and_refused(bundle, tmp_pa
     listed = Catalog.scan([tmp_path / "opus-mt-en-de", tmp_path / "opus-mt-fr-de"])
     shutil.rmtree(tmp_path / "opus-mt-fr-de")  # a bundle given by path, gone: removed, not an error
     assert listed.rescan([tmp_path / "opus-mt-en-de", tmp_path / "opus-mt-fr-de"])[1].removed == ["opus-mt-fr-de"]
+
+
+def test_a_rescan_names_each_directory_that_is_no_bundle(bundle, tmp_path, caplog):
+    """A directory in the directory of bundles that is none is skipped with a warning naming it and
+    why (a rescan passed over it without a word, issue 55); dot-directories (xform's temporaries)
+    are passed over."""
+    import logging
+
+    from xform.runtime.fleet.catalog import Catalog
+    bundle("opus-mt-en-de")
+    before = Catalog.scan(tmp_path)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("mine\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "manifest.json").mkdir()
+    (tmp_path / ".en-de.xform-1-x.tmp").mkdir()
+    with caplog.at_level(logging.WARNING, logger="xform.runtime.fleet.catalog"):
+        after, changes = before.rescan(tmp_path)
+    assert changes.said() == "no change" and list(after.entries) == ["opus-mt-en-de"]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [f"{tmp_path / 'empty'}: skipped, not a bundle: no manifest.json (an empty directory)",
+                    f"{tmp_path / 'notes'}: skipped, not a bundle: no manifest.json; a bundle is a directory xform "
+                    "export wrote (xform export MODEL -o DIR)",
+                    f"{tmp_path / 'odd'}: skipped, not a bundle: its manifest.json is not a file"], said
+

@@ -142,6 +142,25 @@ def test_a_misspelt_option_is_named_with_the_nearest_at_every_python_door(demo, 
             call()
 
 
+def test_max_input_length_cuts_sources_as_ctranslate2_does(demo, tmp_path):
+    """CTranslate2's max_input_length (it was refused as a misspelt max_decoding_length, issue 55):
+    N cuts each source to its first N tokens, end-of-sentence last; 0 is no limit but max_len's;
+    the methods that do not take it refuse it by its name."""
+    t = Translator(demo)
+    long = "9" * 40  # 41 tokens with end-of-sentence, over the demo's max_len 32
+    assert len(t.encode_text(long)) == 41
+    cut = t.translate_batch([long, "12"], max_input_length=10, max_batch_size=1, batch_type="tokens")
+    assert [r.hypotheses for r in cut] == [t.translate_batch(["9" * 9])[0].hypotheses, ["twelve"]]
+    assert t.translate_batch(["12"], max_input_length=0)[0].hypotheses == ["twelve"]
+    with pytest.raises(InputError, match="more than the model's max_len 32 .truncate to cut it"):
+        t.translate_batch([long], max_input_length=0)
+    for bad in (-1, "10", True):
+        with pytest.raises(InputError, match="^max_input_length must be an integer >= 0"):
+            t.translate_batch([long], max_input_length=bad)
+    with pytest.raises(InputError, match="^max_input_length: CTranslate2's option .* translate_batch only"):
+        list(t.translate_iterable(["12"], max_input_length=10))
+
+
 def test_zero_new_tokens_is_refused_alike_at_every_door(demo, demo_bundle, tmp_path):
     """max_decoding_length / max_new_tokens 0 decoded nothing in one door, the cap of 256 in others
     and crashed beams with an IndexError: refused alike now."""

@@ -8,6 +8,7 @@ that cannot be read is refused with its reason, not the whole scan.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from xform.errors import BundleError, InputError, XformError
 from xform.files import sha256_file
 from xform.manifest import MANIFEST
 from xform.runtime.fleet.languages import Languages, bundle_languages
+
+log = logging.getLogger(__name__)
 
 # a bundle's name: its directory's, as a Triton model is named (serving/repository.py takes it from here)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -52,6 +55,34 @@ def is_bundle(path: Path) -> bool:
 def holds_bundles(path: Path) -> bool:
     """A directory that is no bundle but holds some (a directory of bundles)."""
     return path.is_dir() and not is_bundle(path) and any(p.is_dir() and is_bundle(p) for p in path.iterdir())
+
+
+def not_a_bundle(path: Path) -> str | None:
+    """Why a directory in a directory of bundles is no bundle (None where it is one)."""
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        return None
+    if manifest.exists():
+        return f"its {MANIFEST} is not a file"
+    if holds_bundles(path):
+        return (f"no {MANIFEST}; it holds bundles of its own, and a directory of bundles is read one level deep "
+                "(move them up, or give this directory)")
+    try:
+        empty = not any(path.iterdir())
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    return f"no {MANIFEST}" + (" (an empty directory)" if empty else
+                               "; a bundle is a directory xform export wrote (xform export MODEL -o DIR)")
+
+
+def other_directories(root: Path) -> dict[Path, str]:
+    """The directories in a directory of bundles that are no bundle, and why (not dot-directories:
+    xform's own temporaries)."""
+    out = {}
+    for p in sorted(root.iterdir(), key=lambda p: p.name):
+        if not p.name.startswith(".") and p.is_dir() and (why := not_a_bundle(p)) is not None:
+            out[p] = why
+    return out
 
 
 def bundle_paths(where: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -99,11 +130,15 @@ class Catalog:
     def rescan(self, where: str | Path | Sequence[str | Path]) -> tuple["Catalog", "Changes"]:
         """`where` read again: the new catalog and what changed from this one. A bundle that cannot
         be read (a damaged manifest) is refused with its reason: a new one is left out, a known one
-        kept as it was read before (its loads fail with the reason, as they would have)."""
+        kept as it was read before (its loads fail with the reason, as they would have). A
+        directory of `where` that is no bundle is skipped with a warning naming it and why."""
         entries, refused = [], {}
         # a list of bundles: one gone is removed (a directory: bundle_paths' errors if none is left)
         paths = bundle_paths(where) if isinstance(where, (str, Path)) else [Path(p) for p in where
                                                                            if is_bundle(Path(p))]
+        if isinstance(where, (str, Path)):  # a directory not served is said, not passed over without a word
+            for path, why in other_directories(Path(where)).items():
+                log.warning("%s: skipped, not a bundle: %s", path, why)
         for path in paths:
             if not NAME.fullmatch(path.name):
                 refused[path.name] = (f"the bundle name {path.name!r} is not a model name (letters, digits, _ . -, "

@@ -15,7 +15,7 @@ import numpy as np
 
 from xform.config import TransformerConfig
 from xform.errors import InputError, SettingError, XformError
-from xform.runtime.text.tokenizer import Tokenizer
+from xform.runtime.text.tokenizer import Tokenizer, no_languages
 from xform.runtime.text.vocab_map import VocabMap
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class TextPolicy:
                 raise SettingError(f"{{src_lang}} {src_lang}: this model takes no source language (its target "
                                    "language goes into the source: {tgt_lang})", "src_lang", "tgt_lang")
             return self.text.encode(text, tgt_lang, "tgt_lang")
+        if src_lang is not None and not self.text.languages:
+            raise self.one_way(src_lang, "src_lang")
         return self.text.encode(text, src_lang, "src_lang")
 
     def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
@@ -135,7 +137,7 @@ class TextPolicy:
         multilingual model with neither, and no recorded forced token, is refused with its languages."""
         if self.tokenizer is None or not self.tokenizer.languages:
             if tgt_lang is not None:
-                raise SettingError(f"{{tgt_lang}} {tgt_lang}: this model's tokenizer has no languages", "tgt_lang")
+                raise self.one_way(tgt_lang, "tgt_lang")
             return None
         if self.tokenizer.target_in_source:  # MADLAD: a source token, not a first target token
             if tgt_lang is not None:
@@ -148,6 +150,35 @@ class TextPolicy:
             raise SettingError(f"this model translates into the language {{tgt_lang}} names; known: "
                                f"{', '.join(self.tokenizer.codes)}", "tgt_lang")
         return None
+
+    def one_way(self, code: str, setting: str) -> SettingError:
+        """The refusal of a language (the value of `setting`) by a bundle whose tokenizer takes
+        none: what the bundle translates, as its files record it (runtime/fleet/languages.py:
+        the manifest's languages, a Marian's tokenizer_config.json, its OPUS-MT name), or, where
+        they record nothing, that its tokenizer has no languages."""
+        from xform.runtime.fleet.languages import PREFIX, bundle_languages, same, spelled
+
+        bundle = self.session.bundle
+        try:
+            languages = bundle_languages(bundle.path) if bundle is not None else None
+        except (XformError, OSError):
+            languages = None
+        if languages is None or not languages.known:
+            return no_languages(code, setting)
+        side, into = (1, "into") if setting == "tgt_lang" else (0, "from")
+        codes = languages.targets if side else languages.sources
+        served = any(same(pair[side], code) for pair in languages.pairs) or (
+            codes is None or spelled(code, codes) is not None) and bool(languages.targets)
+        what = (f"{{{setting}}} {code}: this bundle translates {'; '.join(languages.summary())} only (from its "
+                f"{languages.origin})")
+        if languages.ask.kind == PREFIX and setting == "tgt_lang":
+            how = f"ask for a target with >>{code}<< at the start of the text" if served else \
+                f"it cannot translate {into} {code}"
+            return SettingError(f"{what} and takes no {{{setting}}}: {how}", setting)
+        if served:
+            return SettingError(f"{what} and takes no {{{setting}}}: leave it out", setting)
+        return SettingError(f"{what}, so {{{setting}}} {code} cannot be served: it does not translate {into} {code} "
+                            f"(and takes no {{{setting}}}); use a bundle that does", setting)
 
     def vocab_map(self, vocab_map: "VocabMap | str | Path | None") -> VocabMap | None:
         """A vocabulary map (or the path of one) checked against this bundle: it needs the
@@ -186,7 +217,12 @@ class TextPolicy:
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A source cut to max_len: its first max_len - 1 ids and end-of-sentence."""
-        n = self.config.max_len
+        return self.cut_source(ids, self.config.max_len)
+
+    def cut_source(self, ids: list[int], n: int) -> list[int]:
+        """A source cut to `n` ids: its first n - 1 and end-of-sentence (where it ends in one)."""
+        if len(ids) <= n:
+            return ids
         return ids[:n - 1] + [self.eos_id] if ids[-1] == self.eos_id else ids[:n]
 
     def allowed_ids(self, vocab_map: VocabMap, texts: list[str]) -> np.ndarray:
@@ -203,10 +239,13 @@ class TextPolicy:
                                "tgt_lang", "forced_bos_token_id")
 
     def encode_batch(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None, *,
-                     truncate: bool = False) -> np.ndarray:
-        """The padded source ids of texts: each through the tokenizer, cut to max_len when
-        `truncate`, else refused when longer."""
+                     truncate: bool = False, max_input_length: int = 0) -> np.ndarray:
+        """The padded source ids of texts: each through the tokenizer, cut to `max_input_length`
+        ids (CTranslate2's; 0: no limit), then cut to max_len when `truncate`, else refused
+        when longer."""
         rows = self.source_rows(texts, src_lang, tgt_lang)
+        if max_input_length:
+            rows = [self.cut_source(r, max_input_length) for r in rows]
         return self.session.pad([self.fit(r, truncate) for r in rows])[0]
 
     def prefix_ids(self, prefixes: Sequence[str | Sequence[int] | None]) -> list[list[int] | Sequence[int]]:

@@ -42,7 +42,11 @@ from xform.runtime.text.vocab_map import VocabMap
 
 def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
     """A translator method's options as generation settings (controls.ct2_settings): CTranslate2's
-    names, the generation config's and the request's; another name is refused with the nearest."""
+    names, the generation config's and the request's; another name is refused with the nearest.
+    CTranslate2's max_input_length, which only translate_batch takes, is refused saying so."""
+    if "max_input_length" in options:
+        raise InputError("max_input_length: CTranslate2's option (cut each source to N tokens) is taken by "
+                         "translate_batch only; here truncate=True cuts a source longer than the model's max_len")
     refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
     return ct2_settings(options)
 
@@ -95,6 +99,16 @@ def prefix_lines(path: Path) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
+def input_limit(max_input_length: Any) -> int:
+    """CTranslate2's max_input_length checked: an integer >= 0 (0 or None: no limit)."""
+    if max_input_length is None:
+        return 0
+    if isinstance(max_input_length, bool) or not isinstance(max_input_length, int) or max_input_length < 0:
+        raise InputError(f"max_input_length must be an integer >= 0 (the source tokens kept; 0: no limit), got "
+                         f"{max_input_length!r}")
+    return max_input_length
+
+
 def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> Batching:
     """CTranslate2's max_batch_size and batch_type as a Batching: examples, or padded source tokens."""
     tokens = batch_type == "tokens"
@@ -112,7 +126,8 @@ class Translator(LineStream):
                         batch_type: str = "examples", return_scores: bool = False, src_lang: str | None = None,
                         tgt_lang: str | None = None, replace_unknowns: bool = False, truncate: bool = False,
                         vocab_map: "VocabMap | str | Path | None" = None,
-                        suppress_sequences: Sequence[str] | None = None, **options: Any) -> list[TranslationResult]:
+                        suppress_sequences: Sequence[str] | None = None, max_input_length: int | None = None,
+                        **options: Any) -> list[TranslationResult]:
         """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
         sampling_topk / topp / temperature, repetition_penalty, no_repeat_ngram_size,
@@ -122,8 +137,12 @@ class Translator(LineStream):
         blank line does. `max_batch_size` > 0 decodes at most that many sources (`batch_type`
         "tokens": padded source tokens) at a time, longest first. `target_prefix`: one text (or
         None) a source; `suppress_sequences`: phrases never generated (CTranslate2: token lists);
-        `truncate` cuts a source over max_len (else refused); `vocab_map` restricts each batch to
+        `truncate` cuts a source over max_len (else refused); `max_input_length` N > 0
+        (CTranslate2's) cuts each source to its first N tokens as the model reads them (language
+        and end-of-sentence tokens included, end-of-sentence kept last), 0 or None no limit but
+        max_len's (CTranslate2's default 1024 is not applied); `vocab_map` restricts each batch to
         the target ids its sources allow (a bundle exported --with-vocab-map)."""
+        limit = input_limit(max_input_length)
         texts = self.source_texts(source, "source")
         prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
         if prefixes is not None and len(prefixes) != len(texts):
@@ -133,13 +152,14 @@ class Translator(LineStream):
             settings["bad_words_ids"] = list(suppress_sequences)
         todo = [i for i, t in enumerate(texts) if t.strip()]
         results: dict[int, TranslationResult] = {}
-        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang):
+        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang, limit):
             rows = [todo[j] for j in batch]
             if prefixes is not None:
                 settings["target_prefix"] = [prefixes[i] or "" for i in rows]
             request = self.text_request([texts[i] for i in rows], src_lang=src_lang, tgt_lang=tgt_lang,
                                         replace_unknowns=replace_unknowns, return_scores=return_scores,
-                                        truncate=truncate, vocab_map=vocab_map, **settings)
+                                        truncate=truncate, vocab_map=vocab_map, max_input_length=limit,
+                                        **settings)
             results.update(zip(rows, self.results(request, [texts[i] for i in rows], replace_unknowns)))
         n = (len(next(iter(results.values())).hypotheses) if results else
              settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
@@ -156,14 +176,15 @@ class Translator(LineStream):
         return [TranslationResult(decoded[i * n:(i + 1) * n], scores[i * n:(i + 1) * n]) for i in range(request.batch)]
 
     def batches(self, texts: list[str], max_batch_size: int, batch_type: str, src_lang: str | None,
-                tgt_lang: str | None) -> list[list[int]]:
+                tgt_lang: str | None, max_input_length: int = 0) -> list[list[int]]:
         """translate_batch's batches: indices into `texts`, all at once without max_batch_size, else
         as batching.plan groups them (longest first; "tokens" counts padded source tokens)."""
         if not texts:
             return []
         if not max_batch_size:
             return [list(range(len(texts)))]
-        return plan([len(self.encode_text(t, src_lang, tgt_lang)) for t in texts],
+        return plan([len(self.encode_text(t, src_lang, tgt_lang)) if not max_input_length else
+                     min(len(self.encode_text(t, src_lang, tgt_lang)), max_input_length) for t in texts],
                     ct2_batching(max_batch_size, batch_type))
 
     def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
@@ -348,7 +369,7 @@ class Translator(LineStream):
     def text_request(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                      tgt_lang: str | None = None, replace_unknowns: bool = False,
                      vocab_map: "VocabMap | str | Path | None" = None, truncate: bool = False,
-                     **settings: Any) -> Request:
+                     max_input_length: int = 0, **settings: Any) -> Request:
         """The Python door for text: texts and text settings (the target language, prefixes and
         bad words as text, a vocabulary map, unknown replacement, truncation to max_len) as the
         session's Request."""
@@ -357,7 +378,7 @@ class Translator(LineStream):
             settings["target_prefix"] = self.prefix_ids(settings["target_prefix"])
         if settings.get("bad_words_ids") is not None:
             settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        src = self.encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
+        src = self.encode_batch(texts, src_lang, tgt_lang, truncate=truncate, max_input_length=max_input_length)
         vocab_map = self.vocab_map(vocab_map)
         if vocab_map is not None:
             settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
