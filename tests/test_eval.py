@@ -97,6 +97,30 @@ def test_refusals_name_the_file(demo_bundle, files, tmp_path):
     assert code == 1 and "reference" in output and "Traceback" not in output, output
 
 
+def test_a_line_not_utf8_fails_alone_as_in_run(demo_bundle, files, tmp_path):
+    """One line of --source that is not UTF-8: named by file and line on stderr, left out of the
+    scores, the others translated and scored, exit 1 (the whole file was refused without its line
+    number, where `run` fails that line alone, issue 55)."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    lines = (files / "src.txt").read_bytes().splitlines()
+    src.write_bytes(b"\n".join(lines[:3] + [b"\xff 12"] + lines[3:]) + b"\n")
+    refs = (files / "ref.txt").read_text().splitlines()
+    ref.write_text("\n".join(refs[:3] + ["twelve"] + refs[3:]) + "\n")
+    r = CliRunner().invoke(main, ["eval", str(demo_bundle), "--source", str(src), "--reference", str(ref),
+                                  "--against", "eager", "--json", str(tmp_path / "e.json")])
+    assert r.exit_code == 1, r.output
+    assert f"{src}:4: not UTF-8" in r.stderr and "1 of 31 lines could not be translated" in r.stderr, r.stderr
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["failed"][0]["line"] == 4 and data["failed"][0]["error"].startswith("not UTF-8")
+    hyps = xform.Translator(demo_bundle).translate([str(n) for n in NUMBERS])
+    assert data["lines"] == len(NUMBERS)  # the 30 good lines, scored as they are alone
+    assert data["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    bad_ref = tmp_path / "bad_ref.txt"
+    bad_ref.write_bytes(ref.read_bytes().replace(b"twelve", b"\xfftwelve"))
+    code, output = run(demo_bundle, "--source", src, "--reference", bad_ref)
+    assert code == 1 and f"--reference {bad_ref}:4: not UTF-8" in output, output
+
+
 def test_int8_against_eager_equals_eager_decodes_by_hand(demo8, files, tmp_path):
     """--against eager on an int8 bundle: eager is PyTorch on the bundle's fp32 reference weights,
     so the figures are those of the int8 graphs' translations against torch's, computed here."""

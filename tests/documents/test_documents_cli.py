@@ -3,6 +3,7 @@ translates it, written atomically to --output or printed; the memory's hits repo
 run; line flags and foreign memories refused with the flag named and exit 2; each JSON-lines
 record a document in a corpus, a bad one failing alone."""
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -60,6 +61,34 @@ def test_line_flags_and_bad_settings_are_refused(text_marian, tmp_path, flags, n
 def test_skipping_the_target_language_needs_to_know_it(demo_bundle):
     r = run(demo_bundle, "--text", "12", "--skip-target-language")
     assert r.exit_code == 2 and "--skip-target-language: name the target language (--tgt-lang)" in r.output
+
+
+def test_the_summary_counts_sentences_and_the_pieces_a_long_one_is_cut_into(text_marian, translator):
+    """One sentence over max_len cut at its commas: the summary says 1 sentence, translated as N
+    pieces (it said "1 sentences, N distinct", issue 55); without a cut, sentences as before."""
+    n = translator.session.config.max_len
+    clause = "the red cat sleeps"
+    sentence = ", ".join([clause] * (2 * n // len(translator.encode_text(clause)) + 1)) + "."
+    r = run(text_marian, "--documents", "--text", sentence, *SHORT)
+    assert r.exit_code == 0, r.output
+    pieces = re.search(r"documents: 1, 1 sentence, 1 distinct, translated as (\d+) pieces \(each sentence over "
+                       r"max_len cut at its clauses\), (\d+) decoded", r.stderr)
+    assert pieces is not None and int(pieces[1]) > 1 and pieces[1] == pieces[2], r.stderr
+    r = run(text_marian, "--documents", "--text", "a blue dog. a blue dog. my old cat", *SHORT)
+    assert r.exit_code == 0 and "documents: 1, 3 sentences, 2 distinct, 2 decoded" in r.stderr, r.stderr
+
+
+def test_the_summary_counts_the_paragraphs_kept_in_the_target_language(text_marian, tmp_path):
+    """--skip-target-language: the summary counts the paragraphs it translated and those it kept
+    (it left the kept paragraphs out, issue 55); the JSON report holds them too."""
+    text = "the red cat sleeps and the blue dog runs fast.\n\nle chat rouge dort et le chien bleu court.\n"
+    r = run(text_marian, "--documents", "--skip-target-language", "--text", text, "--json", tmp_path / "r.json",
+            *SHORT)
+    assert r.exit_code == 0, r.output
+    assert ("--text 1: 1 paragraph translated, 1 paragraph (1 sentence) already in the target language (en), kept"
+            in r.stderr), r.stderr
+    document, = json.loads((tmp_path / "r.json").read_text())["documents"]
+    assert document["paragraphs"] == 2 and document["kept_paragraphs"] == 1 and document["kept"] == 1
 
 
 def test_a_foreign_memory_and_a_file_not_utf8(text_marian, tmp_path):

@@ -90,10 +90,18 @@ def translate_documents(session, docs: list[tuple[str, str]], gen, batching, tex
     return results, translator.tally
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 sentence`, `2 sentences`."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def report(results, tally, memory_path: Path | None) -> None:
-    """What was done, on stderr: sentences, distinct ones, the memory's hits, those decoded; per
+    """What was done, on stderr: sentences, distinct ones (and the pieces they were cut into, where
+    a sentence over max_len was cut at its clauses), the memory's hits, those decoded; per
     document, its paragraphs by language and those kept in the target language."""
-    line = f"documents: {tally.documents}, {tally.sentences:,} sentences, {tally.distinct:,} distinct"
+    line = f"documents: {tally.documents}, {counted(tally.sentences, 'sentence')}, {tally.distinct:,} distinct"
+    if tally.pieces != tally.distinct:  # the memory's hits and those decoded are pieces
+        line += f", translated as {counted(tally.pieces, 'piece')} (each sentence over max_len cut at its clauses)"
     if memory_path is not None:
         line += f", {tally.remembered:,} from the memory {memory_path}"
     err.print(escape(line + f", {tally.decoded:,} decoded"))
@@ -101,8 +109,11 @@ def report(results, tally, memory_path: Path | None) -> None:
         parts = []
         if r.languages:
             parts.append("paragraphs by language: " + ", ".join(f"{k} {v}" for k, v in sorted(r.languages.items())))
-        if r.kept:
-            parts.append(f"{r.kept} sentences already in the target language, kept")
+        if r.kept_paragraphs or r.kept:
+            translated = r.paragraphs - r.kept_paragraphs
+            target = f" ({r.target})" if r.target else ""
+            parts.append(f"{counted(translated, 'paragraph')} translated, {counted(r.kept_paragraphs, 'paragraph')} "
+                         f"({counted(r.kept, 'sentence')}) already in the target language{target}, kept")
         if parts:
             err.print(escape(f"{r.name}: " + "; ".join(parts)))
 
@@ -124,8 +135,8 @@ def run_documents(session, texts: tuple[str, ...], input_file: Path | None, outp
     with progress_bar(input_file is not None, "sentences", "translated", lambda: None) as on_batch:
         results, tally = translate_documents(session, docs, gen, batching, text, markup, memory, force,
                                              skip_target_language, on_batch)
-    record["documents"] = [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages}
-                           for r in results]
+    record["documents"] = [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages,
+                            "paragraphs": r.paragraphs, "kept_paragraphs": r.kept_paragraphs} for r in results]
     record["tally"] = vars(tally)
     if output is not None:
         try:

@@ -1,13 +1,14 @@
 """`xform eval`: a file translated and scored with sacreBLEU, against references or a second system."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from xform.cli import handle_errors, main, out
+from xform.cli import err, handle_errors, main, out
 from xform.cli.flags import said
 from xform.cli.options import (
     check_json_target,
@@ -74,7 +75,7 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
         check_json_target(json_path, force, inputs)
     if plot_path is not None:
         check_plot_target(plot_path, force, inputs)
-    sources = ev.read_lines("--source", source_file)
+    sources = ev.read_lines("--source", source_file, per_line=True)  # a line not UTF-8 fails alone, as in run
     references = ev.read_lines("--reference", reference_file) if reference_file is not None else None
     if references is not None and len(references) != len(sources):
         raise XformError(f"--reference {reference_file}: {len(references)} lines for the {len(sources)} of "
@@ -93,14 +94,34 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     for name, s, vmap in [(first, session, vocab_map), *([(against, other, None)] if other is not None else [])]:
         with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
             systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap))
-    report = ev.evaluate(systems, references, str(source_file), str(reference_file) if reference_file else None)
+    failed = report_failed(systems, source_file)
+    scored, scored_refs, lines = ev.without_failed(systems, references)
+    report = ev.evaluate(scored, scored_refs, str(source_file), str(reference_file) if reference_file else None,
+                         lines)
     print_eval(report)
     if plot_path is not None:
         write_plot(report, plot_path, force, inputs)
     if json_path is not None:
         write_json(json_path, {"bundle": str(bundle), "backend": backend, "generation": gen.to_dict(),
-                               "vocab_map": None if vocab_map is None else str(vocab_map), **report.to_dict()},
+                               "vocab_map": None if vocab_map is None else str(vocab_map), **report.to_dict(),
+                               "failed": [{"line": n, "error": said(m)} for n, m in sorted(failed.items())]},
                    force, inputs)
+    if failed:
+        err.print(f"[bold red]error:[/] {len(failed)} of {len(sources)} lines could not be translated (left out of "
+                  "the scores)")
+        sys.exit(1)
+
+
+def report_failed(systems, source_file: Path) -> dict:
+    """The lines some system could not translate, each on stderr as `run` says it (FILE:LINE: why):
+    line number -> its error (the first system's that failed it)."""
+    failed: dict = {}
+    for s in systems:
+        for n, why in s.failed.items():
+            failed.setdefault(n, why)
+    for n in sorted(failed):
+        err.print(f"[bold red]error:[/] {escape(f'{source_file}:{n}: {said(failed[n])}')}")
+    return failed
 
 
 def other_session(bundle: Path, against: str, threads: int | None):

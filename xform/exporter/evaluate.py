@@ -8,11 +8,11 @@ translations are the reference. In the exporter's layer because eager decoding n
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Callable
 
-from xform.errors import XformError, message
+from xform.errors import Message, XformError, message
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.scheduling.batching import Batching
@@ -31,19 +31,29 @@ def sacrebleu_module():
     return sacrebleu
 
 
-def read_lines(flag: str, path: Path) -> list[str]:
-    """The lines of a text file (UTF-8), refused by name when missing, unreadable, UTF-16 or empty."""
+def read_lines(flag: str, path: Path, per_line: bool = False) -> list:
+    """The lines of a text file (UTF-8), refused by name when missing, unreadable, UTF-16 or empty.
+    A line that is not UTF-8 is refused naming its number; with `per_line` (the sources, as `run`
+    takes them) it is kept as its bytes instead, for the translator to fail alone."""
     from xform.files import not_utf8_text
     if (why := not_utf8_text(Path(path), flag)) is not None:
         raise XformError(why)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise XformError(f"{flag} {path}: no such file") from None
     except IsADirectoryError:
         raise XformError(f"{flag} {path}: is a directory; expected a file of lines") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise XformError(f"{flag} {path}: unreadable ({e})") from None
+    lines: list = []
+    for n, raw in enumerate(data.splitlines(), 1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            if not per_line:
+                raise XformError(f"{flag} {path}:{n}: not UTF-8 ({e})") from None
+            lines.append(raw)
     if not any(line.strip() for line in lines):
         raise XformError(f"{flag} {path}: empty (no line to translate or compare)")
     return lines
@@ -51,15 +61,19 @@ def read_lines(flag: str, path: Path) -> list[str]:
 
 @dataclass
 class System:
+    """A system's translations, one a source line (a line it could not translate: empty, its error
+    in `failed` by line number, 1-based)."""
     name: str
     translations: list[str]
     seconds: float
     bleu: float | None = None
     chrf: float | None = None
+    failed: dict[int, Message] = field(default_factory=dict)
+    read: int = 0  # the lines it was given (its translations may be fewer: those scored); 0: as many
 
     @property
     def lines_per_s(self) -> float:
-        return len(self.translations) / max(self.seconds, 1e-9)
+        return (self.read or len(self.translations)) / max(self.seconds, 1e-9)
 
 
 @dataclass
@@ -80,33 +94,52 @@ class EvalReport:
                  signature={"bleu": self.bleu_signature, "chrf": self.chrf_signature})
         for s in d["systems"]:
             s.pop("translations")
+            s["failed"] = {str(n): str(m) for n, m in s["failed"].items()}
         return d
 
 
-def translate_file(name: str, session: Session, lines: list[str], gen: GenerationConfig, src_lang: str | None,
+def translate_file(name: str, session: Session, lines: list, gen: GenerationConfig, src_lang: str | None,
                    batch_size: int, on_batch: Callable[[int, int], None] | None = None,
                    tgt_lang: str | None = None, vocab_map: Path | None = None) -> System:
-    """Each line's best translation (a blank line: blank); a line that cannot be translated is refused
-    with its number. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>);
+    """Each line's best translation (a blank line: blank); a line that cannot be translated (not
+    UTF-8: its bytes, too long, ...) fails alone, as in `run`: an empty translation, its error in
+    `failed`. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>);
     `vocab_map` restricts each batch's target vocabulary (a bundle exported --with-vocab-map)."""
     start = time.perf_counter()
-    out = []
+    out, failed = [], {}
     text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang, vocab_map=vocab_map)
     for n, line in enumerate(Translator(session).translate_lines(lines, gen, Batching(batch_size=batch_size), text,
                                                      on_batch=on_batch), 1):
         if line.error is not None:  # the settings it names stay named: the CLI words them as flags
-            said = message(line.error).after(f"--source line {n}: ")
-            raise XformError(said.template).naming(*said.settings)
+            failed[n] = message(line.error)
         out.append(line.hypotheses[0] if line.hypotheses else "")
-    return System(name, out, time.perf_counter() - start)
+    return System(name, out, time.perf_counter() - start, failed=failed)
 
 
-def evaluate(systems: list[System], references: list[str] | None, source: str, reference: str | None) -> EvalReport:
+def without_failed(systems: list[System], references: list[str] | None
+                   ) -> tuple[list[System], list[str] | None, list[int]]:
+    """The systems and references without the lines some system could not translate (scored, an
+    empty translation would count against it), and the line numbers (1-based) kept."""
+    failed = {n for s in systems for n in s.failed}
+    kept = [n for n in range(1, len(systems[0].translations) + 1) if n not in failed]
+    if not failed:
+        return systems, references, kept
+    if not kept:
+        raise XformError("no line of --source could be translated: nothing to score")
+    pick = [n - 1 for n in kept]
+    return ([replace(s, translations=[s.translations[i] for i in pick], read=len(s.translations)) for s in systems],
+            None if references is None else [references[i] for i in pick], kept)
+
+
+def evaluate(systems: list[System], references: list[str] | None, source: str, reference: str | None,
+             lines: list[int] | None = None) -> EvalReport:
     """Scores of each system against the references (or, without them, of the first against the
-    second); with two systems, their agreement and the sentence chrF differences."""
+    second); with two systems, their agreement and the sentence chrF differences. `lines`: the
+    source line number of each translation (default 1, 2, ...), as the worst lines are named."""
     sacrebleu = sacrebleu_module()
     refs = references if references is not None else systems[1].translations
     scored = systems if references is not None else systems[:1]
+    numbers = lines or list(range(1, len(systems[0].translations) + 1))
     report = EvalReport(source, reference, systems)
     for s in scored:
         bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
@@ -124,7 +157,7 @@ def evaluate(systems: list[System], references: list[str] | None, source: str, r
             deltas = [chrf.sentence_score(x, [y]).score - 100.0 for x, y in zip(a, b)]
         report.sentence_chrf_delta = [round(float(d), 3) for d in deltas]
         order = sorted(range(len(deltas)), key=lambda i: deltas[i])
-        report.worst = [{"line": i + 1, "chrf_delta": round(float(deltas[i]), 2), systems[0].name: a[i],
+        report.worst = [{"line": numbers[i], "chrf_delta": round(float(deltas[i]), 2), systems[0].name: a[i],
                          systems[1].name: b[i], **({"reference": refs[i]} if references is not None else {})}
                         for i in order[:WORST] if deltas[i] < 0]
     return report

@@ -48,20 +48,28 @@ class DocumentOptions:
 @dataclass
 class DocumentResult:
     """A document translated: its `name`, its `text`, its sentences, those left as they were
-    (`kept`: already in the target language) and its paragraphs by source language."""
+    (`kept`: already in the target language), its paragraphs by source language, its
+    `paragraphs` of sentences, those kept (`kept_paragraphs`) and the target language that kept
+    them (`target`, with skip_target_language)."""
     name: str
     text: str
     sentences: int
     kept: int = 0
     languages: dict[str, int] = field(default_factory=dict)
+    paragraphs: int = 0
+    kept_paragraphs: int = 0
+    target: str | None = None
 
 
 @dataclass
 class Tally:
-    """A run's counts: sentences, the distinct ones to translate, the memory's hits, those decoded."""
+    """A run's counts: sentences, the distinct ones to translate, the distinct `pieces` they are
+    translated as (more where a sentence over max_len is cut at its clauses), the memory's hits
+    and those decoded (pieces both)."""
     documents: int = 0
     sentences: int = 0
     distinct: int = 0
+    pieces: int = 0
     remembered: int = 0
     decoded: int = 0
 
@@ -200,10 +208,12 @@ class DocumentTranslator:
                                                                   segment, done[language][1].get(segment.source))
                         for segment, language in zip(document.segments, languages)]
         self.tally.sentences += len(document.segments)
-        paragraphs = Counter(lang for lang in {s.paragraph: lang for s, lang in zip(document.segments, languages)
-                                               }.values() if isinstance(lang, str))
+        of_paragraph = {s.paragraph: lang for s, lang in zip(document.segments, languages)}
+        paragraphs = Counter(lang for lang in of_paragraph.values() if isinstance(lang, str))
         return DocumentResult(document.name, document.render(translations), len(document.segments),
-                              translations.count(None), dict(paragraphs))
+                              translations.count(None), dict(paragraphs), len(of_paragraph),
+                              list(of_paragraph.values()).count(False),
+                              self.target_language() if self.skip_target_language else None)
 
     # -- the sentences of one source language ---------------------------------------------------
     def translated(self, language: str | None, sources: dict[str, list[str]], marked: set[str]
@@ -213,7 +223,8 @@ class DocumentTranslator:
         its word alignment (from the memory, else decoded with the attention)."""
         pieces = {source: self.fitted(source, language, where) for source, where in sources.items()}
         units = list(dict.fromkeys(p for ps in pieces.values() for p in ps))
-        self.tally.distinct += len(units)
+        self.tally.distinct += len(pieces)
+        self.tally.pieces += len(units)
         known: dict[str, str] = {}
         aligned: dict[str, Alignment] = {}
         to_align = [s for s in marked if pieces[s] == [s]] if self.aligns else []
