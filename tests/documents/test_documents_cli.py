@@ -37,7 +37,7 @@ def test_run_translates_a_file_as_a_document(text_marian, translator, tmp_path):
     assert "0 from the memory" in r.stderr and " decoded" in r.stderr
     again = run(text_marian, "--input-file", src, "--format", "markdown", "--memory", memory, *SHORT)
     assert again.exit_code == 0, again.output
-    assert again.stdout == expected + ("" if expected.endswith("\n") else "\n")
+    assert again.stdout == expected  # byte for byte, as --output writes it (issue 55)
     assert ", 0 decoded" in again.stderr
 
 
@@ -128,3 +128,40 @@ def test_corpus_records_are_documents(text_marian, translator, tmp_path):
 def xform_memory(path):
     from xform.runtime.documents.memory import TranslationMemory
     return TranslationMemory(path)
+
+
+@pytest.mark.parametrize("text", ["a blue dog. my old cat", "a blue dog.\n\nmy old cat\n\n", ""])
+def test_a_document_on_stdout_is_its_bytes(text_marian, translator, tmp_path, text):
+    """One document printed gains nothing its input lacks: no line break after a last line without
+    one, nothing for an empty file (issue 55); --output writes the same bytes."""
+    src = tmp_path / "doc.txt"
+    src.write_bytes(text.encode())
+    r = run(text_marian, "--documents", "--input-file", src, "--output", tmp_path / "out.txt", *SHORT)
+    printed = run(text_marian, "--documents", "--input-file", src, *SHORT)
+    assert r.exit_code == 0 and printed.exit_code == 0, (r.output, printed.output)
+    assert printed.stdout_bytes == (tmp_path / "out.txt").read_bytes()
+    assert printed.stdout == translator.translate_document(text, max_decoding_length=12)
+    assert printed.stdout.endswith("\n") == text.endswith("\n") and (text != "" or printed.stdout == "")
+
+
+def test_the_progress_total_is_the_sentences_to_decode(text_marian):
+    """The bar's total grows by the sentences each language decodes, known before decoding, so it
+    shows N/M and the time left rather than N/? (issue 55); the memory's hits are not counted."""
+    import rich.progress as rp
+
+    from xform.cli.options import Advance
+    from xform.runtime.documents.translate import DocumentTranslator
+
+    with rp.Progress(disable=True) as progress:
+        advance = Advance(progress, progress.add_task("translated", total=None, rate=0.0))
+        told: list[int] = []
+
+        def grow(n: int) -> None:
+            told.append(n)
+            advance.grow(n)
+        translator = xform.Translator(text_marian)
+        docs = DocumentTranslator(translator, translator.generation(None, {"max_new_tokens": 12}), on_batch=advance,
+                                  on_total=grow)
+        docs.translate([("a", "a blue dog. my old cat. a blue dog."), ("b", "the red cat.")])
+        task = progress.tasks[0]
+        assert told == [3] and task.total == 3 == task.completed == docs.tally.decoded, (told, task)

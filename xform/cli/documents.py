@@ -79,7 +79,7 @@ def translate_documents(session, docs: list[tuple[str, str]], gen, batching, tex
         memory = TranslationMemory(memory_path, force=force) if memory_path is not None else None
         translator = DocumentTranslator(Translator(session), gen, batching, text, markup=markup or "text",
                                         memory=memory, skip_target_language=skip_target_language,
-                                        on_batch=on_batch)
+                                        on_batch=on_batch, on_total=on_batch.grow if on_batch else None)
         results = translator.translate(docs)
     except InputError as e:
         raise click.UsageError(said(e)) from None
@@ -121,8 +121,9 @@ def report(results, tally, memory_path: Path | None) -> None:
 def run_documents(session, texts: tuple[str, ...], input_file: Path | None, output: Path | None, gen, batching,
                   text, markup: str | None, memory: Path | None, force: bool, skip_target_language: bool,
                   record: dict) -> None:
-    """`xform run --documents`: each document's translation on stdout (one after another, each
-    ending in a line break), or the one document's into --output, written atomically."""
+    """`xform run --documents`: a document's translation on stdout as its bytes are (several: one
+    after another, each ending in a line break), or the one document's into --output, written
+    atomically."""
     from xform.cli.options import progress_bar
     from xform.files import atomic_file
 
@@ -144,6 +145,9 @@ def run_documents(session, texts: tuple[str, ...], input_file: Path | None, outp
                 f.write(results[0].text)
         except OSError as e:
             raise XformError(f"--output {output}: {e.strerror or e}") from None
+        return
+    if len(results) == 1:  # the document as its bytes are, no line break added
+        click.echo(results[0].text, nl=False)
         return
     for r in results:
         click.echo(r.text, nl=not r.text.endswith("\n"))

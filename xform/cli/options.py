@@ -77,13 +77,32 @@ def count_lines(path: Path | None) -> int | None:
     return lines + (last != b"\n")
 
 
+class Advance:
+    """A progress bar's advance(items, tokens); `grow(n)` adds n items to its total (work counted
+    as it is known: a document's sentences to decode, a language at a time)."""
+
+    def __init__(self, progress, task) -> None:
+        self.progress, self.task = progress, task
+        self.start, self.counts = time.perf_counter(), [0, 0]
+
+    def __call__(self, items: int, tokens: int) -> None:
+        self.counts[0] += items
+        self.counts[1] += tokens
+        self.progress.update(self.task, advance=items,
+                             rate=self.counts[1] / max(time.perf_counter() - self.start, 1e-9))
+
+    def grow(self, n: int) -> None:
+        total = self.progress.tasks[self.task].total
+        self.progress.update(self.task, total=(total or 0) + n)
+
+
 @contextlib.contextmanager
 def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | None]):
-    """An advance(items, tokens) drawing a progress bar on stderr (items done of `total()`, `?`
-    when unknown, target tokens per second, time elapsed and left), and at the end one line kept
-    on stderr, `<done> N <unit> in T s (X <unit>/s, Y tokens/s)`; or None: shown only when asked,
-    stderr is a terminal and stdout is not (the bar would garble lines printed on the same
-    terminal). `total` is called only when the bar is shown."""
+    """An Advance drawing a progress bar on stderr (items done of `total()` and of what
+    `Advance.grow` adds, `?` while unknown, target tokens per second, time elapsed and left), and
+    at the end one line kept on stderr, `<done> N <unit> in T s (X <unit>/s, Y tokens/s)`; or None:
+    shown only when asked, stderr is a terminal and stdout is not (the bar would garble lines
+    printed on the same terminal). `total` is called only when the bar is shown."""
     if not (show and err.is_terminal and not out.is_terminal):
         yield None
         return
@@ -92,17 +111,10 @@ def progress_bar(show: bool, unit: str, done: str, total: Callable[[], int | Non
     columns = (rp.SpinnerColumn(), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
                rp.TextColumn("{task.fields[rate]:,.0f} tokens/s"), rp.TimeElapsedColumn(), rp.TextColumn("left"),
                rp.TimeRemainingColumn())
-    start, counts = time.perf_counter(), [0, 0]
     with rp.Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task(done, total=total(), rate=0.0)
-
-        def advance(items: int, tokens: int) -> None:
-            counts[0] += items
-            counts[1] += tokens
-            progress.update(task, advance=items, rate=counts[1] / max(time.perf_counter() - start, 1e-9))
-
+        advance = Advance(progress, progress.add_task(done, total=total(), rate=0.0))
         yield advance
-    seconds = max(time.perf_counter() - start, 1e-9)
+    seconds, counts = max(time.perf_counter() - advance.start, 1e-9), advance.counts
     err.print(f"{done} {counts[0]:,} {unit} in {seconds:.2f} s ({counts[0] / seconds:,.1f} {unit}/s, "
               f"{counts[1] / seconds:,.0f} tokens/s)")
 

@@ -82,12 +82,14 @@ class DocumentTranslator:
 
     def __init__(self, lines: LineStream, gen: GenerationConfig, batching: Batching | None = None,
                  text: TextOptions | None = None, *, markup: str = "text", memory: TranslationMemory | None = None,
-                 skip_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None):
+                 skip_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None,
+                 on_total: Callable[[int], None] | None = None):
         if markup not in FORMATS:
             raise InputError(f"{{format}}: expected one of {', '.join(FORMATS)}, got {markup!r}").naming("format")
         self.lines, self.gen, self.batching = lines, gen, batching or Batching()
         self.options = text or TextOptions()
         self.markup, self.memory, self.on_batch = markup, memory, on_batch
+        self.on_total = on_total  # told the sentences to decode as they are known (a progress bar's total)
         self.skip_target_language = skip_target_language
         self.detector = self.language_detector()
         self.aligns = can_align(lines, self.options)  # marks placed around the words they became
@@ -266,6 +268,8 @@ class DocumentTranslator:
         the memory as they come. A sentence that cannot be translated is refused by its text."""
         if not units:
             return {}
+        if self.on_total is not None:
+            self.on_total(len(units))
         text = TextOptions(False, language, self.options.tgt_lang, self.options.truncate,
                            replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map)
         out: dict[str, str] = {}
