@@ -1,6 +1,8 @@
 """What one Triton execute call does, without Triton: responses equal Translator.translate / generate
 for each request alone, and a bad request gets an error naming the tensor while the others in
 the same call are still answered."""
+import json
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,12 @@ def test_a_batch_of_requests_answers_each_as_alone(demo):
     ({"text": text("1"), "tgt_lang": text("xx")}, "input 'tgt_lang' xx: this model's tokenizer has no languages"),
     ({"text": text("1"), "src_lang": text("xx")}, "input 'src_lang' xx: this model's tokenizer has no languages"),
     ({"text": text("9" * 40)}, "input 'text': 41 source tokens, more than the model's max_len 32 (send truncate=true"),
+    # a value of the wrong type (Triton enforces each input's dtype; a Python caller may not)
+    ({"text": text("1"), "num_beams": np.array([[None]], dtype=object)},
+     "input 'num_beams': expected TYPE_INT32 values, found object [None]"),
+    ({"text": text("1"), "num_beams": text("2")}, "input 'num_beams': expected TYPE_INT32 values, found object ['2']"),
+    ({"text": text("1"), "return_scores": text("yes")},
+     "input 'return_scores': expected TYPE_BOOL values, found object ['yes']"),
 ])
 def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo, bad, fragment):
     """Each error is the request's (HTTP 400, not a ServerFault's 500) and names the request's
@@ -287,3 +295,33 @@ def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
         assert out[0]["output_ids"][0, -1] == demo.eos_id
     finally:
         demo.generation_defaults = saved
+
+
+@pytest.mark.parametrize("parameters, said", [
+    ({"beam_size": 2}, "unknown key 'beam_size' (did you mean 'num_beams'?): no input of this model"),  # CTranslate2's
+    ({"max_new_token": 5}, "unknown key 'max_new_token' (did you mean 'max_new_tokens'?)"),  # misspelt
+    ({"bad_words_ids": "x"}, "unknown key 'bad_words_ids' (did you mean 'bad_words'?)"),  # the setting's name
+    ({"zzz": 1, "num_beam": 2}, "unknown keys 'num_beam' (did you mean 'num_beams'?), 'zzz': no input of this model "
+                                "(Triton passed them as request parameters"),
+    ({"num_beams": "2"}, "input 'num_beams': expected a TYPE_INT32 tensor (an entry of the body's 'inputs', or a "
+                         "key of a generate body), found a request parameter 'num_beams' = '2' (str); send it as "
+                         "the tensor"),
+])
+def test_a_parameter_the_model_does_not_take_is_refused_naming_the_key_and_the_input_meant(parameters, said):
+    """Triton 2.51's generate door passes a key that is no input of the model as a request
+    parameter (its http_server.cc, ExactMappingInput): each is refused with the input it likely
+    means and the model's inputs; one named as an input was sent as a parameter."""
+    from xform.errors import InputError
+    from xform.serving.handler import parameters_of, refuse_parameters
+    from xform.serving.tensors import inputs
+    known = {t.name: t.dtype for t in inputs()}
+    with pytest.raises(InputError) as e:
+        refuse_parameters(parameters_of(json.dumps(parameters)), known, taken=("xform_relay",))
+    assert said in str(e.value), str(e.value)
+    assert "--" not in str(e.value)
+    if "unknown" in said:
+        assert str(e.value).endswith("its inputs: " + ", ".join(sorted(known)))
+    # xform's own, the generate body's request id and Triton's own are taken
+    refuse_parameters(parameters_of('{"xform_relay": true, "id": "r1", "triton_enable_empty_final_response": true}'),
+                      known, taken=("xform_relay",))
+    assert parameters_of("") == parameters_of("not json") == parameters_of("[1]") == {}

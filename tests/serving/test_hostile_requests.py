@@ -137,3 +137,84 @@ def test_not_utf8_and_a_vanishing_grpc_stream(demo_bundle, tmp_path, session):
         client.close()
     finally:
         server.stop()
+
+
+# (a generate body's keys beside its text, the key refused, the input it suggests)
+UNKNOWN = [
+    ({"beam_size": 2}, "beam_size", "num_beams"),  # CTranslate2's name
+    ({"max_new_token": 5}, "max_new_token", "max_new_tokens"),  # misspelt
+    ({"parameters": {"num_beam": 2}}, "num_beam", "num_beams"),  # generate's nested parameters: the same keys
+]
+# what Triton 2.51's HTTP parser refuses before any model sees it (its http_server.cc: a JSON error
+# is its TRITONSERVER_ERROR_INTERNAL, 500), as docs/serving.md's table says: a body that is no
+# JSON object, a value of the wrong type for an input (the request's input as a key, or under
+# "parameters"), a key that is no input given what no parameter can be (null, a list), a
+# non-string id; and an integer beyond INT32, which wraps on its way to xform
+TRITONS_OWN_BODIES = [
+    (b'{"inputs": [', 500, "failed to parse the request JSON buffer: Invalid value. at 12"),
+    (b"", 500, "failed to parse the request JSON buffer: The document is empty. at 0"),
+    (b"[]", 500, "attempt to get members for non-object"),
+    (b'"text"', 500, "attempt to get members for non-object"),
+    (b"{}", 400, "[request id: <id_unknown>] out of bounds index 0: request has 0 inputs"),
+    (b'{"text": "12", "num_beams": null}', 500,
+     "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer"),
+    (b'{"text": "12", "num_beams": "2"}', 500,
+     "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer"),
+    (b'{"text": "12", "num_beams": 2.0}', 500,
+     "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer"),
+    (b'{"text": "12", "return_scores": 1}', 500, "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
+    (b'{"text": null}', 500, "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+    (b'{"text": "12", "tgt_lang": 5}', 500,
+     "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+    (b'{"text": "12", "parameters": {"num_beams": "2"}}', 500, "Converting keyword: 'parameters': Unable to parse "
+     "'data': attempt to access JSON non-signed-integer as signed-integer"),
+    (b'{"text": "12", "beam_size": null}', 400,
+     "parameter 'beam_size' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    (b'{"text": "12", "beam_size": [2]}', 400,
+     "parameter 'beam_size' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    (b'{"text": "12", "id": 5}', 500, "Unable to parse 'id': attempt to access JSON non-string as string"),
+    (b'{"text": "12", "num_beams": 1000000000000}', 400, "input 'num_beams': must be at least 1, found -727379968"),
+]
+
+
+@pytest.mark.parametrize("scheduling", ["inflight", "dynamic"])
+def test_unknown_keys_are_400_naming_the_key_and_the_input_meant(demo_bundle, tmp_path, scheduling):
+    """Over HTTP's generate door a key that is no input reaches the model as a request parameter
+    (Triton 2.51): the model refuses it, 400 naming it, the input it likely means and the model's
+    inputs (each door: NAME's relay and batch models, NAME-stream's engine); an input sent as an
+    infer body's parameter is 400 naming the input, the tensor expected and what came; gRPC's
+    parameters the same. The generate body's `id` is taken (the request's id)."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+    server, name = start(demo_bundle, tmp_path, ModelOptions(scheduling=scheduling, max_rows=16))
+    try:
+        for model in [name, f"{name}-stream"] if scheduling == "inflight" else [name]:
+            url = f"{server.http_url}/v2/models/{model}/generate"
+            for extra, key, meant in UNKNOWN:
+                code, reply = post(url, json.dumps({"text": "12", **extra}).encode())
+                message = json.loads(reply)["error"] if reply.startswith("{") else reply
+                assert code == 400 and f"unknown key '{key}' (did you mean '{meant}'?): no input of this model" in \
+                    message, (model, extra, code, reply[:300])
+                assert "its inputs: bad_words, " in message and "--" not in message, message
+            for data, status, said in TRITONS_OWN_BODIES:
+                code, reply = post(url, data)
+                assert (code, json.loads(reply)["error"]) == (status, said), (model, data, code, reply[:300])
+            code, reply = post(url, json.dumps({"text": "12", "id": "r1", "num_beams": 2}).encode())
+            assert code == 200 and json.loads(reply)["id"] == "r1", reply[:300]
+        data = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["12"]}],
+                           "parameters": {"num_beams": "2"}}).encode()
+        code, reply = post(f"{server.http_url}/v2/models/{name}/infer", data)
+        assert code == 400 and json.loads(reply)["error"] == (
+            "input 'num_beams': expected a TYPE_INT32 tensor (an entry of the body's 'inputs', or a key of a generate "
+            "body), found a request parameter 'num_beams' = '2' (str); send it as the tensor"), (code, reply[:300])
+        client = tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        t = tg.InferInput("text", [1, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[b"12"]], dtype=object))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer(name, [t], parameters={"beam_size": 2})
+        assert "INVALID_ARG" in str(e.value.status()) and "unknown key 'beam_size' (did you mean 'num_beams'?)" in \
+            e.value.message(), e.value.message()
+        assert client.infer(name, [t]).as_numpy("translation")[0, 0] == b"twelve"
+        client.close()
+    finally:
+        server.stop()

@@ -2,8 +2,9 @@
 write_fleet over copies of the demo bundle, the router's pool over a recording loader. Added
 bundles get their models and routes, removed ones leave (at once when idle, after their last
 request when one holds them), changed ones are reloaded (a --preload one at once), unreadable
-or unservable ones are refused while the rest goes on, and catalog.json says what the last
-rescan found. Triton's side: tests/serving/test_fleet_rescan.py."""
+or unservable ones are refused while the rest goes on, catalog.json says what the last rescan
+found, and a request routed to a bundle that a rescan then removes is unavailable (503). Triton's
+side: tests/serving/test_fleet_server.py and tests/serving/test_fleet_door.py."""
 import json
 import shutil
 
@@ -160,3 +161,46 @@ def test_a_linked_bundle_is_one_bundle_and_a_removed_preload_leaves_the_catalog(
     shutil.rmtree(where / "b")
     assert rescan(router)["removed"] == ["b"]
     assert read_catalog(repo / ROUTER / "1" / CATALOG)[2].preload == ()
+
+
+@pytest.mark.parametrize("during", ["the first hop", "the second hop's load"])
+def test_a_request_routed_to_a_bundle_a_rescan_then_removes_is_unavailable(demo_bundle, tmp_path, during):
+    """A pivot routed num>en a; en>de b, b removed by a rescan while its first hop runs (or while b
+    loads for the second): the second hop is 503 (Removed, retryable: the client did nothing
+    wrong), not a failed load; sent again, it is routed over what is served now (no route: 400).
+    The loader is Triton's (StubLoader: engines, and the catalog checked before a load) over fakes."""
+    from xform.serving.router import Removed, StubLoader, failure
+    where = tmp_path / "bundles"
+    where.mkdir()
+    for name, pair in (("a", ("num", "en")), ("b", ("en", "de"))):
+        bundle(demo_bundle, where, name, pair)
+    repo = tmp_path / "repo"
+    write_fleet(Catalog.scan(where), repo, ModelOptions(), Settings(), where)
+    path = repo / ROUTER / "1" / CATALOG
+    catalog, engines, _ = read_catalog(path)
+
+    def remove_b():
+        shutil.rmtree(where / "b")
+        assert router.rescan() == {"added": [], "removed": ["b"], "changed": [], "refused": {},
+                                   "reload_failed": {}, "bundles": ["a"]}
+
+    def check(name):
+        if name == "b" and during == "the second hop's load":
+            remove_b()
+        return router.catalog[name]
+
+    def call(engine, given):
+        if engine == "a-stream" and during == "the first hop":
+            remove_b()
+        return {"translation": given["text"]}
+    loader = StubLoader(engines, lambda m: None, lambda m: None, lambda e: [], lambda p: 0, lambda pids, t: [],
+                        check=check)
+    router = Router(catalog, Pool(loader, None, None, (), 5.0), call)
+    router.rescan = Rescanner(path, router, router.pool, engines)
+    with pytest.raises(Removed) as e:
+        ask(router, "num", "de")
+    assert failure(e.value) == ("unavailable", "bundle 'b' was removed by a rescan after this request was routed "
+                                               "to it; send the request again: it is routed over the bundles served "
+                                               "now (a)")
+    with pytest.raises(InputError, match="no bundle translates src_lang 'num' to tgt_lang 'de'"):
+        ask(router, "num", "de")

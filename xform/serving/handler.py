@@ -11,14 +11,16 @@ best first.
 """
 from __future__ import annotations
 
+import difflib
+import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from xform.errors import InputError, SettingError, XformError, render
 from xform.runtime.decoding import controls
-from xform.runtime.decoding.controls import Control
+from xform.runtime.decoding.controls import CT2_NAMES, Control
 from xform.runtime.decoding.request import Request, Result, TextOptions, refuse_unknown
 from xform.runtime.documents.translate import AUTO
 from xform.runtime.scheduling.scheduler import Scheduler
@@ -49,6 +51,74 @@ class Job:
         return None if self.request.texts is None else list(self.request.texts)
 
 
+# -- request parameters: what a client sent that is no input -----------------------------------------
+# Triton 2.51's generate door (POST /v2/models/NAME/generate) makes each key of the body that names
+# an input of the model a tensor, and every other key (a string, an integer, a float or a bool) a
+# request parameter, which reaches the model beside its tensors; the infer door's and gRPC's
+# `parameters` arrive the same way. The body's `id` is the request's id (Triton makes it a
+# parameter too); Triton's own (`triton_...`, sequence_id, priority, timeout) never reach a model.
+GENERATE_ID = "id"
+
+
+def parameters_of(raw: str | None) -> dict[str, Any]:
+    """A request's parameters from Triton's JSON of them (`request.parameters()`; {} where none)."""
+    try:
+        given = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return given if isinstance(given, dict) else {}
+
+
+def meant(key: str, known: Iterable[str]) -> str | None:
+    """The input a foreign or misspelt key means: by CTranslate2's name (`beam_size`), by the
+    setting an input gives (`bad_words_ids`), else the nearest by its spelling; None where none is
+    near."""
+    known = sorted(known)
+    setting = CT2_NAMES.get(key, key)
+    named = next((t.name for t in tensors.inputs() if setting in (t.name, t.setting)), None)
+    if named in known:
+        return named
+    near = difflib.get_close_matches(key, known, 1)
+    return near[0] if near else None
+
+
+def refuse_parameters(parameters: Mapping[str, Any], known: Mapping[str, str], taken: Iterable[str] = ()) -> None:
+    """InputError for a request parameter the model does not take: none does but `taken` (xform's
+    own) and the generate door's `id`. `known`: the model's inputs (name -> Triton's TYPE_*). One
+    named as an input is that input sent as a parameter (the infer door's `parameters`), refused
+    naming the tensor expected and the parameter found; any other is unknown (a misspelt key of a
+    generate body, say), refused with the input it likely means and the model's inputs."""
+    given = sorted(k for k in parameters if k not in {*taken, GENERATE_ID} and not k.startswith("triton_"))
+    for key in given:
+        if key in known:
+            raise InputError(f"input {key!r}: expected a {known[key]} tensor (an entry of the body's 'inputs', or "
+                             f"a key of a generate body), found a request parameter {key!r} = "
+                             f"{parameters[key]!r} ({type(parameters[key]).__name__}); send it as the tensor")
+    if given:
+        said = [f"{k!r} (did you mean {m!r}?)" if (m := meant(k, known)) else repr(k) for k in given]
+        many = len(given) > 1
+        raise InputError(f"unknown key{'s' if many else ''} {', '.join(said)}: no input of this model (Triton passed "
+                         f"{'them as request parameters' if many else 'it as a request parameter'}, which it does not "
+                         f"take); its inputs: {', '.join(sorted(known))}")
+
+
+# -- tensors -----------------------------------------------------------------------------------------
+# the numpy kinds a control's tensor may come as (Triton's dtype for it, or what a Python caller
+# gives: any integer for an INT32, an integer for a float, an integer for a flag, bytes or str)
+ACCEPTS = {"int": "iu", "float": "iuf", "bool": "biu", "choice": "OSU", "ids": "iu"}
+
+
+def typed(name: str, value: np.ndarray, kind: str) -> np.ndarray:
+    """`value` as an array, InputError naming the input where its type is not `kind`'s
+    (tensors.KIND_TYPES: an INT32 that came as strings or None, say)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in ACCEPTS[kind]:
+        found = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr.reshape(-1)[:3].tolist()]
+        raise InputError(f"input {name!r}: expected {tensors.KIND_TYPES[kind][0]} values, found {arr.dtype} "
+                         f"{found}")
+    return arr
+
+
 def one(name: str, value: np.ndarray | None, dtype=None):
     """A numeric input that holds one value per request (every row the same): that value, or None."""
     if value is None:
@@ -60,7 +130,7 @@ def one(name: str, value: np.ndarray | None, dtype=None):
 
 
 def one_flag(name: str, value: np.ndarray | None) -> bool:
-    return bool(one(name, value))
+    return bool(one(name, None if value is None else typed(name, value, "bool")))
 
 
 def one_row(name: str, value: np.ndarray | None) -> list | None:
@@ -99,6 +169,7 @@ def control_value(control: Control, value: np.ndarray | None) -> Any:
     name = control.tensor or control.name
     if value is None:
         return None
+    value = typed(name, value, control.kind)
     if control.kind == "int":
         v = int(one(name, value))
         if control.least is not None and v < control.least:

@@ -13,9 +13,10 @@ hops taken (`fr>en opus-fr-en; en>de opus-en-de`).
 
 Errors, by kind (triton_model.error: request 400, unavailable 503, server 500): no route, or a
 bad input, is the request's and lists what the bundles translate; no room to load a bundle
-within the load timeout (every loaded one busy) is unavailable; a bundle that fails to load is
-the server's, for the requests routed to it only; a hop's own error keeps the kind its engine
-gave (inflight.untagged).
+within the load timeout (every loaded one busy) is unavailable, and so is a bundle a rescan
+removed after the request was routed to it (Removed: sent again, the request is routed over what
+is served now); a bundle that fails to load is the server's, for the requests routed to it
+only; a hop's own error keeps the kind its engine gave (inflight.untagged).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -70,6 +72,11 @@ OWN_OUTPUTS = {"route", "status"}  # the router's, not asked of a bundle
 def inputs() -> list[Tensor]:
     """The router's inputs: its own, then the bundles' text-level controls."""
     return OWN + [t for t in tensors.inputs() if t.name not in NOT_PASSED]
+
+
+class Removed(Unavailable):
+    """A bundle a request was routed to, removed by a rescan before its hop: the client did nothing
+    wrong, and the same request sent again is routed over the bundles served now (503, retryable)."""
 
 
 class HopFailed(XformError):
@@ -267,12 +274,35 @@ class Router:
         for name, code in (("src_lang", asked.src_lang), ("tgt_lang", asked.tgt_lang)):
             if code is not None:
                 sent[name] = np.array([[code.encode()]] * rows, dtype=object)
-        with self.pool.lease(hop.model) as engine:
+        with self.leased(hop.model) as engine:
             out = self.call(engine, sent)
         if "translation" not in out:
             raise HopFailed(f"{hop.model} answered no translation (a bundle without a tokenizer takes token ids: "
                             "ask it alone)", "request")
         return out
+
+    @contextmanager
+    def leased(self, name: str) -> Iterator[Any]:
+        """Bundle `name` leased from the pool (Pool.lease) for a hop routed before now; Removed
+        where a rescan took the bundle away since: before the lease, or failing its load on the
+        way (a rescan replaces the catalog before anything leaves: rescan.Rescanner)."""
+        if name not in self.catalog:
+            raise self.removed(name)
+        try:
+            engine = self.pool.acquire(name)
+        except LoadFailed as e:
+            if name not in self.catalog:
+                raise self.removed(name) from e
+            raise
+        try:
+            yield engine
+        finally:
+            self.pool.release(name)
+
+    def removed(self, name: str) -> Removed:
+        served = ", ".join(e.name for e in self.catalog) or "none"
+        return Removed(f"bundle {name!r} was removed by a rescan after this request was routed to it; send the "
+                       f"request again: it is routed over the bundles served now ({served})")
 
     def answer(self, route: Route, texts: np.ndarray, last: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {"translation": texts, "route": np.array([[str(route).encode()]] * texts.shape[0], dtype=object)}

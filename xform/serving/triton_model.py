@@ -12,7 +12,9 @@ this version directory or absolute), `backend` (ort | trt), `device` (cpu | cuda
   BLS from a thread pool and answered through their response sender, so execute never waits.
 
 Loading verifies the bundle (hashes, manifest version); a bundle that fails is refused and the
-reason goes to Triton's log.
+reason goes to Triton's log. A request parameter the model does not take (Triton 2.51's generate
+door passes a key of its JSON body that is no input as one: a misspelt `max_new_token`) is
+refused 400 naming it and the input it likely means (handler.refuse_parameters).
 """
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +71,24 @@ def relayed(request) -> bool:
         return False
 
 
+def declared(config) -> dict[str, str]:
+    """A model's inputs as its config declares them: name -> Triton's TYPE_*."""
+    return {i["name"]: i["data_type"] for i in config.get("input", [])}
+
+
+def refused(request, inputs) -> str | None:
+    """Why the request is refused for a parameter it carries (handler.refuse_parameters: a key of a
+    generate body that is none of the model's `inputs`, an input sent as a parameter), or None."""
+    from xform.errors import InputError
+    from xform.serving.handler import parameters_of, refuse_parameters
+    from xform.serving.inflight import RELAY
+    try:
+        refuse_parameters(parameters_of(request.parameters()), inputs, taken=(RELAY,))
+    except InputError as e:
+        return str(e)
+    return None
+
+
 def tensors_of(request):
     tensors = {}
     for name in (t.name for t in tensor_inputs()):
@@ -82,6 +102,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.role = params.get("role", "batch")
+        self.inputs = declared(config)  # what a request may name (refused: handler.refuse_parameters)
         self.restart_gauge = restart_gauge.publish(pb_utils, args.get("model_instance_name", config["name"]))
         if self.role == "front":
             self.engine = params["engine"]
@@ -115,15 +136,22 @@ class TritonPythonModel:
     def execute(self, requests):
         if self.role == "front":
             for request in requests:
-                self.pool.submit(self.relay, request.inputs(), request.get_response_sender())
+                why, sender = refused(request, self.inputs), request.get_response_sender()
+                if why is not None:  # the engine is asked without the client's parameters: refused here
+                    sender.send(error(why), flags=FINAL)
+                    continue
+                self.pool.submit(self.relay, request.inputs(), sender)
             return None
         if self.role == "engine":
             for request in requests:
                 self.start(request)
             return None
-        inputs = [tensors_of(request) for request in requests]
+        refusals = [refused(request, self.inputs) for request in requests]
+        results = iter(execute(self.session, [tensors_of(r) for r, why in zip(requests, refusals) if why is None],
+                               self.vocab_map, self.max_rows))
         responses = []
-        for result in execute(self.session, inputs, self.vocab_map, self.max_rows):
+        for why in refusals:
+            result = next(results) if why is None else why
             responses.append(error(result) if isinstance(result, str) else response(result))
         return responses
 
@@ -201,6 +229,10 @@ class TritonPythonModel:
 
         sender = request.get_response_sender()
         reply = Reply(sender, relayed(request))
+        why = refused(request, self.inputs)
+        if why is not None:
+            sender.send(reply.error(why), flags=FINAL)
+            return
         try:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))

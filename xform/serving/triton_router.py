@@ -7,9 +7,10 @@ file is what needs Triton:
   unloads through `pb_utils.unload_model` (asynchronous: the loader waits for its stubs, the
   children of tritonserver that run it, to exit); its cost is their Pss (residency.py);
 - each request is answered from a thread of a pool through its response sender, so `execute`
-  never waits for a load or a decode; a hop is relayed to the engine model by BLS with the
-  parameter inflight.RELAY, its error's kind read back from the message (inflight.untagged:
-  Triton 2.51's BLS drops error codes);
+  never waits for a load or a decode; one carrying a parameter the router does not take (a key
+  of a generate body that is no input: handler.refuse_parameters) is refused 400 at once; a hop
+  is relayed to the engine model by BLS with the parameter inflight.RELAY, its error's kind read
+  back from the message (inflight.untagged: Triton 2.51's BLS drops error codes);
 - metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total,
   xform_model_resident_bytes and the histogram xform_model_load_seconds, each by bundle;
 - a request with `status` true answers the router's state (serving/fleet_status.py: `xform serve
@@ -31,7 +32,7 @@ from xform.serving import router as xrouter
 from xform.serving.inflight import RELAY, STREAM_SUFFIX, untagged
 from xform.serving.rescan import Rescanner
 from xform.serving.router import CATALOG, OUTPUTS, ROUTER, Router, StubLoader, failure, inputs, read_catalog
-from xform.serving.triton_model import FINAL, error, response
+from xform.serving.triton_model import FINAL, declared, error, refused, response
 
 
 def stubs(engine):
@@ -133,6 +134,7 @@ class TritonPythonModel:
             **fleet_status.state(self.router.catalog, pool, settings, resident), "preload": self.preloading.said()})
         self.router.rescan = Rescanner(path, self.router, pool, engines)
         self.names = [t.name for t in inputs()]
+        self.inputs = declared(config)  # what a request may name (refused: handler.refuse_parameters)
         self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
         pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "
                                  + " | ".join(catalog.summary()))
@@ -140,6 +142,10 @@ class TritonPythonModel:
     def execute(self, requests):
         self.preloading.start()  # once: not from initialize (router.Preloading)
         for request in requests:
+            why = refused(request, self.inputs)
+            if why is not None:
+                self.send(error(why), request.get_response_sender())
+                continue
             given = {}
             for name in self.names:
                 t = pb_utils.get_input_tensor_by_name(request, name)
@@ -153,6 +159,9 @@ class TritonPythonModel:
         except Exception as e:  # noqa: BLE001 - this request fails, by its kind; the others go on
             kind, message = failure(e)
             final = error(message, kind)
+        self.send(final, sender)
+
+    def send(self, final, sender):
         try:
             sender.send(final, flags=FINAL)
         except Exception as e:  # noqa: BLE001 - the client is gone
