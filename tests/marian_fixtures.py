@@ -160,16 +160,19 @@ def build_text_marian(directory: Path, seed: int, steps: int, **config):
     return model
 
 
-def build_upper_marian(directory: Path, steps: int = 150, seed: int = 0):
+def build_upper_marian(directory: Path, steps: int = 150, seed: int = 0, opus: bool = False):
     """A Marian with write_tokenizer's files trained `steps` full-batch steps to write CORPUS's
     sentences in upper case (the target side's pieces): word for word, so its translations are
-    words and its attention follows them; saved in `directory` with its tokenizer."""
+    words and its attention follows them; saved in `directory` with its tokenizer. `opus`: as an
+    OPUS-MT model is (swish, scaled embeddings, the pad row, its decoder start, zero: Marian
+    starts the decoder from a zero vector, which CTranslate2 assumes)."""
     from transformers import MarianMTModel, MarianTokenizer
     vocab = write_tokenizer(directory)
     tok = MarianTokenizer.from_pretrained(directory)
     torch.manual_seed(seed)
+    opus_like = dict(activation_function="swish", scale_embedding=True) if opus else {}
     model = MarianMTModel(marian_config(vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=1,
-                                        encoder_ffn_dim=64, decoder_ffn_dim=64))
+                                        encoder_ffn_dim=64, decoder_ffn_dim=64, **opus_like))
     batch = tok(CORPUS, text_target=[s.upper() for s in CORPUS], return_tensors="pt", padding=True)
     labels = batch["labels"].masked_fill(batch["labels"] == tok.pad_token_id, -100)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -179,6 +182,9 @@ def build_upper_marian(directory: Path, steps: int = 150, seed: int = 0):
         opt.zero_grad()
         loss.backward()
         opt.step()
+    if opus:
+        with torch.no_grad():
+            model.model.shared.weight[model.config.pad_token_id] = 0
     model.eval().save_pretrained(directory)
     tok.save_pretrained(directory)
     return model

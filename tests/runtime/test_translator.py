@@ -101,17 +101,26 @@ def test_a_string_where_a_list_belongs_is_refused_in_one_sentence(demo):
         t.translate_batch(["7", 7])
 
 
-def test_ctranslate2_token_lists_join_back_where_the_tokenizer_is_sentencepiece(demo, marian_text):
-    """A SentencePiece bundle takes CTranslate2's token lists (▁ marks a word): the same
-    translation as the text; a tokenizer whose tokens do not spell the text is refused, asking
-    for the text."""
+def test_a_token_list_is_ids_through_the_vocabulary_never_text(demo, marian_text):
+    """CTranslate2's token list is what the encoder reads (issue 54): its pieces' ids, "</s>" the
+    end token (never the characters '<', '/', 's', '>'), nothing added; the hypotheses are token
+    lists. The text's own ids, given as their pieces, decode as the text does."""
     t = Translator(marian_text)
     text = "the cat sleeps"
-    pieces = marian_text.tokenizer.source_pieces(text)
-    assert any(p.startswith("\u2581") for p in pieces)
-    assert t.translate_batch([pieces])[0].hypotheses == t.translate_batch([text])[0].hypotheses
-    with pytest.raises(InputError, match="pass the text itself"):
-        Translator(demo).translate_batch([["40512"]])
+    ids = t.encode_text(text)
+    pieces = [t.text.source_piece(i) for i in ids]
+    assert pieces[-1] == "</s>" and t.vocabularies.source_ids(pieces, "x") == ids
+    assert t.vocabularies.source_ids(["\u2581zzz-not-a-piece"], "x") == [t.vocabularies.source["<unk>"]]
+    got = t.translate_batch([pieces], beam_size=1, max_decoding_length=20, min_decoding_length=0)[0].hypotheses[0]
+    want = t.session.generate(np.array([ids]), max_new_tokens=20)[0]
+    want = [int(i) for i in want]
+    want = want[:want.index(t.eos_id)] if t.eos_id in want else want
+    assert got == t.vocabularies.pieces(want) and all(isinstance(p, str) for p in got)
+    assert t.translate_batch([pieces[:-1] + ["</", "s>"]], beam_size=1)[0].hypotheses != [got]  # text is not the token
+    demo_t = Translator(demo)
+    assert demo_t.translate_batch([[demo_t.text.source_piece(i) for i in demo_t.encode_text("40512")]])[0].hypotheses[0]
+    with pytest.raises(InputError, match="a text among token lists"):
+        t.translate_batch([pieces, "the cat"])
 
 
 @pytest.fixture(scope="module")

@@ -153,18 +153,19 @@ class LineResult:
 @dataclass(frozen=True)
 class TranslationResult:
     """One source's translations, best first (CTranslate2's TranslationResult): `hypotheses` as
-    text (CTranslate2: token lists), `scores` when asked (else empty)."""
+    text for a text, token lists (CTranslate2's) for a token list; `scores` when asked (else
+    empty)."""
 
-    hypotheses: list[str]
+    hypotheses: list[Any]
     scores: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ScoringResult:
-    """A target's log-likelihood (CTranslate2's ScoringResult): `tokens` its target ids
-    (CTranslate2: token strings), `log_probs` each one's log-probability."""
+    """A target's log-likelihood (CTranslate2's ScoringResult): `tokens` its target ids for a text,
+    its pieces and "</s>" for a token list (CTranslate2's), `log_probs` each one's log-probability."""
 
-    tokens: list[int]
+    tokens: list[Any]
     log_probs: list[float]
 
 

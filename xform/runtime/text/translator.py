@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from contextlib import contextmanager
 from dataclasses import fields
 from functools import cached_property
@@ -36,7 +37,9 @@ from xform.runtime.decoding.request import (
     refuse_unknown,
 )
 from xform.runtime.scheduling.batching import Batching, plan
+from xform.runtime.text import token_lists as token_lists_module
 from xform.runtime.text.text_lines import LineStream
+from xform.runtime.text.token_lists import Vocabularies, token_lists
 from xform.runtime.text.vocab_map import VocabMap
 
 
@@ -127,6 +130,7 @@ class Translator(LineStream):
                         tgt_lang: str | None = None, replace_unknowns: bool = False, truncate: bool = False,
                         vocab_map: "VocabMap | str | Path | None" = None,
                         suppress_sequences: Sequence[str] | None = None, max_input_length: int | None = None,
+                        return_end_token: bool = False, disable_unk: bool = False,
                         **options: Any) -> list[TranslationResult]:
         """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
@@ -141,7 +145,22 @@ class Translator(LineStream):
         (CTranslate2's) cuts each source to its first N tokens as the model reads them (language
         and end-of-sentence tokens included, end-of-sentence kept last), 0 or None no limit but
         max_len's (CTranslate2's default 1024 is not applied); `vocab_map` restricts each batch to
-        the target ids its sources allow (a bundle exported --with-vocab-map)."""
+        the target ids its sources allow (a bundle exported --with-vocab-map). Token lists
+        (CTranslate2's, each source a list of pieces) mean what they mean to CTranslate2, as
+        token_lists.py says: ids through the vocabularies, token lists out, CTranslate2's scores,
+        lengths and defaults; `return_end_token` and `disable_unk` are theirs."""
+        if token_lists(source):
+            return self.translate_token_lists(source, target_prefix, return_scores=return_scores,
+                                              return_end_token=return_end_token, disable_unk=disable_unk,
+                                              max_batch_size=max_batch_size, max_input_length=max_input_length,
+                                              given={"src_lang": src_lang, "tgt_lang": tgt_lang,
+                                                     "replace_unknowns": replace_unknowns, "truncate": truncate,
+                                                     "vocab_map": vocab_map},
+                                              options={**options, "suppress_sequences": suppress_sequences})
+        for name, value in (("return_end_token", return_end_token), ("disable_unk", disable_unk)):
+            if value:
+                raise InputError(f"{name}: CTranslate2's option for token lists (pass each source as its list of "
+                                 "tokens); a text's translation is text, with no end token or <unk> in it")
         limit = input_limit(max_input_length)
         texts = self.source_texts(source, "source")
         prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
@@ -165,6 +184,42 @@ class Translator(LineStream):
              settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
         blank = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
         return [results.get(i, blank) for i in range(len(texts))]
+
+    def translate_token_lists(self, source: Sequence[Sequence[str]], target_prefix: Any, *, return_scores: bool,
+                              return_end_token: bool, disable_unk: bool, max_batch_size: int,
+                              max_input_length: int | None, given: dict[str, Any],
+                              options: dict[str, Any]) -> list[TranslationResult]:
+        """translate_batch over CTranslate2's token lists (token_lists.py); the text-only options
+        in `given` refused by name when set."""
+        taken = [name for name, value in given.items() if value]
+        if taken:
+            raise InputError(f"{', '.join(taken)} with token lists: a token list is what the model reads, languages "
+                             "included (a source's language token, the target's as target_prefix); pass texts for "
+                             f"{'these' if len(taken) > 1 else 'it'}")
+        limit = input_limit(max_input_length)
+        sources = [token_lists_module.cut(list(t), limit) for t in source]
+        prefixes = None
+        if target_prefix is not None:
+            if len(target_prefix) != len(sources):
+                raise InputError(f"target_prefix has {len(target_prefix)} entries for {len(sources)} sources: one a "
+                                 "source")
+            prefixes = []
+            for i, p in enumerate(target_prefix):
+                if p is not None and (isinstance(p, (str, bytes)) or not all(isinstance(t, str) for t in p)):
+                    raise InputError(f"target_prefix[{i}]: expected a token list (or None) where the sources are "
+                                     f"token lists, got {p!r}")
+                prefixes.append(list(p or []))
+        return token_lists_module.translate(self, sources, prefixes, return_scores=return_scores,
+                                            return_end_token=return_end_token, disable_unk=disable_unk,
+                                            max_batch_size=max_batch_size, options=options)
+
+    @cached_property
+    def vocabularies(self) -> Vocabularies:
+        """The bundle's vocabularies as CTranslate2's token lists read them."""
+        return Vocabularies(self.text, self.session.config)
+
+    def ct2_generation_settings(self, options: dict[str, Any]) -> dict[str, Any]:
+        return generation_settings(options)
 
     def results(self, request: Request, texts: list[str], replace_unknowns: bool) -> list[TranslationResult]:
         """A text request run: its TranslationResults, one a source."""
@@ -223,8 +278,21 @@ class Translator(LineStream):
         """Translate a stream of texts lazily, a window at a time (batching.py), in input order.
         A line that cannot be translated raises InputError naming it (0-based); `truncate` cuts a
         line longer than max_len instead. `target_prefix`: a stream of prefixes (a text, a token
-        list or None), one a source."""
+        list or None), one a source. A stream of token lists (CTranslate2's) is translated as
+        translate_batch translates them, `max_batch_size` at a time, as CTranslate2 builds
+        translate_iterable on translate_batch."""
         refuse_one_text(source, "source")
+        items = iter(source)
+        first = next(items, None)
+        if first is None:
+            return
+        source = itertools.chain([first], items)
+        if not isinstance(first, (str, bytes)):
+            if src_lang or tgt_lang or truncate:
+                raise InputError("src_lang, tgt_lang, truncate with token lists: pass texts for them")
+            for sources, prefixes in token_lists_module.chunks(source, target_prefix, max_batch_size or 32):
+                yield from self.translate_batch(sources, prefixes, return_scores=return_scores, **options)
+            return
         gen = self.generation(tgt_lang, options)
         batching = ct2_batching(max_batch_size, batch_type, read_ahead)
         text = TextOptions(return_scores, src_lang, tgt_lang, truncate)
@@ -304,8 +372,15 @@ class Translator(LineStream):
     def score_batch(self, source: Sequence[str], target: Sequence[str], *, src_lang: str | None = None,
                     tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
         """The log-likelihood of each target given its source, teacher-forced (Session.score).
-        An empty source scores nothing (no tokens), as it translates to nothing."""
+        An empty source scores nothing (no tokens), as it translates to nothing. Token lists
+        (CTranslate2's) score as CTranslate2 scores them (token_lists.score): the target's pieces
+        and "</s>" back, each with its log-prob."""
         refuse_unknown(options, ["src_lang", "tgt_lang"], "scoring option")
+        if token_lists(source) or token_lists(target):
+            if src_lang or tgt_lang:
+                raise InputError("src_lang, tgt_lang with token lists: a token list is what the model reads, its "
+                                 "language tokens included; pass texts for them")
+            return token_lists_module.score(self, source, target)
         texts, targets = self.source_texts(source, "source"), self.source_texts(target, "target")
         if len(texts) != len(targets):
             raise InputError(f"{len(texts)} sources for {len(targets)} targets: one target a source")
@@ -320,19 +395,32 @@ class Translator(LineStream):
         return [results[i] for i in range(len(texts))]
 
     @in_callers_words
-    def generate_tokens(self, source: str, target_prefix: str | None = None, *, src_lang: str | None = None,
-                        tgt_lang: str | None = None, **options: Any) -> Iterator[GenerationStepResult]:
+    def generate_tokens(self, source: str | Sequence[str], target_prefix: str | Sequence[str] | None = None, *,
+                        src_lang: str | None = None, tgt_lang: str | None = None,
+                        **options: Any) -> Iterator[GenerationStepResult]:
         """Yield the translation of one text token by token as the loop makes them: greedy or
         sampling (beam search decides its tokens only at its end; CTranslate2's generate_tokens
-        takes beam_size 1 only)."""
+        takes beam_size 1 only), the end token's step last. A token list (CTranslate2's) as
+        translate_batch takes it (token_lists.py): its prefix's tokens are the first steps, as
+        CTranslate2 yields them."""
         settings = generation_settings(options)
         if settings.get("num_beams", 1) != 1:
             raise InputError("generate_tokens: beam_size 1 only (beam search decides its tokens at its end)")
         settings["num_beams"] = 1  # greedy or sampling, whatever beams the bundle decodes with by default
-        if target_prefix:
-            settings["target_prefix"] = [target_prefix]
-        decode = self.session.decode_item(self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang,
-                                                            **settings))
+        if not isinstance(source, str):
+            if src_lang or tgt_lang or isinstance(target_prefix, str):
+                raise InputError("generate_tokens with a token list: its languages are tokens (the target's as a "
+                                 "token list target_prefix); pass a text for src_lang, tgt_lang or a text prefix")
+            request = token_lists_module.step_request(self, list(source), list(target_prefix or []), settings)
+        else:
+            if target_prefix:
+                settings["target_prefix"] = [target_prefix]
+            request = self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang, **settings)
+        yield from self.steps(request)
+
+    def steps(self, request: Request) -> Iterator[GenerationStepResult]:
+        """A one-source greedy or sampling request's tokens as the loop makes them."""
+        decode = self.session.decode_item(request)
         batch = Batch(self.session.backend, self.session.start_id)
         batch.admit(decode)
         out = decode.strategy.out
