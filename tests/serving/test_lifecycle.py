@@ -236,3 +236,29 @@ def test_a_crashed_tritonserver_is_restarted_within_the_bound(demo_bundle, tmp_p
     for kept in {Path(part.split()[0].rstrip(";")) for part in (said + output).split("log kept at ")[1:]}:
         kept.unlink(missing_ok=True)
     served.assert_nothing_left()
+
+
+def test_a_tritonserver_aborting_with_its_stubs_is_a_crash_not_a_stub_death(demo_bundle, tmp_path):
+    """Triton 2.51's gRPC race can abort tritonserver ('ASSERTION FAILED: prior > 0', SIGABRT);
+    its stubs go with it a moment before it is reaped. Seen first, the stub's end must not pass for
+    a stub death (exit 1): serve waits for tritonserver's own exit and restarts the crash."""
+    served = Served(demo_bundle, tmp_path, "--restarts", "1")
+    try:
+        served.wait_ready()
+        triton = served.triton_pids()[0]
+        stubs = [p for p in group_members(triton) if p != triton]
+        os.kill(stubs[0], signal.SIGKILL)  # the stub first, as an abort's teardown does
+        time.sleep(0.3)
+        os.kill(triton, signal.SIGABRT)
+        served.t0 = time.monotonic()
+        said = "".join(served.wait_ready())
+        assert "code -6 (SIGABRT)" in said and "restarting it, restart 1" in said, said
+        assert translated(served.ports[0], demo_bundle.name, "7")
+        served.proc.send_signal(signal.SIGTERM)
+        code, output = served.finish(timeout=60)
+    finally:
+        served.finish()
+    assert code == 0, output
+    for kept in {Path(part.split()[0].rstrip(";")) for part in said.split("log kept at ")[1:]}:
+        kept.unlink(missing_ok=True)
+    served.assert_nothing_left()

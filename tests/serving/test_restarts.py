@@ -84,3 +84,20 @@ def test_the_stall_bound_comes_only_from_serve(monkeypatch):
     for value, want in (("20", 20.0), ("0", None), ("x", None), ("-3", None)):
         monkeypatch.setenv(STALL_ENV, value)
         assert stall_seconds() == want
+
+
+def test_the_reason_a_server_died_is_its_logs_last_error_not_a_benign_one():
+    """A crash's cause is the log's last error (Triton 2.51's gRPC 'ASSERTION FAILED: prior > 0'
+    before its SIGABRT, seen in a soak), never the line every start says without a GPU."""
+    from xform.serving.lifecycle import first_error
+
+    class Logged:
+        def log_tail(self, lines):
+            return "\n".join([
+                "E1127 23:01:01.000 1 cuda.cc:1] CudaDriverHelper has not been initialized.",
+                "I1127 23:01:02.000 1 server.cc:1] started",
+                "E1127 23:01:03.000 1 model.cc:1] failed to load 'b': no bundle",
+                "E1127 23:02:06.181 2 sync.cc:105]      ASSERTION FAILED: prior > 0",
+                "Signal (6) received."])
+    assert first_error(Logged()) == "failed to load 'b': no bundle"
+    assert first_error(Logged(), last=True) == "ASSERTION FAILED: prior > 0"

@@ -209,7 +209,7 @@ def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
     a crash that the stopper's `restarts` (lifecycle.Restarts, none by default) allows starts it
     again on the same ports and repository. (what ended it, tritonserver's exit code), or
     XformError when it failed or died."""
-    from xform.serving.lifecycle import DIED, STOPPED, Restarts, first_error, keep_log
+    from xform.serving.lifecycle import DIED, STOPPED, STUB_DIED, Restarts, first_error, keep_log
     from xform.serving.stall import STALL_S
 
     restarts = stopper.restarts or Restarts(0)
@@ -218,11 +218,11 @@ def run_server(server, stopper, wheel_dir: Path | None, label: str, printer,
         outcome, what, code = run_once(server, stopper, wheel_dir, label, printer, tick)
         if outcome != DIED or stopper.requested or not restarts.allow(code):
             break
-        err.print(restarts.said(what, keep_log(server)), markup=False)
+        err.print(restarts.said(what, keep_log(server), first_error(server, last=True)), markup=False)
         server.restarts = restarts.count
     if outcome != STOPPED:
         kept = keep_log(server)
-        cause = first_error(server)
+        cause = first_error(server, last=outcome in (DIED, STUB_DIED))
         raise XformError(f"{what}{': ' + cause if cause and cause not in what else ''}"
                          f"{f'; Triton log kept at {kept}' if kept else ''}")
     return what, code

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -41,6 +42,11 @@ STOPPED, DIED, STUB_DIED = "stop", "died", "stub"
 # a crash, not a stop: SIGKILL (an operator, the OOM killer) and SIGTERM are not restarted
 FAULTS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
 RESTART_WINDOW = 600.0  # seconds: --restarts bounds the restarts within any window this long
+# a stub seen gone waits this long for tritonserver's own exit: a tritonserver aborting (Triton
+# 2.51's gRPC 'ASSERTION FAILED: prior > 0', SIGABRT) takes its stubs with it a moment before it
+# is reaped, and that is its crash, not a stub's death
+STUB_GRACE = 2.0
+BENIGN = ("CudaDriverHelper has not been initialized",)  # said at every start on a machine without a GPU
 
 
 class Restarts:
@@ -67,11 +73,12 @@ class Restarts:
         self.times.append(now)
         return True
 
-    def said(self, what: str, kept: Path | None) -> str:
-        """The line serve prints for the restart it is about to make."""
+    def said(self, what: str, kept: Path | None, error: str = "") -> str:
+        """The line serve prints for the restart it is about to make (`error`: the log's last)."""
         log = f"; the crashed server's log kept at {kept}" if kept else ""
-        return (f"{what} (a crash: {cause(what)}); restarting it, restart {self.count} (at most {self.limit} in "
-                f"{self.window:.0f} s){log}")
+        last = f"; its log's last error: {error}" if error else ""
+        return (f"{what} (a crash: {cause(what)}{last}); restarting it, restart {self.count} (at most "
+                f"{self.limit} in {self.window:.0f} s){log}")
 
 
 def crashed(code: int | None) -> bool:
@@ -162,9 +169,7 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         if stopper.requested:
             return STOPPED, f"stopped on {stopper.name}"
         if process.poll() is not None:
-            code = process.returncode
-            named = f" ({signal_name(code)})" if code < 0 else ""
-            return DIED, f"tritonserver exited on its own with code {code}{named}"
+            return DIED, exit_said(process.returncode)
         # a stub being killed can still be listed after its memory (and so its command line) is
         # gone: it keeps the model it was seen running
         now = {pid: model or stubs.get(pid, "") for pid, model in running(server).items()}
@@ -174,6 +179,8 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         ready = index(server) if judged else None  # asked once a poll, for both rules below
         dead = died(server, gone, stubs, now, ready) if gone else []
         if dead:
+            if exited(process, STUB_GRACE):  # the stubs went with a tritonserver that is dying: its death
+                return DIED, exit_said(process.returncode)
             return STUB_DIED, (f"a Triton Python-backend stub (pid {', '.join(map(str, dead))}) died: Triton does "
                                "not restart it and would answer every request to its model with an error")
         if server.explicit and all(now.values()):  # judged once every live stub says its model
@@ -187,6 +194,20 @@ def watch(server: TritonServer, stopper: Stopper, poll: float = 0.25,
         stubs = now
         tick()
         time.sleep(poll)
+
+
+def exit_said(code: int) -> str:
+    named = f" ({signal_name(code)})" if code < 0 else ""
+    return f"tritonserver exited on its own with code {code}{named}"
+
+
+def exited(process, seconds: float) -> bool:
+    """Whether `process` exits within `seconds`."""
+    try:
+        process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def running(server: TritonServer) -> dict[int, str]:
@@ -233,10 +254,11 @@ def keep_log(server: TritonServer) -> Path | None:
     return kept
 
 
-def first_error(server: TritonServer) -> str:
-    """Triton's first error line (why a model did not load, a port it could not bind), without its
-    timestamp prefix, or ''."""
-    for line in server.log_tail(400).splitlines():
-        if line.startswith("E") and line[1:5].isdigit():
-            return line.split("] ", 1)[-1].strip().strip('"')
-    return ""
+def first_error(server: TritonServer, last: bool = False) -> str:
+    """Triton's first error line (why a model did not load, a port it could not bind), or with
+    `last` its last (why a running server died), without its timestamp prefix, or ''; the lines
+    every start says on a machine without a GPU (BENIGN) are no reason."""
+    said = [line.split("] ", 1)[-1].strip().strip('"') for line in server.log_tail(400).splitlines()
+            if line.startswith("E") and line[1:5].isdigit()]
+    said = [line for line in said if not any(b in line for b in BENIGN)]
+    return (said[-1] if last else said[0]) if said else ""
