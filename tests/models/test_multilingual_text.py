@@ -324,3 +324,28 @@ def test_a_malformed_fairseq_tokenizer_is_refused_by_name(exported, field, value
     (broken / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(BundleError, match=re.escape(fragment)):
         load_tokenizer(broken / "tokenizer.json", xform.load(bundle).config)
+
+
+def test_token_lists_carry_their_languages_as_ctranslate2s_do(exported):
+    """CTranslate2's token lists for NLLB, mBART-50 and M2M100 (issue 54): the source's language
+    token and "</s>" are ids through the vocabulary (tokenizer.convert_ids_to_tokens(tokenizer.encode
+    (text)), as CTranslate2's docs write it), the target language is target_prefix's token; the
+    hypothesis starts with it and its tokens are transformers' generate with that language forced.
+    Read as text, '__de__' was a word and the prefix's language never reached the model."""
+    kind, tok, model, bundle = exported
+    t = xform.Translator(bundle)
+    src_lang, tgt_lang = PAIRS[kind][1]
+    tok.src_lang = src_lang
+    lang = tok.get_lang_token(tgt_lang) if kind == "m2m100" else tgt_lang
+    forced = tok.convert_tokens_to_ids(lang)
+    for text in CORPUS[:4]:
+        ids = tok(text).input_ids
+        pieces = tok.convert_ids_to_tokens(ids)
+        assert t.vocabularies.source_ids(pieces, "source") == ids, (kind, pieces)
+        got = t.translate_batch([pieces], target_prefix=[[lang]], beam_size=1, max_decoding_length=10)[0]
+        out = model.generate(torch.tensor([ids]), forced_bos_token_id=forced, max_new_tokens=10, num_beams=1,
+                             do_sample=False, forced_eos_token_id=None)[0].tolist()
+        want = [i for i in out[1:] if i != tok.pad_token_id]  # the decoder start left out
+        want = want[:want.index(tok.eos_token_id)] if tok.eos_token_id in want else want
+        assert got.hypotheses[0] == tok.convert_ids_to_tokens(want), (kind, text)
+        assert got.hypotheses[0][0] == lang

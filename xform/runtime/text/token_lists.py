@@ -66,11 +66,20 @@ class Vocabularies:
 
     @cached_property
     def source(self) -> dict[str, int]:
+        """Source piece -> id: a model of one vocabulary for both sides (share_embeddings: OPUS-MT,
+        M2M100, NLLB, mBART, T5) reads the target's, special and language tokens included
+        ("__en__", "eng_Latn", "en_XX"); else the source side's pieces, and the target's tokens
+        the source side names at no id of its own."""
+        if self.config.share_embeddings is True:
+            return dict(self.target)
         index: dict[str, int] = {}
-        for i in range(self.config.src_vocab_size):
-            piece = self.tokenizer.source_piece(i)
+        names = [self.tokenizer.source_piece(i) for i in range(self.config.src_vocab_size)]
+        for i, piece in enumerate(names):
             if piece:
                 index.setdefault(piece, i)
+        for piece, i in self.target.items():
+            if piece not in index and 0 <= i < len(names) and not names[i]:
+                index[piece] = i
         return index
 
     @cached_property
