@@ -84,12 +84,80 @@ class Translator(TextTranslator):
         if given:
             raise XformError(f"{', '.join(given)}: for a directory of bundles; {model_path} is one bundle")
         bundle = Bundle.open(model_path)  # its precision is refused before any graph loads
+        compute_type = device_compute_type(compute_type, device)
         if compute_type not in ("default", "auto") and COMPUTE_TYPES.get(compute_type) != bundle.precision:
             raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision} bundle "
                              f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
                              "precision with `xform export --precision fp16 / int8`")
-        super().__init__(open_session(bundle, backend, device, intra_threads or None, torch_factory=torch_backend,
-                                      allow_tf32=allow_tf32, cuda_graph=cuda_graph))
+        self.opening = (bundle, backend, device, intra_threads or None, allow_tf32, cuda_graph)
+        super().__init__(self.opened())
+
+    def opened(self):
+        bundle, backend, device, threads, allow_tf32, cuda_graph = self.opening
+        return open_session(bundle, backend, device, threads, torch_factory=torch_backend, allow_tf32=allow_tf32,
+                            cuda_graph=cuda_graph)
+
+    # -- CTranslate2's properties and model residency --------------------------------------------
+    @property
+    def device(self) -> str:
+        return self.opening[2] or ("cuda" if self.opening[1] == "trt" else "cpu")
+
+    @property
+    def device_index(self) -> list[int]:
+        return [0]  # one device, the first visible (CUDA_VISIBLE_DEVICES picks it)
+
+    @property
+    def compute_type(self) -> str:
+        return _ct2_name(self.opening[0].precision)
+
+    @property
+    def num_translators(self) -> int:
+        return 1  # one batch at a time (inter_threads 1)
+
+    @property
+    def num_queued_batches(self) -> int:
+        return 0  # calls decode as they are made: nothing waits in a queue of the translator's
+
+    @property
+    def num_active_batches(self) -> int:
+        return 0  # no call is under way when a caller can ask (calls return when decoded)
+
+    @property
+    def model_is_loaded(self) -> bool:
+        return not isinstance(self.session, Unloaded)
+
+    def unload_model(self, to_cpu: bool = False) -> None:
+        """Free the model's memory (its ONNX Runtime or TensorRT sessions); `load_model()` opens it
+        again. CTranslate2's `to_cpu` (keep a GPU model's weights in host memory) is accepted and
+        frees it all: reopening reads the bundle from disk."""
+        if self.model_is_loaded:
+            self.session = Unloaded(self.opening[0].path)  # type: ignore[assignment]  # refuses every use
+
+    def load_model(self, keep_cache: bool = False) -> None:
+        """Open the model again after unload_model (nothing to do when it is loaded)."""
+        if not self.model_is_loaded:
+            self.session = self.opened()
+
+
+class Unloaded:
+    """A Translator's session after unload_model: every use is refused, saying how to load it."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __getattr__(self, name: str):
+        raise XformError(f"the model of this translator ({self.path}) was unloaded: call load_model() first")
+
+
+def device_compute_type(compute_type: Any, device: str) -> str:
+    """CTranslate2's compute_type: a name, or a dict of names by device ({"cuda": "float16",
+    "cpu": "int8"}); the one for `device` ("default" where it names none)."""
+    if isinstance(compute_type, dict):
+        return str(compute_type.get(device or "cpu", "default"))
+    if not isinstance(compute_type, str):
+        raise XformError(f"compute_type: a name (default, float32, float16, int8) or a dict of names by device, got "
+                         f"{type(compute_type).__name__}")
+    return compute_type
 
 
 def one_process(device_index: Any, inter_threads: int) -> None:

@@ -222,3 +222,25 @@ def test_generate_tokens_gives_pieces_that_join_back_into_the_text(marian_text):
     assert [s.token for s in steps] == [t.piece(s.token_id) for s in steps]
     text = "".join(s.token for s in steps if s.token_id != marian_text.eos_id).replace("\u2581", " ").strip()
     assert text == t.translate_batch(["the cat sleeps"], beam_size=1, **kw)[0].hypotheses[0]
+
+
+def test_ctranslate2s_translator_properties_and_model_residency(demo_bundle):
+    """CTranslate2's Translator properties, unload_model / load_model / model_is_loaded, and
+    compute_type as a dict by device (issue 54): a call on an unloaded model is refused saying how
+    to load it, and after load_model it translates as before."""
+    from xform.errors import XformError
+    t = xform.Translator(demo_bundle, compute_type={"cuda": "float16", "cpu": "float32"})
+    assert (t.device, t.device_index, t.compute_type, t.num_translators, t.num_queued_batches,
+            t.num_active_batches) == ("cpu", [0], "float32", 1, 0, 0)
+    before = t.translate_batch(["40512"])[0].hypotheses
+    assert t.model_is_loaded
+    t.unload_model()
+    assert not t.model_is_loaded
+    with pytest.raises(XformError, match="unloaded: call load_model"):
+        t.translate_batch(["40512"])
+    t.load_model()
+    assert t.model_is_loaded and t.translate_batch(["40512"])[0].hypotheses == before
+    with pytest.raises(XformError, match="compute_type float16"):
+        xform.Translator(demo_bundle, compute_type={"cpu": "float16"})
+    with pytest.raises(XformError, match="a name .* or a dict"):
+        xform.Translator(demo_bundle, compute_type=16)
