@@ -159,6 +159,12 @@ def test_score_api(engines):
         assert x.tokens == y.tokens and y.tokens[-1] == "</s>"
         np.testing.assert_allclose(y.log_probs, x.log_probs, atol=1e-4)
     assert b[1].tokens[1] == "<unk>"  # a piece the vocabulary lacks
+    streamed = list(xf.score_iterable(iter(tokens), iter(targets), max_batch_size=2))  # upstream: the same
+    assert [r.tokens for r in streamed] == [r.tokens for r in b]
+    np.testing.assert_allclose([v for r in streamed for v in r.log_probs], [v for r in b for v in r.log_probs],
+                               atol=1e-6)
+    with pytest.raises(InputError, match="as many targets as sources"):
+        list(xf.score_iterable(iter(tokens), iter(targets[:2])))
     empty = xf.score_batch([[]], [[]])[0]
     assert empty.tokens == ["</s>"] and empty.log_probs == [0]  # upstream's empty case
 

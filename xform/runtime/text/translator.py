@@ -369,7 +369,7 @@ class Translator(LineStream):
             if opened is not None:
                 opened.close()
 
-    def score_batch(self, source: Sequence[str], target: Sequence[str], *, src_lang: str | None = None,
+    def score_batch(self, source: Sequence[Any], target: Sequence[Any], *, src_lang: str | None = None,
                     tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
         """The log-likelihood of each target given its source, teacher-forced (Session.score).
         An empty source scores nothing (no tokens), as it translates to nothing. Token lists
@@ -393,6 +393,26 @@ class Translator(LineStream):
             for r, (i, n) in enumerate(zip(todo, lengths)):
                 results[i] = ScoringResult([int(t) for t in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
         return [results[i] for i in range(len(texts))]
+
+    def score_iterable(self, source: Iterable[Any], target: Iterable[Any], max_batch_size: int = 64,
+                       batch_type: str = "examples", **options: Any) -> Iterator[ScoringResult]:
+        """score_batch over two streams (texts or token lists, one target a source), `max_batch_size`
+        pairs at a time, as CTranslate2 builds score_iterable on score_batch; more sources than
+        targets, or fewer, is refused."""
+        if batch_type not in ("examples", "tokens"):
+            raise InputError(f"batch_type: examples or tokens, got {batch_type!r}")
+        refuse_one_text(source, "source")
+        refuse_one_text(target, "target")
+        ends = object()
+        sources, targets = iter(source), iter(target)
+        while True:
+            pairs = list(itertools.islice(itertools.zip_longest(sources, targets, fillvalue=ends),
+                                          max_batch_size or 64))
+            if any(s is ends or t is ends for s, t in pairs):
+                raise InputError("score_iterable: as many targets as sources, one a source")
+            if not pairs:
+                return
+            yield from self.score_batch([s for s, _ in pairs], [t for _, t in pairs], **options)
 
     @in_callers_words
     def generate_tokens(self, source: str | Sequence[str], target_prefix: str | Sequence[str] | None = None, *,
