@@ -140,8 +140,15 @@ def test_token_streaming(engines):
     want = list(ct.generate_tokens(tokens[0]))
     assert [(s.step, s.token_id, s.token, s.is_last) for s in steps] == \
         [(s.step, s.token_id, s.token, s.is_last) for s in want]
-    result = xf.translate_batch(tokens[:1], beam_size=1)[0]
+    result = xf.translate_batch(tokens[:1], beam_size=1, return_scores=True)[0]
     assert [s.token for s in steps] == result.hypotheses[0] + ["</s>"]  # upstream: tokens + end token
+    assert all(s.log_prob is None for s in steps)  # upstream: no log_prob unless asked
+    logged = list(xf.generate_tokens(tokens[0], return_log_prob=True))
+    np.testing.assert_allclose([s.log_prob for s in logged], [s.log_prob for s in
+                                                            ct.generate_tokens(tokens[0], return_log_prob=True)],
+                               atol=1e-4)
+    # upstream: the log-probs summed over the steps (the end token's included) are the score
+    assert abs(sum(s.log_prob for s in logged) / len(logged) - result.scores[0]) < 1e-5
 
 
 def test_token_streaming_exception(engines):

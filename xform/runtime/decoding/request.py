@@ -171,9 +171,13 @@ class ScoringResult:
 
 @dataclass(frozen=True)
 class GenerationStepResult:
-    """One token as it is generated (CTranslate2's GenerationStepResult)."""
+    """One token as it is generated (CTranslate2's GenerationStepResult): `log_prob` with
+    return_log_prob (else None); one source and one hypothesis: `batch_id` and `hypothesis_id` 0."""
 
     step: int
     token_id: int
     token: str
     is_last: bool
+    log_prob: float | None = None
+    batch_id: int = 0
+    hypothesis_id: int = 0

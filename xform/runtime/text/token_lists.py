@@ -295,7 +295,8 @@ def chunks(source: Iterable, prefixes: Iterable | None, size: int) -> Iterator[t
         yield batch, pre if prefix_iter is not None else None
 
 
-def step_request(translator, source: list[str], prefix: list[str], settings: dict[str, Any]):
+def step_request(translator, source: list[str], prefix: list[str], settings: dict[str, Any],
+                 return_log_prob: bool = False):
     """generate_tokens' request for a token list and its prefix (CTranslate2's meanings, greedy or
     sampling)."""
     import dataclasses
@@ -310,4 +311,5 @@ def step_request(translator, source: list[str], prefix: list[str], settings: dic
     max_new = gen_settings.pop("max_new_tokens")
     gen = dataclasses.replace(session.generation_config(max_new, **gen_settings), forced_bos_token_id=None)
     ids, lengths = session.pad([src])
-    return session.request(ids, lengths, generation=gen, target_prefix=[pre] if pre else None)
+    return session.request(ids, lengths, generation=gen, target_prefix=[pre] if pre else None,
+                           return_token_scores=return_log_prob)

@@ -416,13 +416,14 @@ class Translator(LineStream):
 
     @in_callers_words
     def generate_tokens(self, source: str | Sequence[str], target_prefix: str | Sequence[str] | None = None, *,
-                        src_lang: str | None = None, tgt_lang: str | None = None,
+                        src_lang: str | None = None, tgt_lang: str | None = None, return_log_prob: bool = False,
                         **options: Any) -> Iterator[GenerationStepResult]:
         """Yield the translation of one text token by token as the loop makes them: greedy or
         sampling (beam search decides its tokens only at its end; CTranslate2's generate_tokens
         takes beam_size 1 only), the end token's step last. A token list (CTranslate2's) as
         translate_batch takes it (token_lists.py): its prefix's tokens are the first steps, as
-        CTranslate2 yields them."""
+        CTranslate2 yields them. `return_log_prob`: each step's log-prob (a prefix's 0), as
+        CTranslate2's: summed and divided by the steps, the translation's score."""
         settings = generation_settings(options)
         if settings.get("num_beams", 1) != 1:
             raise InputError("generate_tokens: beam_size 1 only (beam search decides its tokens at its end)")
@@ -431,11 +432,13 @@ class Translator(LineStream):
             if src_lang or tgt_lang or isinstance(target_prefix, str):
                 raise InputError("generate_tokens with a token list: its languages are tokens (the target's as a "
                                  "token list target_prefix); pass a text for src_lang, tgt_lang or a text prefix")
-            request = token_lists_module.step_request(self, list(source), list(target_prefix or []), settings)
+            request = token_lists_module.step_request(self, list(source), list(target_prefix or []), settings,
+                                                      return_log_prob)
         else:
             if target_prefix:
                 settings["target_prefix"] = [target_prefix]
-            request = self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang, **settings)
+            request = self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang,
+                                        return_token_scores=return_log_prob, **settings)
         yield from self.steps(request)
 
     def steps(self, request: Request) -> Iterator[GenerationStepResult]:
@@ -445,11 +448,14 @@ class Translator(LineStream):
         batch.admit(decode)
         out = decode.strategy.out
         assert out is not None  # greedy and sampling keep their tokens as they go
+        scored = request.return_token_scores
         while not decode.done:
             batch.step()
-            token = int(out[0, decode.step - 1])
+            step = decode.step - 1
+            token = int(out[0, step])
             last = decode.done or token == self.eos_id
-            yield GenerationStepResult(decode.step - 1, token, self.piece(token), last)
+            yield GenerationStepResult(step, token, self.piece(token), last,
+                                       float(decode.strategy.per_token()[0, step]) if scored else None)
             if last:
                 return
 
