@@ -14,6 +14,7 @@ from xform.runtime.fleet.catalog import holds_bundles
 from xform.runtime.fleet.local import FleetTranslator
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
+from xform.runtime.text.async_results import worker
 from xform.runtime.text.translator import Translator as TextTranslator
 
 __all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator", "FleetTranslator"]
@@ -116,11 +117,11 @@ class Translator(TextTranslator):
 
     @property
     def num_queued_batches(self) -> int:
-        return 0  # calls decode as they are made: nothing waits in a queue of the translator's
+        return worker(self).queued  # asynchronous calls not started
 
     @property
     def num_active_batches(self) -> int:
-        return 0  # no call is under way when a caller can ask (calls return when decoded)
+        return worker(self).active  # asynchronous calls decoding
 
     @property
     def model_is_loaded(self) -> bool:

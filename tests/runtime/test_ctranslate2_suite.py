@@ -258,3 +258,20 @@ def test_text_only_options_with_token_lists_are_refused_by_name(engines):
         xf.translate_batch(TEXTS[:1], return_end_token=True)
     with pytest.raises(InputError, match="not in the target vocabulary"):  # CTranslate2: "is not in the vocabulary"
         xf.translate_batch(tokens[:1], suppress_sequences=[["QQQ"]])
+
+
+def test_asynchronous_translation_and_scoring(engines):
+    """CTranslate2's asynchronous=True: one AsyncTranslationResult (AsyncScoringResult) an example,
+    `result()` the synchronous call's, `done()` once decoded; a call's error raised by result()."""
+    ct, xf, tokens = engines
+    pending = xf.translate_batch(tokens, asynchronous=True, beam_size=3, return_scores=True)
+    scored = xf.score_batch(tokens, [["\u2581", "T"]] * len(tokens), asynchronous=True)
+    want = ct.translate_batch(tokens, asynchronous=True, beam_size=3, return_scores=True)
+    same([w.result() for w in want], [p.result() for p in pending])
+    assert all(p.done() for p in pending) and len(pending) == len(tokens)
+    assert [s.result().tokens for s in scored] == [r.tokens for r in xf.score_batch(tokens, [["\u2581", "T"]] *
+                                                                                   len(tokens))]
+    assert xf.num_queued_batches == xf.num_active_batches == 0
+    bad = xf.translate_batch(tokens[:1], asynchronous=True, min_decoding_length=9, max_decoding_length=2)
+    with pytest.raises(ValueError, match="is greater than"):
+        bad[0].result()

@@ -38,6 +38,7 @@ from xform.runtime.decoding.request import (
 )
 from xform.runtime.scheduling.batching import Batching, plan
 from xform.runtime.text import token_lists as token_lists_module
+from xform.runtime.text.async_results import may_run_asynchronously
 from xform.runtime.text.text_lines import LineStream
 from xform.runtime.text.token_lists import Vocabularies, token_lists
 from xform.runtime.text.vocab_map import VocabMap
@@ -123,6 +124,7 @@ class Translator(LineStream):
     (text_policy.py), line streams (text_lines.py) and CTranslate2's calls."""
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
+    @may_run_asynchronously
     @in_callers_words
     def translate_batch(self, source: Sequence[str] | Sequence[Sequence[str]],
                         target_prefix: Sequence[str | Sequence[str] | None] | None = None, *, max_batch_size: int = 0,
@@ -369,6 +371,7 @@ class Translator(LineStream):
             if opened is not None:
                 opened.close()
 
+    @may_run_asynchronously
     def score_batch(self, source: Sequence[Any], target: Sequence[Any], *, src_lang: str | None = None,
                     tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
         """The log-likelihood of each target given its source, teacher-forced (Session.score).
