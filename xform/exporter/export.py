@@ -159,6 +159,16 @@ def check_graph(path: Path) -> None:
         raise XformError(f"{path.name}: the exported graph fails onnx.checker: {e}") from None
 
 
+def judged_on(sample_file: Path | None, judge: bool, precision: str, batch: int) -> str:
+    """What the export's check judged it on, for the manifest's tolerance.judged_on."""
+    from xform.exporter.check import sample_used
+    if sample_file:
+        return f"--sample-file {Path(sample_file).name} ({sample_used(Path(sample_file), batch)})"
+    if not judge:
+        return UNJUDGED
+    return "random sources" + (" (gross breakage only)" if precision != "fp32" else "")
+
+
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int | None = None,
                   force: bool = False, loaded: LoadedModel | None = None, arch: str | None = None,
                   hparams: dict | None = None, vocab: VocabFiles | None = None,
@@ -212,12 +222,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             tolerance=tolerance_record(tol), versions=versions, languages=pairs)
         manifest.write(tmp)
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
-        c = manifest.verification["check"]
-        from xform.exporter.check import sample_used
-        manifest.tolerance["judged_on"] = (f"--sample-file {Path(sample_file).name} "
-                                           f"({sample_used(Path(sample_file), c['batch'])})"
-                                           if sample_file else UNJUDGED if not judge else "random sources"
-                                           + (" (gross breakage only)" if precision != "fp32" else ""))
+        manifest.tolerance["judged_on"] = judged_on(sample_file, judge, precision,
+                                                    manifest.verification["check"]["batch"])
         manifest.write(tmp)
     log.info("exported %s", out)
     return ExportResult(out, manifest)

@@ -172,6 +172,32 @@ def decoding_settings(settings: dict[str, Any], prefix_len: int, cap: int) -> di
     return out
 
 
+def translate_call(translator, source: Sequence[Sequence[str]], target_prefix: Any, *, return_scores: bool,
+                   return_end_token: bool, disable_unk: bool, max_batch_size: int, limit: int,
+                   given: dict[str, Any], options: dict[str, Any]) -> list:
+    """translate_batch's call over token lists, checked: the text-only options in `given` refused
+    by name when set, the sources cut to `limit` (max_input_length), one prefix (a token list or
+    None) a source."""
+    taken = [name for name, value in given.items() if value]
+    if taken:
+        raise InputError(f"{', '.join(taken)} with token lists: a token list is what the model reads, languages "
+                         "included (a source's language token, the target's as target_prefix); pass texts for "
+                         f"{'these' if len(taken) > 1 else 'it'}")
+    sources = [cut(list(t), limit) for t in source]
+    prefixes = None
+    if target_prefix is not None:
+        if len(target_prefix) != len(sources):
+            raise InputError(f"target_prefix has {len(target_prefix)} entries for {len(sources)} sources: one a source")
+        prefixes = []
+        for i, p in enumerate(target_prefix):
+            if p is not None and (isinstance(p, (str, bytes)) or not all(isinstance(t, str) for t in p)):
+                raise InputError(f"target_prefix[{i}]: expected a token list (or None) where the sources are token "
+                                 f"lists, got {p!r}")
+            prefixes.append(list(p or []))
+    return translate(translator, sources, prefixes, return_scores=return_scores, return_end_token=return_end_token,
+                     disable_unk=disable_unk, max_batch_size=max_batch_size, options=options)
+
+
 def translate(translator, sources: list[list[str]], prefixes: list[list[str]] | None, *, return_scores: bool,
               return_end_token: bool, disable_unk: bool, max_batch_size: int, options: dict[str, Any]) -> list:
     """CTranslate2's translate_batch over token lists (the module's rules): TranslationResults of

@@ -152,13 +152,12 @@ class Translator(LineStream):
         token_lists.py says: ids through the vocabularies, token lists out, CTranslate2's scores,
         lengths and defaults; `return_end_token` and `disable_unk` are theirs."""
         if token_lists(source):
-            return self.translate_token_lists(source, target_prefix, return_scores=return_scores,
-                                              return_end_token=return_end_token, disable_unk=disable_unk,
-                                              max_batch_size=max_batch_size, max_input_length=max_input_length,
-                                              given={"src_lang": src_lang, "tgt_lang": tgt_lang,
-                                                     "replace_unknowns": replace_unknowns, "truncate": truncate,
-                                                     "vocab_map": vocab_map},
-                                              options={**options, "suppress_sequences": suppress_sequences})
+            return token_lists_module.translate_call(
+                self, source, target_prefix, return_scores=return_scores, return_end_token=return_end_token,
+                disable_unk=disable_unk, max_batch_size=max_batch_size, limit=input_limit(max_input_length),
+                given={"src_lang": src_lang, "tgt_lang": tgt_lang, "replace_unknowns": replace_unknowns,
+                       "truncate": truncate, "vocab_map": vocab_map},
+                options={**options, "suppress_sequences": suppress_sequences})
         for name, value in (("return_end_token", return_end_token), ("disable_unk", disable_unk)):
             if value:
                 raise InputError(f"{name}: CTranslate2's option for token lists (pass each source as its list of "
@@ -186,34 +185,6 @@ class Translator(LineStream):
              settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
         blank = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
         return [results.get(i, blank) for i in range(len(texts))]
-
-    def translate_token_lists(self, source: Sequence[Sequence[str]], target_prefix: Any, *, return_scores: bool,
-                              return_end_token: bool, disable_unk: bool, max_batch_size: int,
-                              max_input_length: int | None, given: dict[str, Any],
-                              options: dict[str, Any]) -> list[TranslationResult]:
-        """translate_batch over CTranslate2's token lists (token_lists.py); the text-only options
-        in `given` refused by name when set."""
-        taken = [name for name, value in given.items() if value]
-        if taken:
-            raise InputError(f"{', '.join(taken)} with token lists: a token list is what the model reads, languages "
-                             "included (a source's language token, the target's as target_prefix); pass texts for "
-                             f"{'these' if len(taken) > 1 else 'it'}")
-        limit = input_limit(max_input_length)
-        sources = [token_lists_module.cut(list(t), limit) for t in source]
-        prefixes = None
-        if target_prefix is not None:
-            if len(target_prefix) != len(sources):
-                raise InputError(f"target_prefix has {len(target_prefix)} entries for {len(sources)} sources: one a "
-                                 "source")
-            prefixes = []
-            for i, p in enumerate(target_prefix):
-                if p is not None and (isinstance(p, (str, bytes)) or not all(isinstance(t, str) for t in p)):
-                    raise InputError(f"target_prefix[{i}]: expected a token list (or None) where the sources are "
-                                     f"token lists, got {p!r}")
-                prefixes.append(list(p or []))
-        return token_lists_module.translate(self, sources, prefixes, return_scores=return_scores,
-                                            return_end_token=return_end_token, disable_unk=disable_unk,
-                                            max_batch_size=max_batch_size, options=options)
 
     @cached_property
     def vocabularies(self) -> Vocabularies:
