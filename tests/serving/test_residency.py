@@ -83,6 +83,7 @@ def test_the_watch_keeps_a_killed_stubs_model_while_its_command_line_is_already_
     """A stub being killed was seen listed once more after its command line had gone (read as no
     model), then gone: the watch still knows which model it ran, so its death stops serve."""
     from xform.serving import lifecycle
+    monkeypatch.setattr(lifecycle, "STUB_GRACE", 0.0)  # a fake tritonserver that never exits: no wait for it
     looks = iter([{2: "translate", 3: "b-stream"}, {2: "translate", 3: ""}, {2: "translate"}])
     monkeypatch.setattr(lifecycle, "running", lambda server: next(looks, {2: "translate"}))
 
@@ -106,6 +107,7 @@ def replay(monkeypatch, looks):
     """lifecycle.watch over `looks`: (the stubs tritonserver has, the models READY) at each poll;
     then stopped if nothing died."""
     from xform.serving import lifecycle
+    monkeypatch.setattr(lifecycle, "STUB_GRACE", 0.0)  # a fake tritonserver that never exits: no wait for it
     server = type("Watched", (Server,), {"process": type("P", (), {"poll": lambda self: None})()})(True, set())
     seen = iter(looks)
 
@@ -165,3 +167,29 @@ def test_the_watch_asks_the_index_once_a_poll(monkeypatch):
     outcome, _ = replay(monkeypatch, looks)
     assert outcome == lifecycle.STOPPED and slept
     assert len(asked) == len(slept), (len(asked), len(slept))
+
+
+def test_stubs_gone_with_a_tritonserver_that_exits_are_its_crash(monkeypatch):
+    """An aborting tritonserver takes its stubs a moment before it is reaped (Triton 2.51's gRPC
+    'ASSERTION FAILED: prior > 0', seen in the soak): the stub's end, seen first, waits for the
+    server's exit and is reported as that crash (restartable), not as a stub's death (exit 1)."""
+    from xform.serving import lifecycle
+    looks = iter([{2: "translate", 3: "b-stream"}, {2: "translate"}])
+    monkeypatch.setattr(lifecycle, "running", lambda server: next(looks, {2: "translate"}))
+    monkeypatch.setattr(lifecycle, "index", lambda server: {"translate", "b-stream"})
+    polls = []
+
+    class Aborting:
+        returncode = -6
+
+        def poll(self):  # alive for the watch's first looks, then the abort's exit
+            polls.append(1)
+            return None if len(polls) < 4 else -6
+
+    class Watched(Server):
+        process = Aborting()
+
+    class Stop:
+        requested, name = False, "SIGTERM"
+    outcome, said = lifecycle.watch(Watched(True, {"translate", "b-stream"}), Stop(), poll=0)
+    assert outcome == lifecycle.DIED and "code -6 (SIGABRT)" in said, said

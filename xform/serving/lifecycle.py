@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -202,11 +201,12 @@ def exit_said(code: int) -> str:
 
 
 def exited(process, seconds: float) -> bool:
-    """Whether `process` exits within `seconds`."""
-    try:
-        process.wait(seconds)
-    except subprocess.TimeoutExpired:
-        return False
+    """Whether `process` exits within `seconds` (polled: Popen.poll is all the watch asks of it)."""
+    deadline = time.monotonic() + seconds
+    while process.poll() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
     return True
 
 
