@@ -121,6 +121,20 @@ def test_a_line_not_utf8_fails_alone_as_in_run(demo_bundle, files, tmp_path):
     assert code == 1 and f"--reference {bad_ref}:4: not UTF-8" in output, output
 
 
+def test_a_line_over_max_len_fails_alone_and_truncate_cuts_it(demo_bundle, files, tmp_path):
+    """A source line longer than the model's max_len fails alone, its message naming eval's own
+    --truncate; with --truncate it is cut and scored, as run --truncate does (issue 55: the
+    advice named a flag eval lacked)."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text((files / "src.txt").read_text() + "9" * 400 + "\n")
+    ref.write_text((files / "ref.txt").read_text() + "nine\n")
+    code, output = run(demo_bundle, "--source", src, "--reference", ref)
+    assert code == 1 and f"{src}:31:" in output and "--truncate" in output, output
+    code, output = run(demo_bundle, "--source", src, "--reference", ref, "--truncate", "--json", tmp_path / "e.json")
+    assert code == 0, output
+    assert json.loads((tmp_path / "e.json").read_text())["lines"] == len(NUMBERS) + 1
+
+
 def test_int8_against_eager_equals_eager_decodes_by_hand(demo8, files, tmp_path):
     """--against eager on an int8 bundle: eager is PyTorch on the bundle's fp32 reference weights,
     so the figures are those of the int8 graphs' translations against torch's, computed here."""

@@ -43,6 +43,9 @@ from xform.runtime.text.translator import Translator
               help="BUNDLE decodes with this vocabulary map (CTranslate2's vmap; a bundle exported "
                    "--with-vocab-map). With --against BUNDLE, the same bundle, the table compares the map with "
                    "the full vocabulary.")
+@click.option("--truncate", is_flag=True,
+              help="Cut a source line longer than the model's max_len to fit (else that line fails alone, left out "
+                   "of the scores), as run --truncate does.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the figures as JSON (bleu, chrf, signature, lines, speed, each system, every sentence's "
                    "chrF difference).")
@@ -52,7 +55,7 @@ from xform.runtime.text.translator import Translator
 @generation_options
 @handle_errors
 def evaluate(bundle, source_file, reference_file, against, backend, threads, batch_size, max_new_tokens, src_lang,
-             tgt_lang, vocab_map, json_path, plot_path, force, greedy, **settings) -> None:
+             tgt_lang, vocab_map, truncate, json_path, plot_path, force, greedy, **settings) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
     import importlib.util
@@ -93,7 +96,8 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     first = f"{bundle} + {vocab_map.name}" if vocab_map is not None else str(bundle)  # names differ: same bundle
     for name, s, vmap in [(first, session, vocab_map), *([(against, other, None)] if other is not None else [])]:
         with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
-            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap))
+            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap,
+                                             truncate))
     failed = report_failed(systems, source_file)
     scored, scored_refs, lines = ev.without_failed(systems, references)
     report = ev.evaluate(scored, scored_refs, str(source_file), str(reference_file) if reference_file else None,

@@ -100,14 +100,15 @@ class EvalReport:
 
 def translate_file(name: str, session: Session, lines: list, gen: GenerationConfig, src_lang: str | None,
                    batch_size: int, on_batch: Callable[[int, int], None] | None = None,
-                   tgt_lang: str | None = None, vocab_map: Path | None = None) -> System:
+                   tgt_lang: str | None = None, vocab_map: Path | None = None, truncate: bool = False) -> System:
     """Each line's best translation (a blank line: blank); a line that cannot be translated (not
     UTF-8: its bytes, too long, ...) fails alone, as in `run`: an empty translation, its error in
     `failed`. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>);
-    `vocab_map` restricts each batch's target vocabulary (a bundle exported --with-vocab-map)."""
+    `vocab_map` restricts each batch's target vocabulary (a bundle exported --with-vocab-map);
+    `truncate` cuts a line over max_len instead of failing it."""
     start = time.perf_counter()
     out, failed = [], {}
-    text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang, vocab_map=vocab_map)
+    text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang, vocab_map=vocab_map, truncate=truncate)
     for n, line in enumerate(Translator(session).translate_lines(lines, gen, Batching(batch_size=batch_size), text,
                                                      on_batch=on_batch), 1):
         if line.error is not None:  # the settings it names stay named: the CLI words them as flags
