@@ -14,7 +14,7 @@ from xform.runtime.fleet.catalog import holds_bundles
 from xform.runtime.fleet.local import FleetTranslator
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
 from xform.runtime.session import Session
-from xform.runtime.text.async_results import worker
+from xform.runtime.text.async_results import counts
 from xform.runtime.text.translator import Translator as TextTranslator
 
 __all__ = ["BACKENDS", "DEVICES", "default_device", "load", "check", "Translator", "FleetTranslator"]
@@ -117,11 +117,11 @@ class Translator(TextTranslator):
 
     @property
     def num_queued_batches(self) -> int:
-        return worker(self).queued  # asynchronous calls not started
+        return counts(self)[0]  # asynchronous calls not started
 
     @property
     def num_active_batches(self) -> int:
-        return worker(self).active  # asynchronous calls decoding
+        return counts(self)[1]  # asynchronous calls decoding
 
     @property
     def model_is_loaded(self) -> bool:

@@ -36,9 +36,6 @@ def session(demo_bundle):
 
 @pytest.mark.parametrize("scheduling", ["inflight", "dynamic"])
 def test_64_clients_get_the_answers_each_request_gets_alone(demo_bundle, tmp_path, session, scheduling):
-    import tritonclient.grpc as tg
-    import tritonclient.http as th
-
     mix = LoadMix(session, seed=11, streaming=scheduling == "inflight", cancel=0.0)
     requests = [[mix.request() for _ in range(PER_CLIENT)] for _ in range(CLIENTS)]
     server, name = start(demo_bundle, tmp_path, ModelOptions(scheduling=scheduling, max_rows=32, max_batch=8))
@@ -48,22 +45,12 @@ def test_64_clients_get_the_answers_each_request_gets_alone(demo_bundle, tmp_pat
     def client(c: int) -> None:
         try:
             for i, req in enumerate(requests[c]):
-                if req.transport == "http":
-                    with th.InferenceServerClient(f"127.0.0.1:{server.http_port}") as h:
-                        answers[c, i] = send_http(h, name, req)
-                else:
-                    answers[c, i] = send_grpc(tg, f"127.0.0.1:{server.grpc_port}", name, req)
+                answers[c, i] = sent(req, name, server.http_port, server.grpc_port)
         except Exception as e:  # noqa: BLE001 - reported below with the client
             errors.append(f"client {c}: {e!r}")
 
     try:
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(1.0, 240 - (time.monotonic() - t0)))
-        assert not any(t.is_alive() for t in threads), "clients still waiting after 240 s"
+        run_clients(client, CLIENTS, 240)
         assert not errors, errors[:5]
         assert len(answers) == CLIENTS * PER_CLIENT
         for (c, i), got in answers.items():
@@ -72,6 +59,27 @@ def test_64_clients_get_the_answers_each_request_gets_alone(demo_bundle, tmp_pat
         assert len(mixes) >= (10 if scheduling == "inflight" else 8), mixes  # beams, prefixes, transports, streams
     finally:
         server.stop()
+
+
+def sent(req, name: str, http_port: int, grpc_port: int, timeout: float = 120.0) -> dict:
+    """`req`'s answer from the server on those ports, over its transport."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    if req.transport == "http":
+        with th.InferenceServerClient(f"127.0.0.1:{http_port}") as h:
+            return send_http(h, name, req)
+    return send_grpc(tg, f"127.0.0.1:{grpc_port}", name, req, timeout=timeout)
+
+
+def run_clients(client, n: int, seconds: float) -> None:
+    """`client(c)` for c in range(n), each on a thread of its own, all joined within `seconds`."""
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(1.0, seconds - (time.monotonic() - t0)))
+    assert not any(t.is_alive() for t in threads), f"clients still waiting after {seconds:.0f} s"
 
 
 def assert_alone(session, req, got: dict) -> None:
@@ -89,8 +97,6 @@ def test_cancelled_streams_never_cost_the_server(demo_bundle, tmp_path, session)
     tritonserver (SIGSEGV) or wedged a stream (the engine then aborts it: SIGABRT, serving/stall.py),
     serve said so and restarted it: only then may a client have lost its request, and a death of
     any other kind fails the test."""
-    import tritonclient.grpc as tg
-    import tritonclient.http as th
 
     from tests.serving.test_lifecycle import Served
     mix = LoadMix(session, seed=5, streaming=True, cancel=0.33)
@@ -103,28 +109,17 @@ def test_cancelled_streams_never_cost_the_server(demo_bundle, tmp_path, session)
     def client(c: int) -> None:
         for i, req in enumerate(requests[c]):
             try:
-                if req.transport == "http":
-                    with th.InferenceServerClient(f"127.0.0.1:{served.ports[0]}") as h:
-                        answers[c, i] = send_http(h, demo_bundle.name, req)
-                else:
-                    answers[c, i] = send_grpc(tg, f"127.0.0.1:{served.ports[1]}", demo_bundle.name, req, timeout=60)
+                answers[c, i] = sent(req, demo_bundle.name, served.ports[0], served.ports[1], timeout=60)
             except Exception as e:  # noqa: BLE001 - allowed below only where the server crashed
                 errors.append(f"client {c}: {e!r}")
     try:
         served.wait_ready()
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(1.0, 180 - (time.monotonic() - t0)))
-        assert not any(t.is_alive() for t in threads), "clients still waiting after 180 s"
+        run_clients(client, 16, 180)
         for (c, i), got in answers.items():
             if not got.get("cancelled"):
                 assert_alone(session, requests[c][i], got)
         after = next(r for row in requests for r in row if r.transport == "http")
-        with th.InferenceServerClient(f"127.0.0.1:{served.ports[0]}") as h:
-            assert_alone(session, after, send_http(h, demo_bundle.name, after))  # it serves after the load
+        assert_alone(session, after, sent(after, demo_bundle.name, *served.ports[:2]))  # it serves after the load
         served.proc.send_signal(signal.SIGTERM)
         code, output = served.finish(timeout=120)
     finally:

@@ -57,6 +57,12 @@ class Worker:
                 self.active -= 1
 
 
+def counts(translator) -> tuple[int, int]:
+    """(calls queued, calls decoding) of the translator's asynchronous calls; (0, 0) before any."""
+    made = vars(translator).get("_worker")
+    return (made.queued, made.active) if made is not None else (0, 0)
+
+
 def worker(translator) -> Worker:
     if "_worker" not in vars(translator):
         vars(translator)["_worker"] = Worker()

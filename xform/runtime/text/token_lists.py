@@ -21,6 +21,7 @@ the bundle's vocabularies, never text.
 This module maps and renders; the Translator (translator.py) decodes through its Session."""
 from __future__ import annotations
 
+import itertools
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -172,6 +173,15 @@ def decoding_settings(settings: dict[str, Any], prefix_len: int, cap: int) -> di
     return out
 
 
+def generation(session, settings: dict[str, Any]):
+    """The generation config of decoding_settings' `settings`, no first token forced (a bundle's
+    default one included: the prefix says the target language)."""
+    import dataclasses
+    rest = dict(settings)
+    max_new = rest.pop("max_new_tokens")
+    return dataclasses.replace(session.generation_config(max_new, **rest), forced_bos_token_id=None)
+
+
 def translate_call(translator, source: Sequence[Sequence[str]], target_prefix: Any, *, return_scores: bool,
                    return_end_token: bool, disable_unk: bool, max_batch_size: int, limit: int,
                    given: dict[str, Any], options: dict[str, Any]) -> list:
@@ -250,13 +260,9 @@ def decoded(translator, src: list[list[int]], prefixes: list[list[int]], setting
             return_scores: bool, return_end_token: bool) -> list:
     """One request over sources sharing a prefix length: their TranslationResults (sampled
     hypotheses sorted by score, best first, as CTranslate2 sorts them)."""
-    import dataclasses
-
     from xform.runtime.decoding.request import TranslationResult
     session, vocab, cfg = translator.session, translator.vocabularies, translator.session.config
-    settings = dict(settings)
-    max_new = settings.pop("max_new_tokens")
-    gen = dataclasses.replace(session.generation_config(max_new, **settings), forced_bos_token_id=None)
+    gen = generation(session, settings)
     ids, lengths = session.pad(src)
     request = session.request(ids, lengths, generation=gen, target_prefix=prefixes if any(prefixes) else None,
                               return_token_scores=True)
@@ -298,34 +304,18 @@ def score(translator, source: Any, target: Any) -> list:
     return [results[i] for i in range(len(src))]
 
 
-def chunks(source: Iterable, prefixes: Iterable | None, size: int) -> Iterator[tuple[list, list | None]]:
-    """A stream of token lists (and their prefixes, one a source) `size` at a time; more or fewer
-    prefixes than sources refused."""
-    ends = object()
-    prefix_iter = None if prefixes is None else iter(prefixes)
-    batch: list = []
-    pre: list = []
-    for i, tokens in enumerate(source):
-        if prefix_iter is not None:
-            p = next(prefix_iter, ends)
-            if p is ends:
-                raise InputError(f"target_prefix: {i} prefixes for more sources; give one a source (None for none)")
-            pre.append(p)
-        batch.append(tokens)
-        if len(batch) == size:
-            yield batch, pre if prefix_iter is not None else None
-            batch, pre = [], []
-    if prefix_iter is not None and next(prefix_iter, ends) is not ends:
-        raise InputError("target_prefix: more prefixes than sources; give one a source")
-    if batch:
-        yield batch, pre if prefix_iter is not None else None
+def chunks(pairs: Iterable[tuple], size: int, prefixed: bool) -> Iterator[tuple[list, list | None]]:
+    """(token lists, their prefixes) `size` at a time from a stream of (source, prefix) pairs; the
+    prefixes None where the stream has none (`prefixed` False)."""
+    pairs = iter(pairs)
+    while batch := list(itertools.islice(pairs, size)):
+        yield [s for s, _ in batch], [p for _, p in batch] if prefixed else None
 
 
 def step_request(translator, source: list[str], prefix: list[str], settings: dict[str, Any],
                  return_log_prob: bool = False):
     """generate_tokens' request for a token list and its prefix (CTranslate2's meanings, greedy or
     sampling)."""
-    import dataclasses
     session, vocab = translator.session, translator.vocabularies
     src, pre = vocab.source_ids(source, "source"), vocab.target_ids(prefix, "target_prefix")
     if not src:
@@ -334,8 +324,7 @@ def step_request(translator, source: list[str], prefix: list[str], settings: dic
     if gen_settings["max_new_tokens"] <= 0:
         raise InputError(f"max_decoding_length {gen_settings['max_new_tokens'] + len(pre)}: the target_prefix's "
                          f"{len(pre)} tokens fill it")
-    max_new = gen_settings.pop("max_new_tokens")
-    gen = dataclasses.replace(session.generation_config(max_new, **gen_settings), forced_bos_token_id=None)
+    gen = generation(session, gen_settings)
     ids, lengths = session.pad([src])
     return session.request(ids, lengths, generation=gen, target_prefix=[pre] if pre else None,
                            return_token_scores=return_log_prob)

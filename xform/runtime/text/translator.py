@@ -103,6 +103,19 @@ def prefix_lines(path: Path) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
+def with_prefixes(source: Iterable, prefixes: Iterable) -> Iterator[tuple]:
+    """(source, prefix) pairs of two streams, one prefix a source: more or fewer is refused."""
+    ends = object()
+    prefix_iter = iter(prefixes)
+    for i, line in enumerate(source):
+        p = next(prefix_iter, ends)
+        if p is ends:
+            raise InputError(f"target_prefix: {i} prefixes for more sources; give one a source (None for none)")
+        yield line, p
+    if next(prefix_iter, ends) is not ends:
+        raise InputError("target_prefix: more prefixes than sources; give one a source")
+
+
 def input_limit(max_input_length: Any) -> int:
     """CTranslate2's max_input_length checked: an integer >= 0 (0 or None: no limit)."""
     if max_input_length is None:
@@ -263,7 +276,8 @@ class Translator(LineStream):
         if not isinstance(first, (str, bytes)):
             if src_lang or tgt_lang or truncate:
                 raise InputError("src_lang, tgt_lang, truncate with token lists: pass texts for them")
-            for sources, prefixes in token_lists_module.chunks(source, target_prefix, max_batch_size or 32):
+            pairs = ((t, None) for t in source) if target_prefix is None else with_prefixes(source, target_prefix)
+            for sources, prefixes in token_lists_module.chunks(pairs, max_batch_size or 32, target_prefix is not None):
                 yield from self.translate_batch(sources, prefixes, return_scores=return_scores, **options)
             return
         gen = self.generation(tgt_lang, options)
@@ -278,15 +292,8 @@ class Translator(LineStream):
     def with_prefixes(self, source: Iterable[str | bytes], prefixes: Iterable) -> Iterator[tuple]:
         """(source, prefix text) pairs, one prefix a source: more or fewer is refused."""
         refuse_one_text(prefixes, "target_prefix")
-        ends = object()
-        prefix_iter = iter(prefixes)
-        for i, line in enumerate(source):
-            p = next(prefix_iter, ends)
-            if p is ends:
-                raise InputError(f"target_prefix: {i} prefixes for more sources; give one a source (None for none)")
+        for i, (line, p) in enumerate(with_prefixes(source, prefixes)):
             yield line, self.source_texts([p], f"target_prefix[{i}]", True)[0]
-        if next(prefix_iter, ends) is not ends:
-            raise InputError("target_prefix: more prefixes than sources; give one a source")
 
     def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
                        *, max_batch_size: int = 32, src_lang: str | None = None, tgt_lang: str | None = None,
