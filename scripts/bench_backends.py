@@ -15,11 +15,9 @@ import os
 # run in one process (measured: ORT at batch 1 fell from ~5,700 to ~2,300 tokens/s); make them sleep.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import platform
-import statistics
-import time
+import platform  # noqa: E402
 
+import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
 import xform  # noqa: E402
@@ -29,37 +27,28 @@ WORKLOADS = ((1, 7, 16), (8, 7, 16), (32, 7, 16))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, threads=2, warmup=3, iters=30)
     ap.add_argument("bundle")
     ap.add_argument("--backends", default="ort,torch")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
     names = args.backends.split(",")
     sessions = {n: xform.load(args.bundle, backend=n, threads=args.threads) for n in names}
     print(f"bundle {args.bundle}; {platform.machine()} {platform.system()}, {args.threads} threads; "
           f"xform {xform.__version__}; median of {args.iters} interleaved rounds\n")
-    print("| batch | src_len | new tokens | " + " | ".join(f"{n} tokens/s" for n in names)
-          + " | " + " | ".join(f"{n} / {names[-1]}" for n in names[:-1]) + " |")
-    print("|" + " --- |" * (3 + 2 * len(names) - 1))
+    titles = ["batch", "src_len", "new tokens", *(f"{n} tokens/s" for n in names),
+              *(f"{n} / {names[-1]}" for n in names[:-1])]
+    print("\n".join(harness.table(titles, "l" * len(titles))))
     for batch, src_len, new in WORKLOADS:
         src = random_sources(next(iter(sessions.values())).config, batch, src_len)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(args.warmup + args.iters):
-            for n, s in sessions.items():
-                t0 = time.perf_counter()
-                out = s.generate(src, max_new_tokens=new, min_new_tokens=new)
-                dt = time.perf_counter() - t0
-                if r >= args.warmup:
-                    times[n].append(dt)
-            assert out.shape == (batch, new)
-        tps = {n: batch * new / statistics.median(t) for n, t in times.items()}
-        toks = {n: s.generate(src, max_new_tokens=new, min_new_tokens=new) for n, s in sessions.items()}
+        runs = {n: (lambda s=s: s.generate(src, max_new_tokens=new, min_new_tokens=new)) for n, s in sessions.items()}
+        times, toks = harness.interleave(runs, args.iters, warmup=args.warmup)
+        assert all(t.shape == (batch, new) for t in toks.values())
+        tps = {n: harness.rate(batch * new, t) for n, t in times.items()}
         same = all(np.array_equal(toks[n], toks[names[-1]]) for n in names)
-        print(f"| {batch} | {src_len} | {new} | " + " | ".join(f"{tps[n]:,.0f}" for n in names) + " | "
-              + " | ".join(f"{tps[n] / tps[names[-1]]:.2f}x" for n in names[:-1])
-              + ("" if same else " (tokens differ!)") + " |")
+        ratios = [f"{tps[n] / tps[names[-1]]:.2f}x" for n in names[:-1]]
+        if not same and ratios:
+            ratios[-1] += " (tokens differ!)"
+        print(harness.row(batch, src_len, new, *(f"{tps[n]:,.0f}" for n in names), *ratios))
 
 
 if __name__ == "__main__":

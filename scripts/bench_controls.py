@@ -18,18 +18,13 @@ Writes bench_controls.json and prints Markdown tables with ratios.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import statistics
-import sys
-import time
 from pathlib import Path
 
+import bench_peers
+import harness
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_peers  # noqa: E402
 
 NEW, SRC_LEN = 32, 24
 
@@ -43,11 +38,7 @@ def bundle(work: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-bench"))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None, help="Directory for bench_controls.json (default: none).")
-    args = ap.parse_args()
+    args = harness.parser(__doc__, work="/tmp/xform-bench", rounds=3, out="optional").parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     import onnxruntime
 
@@ -66,15 +57,8 @@ def main() -> None:
             for n, ids in subsets.items():
                 configs[(batch, beams, f"{n:,} ids")] = (src, {**base, "vocabulary": ids})
             configs[(batch, beams, "host logits (repetition_penalty 1.2)")] = (src, {**base, "repetition_penalty": 1.2})
-    times: dict = {k: [] for k in configs}
-    for k, (src, kw) in configs.items():  # warm-up, and the tokens each makes
-        session.generate(src, **kw)
-    for r in range(args.rounds):
-        for k, (src, kw) in configs.items():
-            t = time.perf_counter()
-            session.generate(src, **kw)
-            times[k].append(time.perf_counter() - t)
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    runs = {k: (lambda src=src, kw=kw: session.generate(src, **kw)) for k, (src, kw) in configs.items()}
+    times, _ = harness.interleave(runs, args.rounds, warmup=1, progress="configurations")
     rows = []
     for (batch, beams, what), ts in times.items():
         med = statistics.median(ts)
@@ -86,19 +70,17 @@ def main() -> None:
                         ("Host logits (repetition controls) against the graph's choice",
                          lambda r: "ids" not in r["config"])):
         print(f"\n{title} (Marian-base fp32, ort, 2 threads, {NEW} new tokens, {SRC_LEN}-token sources)\n")
-        print("| batch | decoding | configuration | ms a decode | target tokens/s | vs full vocabulary |")
-        print("|---:|---|---|---:|---:|---:|")
-        for r in filter(keep, rows):
-            dec = "greedy" if r["beams"] == 1 else f"beam {r['beams']}"
-            print(f"| {r['batch']} | {dec} | {r['config']} | {r['seconds'] * 1e3:,.0f} | {r['tokens_per_s']:,.1f} | "
-                  f"{r['vs_full']:.2f}x |")
+        print("\n".join(harness.table(
+            ("batch", "decoding", "configuration", "ms a decode", "target tokens/s", "vs full vocabulary"), "rllrrr",
+            [(r["batch"], "greedy" if r["beams"] == 1 else f"beam {r['beams']}", r["config"],
+              f"{r['seconds'] * 1e3:,.0f}", f"{r['tokens_per_s']:,.1f}", f"{r['vs_full']:.2f}x")
+             for r in filter(keep, rows)])))
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_controls.json").write_text(json.dumps({
+        harness.write_json(args.out / "bench_controls.json", {
             "rows": rows, "rounds": args.rounds, "new_tokens": NEW, "src_len": SRC_LEN,
-            "machine": bench_peers.machine(), "python": platform.python_version(),
+            "machine": harness.machine(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "xform": xform.__version__,
-            "command": "python " + " ".join(sys.argv)}, indent=1) + "\n")
+            "command": harness.command(__file__)})
 
 
 if __name__ == "__main__":

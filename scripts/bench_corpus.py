@@ -26,7 +26,6 @@ bench_corpus.json and bench_corpus.md into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -37,8 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_peers import machine  # noqa: E402 - a sibling script
+import harness
 
 THREADS = 2
 CONFIGS = {  # name -> the command's arguments after BUNDLE FILE
@@ -84,7 +82,6 @@ def random_marian(out: Path) -> None:
     """train_marian_synthetic.py's model and tokenizer, untrained."""
     if (out / "config.json").exists():
         return
-    sys.path.insert(0, str(Path(__file__).parent))
     import torch
     from train_marian_synthetic import EOS, PAD, WORDS, write_tokenizer
     from transformers import MarianConfig, MarianMTModel
@@ -156,38 +153,31 @@ def summarize(rounds: list[dict[str, dict]], lines: int, outputs: dict[str, list
     return rows
 
 
-def versions() -> dict:
-    from importlib.metadata import version
-    return {p: version(p) for p in ("xform", "onnxruntime", "ray")}
-
-
 def markdown(s: dict) -> str:
-    out = [f"Command: `{s['command']}`", "",
-           f"Machine: {s['machine']}; versions: " + ", ".join(f"{k} {v}" for k, v in s["versions"].items()) + ". "
-           f"Model: {s['model']}. {s['lines']:,} lines, {'greedy' if s['beams'] == 1 else 'beam %d' % s['beams']}, "
-           f"median of {s['rounds']} round(s).", "",
-           "| configuration | wall s | sentences/s | translation alone, sentences/s | run's sentences/s over this "
-           "| peak RSS MiB: the command's process (Ray: the driver) / each worker | = run's lines |",
-           "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    out = harness.preamble(s["command"], s["machine"], f"versions: {harness.listed(s['versions'])}. "
+                           f"Model: {s['model']}. "
+                           f"{s['lines']:,} lines, {'greedy' if s['beams'] == 1 else 'beam %d' % s['beams']}, "
+                           f"median of {s['rounds']} round(s).")
+    rows = []
     for r in s["rows"]:
         rss = f"{r['process_peak_rss_mib']:.0f}"
         if r.get("workers") and "ray" in r["config"]:
             rss += " / " + ", ".join(f"{w['peak_rss_mib']:.0f}" for w in r["workers"])
-        alone = f"{r['translation_sentences_per_s']:.1f}" if "translation_sentences_per_s" in r else "-"
-        out.append(f"| {r['config']} | {r['wall_s']:.1f} | {r['sentences_per_s']:.1f} | {alone} | "
-                   f"{r['run_over_this']:.2f}x | {rss} | {r['same_as_run']:.1%} |")
+        rows.append((r["config"], f"{r['wall_s']:.1f}", f"{r['sentences_per_s']:.1f}",
+                     harness.fmt(r.get("translation_sentences_per_s"), "{:.1f}"), f"{r['run_over_this']:.2f}x", rss,
+                     f"{r['same_as_run']:.1%}"))
+    out += harness.table(("configuration", "wall s", "sentences/s", "translation alone, sentences/s",
+                          "run's sentences/s over this",
+                          "peak RSS MiB: the command's process (Ray: the driver) / each worker", "= run's lines"),
+                         "lrrrrlr", rows)
     return "\n".join(out) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-files"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap = harness.parser(__doc__, work="/tmp/xform-files", out="docs", rounds=1)
     ap.add_argument("--lines", type=int, default=20000)
     ap.add_argument("--beams", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=1, help="runs of each configuration (median), interleaved")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
     from train_marian_synthetic import write_corpus
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -206,12 +196,10 @@ def main() -> None:
                   flush=True)
         rounds.append(results)
     summary = {"rows": summarize(rounds, args.lines, outputs), "lines": args.lines, "beams": args.beams,
-               "rounds": args.rounds, "model": model, "machine": machine(), "versions": versions(),
-               "command": "python scripts/bench_corpus.py " + " ".join(sys.argv[1:])}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
+               "rounds": args.rounds, "model": model, "machine": harness.machine(),
+               "versions": harness.versions(("xform", "onnxruntime", "ray")), "command": harness.command(__file__)}
     md = markdown(summary)
-    (args.out / "bench_corpus.md").write_text(md)
+    harness.write_report(args.out, "bench_corpus", summary, md)
     print(md)
 
 

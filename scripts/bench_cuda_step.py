@@ -28,19 +28,15 @@ optimizations.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
 
+import harness
 import numpy as np
-
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
 
 
 def fused_bundle(src: Path, dst: Path) -> dict:
@@ -154,13 +150,7 @@ def measure(variants: dict, spec, rows_list, capacity, src_len, steps, device) -
             try:
                 step = kept[name, rows] = Step(ort, sess, spec, rows, capacity, src_len, device,
                                                rows if graph else None)
-                for _ in range(4):  # warm-up; a captured variant captures here
-                    step()
-                times = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    step()
-                    times.append(time.perf_counter() - t0)
+                times = harness.timed(step, steps, warmup=4)  # a captured variant captures in its warm-up
                 ms = statistics.median(times) * 1e3
                 row.update(ms=round(ms, 4), p10=round(np.percentile(times, 10) * 1e3, 4),
                            tokens_per_s=round(rows / ms * 1e3, 1))
@@ -193,9 +183,7 @@ def node_count(path: Path) -> int | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-gpu"))
-    ap.add_argument("--out", type=Path, default=None)
+    ap = harness.parser(__doc__, work="/tmp/xform-gpu", out="optional")
     ap.add_argument("--shape", choices=("base", "tiny"), default="base")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "fp16"])
@@ -213,8 +201,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     hf = bench_gpu.build_model(args.shape, args.work)
-    from xform.runtime.bench import machine_name
-    results: dict = {"machine": machine_name(), "onnxruntime": ort.__version__, "device": args.device,
+    results: dict = {"machine": harness.machine(), "onnxruntime": ort.__version__, "device": args.device,
                      "shape": args.shape, "capacity": args.capacity, "src_len": args.src_len, "rows": []}
     if args.device == "cuda":
         import torch
@@ -252,24 +239,22 @@ def main() -> None:
     text = markdown(results)
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_cuda_step.json").write_text(json.dumps(results, indent=1))
-        (args.out / "bench_cuda_step.md").write_text(text)
+        harness.write_report(args.out, "bench_cuda_step", results, text)
 
 
 def markdown(results: dict) -> str:
     lines = [f"Decoder step, {results['shape']} shape, {results.get('gpu', results['device'])}, onnxruntime "
-             f"{results['onnxruntime']}, capacity {results['capacity']}, source {results['src_len']} tokens:",
-             "", "| precision | variant | rows | ms / step (p50) | p10 | rows / ms | max abs vs plain |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             f"{results['onnxruntime']}, capacity {results['capacity']}, source {results['src_len']} tokens:", ""]
+    rows = []
     for r in results["rows"]:
         if "error" in r:
-            lines.append(f"| {r['precision']} | {r['variant']} | {r['rows']} | failed: {r['error'][:160]} | | | |")
+            rows.append((r["precision"], r["variant"], r["rows"], f"failed: {r['error'][:160]}", "", "", ""))
             continue
         diffs = [v for k, v in r.items() if "max_abs" in k]
-        diff = f"{max(diffs):.2g}" if diffs else "-"
-        lines.append(f"| {r['precision']} | {r['variant']} | {r['rows']} | {r['ms']:.3f} | {r['p10']:.3f} | "
-                     f"{r['tokens_per_s'] / 1e3:.1f} | {diff} |")
+        rows.append((r["precision"], r["variant"], r["rows"], f"{r['ms']:.3f}", f"{r['p10']:.3f}",
+                     f"{r['tokens_per_s'] / 1e3:.1f}", f"{max(diffs):.2g}" if diffs else "-"))
+    lines += harness.table(("precision", "variant", "rows", "ms / step (p50)", "p10", "rows / ms", "max abs vs plain"),
+                           "llrrrrr", rows)
     nodes = {k: v for k, v in results.items() if k.startswith("nodes_")}
     lines += ["", f"Nodes after ONNX Runtime's optimizations: {nodes}"]
     if "fusion" in results:

@@ -22,14 +22,12 @@ layout equals the input's outside them. Writes --out/bench_documents.{md,json}.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 THREADS = 2
@@ -37,7 +35,6 @@ THREADS = 2
 
 def document_text(work: Path, sentences: int, repeated: float, seed: int = 11) -> tuple[str, list[str]]:
     """The document, and its sentences in order (repeats included)."""
-    sys.path.insert(0, str(Path(__file__).parent))
     from train_marian_synthetic import write_corpus
 
     distinct = round(sentences * (1 - repeated))
@@ -68,33 +65,30 @@ def bundle(work: Path) -> Path:
     return out
 
 
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
 def rounds(translator, doc: str, order: list[str], n: int, max_batch_tokens: int, options: dict) -> dict:
-    """Seconds of each engine per round, the outputs of the last, and the memory's figures."""
+    """Seconds of each engine per round (interleaved, a fresh memory for each first run) and the
+    outputs of the last round."""
     from xform.runtime.decoding.request import TextOptions
     from xform.runtime.scheduling.batching import Batching
 
     gen = translator.generation(None, dict(options))
     batching = Batching("tokens", None, max_batch_tokens, 8)
-    times: dict[str, list[float]] = {"lines": [], "document, first run": [], "document, second run": []}
-    outputs: dict = {}
-    for _ in range(n):
-        with tempfile.TemporaryDirectory() as tmp:
-            memory = Path(tmp) / "tm.db"
-            kw = dict(memory=memory, max_batch_size=max_batch_tokens, batch_type="tokens", **options)
-            t, outputs["lines"] = timed(lambda: [r.hypotheses[0] for r in translator.translate_lines(
-                order, gen, batching, TextOptions())])
-            times["lines"].append(t)
-            t, outputs["first"] = timed(lambda: translator.translate_document(doc, **kw))
-            times["document, first run"].append(t)
-            t, outputs["second"] = timed(lambda: translator.translate_document(doc, **kw))
-            times["document, second run"].append(t)
-    return {"times": times, "outputs": outputs}
+    with tempfile.TemporaryDirectory() as tmp:
+        memory: list[Path] = []
+
+        def fresh(name: str) -> None:
+            if name == "document, first run":
+                memory.append(Path(tmp) / f"tm{len(memory)}.db")
+
+        def document() -> str:
+            return translator.translate_document(doc, memory=memory[-1], max_batch_size=max_batch_tokens,
+                                                 batch_type="tokens", **options)
+        runs = {"lines": lambda: [r.hypotheses[0] for r in translator.translate_lines(order, gen, batching,
+                                                                                      TextOptions())],
+                "document, first run": document, "document, second run": document}
+        times, last = harness.interleave(runs, n, before=fresh)
+    return {"times": times, "outputs": {"lines": last["lines"], "first": last["document, first run"],
+                                        "second": last["document, second run"]}}
 
 
 def check(doc: str, order: list[str], outputs: dict) -> str:
@@ -109,19 +103,15 @@ def check(doc: str, order: list[str], outputs: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-files"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap = harness.parser(__doc__, work="/tmp/xform-files", out="docs", rounds=1)
     ap.add_argument("--sentences", type=int, default=5000)
     ap.add_argument("--repeated", type=float, default=0.3)
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--beams", type=int, default=1)
     args = ap.parse_args()
 
     import xform
-    from xform.runtime.bench import machine_name
     from xform.runtime.text.translator import Translator
 
     doc, order = document_text(args.work, args.sentences, args.repeated)
@@ -136,22 +126,21 @@ def main() -> None:
     rows = [{"engine": k, "seconds": round(s, 3), "sentences_per_s": round(len(order) / s, 1),
              "decoded": decoded[k], "speedup": round(medians["lines"] / s, 2)} for k, s in medians.items()]
     report = {"rows": rows, "sentences": len(order), "distinct": distinct, "output": verdict,
-              "machine": machine_name(), "threads": THREADS, "beams": args.beams,
-              "command": "python scripts/bench_documents.py " + " ".join(sys.argv[1:])}
+              "machine": harness.machine(), "threads": THREADS, "beams": args.beams,
+              "command": harness.command(__file__)}
     write(args.out, report)
     print(json.dumps(report, indent=1))
 
 
 def write(out: Path, report: dict) -> None:
-    (out / "bench_documents.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"{report['sentences']:,} sentences ({report['distinct']:,} distinct), beams {report['beams']}, "
              f"{report['threads']} threads, {report['machine']}; the document's output: {report['output']} "
-             "to the lines' translations in its layout.", "",
-             "| engine | seconds | sentences/s | decoded | vs lines |", "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['engine']} | {r['seconds']} | {r['sentences_per_s']:,} | {r['decoded']:,} | {r['speedup']}x |"
-              for r in report["rows"]]
+             "to the lines' translations in its layout.", ""]
+    lines += harness.table(("engine", "seconds", "sentences/s", "decoded", "vs lines"), "lrrrr",
+                           [(r["engine"], r["seconds"], f"{r['sentences_per_s']:,}", f"{r['decoded']:,}",
+                             f"{r['speedup']}x") for r in report["rows"]])
     lines += ["", f"`{report['command']}`"]
-    (out / "bench_documents.md").write_text("\n".join(lines) + "\n")
+    harness.write_report(out, "bench_documents", report, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,16 +30,15 @@ written sections after the table in --out's bench_files.md are kept.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from xform.runtime.bench import machine_name
+import harness
+
 from xform.runtime.text.translator import Translator
 
 THREADS = 2
@@ -55,7 +54,6 @@ BASELINE = "ctranslate2 fp32"
 
 
 def prepare(work: Path, lines: int, engines: list[str], vmap: Path | None = None) -> dict[str, Path]:
-    sys.path.insert(0, str(Path(__file__).parent))
     from bench_peers import export_optimum
     from train_marian_synthetic import write_corpus
 
@@ -204,25 +202,15 @@ def worker(name, paths, lines, beams, args, conn) -> None:
 
 
 def run_engine(name, paths, lines, beams, args) -> tuple[float, list[str], float]:
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=worker, args=(name, paths, lines, beams, args, child), daemon=True)
-    proc.start()
-    while not parent.poll(1.0):  # an engine that crashes (its process gone) must not hang the benchmark
-        if not proc.is_alive():
-            raise RuntimeError(f"{name}: its process ended with exit code {proc.exitcode} before answering")
-    result = parent.recv()
-    proc.join()
-    return result
+    """(wall seconds, translations, peak RSS MiB) of the engine in a process of its own; RuntimeError
+    if it crashes (never a hang)."""
+    return harness.in_process(worker, (name, paths, lines, beams, args), name)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-files"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap = harness.parser(__doc__, work="/tmp/xform-files", out="docs", rounds=1)
     ap.add_argument("--lines", type=int, default=2000)
     ap.add_argument("--subset", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=1, help="runs of each engine (median); engines interleaved")
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
@@ -279,19 +267,17 @@ def main() -> None:
     lengths = [len(t.split()) for t in text]
     ref = outs.get("xform ort fp32") or []
     out_lengths = [len(t.split()) for t in ref]
-    summary = {"rows": rows, "failed": failed, "machine": machine_name(), "threads": THREADS,
+    summary = {"rows": rows, "failed": failed, "machine": harness.machine(), "threads": THREADS,
                "source_words": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
                "xform_fp32_output_words": {"min": min(out_lengths, default=0),
                                            "median": statistics.median(out_lengths) if out_lengths else 0,
                                            "max": max(out_lengths, default=0)},
-               "command": "python scripts/bench_files.py " + " ".join(sys.argv[1:]),
+               "command": harness.command(__file__),
                "ctranslate2": {"conversion": "decoder started from the <pad> embedding (convert_ct2)",
                                **ct2_settings(paths["hf"], args.max_new_tokens)},
                "training": json.loads((paths["hf"] / "training.json").read_text())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_files.json").write_text(json.dumps(summary, indent=1) + "\n")
     md = markdown(summary)
-    (args.out / "bench_files.md").write_text(md + notes(args.out / "bench_files.md"))
+    harness.write_report(args.out, "bench_files", summary, md + notes(args.out / "bench_files.md"))
     print(md)
 
 
@@ -308,21 +294,19 @@ def same(out: list[str], ref: list[str] | None) -> float | None:
 
 
 def markdown(s: dict) -> str:
-    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
-    lines = [f"Command: `{s['command']}`", "",
-             f"Machine: {s['machine']}, {s['threads']} threads each. Source words {s['source_words']}; xform fp32 "
-             f"output words {s['xform_fp32_output_words']}. Model training: {s['training']}.", "",
-             "| beams | engine | stopping rule | lines | sentences/s | target words/s | vs CTranslate2 fp32 "
-             "| vs CTranslate2 same precision | = transformers (subset) | = xform fp32 | = xform fp32 early "
-             "| peak RSS MiB |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-    for r in s["rows"]:
-        lines.append(f"| {r['beams']} | {r['engine']} | {r.get('stopping', '-')} | {r['lines']} | "
-                     f"{r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:.0f} | {ratio(r.get('vs_ct2_fp32'))} | "
-                     f"{ratio(r.get('vs_ct2_same'))} | {pct(r['same_as_transformers'])} | "
-                     f"{pct(r['same_as_xform_fp32'])} | {pct(r.get('same_as_xform_fp32_early'))} | "
-                     f"{r['peak_rss_mib']:.0f} |")
+    lines = harness.preamble(s["command"], f"{s['machine']}, {s['threads']} threads each. Source words "
+                             f"{s['source_words']}; xform fp32 output words {s['xform_fp32_output_words']}. Model "
+                             f"training: {s['training']}.")
+    pct, ratio = "{:.1%}", "{:.2f}x"
+    lines += harness.table(
+        ("beams", "engine", "stopping rule", "lines", "sentences/s", "target words/s", "vs CTranslate2 fp32",
+         "vs CTranslate2 same precision", "= transformers (subset)", "= xform fp32", "= xform fp32 early",
+         "peak RSS MiB"), "rllrrrrrrrrr",
+        [(r["beams"], r["engine"], r.get("stopping", "-"), r["lines"], f"{r['sentences_per_s']:.1f}",
+          f"{r['target_tokens_per_s']:.0f}", harness.fmt(r.get("vs_ct2_fp32"), ratio),
+          harness.fmt(r.get("vs_ct2_same"), ratio), harness.fmt(r["same_as_transformers"], pct),
+          harness.fmt(r["same_as_xform_fp32"], pct), harness.fmt(r.get("same_as_xform_fp32_early"), pct),
+          f"{r['peak_rss_mib']:.0f}") for r in s["rows"]])
     return "\n".join(lines) + "\n"
 
 

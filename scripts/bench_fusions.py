@@ -38,27 +38,21 @@ batch 1 or 16; `encoder b16`: the encoder graph alone on 16 sources of 32 tokens
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import multiprocessing as mp
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
+import harness
 import numpy as np
 import onnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_ops import SRC_LEN, sources  # noqa: E402 - a script beside this one: the same sources
+from profile_ops import SRC_LEN, sources  # a script beside this one: the same sources
 
 NEW_TOKENS = 64
 WORKLOADS = {"b1 greedy": (1, 1), "b16 greedy": (16, 1), "b1 beam4": (1, 4), "b16 beam4": (16, 4),
              "encoder b16": (16, 0)}
-SETTLE_S = 0.3  # pause between variants: spinning pool threads settle
 OPTIONS = ("level", "spin", "affinity", "arena", "mode")
 
 
@@ -91,7 +85,8 @@ def apply_options(ort, opts, options: dict[str, str]) -> None:
 
 
 def worker(bundle: str, options: dict[str, str], threads: int, workloads: list[str], conn) -> None:
-    """Open the bundle with the variant's options; on each message time every workload once."""
+    """Open the bundle with the variant's options, send the tokens of every workload (the warm-up);
+    then on each message time every workload once."""
     import onnxruntime
 
     import xform
@@ -116,14 +111,12 @@ def worker(bundle: str, options: dict[str, str], threads: int, workloads: list[s
         gen = session.generation_config(NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_beams=beams)
         runs[w] = (lambda s=src, n=lens, g=gen: session.run(session.request(s, n, generation=g)).ids)
     outputs = {w: run() for w, run in runs.items()}  # the warm-up, and the tokens compared
-    conn.send({w: (np.asarray(o).tolist() if o is not None else None) for w, o in outputs.items()})
-    while conn.recv():
-        times = {}
-        for w, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            times[w] = time.perf_counter() - t0
-        conn.send(times)
+
+    def time_each(_message) -> dict[str, float]:
+        times, _ = harness.interleave(runs, 1)
+        return {w: t[0] for w, t in times.items()}
+    harness.serve(conn, {w: (np.asarray(o).tolist() if o is not None else None) for w, o in outputs.items()},
+                  time_each)
 
 
 def encoder_call(backend, src: np.ndarray, lens: np.ndarray) -> None:
@@ -133,26 +126,17 @@ def encoder_call(backend, src: np.ndarray, lens: np.ndarray) -> None:
 
 def time_variants(variants: list[tuple[str, str, dict]], threads: int, workloads: list[str],
                   rounds: int) -> tuple[dict, dict]:
-    ctx = mp.get_context("spawn")
-    workers, tokens = {}, {}
-    for label, bundle, options in variants:
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(bundle, options, threads, workloads, child), daemon=True)
-        proc.start()
-        tokens[label] = parent.recv()
-        workers[label] = (proc, parent)
-        time.sleep(SETTLE_S)
-    times: dict[str, dict[str, list[float]]] = {label: {w: [] for w in workloads} for label in workers}
+    """Each variant a worker process (harness.Workers), A B A B round by round: drift hits every
+    variant alike. The seconds of each variant's workloads, and their tokens."""
+    workers = harness.Workers({label: (worker, (bundle, options, threads, workloads))
+                               for label, bundle, options in variants})
+    times: dict[str, dict[str, list[float]]] = {label: {w: [] for w in workloads} for label in workers.hello}
     for _ in range(rounds):
-        for label, (_, conn) in workers.items():  # A B A B: drift hits every variant alike
-            conn.send(True)
-            for w, t in conn.recv().items():
+        for label in workers.hello:
+            for w, t in workers.ask(label, "time").items():
                 times[label][w].append(t)
-            time.sleep(SETTLE_S)
-    for proc, conn in workers.values():
-        conn.send(False)
-        proc.join(timeout=30)
-    return times, tokens
+    workers.close()
+    return times, workers.hello
 
 
 def summarize(times: dict, tokens: dict, workloads: list[str]) -> list[dict]:
@@ -178,24 +162,16 @@ def summarize(times: dict, tokens: dict, workloads: list[str]) -> list[dict]:
     return rows
 
 
-def machine() -> str:
-    from xform.runtime.bench import machine_name
-    return machine_name()
-
-
 def markdown(rows: list[dict], command: str, threads: int, rounds: int) -> str:
     import onnxruntime
-    lines = [f"Command: `{command}`", "",
-             f"Machine: {machine()}; {threads} threads; onnxruntime {onnxruntime.__version__}; {rounds} rounds, "
-             "median (low-high); speed-up: the first variant's time over this one's, round by round, median "
-             "(low-high)", "",
-             "| workload | variant | median | range | speed-up | speed-up range | tokens = first |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        same = "-" if r["tokens_equal"] is None else "yes" if r["tokens_equal"] else "NO"
-        lines.append(f"| {r['workload']} | {r['variant']} | {r['median']:,.1f} {r['unit']} | "
-                     f"{r['low']:,.1f}-{r['high']:,.1f} | {r['speedup']:.3f}x | "
-                     f"{r['speedup_low']:.3f}-{r['speedup_high']:.3f} | {same} |")
+    lines = harness.preamble(command, harness.machine(), f"{threads} threads", f"onnxruntime {onnxruntime.__version__}",
+                             f"{rounds} rounds, median (low-high)", "speed-up: the first variant's time over this "
+                             "one's, round by round, median (low-high)")
+    lines += harness.table(
+        ("workload", "variant", "median", "range", "speed-up", "speed-up range", "tokens = first"), "llrrrrr",
+        [(r["workload"], r["variant"], f"{r['median']:,.1f} {r['unit']}", f"{r['low']:,.1f}-{r['high']:,.1f}",
+          f"{r['speedup']:.3f}x", f"{r['speedup_low']:.3f}-{r['speedup_high']:.3f}",
+          "-" if r["tokens_equal"] is None else "yes" if r["tokens_equal"] else "NO") for r in rows])
     return "\n".join(lines) + "\n"
 
 
@@ -206,17 +182,17 @@ GRAPH_CASES = (("encoder", 16, 0), ("decoder", 1, 48), ("decoder", 16, 48), ("de
 def graph_table(bundles: list[Path], threads: int, out: Path | None) -> None:
     rows = [graph_ab(g, bundles, threads, r, c) for g, r, c in GRAPH_CASES]
     names = [b.name for b in bundles]
-    print(f"Command: `python scripts/bench_fusions.py --graphs {' '.join(map(str, bundles))}`\n\nMachine: {machine()}; "
-          f"{threads} threads; 12 alternating blocks of 20 runs, medians (low-high)\n")
-    print("| graph | rows | " + " | ".join(f"{n} ms" for n in names) + " | " +
-          " | ".join(f"{n} speed-up" for n in names[1:]) + " |")
-    print("| --- | ---: | " + " | ".join("---:" for _ in names + names[1:]) + " |")
-    for r in rows:
-        ms = [f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in zip(r["ms"], r["ms_range"])]
-        up = [f"{m:.3f}x ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in zip(r["speedup"][1:], r["speedup_range"][1:])]
-        print(f"| {r['graph']} | {r['rows']} | " + " | ".join(ms + up) + " |")
+    titles = ["graph", "rows", *(f"{n} ms" for n in names), *(f"{n} speed-up" for n in names[1:])]
+    command = f"python scripts/bench_fusions.py --graphs {' '.join(map(str, bundles))}"
+    lines = harness.preamble(command, harness.machine(),
+                             f"{threads} threads", "12 alternating blocks of 20 runs, medians (low-high)")
+    lines += harness.table(titles, "lr" + "r" * (len(titles) - 2), [
+        (r["graph"], r["rows"], *(f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in zip(r["ms"], r["ms_range"])),
+         *(f"{m:.3f}x ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in zip(r["speedup"][1:], r["speedup_range"][1:])))
+        for r in rows])
+    print("\n".join(lines))
     if out:
-        out.write_text(json.dumps({"machine": machine(), "bundles": list(map(str, bundles)), "rows": rows}, indent=1))
+        harness.write_json(out, {"machine": harness.machine(), "bundles": list(map(str, bundles)), "rows": rows})
 
 
 FUSED_ATOL = 1e-4  # fp32 graphs, optimized against traced, on the same runtime: measured ~3e-6
@@ -396,10 +372,8 @@ def graph_ab(graph: str, bundles: list[Path], threads: int, rows: int, cache: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, threads=2, rounds=4)
     ap.add_argument("--variant", action="append", default=[])
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--fuse-bundle", nargs=2, type=Path, metavar=("SRC", "DST"))
@@ -418,11 +392,10 @@ def main() -> None:
         raise SystemExit(f"two --variant at least; workloads from {list(WORKLOADS)}")
     times, tokens = time_variants(variants, args.threads, workloads, args.rounds)
     rows = summarize(times, tokens, workloads)
-    command = "python scripts/bench_fusions.py " + " ".join(f"'{a}'" if " " in a else a for a in sys.argv[1:])
+    command = harness.command(__file__, quote=True)
     print(markdown(rows, command, args.threads, args.rounds))
     if args.out:
-        args.out.write_text(json.dumps({"command": command, "machine": machine(), "rows": rows,
-                                        "times_s": times}, indent=1) + "\n")
+        harness.write_json(args.out, {"command": command, "machine": harness.machine(), "rows": rows, "times_s": times})
 
 
 if __name__ == "__main__":

@@ -30,18 +30,14 @@ smallest case (`--shape tiny`: d_model 64, 2+2 layers, vocabulary 1,000).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing as mp
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent
 SHAPES = {"base": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=32000),
           "tiny": dict(d_model=64, layers=2, heads=4, ffn=128, vocab=1000)}
 SRC_LEN = 32
@@ -52,7 +48,6 @@ def build_model(shape: str, work: Path, tokenizer: bool = False) -> Path:
     which CTranslate2's converter reads), or the tiny one (no tokenizer: xform and transformers
     read ids)."""
     if shape == "base" and tokenizer:  # CTranslate2's converter reads bench_peers' synthetic tokenizer
-        sys.path.insert(0, str(SCRIPTS))
         import bench_peers
         return bench_peers.build_model(work)
     import torch
@@ -72,7 +67,6 @@ def build_model(shape: str, work: Path, tokenizer: bool = False) -> Path:
 
 
 def export(hf: Path, work: Path, precision: str) -> Path:
-    sys.path.insert(0, str(SCRIPTS))
     import bench_peers
     out = work / f"bundles-{hf.name}"
     out.mkdir(exist_ok=True)
@@ -134,9 +128,8 @@ def transformers_engine(hf: Path, device: str, precision: str):
 
 
 def ct2_engine(model: Path, device: str, precision: str):
-    import ctranslate2
-    sys.path.insert(0, str(SCRIPTS))
     import bench_peers
+    import ctranslate2
     translator = ctranslate2.Translator(str(model), device=device,
                                         compute_type="float16" if precision == "fp16" else "float32")
     ids = bench_peers.ct2_vocabulary(model)
@@ -156,7 +149,6 @@ def make_engine(name: str, paths: dict, device: str):
         return transformers_engine(paths["hf"], device, precision)
     if kind == "ctranslate2":
         if "ct2" not in paths:
-            sys.path.insert(0, str(SCRIPTS))
             import bench_peers
             paths["ct2"] = bench_peers.convert_ct2(paths["hf"], paths["work"])
         return ct2_engine(paths["ct2"], device, precision)
@@ -206,23 +198,21 @@ def time_workload(run, batch: int, beams: int, args: dict, outputs: dict) -> dic
             times.append(dt)
             steps.extend(np.diff([t0, *clock]).tolist())
         outputs[f"{batch}/{beams}"] = out
-    return {"batch": batch, "beams": beams, "tokens_per_s": batch * new / statistics.median(times),
+    return {"batch": batch, "beams": beams, "tokens_per_s": harness.rate(batch * new, times),
             "median_s": statistics.median(times),
             "step_ms_p50": float(np.percentile(steps, 50) * 1e3) if steps else None}
 
 
 def measure(names: list[str], paths: dict, args: dict) -> dict:
-    ctx = mp.get_context("spawn")
     results = {}
     for name in names:
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(name, paths, args, child), daemon=True)
-        proc.start()
-        results[name] = parent.recv() if parent.poll(args["timeout"]) else {"error": "timed out"}
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
+        try:
+            results[name] = harness.in_process(worker, (name, paths, args), name, args["timeout"])
+        except TimeoutError:
+            results[name] = {"error": "timed out"}
+        except RuntimeError as e:  # its process died: reported beside the other engines' figures
+            results[name] = {"error": str(e)}
     return results
 
 
@@ -245,62 +235,33 @@ def summarize(results: dict, baseline: str) -> list[dict]:
     return rows
 
 
-def machine(device: str) -> str:
-    gpu = ""
-    if device == "cuda":
-        from xform.runtime.backends.gpu import gpu_info
-        info = gpu_info() or {}
-        gpu = f"{info.get('name', 'GPU ?')} (compute {info.get('compute_capability', '?')}), "
-    from xform.runtime.bench import machine_name
-    return f"{gpu}{machine_name()}"
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-    found = {}
-    for p in ("xform", "onnxruntime", "onnxruntime-gpu", "torch", "transformers", "ctranslate2"):
-        try:
-            found[p] = version(p)
-        except PackageNotFoundError:
-            pass
-    return found
-
-
-def cell(value, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def markdown(report: dict) -> str:
     memory = "GPU MiB" if report["device"] == "cuda" else "peak RSS MiB"
-    found = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
-    lines = [f"Command: `{report['command']}`", "",
-             f"Machine: {report['machine']}; {report['shape']} Marian, {SRC_LEN}-token sources, exactly "
-             f"{report['new_tokens']} new tokens; versions: {found}", "",
-             f"| engine | batch | strategy | tokens/s | vs {report['baseline']} | step p50 ms | tokens = transformers "
-             f"| {memory} |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = harness.preamble(report["command"], report["machine"], f"{report['shape']} Marian, {SRC_LEN}-token "
+                             f"sources, exactly {report['new_tokens']} new tokens",
+                             f"versions: {harness.listed(report['versions'])}")
+    rows = []
     for r in report["rows"]:
         if "error" in r:
-            lines.append(f"| {r['engine']} | - | - | not run: {r['error'][:120]} | | | | |")
+            rows.append((r["engine"], "-", "-", f"not run: {r['error'][:120]}", "", "", "", ""))
             continue
         mem = r["device_mib"] if report["device"] == "cuda" else r["peak_rss_mib"]
-        strategy = "greedy" if r["beams"] == 1 else f"beam {r['beams']}"
-        lines.append(f"| {r['engine']} | {r['batch']} | {strategy} | {r['tokens_per_s']:,.0f} | "
-                     f"{cell(r['vs_baseline'], '{:.2f}x')} | {cell(r['step_ms_p50'], '{:.2f}')} | "
-                     f"{cell(r['tokens_equal_transformers'], '{:.2%}')} | {cell(mem, '{:,.0f}')} |")
+        rows.append((r["engine"], r["batch"], "greedy" if r["beams"] == 1 else f"beam {r['beams']}",
+                     f"{r['tokens_per_s']:,.0f}", harness.fmt(r["vs_baseline"], "{:.2f}x"),
+                     harness.fmt(r["step_ms_p50"], "{:.2f}"), harness.fmt(r["tokens_equal_transformers"], "{:.2%}"),
+                     harness.fmt(mem, "{:,.0f}")))
+    lines += harness.table(("engine", "batch", "strategy", "tokens/s", f"vs {report['baseline']}", "step p50 ms",
+                            "tokens = transformers", memory), "lrlrrrrr", rows)
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, work="/tmp/xform-gpu", out="docs", warmup=1, iters=5)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--shape", choices=list(SHAPES), default="base")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-gpu"))
-    ap.add_argument("--out", type=Path, default=SCRIPTS.parent / "docs")
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--beams", default="1,4", help="beam widths, comma-separated (1: greedy)")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--engines", default=None, help="default: every engine the device runs")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds an engine may take for every workload")
     a = ap.parse_args()
@@ -317,13 +278,11 @@ def main() -> None:
             "iters": a.iters, "vocab": SHAPES[a.shape]["vocab"], "timeout": a.timeout}
     results = measure(names, paths, args)
     baseline = "transformers fp16" if a.device == "cuda" else "transformers fp32"
-    report = {"command": "python scripts/bench_gpu.py " + shlex.join(sys.argv[1:]), "device": a.device,
-              "shape": a.shape, "new_tokens": a.new_tokens, "baseline": baseline, "machine": machine(a.device),
-              "versions": versions(), "rows": summarize(results, baseline)}
-    a.out.mkdir(parents=True, exist_ok=True)
-    stem = "bench_gpu" + ("" if a.device == "cuda" else "_cpu")
-    (a.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (a.out / f"{stem}.md").write_text(markdown(report))
+    report = {"command": harness.command(__file__, quote=True), "device": a.device, "shape": a.shape,
+              "new_tokens": a.new_tokens, "baseline": baseline, "machine": harness.machine(a.device),
+              "versions": harness.versions(("xform", "onnxruntime", "onnxruntime-gpu", "torch", "transformers",
+                                            "ctranslate2")), "rows": summarize(results, baseline)}
+    harness.write_report(a.out, "bench_gpu" + ("" if a.device == "cuda" else "_cpu"), report, markdown(report))
     print(markdown(report))
     if any("error" in r for r in report["rows"] if not r["engine"].startswith("ctranslate2")):
         sys.exit(1)  # an engine of ours or the yardstick failed: say so by the exit status

@@ -23,11 +23,10 @@ of --steps steps each, the variants interleaved.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
-import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -186,20 +185,19 @@ def measure(rows: int, cap: int, fill: int | None, steps: int, repeat: int, std,
             bind(b, "output", n, a)
         gqa.run_with_iobinding(b)
 
+    def fresh(name: str) -> None:
+        """A fresh copy of the starting cache (all of it resident: the page faults of first writes
+        would be the same in both variants, and are not what is measured)."""
+        for i, b in enumerate(init):
+            (hc.arrays if name != "inplace" else kv)[i] = np.zeros_like(b)
+            (hc.arrays if name != "inplace" else kv)[i][:] = b
+
+    def steps_of(run):
+        return lambda: [run(positions + s) for s in range(steps)]
     runs = {"graph": run_graph, "write": hc.write, "standard": run_standard, "inplace": run_gqa}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeat):  # interleaved, so that the machine's other load falls on both
-        for name, run in runs.items():
-            # a fresh copy of the starting cache (all of it resident: the page faults of first
-            # writes would be the same in both variants, and are not what is measured)
-            for i, b in enumerate(init):
-                (hc.arrays if name != "inplace" else kv)[i] = np.zeros_like(b)
-                (hc.arrays if name != "inplace" else kv)[i][:] = b
-            t0 = time.perf_counter()
-            for s in range(steps):
-                run(positions + s)
-            times[name].append((time.perf_counter() - t0) / steps)
-    best = {name: min(t) * 1e3 for name, t in times.items()}
+    # interleaved, so that the machine's other load falls on both
+    times, _ = harness.interleave({name: steps_of(run) for name, run in runs.items()}, repeat, before=fresh)
+    best = {name: min(t) / steps * 1e3 for name, t in times.items()}
     diff = float(np.abs(out_s - out_g).max())  # the last step of the last repeat, both from the same start
     # the caches: equal up to the projections' rounding (the two graphs' MatMuls), untouched elsewhere
     diff = max(diff, *(float(np.abs(a - b).max()) for a, b in zip(hc.arrays, kv)))
@@ -207,7 +205,7 @@ def measure(rows: int, cap: int, fill: int | None, steps: int, repeat: int, std,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 256, 400])
     ap.add_argument("--capacity", type=int, default=128)
     ap.add_argument("--fill", type=int, default=None, help="every row at this position (default: mixed)")
@@ -231,12 +229,12 @@ def main() -> None:
         what = "attention alone" if args.core else "self-attention sublayer"
         print(f"{what}, capacity {args.capacity}, {where}, ms per step (best of {args.repeat} x {args.steps} steps), "
               "2 threads, machine shared")
-        print(f"| rows | standard graph | host write | standard + write | in place ({args.op}) | ratio | "
-              "max abs diff |\n"
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n".join(harness.table(("rows", "standard graph", "host write", "standard + write",
+                                       f"in place ({args.op})", "ratio", "max abs diff"), "rrrrrrr")))
         for rows in args.rows:
             s, g, diff, graph, write = measure(rows, args.capacity, args.fill, args.steps, args.repeat, std, gqa)
-            print(f"| {rows} | {graph:.3f} | {write:.3f} | {s:.3f} | {g:.3f} | {s / g:.2f}x | {diff:.1e} |")
+            print(harness.row(rows, f"{graph:.3f}", f"{write:.3f}", f"{s:.3f}", f"{g:.3f}", f"{s / g:.2f}x",
+                              f"{diff:.1e}"))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ machine's cores.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import harness
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,21 +233,19 @@ def available_mib() -> int:
 
 def markdown(report: dict) -> str:
     lines = [f"`{report['command']}` on {report['machine']}: {report['bundles']} bundles, {report['clients']} clients, "
-             f"{report['seconds']} s a setting after {report['warmup']} s of warm-up, Zipf {report['zipf']}.", "",
-             "| setting | requests/s | errors | p50 ms | p99 ms | loads/min | mean load s | peak memory MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in report["rows"]:
-        errors = sum(r["errors"].values())
-        lines.append(f"| {r['setting']} | {r['requests_per_s']} | {errors} | {r['p50_ms']} | {r['p99_ms']} | "
-                     f"{r['loads_per_min']} | {r['mean_load_s'] if r['mean_load_s'] is not None else '-'} | "
-                     f"{r['peak_mib']} |")
+             f"{report['seconds']} s a setting after {report['warmup']} s of warm-up, Zipf {report['zipf']}.", ""]
+    lines += harness.table(
+        ("setting", "requests/s", "errors", "p50 ms", "p99 ms", "loads/min", "mean load s", "peak memory MiB"),
+        "lrrrrrrr",
+        [(r["setting"], r["requests_per_s"], sum(r["errors"].values()), r["p50_ms"], r["p99_ms"], r["loads_per_min"],
+          harness.fmt(r["mean_load_s"]), r["peak_mib"]) for r in report["rows"]])
     for note in report["notes"]:
         lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, work=str(Path(tempfile.gettempdir()) / "xform-bench-multi"), out="optional")
     ap.add_argument("--bundles", type=int, default=20)
     ap.add_argument("--max-loaded", type=int, nargs="+", default=[2, 5, 20])
     ap.add_argument("--clients", type=int, default=8)
@@ -255,10 +253,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--no-baseline", action="store_true", help="Skip the one-server-per-bundle baseline.")
-    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "xform-bench-multi")
-    ap.add_argument("--out", type=Path, default=None, help="Write bench_multi.json and bench_multi.md here.")
     args = ap.parse_args()
-    from xform.runtime.bench import machine_name
     pair_list = pairs(args.bundles)
     bundles = build_bundles(args.work, args.bundles)
     rows, notes = [], []
@@ -277,16 +272,13 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr)
             notes.append(f"The {args.bundles} servers of the baseline took {rows[-1]['startup_s']} s to start "
                          "(one after another), not counted in its figures.")
-    command = "python scripts/bench_multi.py " + " ".join(sys.argv[1:])
-    report = {"command": command.strip(), "machine": machine_name(), "bundles": args.bundles,
+    report = {"command": harness.command(__file__).strip(), "machine": harness.machine(), "bundles": args.bundles,
               "clients": args.clients, "warmup": args.warmup, "seconds": args.seconds, "zipf": args.zipf,
               "rows": rows, "notes": notes}
     text = markdown(report)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_multi.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "bench_multi.md").write_text(text)
+        harness.write_report(args.out, "bench_multi", report, text)
 
 
 if __name__ == "__main__":

@@ -34,16 +34,15 @@ PNG chart with ratios to CTranslate2 fp32.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 THREADS = 2
@@ -66,7 +65,6 @@ FP32_ENGINES = ("xform ort fp32", "xform torch", "transformers eager", "optimum 
 ENGINES = ("xform ort fp32", "xform ort int8", "xform torch", "transformers eager", "optimum ort",
            "ctranslate2 fp32", "ctranslate2 int8")
 BASELINE = "ctranslate2 fp32"
-SETTLE_S = 0.3  # pause between engines: OpenMP / ORT workers spin for up to ~200 ms after work
 
 
 # -- the model and the files every engine loads ------------------------------------------------------
@@ -143,7 +141,6 @@ def build_nllb(work: Path) -> Path:
     synthetic tokens: vocab.json holds <s> <pad> </s> <unk> and t4 .. t256097; M2M100 adds 100
     language tokens and 8 made-up words after them, 256,206 ids in all."""
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from nllb_scale import build
 
     hf = build(work)
@@ -297,57 +294,43 @@ def sources(batch: int, src_len: int, ragged: bool, seed: int = 0) -> tuple[np.n
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def worker(name: str, paths: dict[str, Path], beams: int, conn, model: str = "marian-base") -> None:
+def worker(name: str, paths: dict[str, Path], beams: int, model: str, conn) -> None:
     """Loads one engine, then runs (src, lens) requests until told to stop; reports its peak RSS."""
+    from xform.runtime.bench import peak_rss_mib
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_model(model)
     run = make_engine(name, paths, beams)
-    conn.send("ready")
-    while (msg := conn.recv()) is not None:
-        src, lens = msg
+
+    def timed(request):
         t0 = time.perf_counter()
-        out = run(src, lens)
-        conn.send((time.perf_counter() - t0, out))
-    from xform.runtime.bench import peak_rss_mib
-    conn.send(peak_rss_mib())
+        out = run(*request)
+        return time.perf_counter() - t0, out
+    harness.serve(conn, "ready", timed, peak_rss_mib)
 
 
 def time_interleaved(names: list[str], paths: dict[str, Path], warmup: int, iters: int,
                      beams: int = 1) -> tuple[dict, dict, dict]:
-    ctx = mp.get_context("spawn")
-    workers = {}
-    for name in names:  # load one at a time: loading is not what is measured
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(name, paths, beams, child, MODEL), daemon=True)
-        proc.start()
-        if parent.recv() != "ready":
-            raise RuntimeError(f"{name} did not start")
-        workers[name] = (proc, parent)
+    """Each engine in a worker process of its own (harness.Workers), one engine at a time, round by
+    round; the seconds each worker measured, its last outputs and its peak RSS."""
+    workers = harness.Workers({name: (worker, (name, paths, beams, MODEL)) for name in names})
     times = {w: {e: [] for e in names} for w in WORKLOADS}
     outputs = {w: {} for w in WORKLOADS}
     for w, (batch, src_len, ragged) in WORKLOADS.items():
         src, lens = sources(batch, src_len, ragged)
         for r in range(warmup + iters):
-            for name, (_, conn) in workers.items():
-                time.sleep(SETTLE_S)
-                conn.send((src, lens))
-                dt, out = conn.recv()
+            for name in names:
+                dt, out = workers.ask(name, (src, lens))
                 if r >= warmup:
                     times[w][name].append(dt)
                 outputs[w][name] = out
             print(f"  {w}: round {r + 1}/{warmup + iters}", file=sys.stderr, flush=True)
-    rss = {}
-    for name, (proc, conn) in workers.items():
-        conn.send(None)
-        rss[name] = conn.recv()
-        proc.join()
-    return times, outputs, rss
+    return times, outputs, workers.close()
 
 
 def summarize(times: dict, outputs: dict, rss: dict) -> dict:
     rows = []
     for w, (batch, _, _) in WORKLOADS.items():
-        tps = {e: batch * NEW_TOKENS / statistics.median(t) for e, t in times[w].items()}
+        tps = {e: harness.rate(batch * NEW_TOKENS, t) for e, t in times[w].items()}
         ref = outputs[w].get("transformers eager")
         for e in times[w]:
             out = outputs[w][e]
@@ -355,44 +338,25 @@ def summarize(times: dict, outputs: dict, rss: dict) -> dict:
             rows.append({"workload": w, "engine": e, "tokens_per_s": tps[e], "ratio_to_ct2_fp32": tps[e] / tps[BASELINE],
                          "median_s": statistics.median(times[w][e]), "token_agreement_with_transformers": agree,
                          "peak_rss_mib": rss.get(e)})
-    return {"rows": rows, "threads": THREADS, "new_tokens": NEW_TOKENS, "machine": machine()}
+    return {"rows": rows, "threads": THREADS, "new_tokens": NEW_TOKENS, "machine": harness.machine()}
 
 
-def machine() -> str:
-    from xform.runtime.bench import machine_name
-    return machine_name()
-
-
-def versions() -> dict:
-    """The installed version of each engine's package; a peer that is not installed is named so
-    (the run measured only the engines asked for)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def of(package: str) -> str:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return "not installed"
-    return {p: of(p) for p in ("xform", "onnxruntime", "torch", "transformers", "optimum", "optimum-onnx",
-                               "ctranslate2")}
+# each engine's package; a peer that is not installed is named so (the run measured only the engines asked for)
+PACKAGES = ("xform", "onnxruntime", "torch", "transformers", "optimum", "optimum-onnx", "ctranslate2")
 
 
 def markdown(summary: dict, command: str) -> str:
-    lines = [f"Command: `{command}`", "", f"Machine: {summary['machine']}; {summary['threads']} threads each; "
-             f"{'greedy' if summary.get('beams', 1) == 1 else 'beam search, width %d' % summary['beams']}, "
-             f"exactly {summary['new_tokens']} new tokens; versions: "
-             + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
-             "| workload | engine | tokens/s | vs CTranslate2 fp32 | tokens = transformers | peak RSS MiB |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
-    for r in summary["rows"]:
-        rss = f"{r['peak_rss_mib']:,.0f}" if r["peak_rss_mib"] else "-"
-        lines.append(f"| {r['workload']} | {r['engine']} | {r['tokens_per_s']:,.1f} | {r['ratio_to_ct2_fp32']:.2f}x | "
-                     f"{fmt_agree(r['token_agreement_with_transformers'])} | {rss} |")
+    strategy = "greedy" if summary.get("beams", 1) == 1 else "beam search, width %d" % summary["beams"]
+    lines = harness.preamble(command, summary["machine"], f"{summary['threads']} threads each",
+                             f"{strategy}, exactly {summary['new_tokens']} new tokens",
+                             "versions: " + harness.listed(summary["versions"]))
+    lines += harness.table(
+        ("workload", "engine", "tokens/s", "vs CTranslate2 fp32", "tokens = transformers", "peak RSS MiB"), "llrrrr",
+        [(r["workload"], r["engine"], f"{r['tokens_per_s']:,.1f}", f"{r['ratio_to_ct2_fp32']:.2f}x",
+          harness.fmt(r["token_agreement_with_transformers"], "{:.2%}"),
+          harness.fmt(r["peak_rss_mib"] or None, "{:,.0f}"))
+         for r in summary["rows"]])
     return "\n".join(lines) + "\n"
-
-
-def fmt_agree(a: float | None) -> str:
-    return "-" if a is None else f"{a:.2%}"
 
 
 def chart(summary: dict, path: Path) -> None:
@@ -418,11 +382,7 @@ def chart(summary: dict, path: Path) -> None:
 
 def main() -> None:
     global LAYERS
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-bench"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--iters", type=int, default=5)
+    ap = harness.parser(__doc__, work="/tmp/xform-bench", out="docs", warmup=1, iters=5)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--beams", type=int, default=1, help="beam search width for every engine (1: greedy)")
     ap.add_argument("--model", choices=list(MODELS), default="marian-base")
@@ -448,14 +408,11 @@ def main() -> None:
     times, outputs, rss = time_interleaved(names, paths, args.warmup, args.iters, args.beams)
     summary = summarize(times, outputs, rss)
     summary["beams"] = args.beams
-    summary["versions"] = versions()
-    command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
-    summary["command"] = command
-    args.out.mkdir(parents=True, exist_ok=True)
+    summary["versions"] = harness.versions(PACKAGES, missing="not installed")
+    command = summary["command"] = harness.command(__file__)
     stem = ("bench_peers" + {"nllb-600m": "_nllb", "madlad-3b": "_madlad"}.get(MODEL, "")
             + ("" if args.beams == 1 else f"_beam{args.beams}"))
-    (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(summary, command))
+    harness.write_report(args.out, stem, summary, markdown(summary, command))
     chart(summary, args.out / f"{stem}.png")
     print(markdown(summary, command))
 

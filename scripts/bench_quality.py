@@ -20,13 +20,11 @@ bench_files.py's.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_files import prepare, run_engine  # noqa: E402
+import harness
+from bench_files import prepare, run_engine
 
 SYSTEMS = ("transformers eager", "xform ort fp32", "xform ort int8", "ctranslate2 fp32", "ctranslate2 int8")
 REFERENCE = "transformers eager"
@@ -41,9 +39,7 @@ def scores(out: list[str], ref: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/xform-files"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap = harness.parser(__doc__, work="/tmp/xform-files", out="docs")
     ap.add_argument("--lines", type=int, default=2000)
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
@@ -67,20 +63,20 @@ def main() -> None:
                          "identical_to_eager": sum(a == b for a, b in zip(out, eager)) / len(out),
                          "bleu_vs_task": vs_task["bleu"], "chrf_vs_task": vs_task["chrf"],
                          "signature": vs_eager["signature"]})
-    summary = {"rows": rows, "command": "python scripts/bench_quality.py " + " ".join(sys.argv[1:]),
+    summary = {"rows": rows, "command": harness.command(__file__),
                "training": json.loads((paths["hf"] / "training.json").read_text())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_quality.json").write_text(json.dumps(summary, indent=1) + "\n")
+    harness.write_report(args.out, "bench_quality", summary)
     print(markdown(summary))
 
 
 def markdown(s: dict) -> str:
     lines = [f"Command: `{s['command']}`; model training: {s['training']}; sacreBLEU `{s['rows'][0]['signature']}`.",
-             "", "| beams | system | BLEU vs eager | chrF vs eager | identical to eager | BLEU vs task | chrF vs task |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in s["rows"]:
-        lines.append(f"| {r['beams']} | {r['system']} | {r['bleu_vs_eager']:.2f} | {r['chrf_vs_eager']:.2f} | "
-                     f"{r['identical_to_eager']:.1%} | {r['bleu_vs_task']:.2f} | {r['chrf_vs_task']:.2f} |")
+             ""]
+    lines += harness.table(
+        ("beams", "system", "BLEU vs eager", "chrF vs eager", "identical to eager", "BLEU vs task", "chrF vs task"),
+        "rlrrrrr", [(r["beams"], r["system"], f"{r['bleu_vs_eager']:.2f}", f"{r['chrf_vs_eager']:.2f}",
+                     f"{r['identical_to_eager']:.1%}", f"{r['bleu_vs_task']:.2f}", f"{r['chrf_vs_task']:.2f}")
+                    for r in s["rows"]])
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,6 @@ server and model share this machine's cores.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import sys
@@ -36,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import harness
 import numpy as np
 
 from xform.runtime.text.translator import Translator
@@ -78,7 +78,7 @@ def engine_mode(bundle, requests, clients, args):
     with Scheduler(session, max_rows=args.max_rows) as scheduler:
         def one(state, text, n):
             t0 = time.perf_counter()
-            ids = scheduler.submit(Translator(session).encode_texts([text]), max_new_tokens=n).result()
+            ids = scheduler.submit(Translator(session).policy.encode_texts([text]), max_new_tokens=n).result()
             session.tokenizer.decode(ids[0])
             return time.perf_counter() - t0, int((ids != pad).sum()), None
         for r in requests[:4]:
@@ -165,7 +165,7 @@ def summarize(mode, clients, wall, results) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("bundle", nargs="?", type=Path)
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--requests", type=int, default=128, help="per client count, in all")
@@ -195,14 +195,15 @@ def main() -> None:
     print(f"{args.requests} requests of {Path(bundle).name}{' max_new ' + args.max_new if args.max_new else ''} "
           f"over gRPC; max rows {args.max_rows}; dynamic: max batch {args.max_batch}, delay {args.delay_us} us; "
           f"python {sys.version.split()[0]}")
-    print("| clients | mode | req/s | tokens/s | vs dynamic | vs engine | p50 ms | p90 ms | p99 ms | TTFT p50 / p90 ms |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n".join(harness.table(("clients", "mode", "req/s", "tokens/s", "vs dynamic", "vs engine", "p50 ms", "p90 ms",
+                                   "p99 ms", "TTFT p50 / p90 ms"), "rlrrrrrrrr")))
     for r in rows:
         same = {x["mode"]: x for x in rows if x["clients"] == r["clients"]}
         vs = lambda m: f"{r['tokens_per_s'] / same[m]['tokens_per_s']:.2f}x" if m in same else ""  # noqa: E731
         ttft = f"{r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f}" if "ttft_p50_ms" in r else ""
-        print(f"| {r['clients']} | {r['mode']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} | {vs('dynamic')} "
-              f"| {vs('engine')} | {r['p50_ms']:.0f} | {r['p90_ms']:.0f} | {r['p99_ms']:.0f} | {ttft} |")
+        print(harness.row(r["clients"], r["mode"], f"{r['requests_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
+                          vs("dynamic"), vs("engine"), f"{r['p50_ms']:.0f}", f"{r['p90_ms']:.0f}", f"{r['p99_ms']:.0f}",
+                          ttft))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 

@@ -29,8 +29,8 @@ def token_pairs(translator, sources: list[str], targets: list[str]):
     special = {translator.session.eos_id, translator.session.pad_id}
     for src, tgt in zip(sources, targets):
         # a map's key is split on spaces, and an empty key means "always": such pieces cannot be keys
-        s = {p for p in translator.text.source_pieces(src) if p.strip() and " " not in p}
-        t = {pieces[i] for i in translator.text.target_ids(tgt) if i not in special}
+        s = {p for p in translator.policy.text.source_pieces(src) if p.strip() and " " not in p}
+        t = {pieces[i] for i in translator.policy.text.target_ids(tgt) if i not in special}
         yield s, t
 
 

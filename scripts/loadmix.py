@@ -130,5 +130,5 @@ def reference_answer(session, req: Request) -> dict:
         settings["repetition_penalty"] = req.repetition_penalty
     if req.no_repeat_ngram_size is not None:
         settings["no_repeat_ngram_size"] = req.no_repeat_ngram_size
-    ids, scores = session.generate(Translator(session).encode_texts([req.text]), **settings)
+    ids, scores = session.generate(Translator(session).policy.encode_texts([req.text]), **settings)
     return {"ids": ids, "text": session.tokenizer.decode(ids[0]), "score": float(scores[0])}

@@ -15,11 +15,11 @@ their source".
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import defaultdict
 
+import harness
 import numpy as np
 
 
@@ -36,14 +36,12 @@ def timed(table: dict, name: str, fn):
 def main() -> None:
     import xform
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, threads=2, iters=3)
     ap.add_argument("bundle")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--beams", type=int, default=4)
     ap.add_argument("--src-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--expanded", action="store_true", help="a copy of the encoding per beam (the old layout)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--no-cuda-graph", action="store_true")
@@ -86,13 +84,8 @@ def main() -> None:
         cls.advance = timed(t, "strategy (host)", cls.advance)
     gen = session.generation_config(args.new_tokens, min_new_tokens=args.new_tokens, num_beams=args.beams)
     lens = np.full(args.batch, args.src_len, np.int64)
-    session.run(session.request(src, lens, generation=gen)).ids  # warm-up
-    walls = []
-    for _ in range(args.iters):
-        t.clear()
-        t0 = time.perf_counter()
-        session.run(session.request(src, lens, generation=gen)).ids
-        walls.append(time.perf_counter() - t0)
+    walls = harness.timed(lambda: session.run(session.request(src, lens, generation=gen)).ids, args.iters, warmup=1,
+                          before=lambda _: t.clear())  # t: the last decode's parts
     wall = statistics.median(walls)
     rows = args.batch * args.beams
     print(f"{args.bundle}: batch {args.batch} x beams {args.beams} = {rows} rows, src_len {args.src_len}, "

@@ -22,7 +22,6 @@ Prints Markdown; --out writes the figures as JSON.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -34,6 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import harness
 import numpy as np
 
 SRC_LEN = 32
@@ -87,13 +87,7 @@ def sources(vocab: int, batch: int, pad: int, eos: int) -> tuple[np.ndarray, np.
 
 
 def step_ms(decode, steps: int, runs: int = 3) -> float:
-    decode()  # warm-up
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        decode()
-        walls.append(time.perf_counter() - t0)
-    return statistics.median(walls) / steps * 1e3
+    return statistics.median(harness.timed(decode, runs, warmup=1)) / steps * 1e3
 
 
 def xform_figures(bundle: str, batch: int, beams: int, steps: int, threads: int) -> dict:
@@ -164,9 +158,8 @@ def product_flops(args: dict) -> float:
 
 
 def ct2_step_ms(model: str, batch: int, beams: int, steps: int, threads: int, compute_type: str) -> float:
-    import ctranslate2
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_peers
+    import ctranslate2
     translator = ctranslate2.Translator(model, device="cpu", inter_threads=1, intra_threads=threads,
                                         compute_type=compute_type)
     src, lens = sources(32000, batch, bench_peers.PAD, bench_peers.EOS)
@@ -183,32 +176,32 @@ def markdown(report: dict) -> str:
     peak = m["gemm_gflops"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores at {m['mhz']:.0f} MHz ({m.get('simd')}); ONNX Runtime's MatMul "
              f"on a 2048-cube product: {peak:.0f} GFLOP/s with these threads (the practical FP32 peak); "
-             f"{report['threads']} threads, {report['steps']} steps from {SRC_LEN}-token sources",
-             "", "| bundle | workload | xform step ms | CTranslate2 step ms | CT2 / xform | decoder graph ms | "
-                 "matrix products: share, GFLOP/s (of peak) | the other operators (share of the graph) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+             f"{report['threads']} threads, {report['steps']} steps from {SRC_LEN}-token sources", ""]
+    rows = []
     for r in report["rows"]:
         others = ", ".join(f"{k} {v:.0%}" for k, v in list(r["by_type"].items())[:6] if k not in PRODUCTS)
         prod = (f"{r['products_share']:.0%}, {r['products_gflops']:.0f} ({r['products_gflops'] / peak:.0%})"
                 if r["products_gflops"] and peak else "-")
         ct2 = r.get("ct2_step_ms")
-        ct2_ms, ratio = ("-", "-") if ct2 is None else (f"{ct2:.2f}", f"{ct2 / r['step_ms']:.2f}x")
-        lines.append(f"| {r['bundle']} | {r['workload']} | {r['step_ms']:.2f} | {ct2_ms} | {ratio} | "
-                     f"{r['graph_ms_per_step']:.2f} | {prod} | {others} |")
+        rows.append((r["bundle"], r["workload"], f"{r['step_ms']:.2f}", harness.fmt(ct2, "{:.2f}"),
+                     harness.fmt(None if ct2 is None else ct2 / r["step_ms"], "{:.2f}x"),
+                     f"{r['graph_ms_per_step']:.2f}", prod, others))
+    lines += harness.table(("bundle", "workload", "xform step ms", "CTranslate2 step ms", "CT2 / xform",
+                            "decoder graph ms", "matrix products: share, GFLOP/s (of peak)",
+                            "the other operators (share of the graph)"), "llrrrrll", rows)
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, threads=2)
     ap.add_argument("--xform", action="append", required=True, help="a bundle (repeat: fp32 and int8)")
     ap.add_argument("--ct2", default=None, help="the CTranslate2 model of the same weights (bench_peers' ct2)")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     import xform
     report = {"machine": {**machine(), "gemm_gflops": gemm_peak(a.threads)}, "threads": a.threads,
-              "steps": a.new_tokens, "rows": [], "command": "python scripts/profile_ops.py " + " ".join(sys.argv[1:])}
+              "steps": a.new_tokens, "rows": [], "command": harness.command(__file__)}
     for bundle in a.xform:
         precision = xform.load(bundle).bundle.precision
         for name, (batch, beams) in WORKLOADS.items():
@@ -221,7 +214,7 @@ def main() -> None:
             report["rows"].append(row)
     print(markdown(report))
     if a.out is not None:
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        harness.write_json(a.out, report)
 
 
 if __name__ == "__main__":

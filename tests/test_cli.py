@@ -200,7 +200,7 @@ def test_scores_on_the_command_line_for_beams_and_samples(runner, demo_bundle, t
     import xform
     session = xform.load(demo_bundle)
     texts = ["40512", "7", "999"]
-    src = Translator(session).encode_texts(texts)
+    src = Translator(session).policy.encode_texts(texts)
     for flags, settings in ((["--num-beams", "4", "--num-return-sequences", "2"],
                              dict(num_beams=4, num_return_sequences=2)),
                             (["--sample", "--seed", "5", "--num-return-sequences", "3", "--top-k", "5"],
@@ -267,8 +267,8 @@ def test_decoding_controls_on_the_command_line(runner, demo_bundle, tmp_path):
     r = runner.invoke(main, ["run", str(demo_bundle), "--text", texts[1], "--token-scores", *flags])
     assert r.exit_code == 0, r.output
     ids, score, tokens = session.generate(
-        Translator(session).encode_texts([texts[1]]), repetition_penalty=3.0, no_repeat_ngram_size=1, suppress_tokens=[5, 6],
-        bad_words_ids=[Translator(session).target_ids("thousand")], return_token_scores=True)
+        Translator(session).policy.encode_texts([texts[1]]), repetition_penalty=3.0, no_repeat_ngram_size=1, suppress_tokens=[5, 6],
+        bad_words_ids=[Translator(session).policy.target_ids("thousand")], return_token_scores=True)
     row = r.output.splitlines()[0].split("\t")
     assert row[1] == session.tokenizer.decode(ids[0]) != Translator(session).translate([texts[1]])[0]
     assert float(row[2]) == pytest.approx(float(score[0]), abs=1e-4)

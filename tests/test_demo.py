@@ -60,7 +60,7 @@ def test_unknown_characters_map_to_unk_and_long_input_is_refused(demo):
 
 
 def test_generate_matches_translate(demo):
-    src = Translator(demo).encode_texts(["40512", "7"])
+    src = Translator(demo).policy.encode_texts(["40512", "7"])
     out = demo.generate(src, max_new_tokens=20)
     assert [demo.tokenizer.decode(r) for r in out] == ["forty thousand five hundred twelve", "seven"]
     assert out.dtype == np.int64

@@ -7,6 +7,7 @@ tests/serving; what cannot run here (a GPU, systemd, Kubernetes) is listed in EL
 reason, and its xform command line is still parsed by the CLI. A block added to the README or a
 guide without a test that runs it fails `test_every_block_is_accounted_for`.
 """
+import ast
 import json
 import os
 import re
@@ -208,6 +209,19 @@ def test_ctranslate2_users_snippet(demo_bundle, tmp_path):
     assert (tmp_path / "translations.txt").read_text() == "forty thousand five hundred twelve\nseven\n"
 
 
+def harness_flags(source: str) -> set[str]:
+    """The flags a script's `harness.parser(__doc__, work=..., rounds=...)` call adds: --NAME for
+    each keyword given a value other than None, where scripts/harness.py defines that flag."""
+    harness = (ROOT / "scripts" / "harness.py").read_text()
+    flags = set()
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parser"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "harness"):
+            flags |= {f"--{k.arg}" for k in node.keywords
+                      if k.arg and not (isinstance(k.value, ast.Constant) and k.value.value is None)}
+    return {f for f in flags if f'"{f}"' in harness}
+
+
 def flags_named(text: str):
     """(program, subcommand or None, flags) of each xform or scripts/ command in a block."""
     text = text.replace("\\\n", " ")
@@ -226,7 +240,7 @@ def flags_named(text: str):
 def test_named_commands_exist():
     """The benchmark and GPU guides' commands cannot run here: each xform subcommand and flag they
     name (in blocks and in `code`) is the CLI's, each script exists and takes each flag given to
-    it. The pip extras they name are pyproject's."""
+    it (its own, or one its scripts/harness.py parser adds). The pip extras they name are pyproject's."""
     import tomllib
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     wrong, named = [], 0
@@ -250,7 +264,7 @@ def test_named_commands_exist():
                     wrong.append(f"{name}: {program}")
                     continue
                 source = script.read_text()
-                known = {f for f in flags if f'"{f}"' in source or f"'{f}'" in source}
+                known = {f for f in flags if f'"{f}"' in source or f"'{f}'" in source} | harness_flags(source)
             wrong += [f"{name}: {program} {sub or ''} {f}" for f in sorted(flags - known)]
     assert named > 20 and wrong == [], wrong
 

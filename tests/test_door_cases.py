@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import xform
 from xform.cli import main
 from xform.errors import InputError
+from xform.runtime.text.translator import Translator
 from xform.serving.handler import execute
 
 LONG = "12345678" * 5  # 41 source tokens with end-of-sentence: over the demo's max_len 32
@@ -172,7 +173,7 @@ def triton(bundle, case: Case, tmp_path) -> Outcome:
         inputs["src_lang"] = text(case.src_lang)
     if case.prefix is not None:
         inputs["target_prefix"] = text(case.prefix)
-    outs = execute(session, [{"text": text(s), **inputs} for s in case.sources])
+    outs = execute(Translator(session), [{"text": text(s), **inputs} for s in case.sources])
     errors = [o for o in outs if isinstance(o, str)]
     if errors:
         return Outcome(error=errors[0])

@@ -83,16 +83,16 @@ def test_three_doors_give_the_same_tokens_and_text(demo, demo_bundle, kw, flags,
     assert cli == python
     if inputs is None:
         return
-    out = execute(demo, [{"text": text(SOURCE), **inputs}])[0]
+    out = execute(Translator(demo), [{"text": text(SOURCE), **inputs}])[0]
     assert not isinstance(out, str), out
     served = out["hypotheses"] if "hypotheses" in out else out["translation"]
     assert [t.decode() for t in served.reshape(-1)] == python
     ids_kw = {**kw}
     if "target_prefix" in ids_kw:
-        ids_kw["target_prefix"] = [Translator(demo).target_ids(p) for p in ids_kw["target_prefix"]]
+        ids_kw["target_prefix"] = [Translator(demo).policy.target_ids(p) for p in ids_kw["target_prefix"]]
     if "bad_words_ids" in ids_kw:
-        ids_kw["bad_words_ids"] = [Translator(demo).target_ids(w) for w in ids_kw["bad_words_ids"]]
-    ids = demo.generate(Translator(demo).encode_texts([SOURCE]), **ids_kw)
+        ids_kw["bad_words_ids"] = [Translator(demo).policy.target_ids(w) for w in ids_kw["bad_words_ids"]]
+    ids = demo.generate(Translator(demo).policy.encode_texts([SOURCE]), **ids_kw)
     got = out["hypothesis_ids"].reshape(len(ids), -1) if "hypothesis_ids" in out else out["output_ids"]
     np.testing.assert_array_equal(got[:, :ids.shape[1]], ids)
     assert (got[:, ids.shape[1]:] == demo.pad_id).all()
@@ -115,7 +115,7 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
                                   "--num-beams", str(beams)])
     assert r.exit_code == 0, r.output
     cli = [(line.split("\t")[1], float(line.split("\t")[2])) for line in r.stdout.splitlines()]
-    out = execute(demo, [{"text": text(t), "truncate": flag(), "return_scores": flag(), "num_beams": i32(beams)}
+    out = execute(Translator(demo), [{"text": text(t), "truncate": flag(), "return_scores": flag(), "num_beams": i32(beams)}
                          for t in (LONG, SOURCE)])
     served = [(o["translation"][0, 0].decode(), float(o["scores"].reshape(-1)[0])) for o in out]
     for got in (cli, served):
@@ -123,7 +123,7 @@ def test_text_controls_truncate_and_scores_through_three_doors(demo, demo_bundle
         np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=0, atol=1e-4)  # CLI prints 4 places
     with pytest.raises(InputError, match="41 source tokens, more than the model's max_len 32"):
         Translator(demo).translate_batch([LONG])
-    assert "more than the model's max_len 32" in execute(demo, [{"text": text(LONG)}])[0]
+    assert "more than the model's max_len 32" in execute(Translator(demo), [{"text": text(LONG)}])[0]
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", LONG])
     assert r.exit_code == 1 and "more than the model's max_len 32" in r.output, r.output
 
@@ -151,9 +151,9 @@ def test_a_control_in_the_config_and_the_table_reaches_every_door(demo, demo_bun
         r = CliRunner().invoke(xform.cli.main, ["run", str(demo_bundle), "--text", SOURCE, "--fake-control", "7"])
         assert r.exit_code == 0, r.output
         assert seen == [7]
-        demo.generate(Translator(demo).encode_texts([SOURCE]), fake_control=8)
+        demo.generate(Translator(demo).policy.encode_texts([SOURCE]), fake_control=8)
         Translator(demo).translate([SOURCE], fake_control=9)
-        out = execute(demo, [{"text": text(SOURCE), "fake_control": i32(10)},
+        out = execute(Translator(demo), [{"text": text(SOURCE), "fake_control": i32(10)},
                              {"text": text(SOURCE), "fake_control": i32(0)}])
         assert seen == [7, 8, 9, 10], seen
         assert out[1] == "input 'fake_control': must be at least 1, found 0"
@@ -187,7 +187,7 @@ def test_one_runtime_error_about_a_setting_reads_in_each_doors_words(demo, demo_
         xform.Translator(demo_bundle).translate_batch([SOURCE], src_lang="xx")
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--src-lang", "xx"])
     assert r.exit_code == 2 and f"--src-lang {lacks}" in r.output, r.output
-    assert execute(demo, [{"text": text(SOURCE), "src_lang": text("xx")}]) == [f"input 'src_lang' {lacks}"]
+    assert execute(Translator(demo), [{"text": text(SOURCE), "src_lang": text("xx")}]) == [f"input 'src_lang' {lacks}"]
 
     with pytest.raises(InputError) as e:
         Translator(demo).translate(["7"], num_return_sequences=3)
@@ -207,5 +207,5 @@ def test_one_runtime_error_about_a_setting_reads_in_each_doors_words(demo, demo_
         Translator(demo).translate([SOURCE], bad_words_ids=[" "])
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", SOURCE, "--bad-words", " "])
     assert r.exit_code == 2 and f"--bad-words{empty}" in r.output, r.output
-    out = execute(demo, [{"text": text(SOURCE), "bad_words": np.array([[b" "]], dtype=object)}])
+    out = execute(Translator(demo), [{"text": text(SOURCE), "bad_words": np.array([[b" "]], dtype=object)}])
     assert out == [f"input 'bad_words'{empty}"]

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 import xform
 from xform.cli import main
-from xform.runtime.scheduling.batching import Batching
 from xform.runtime.decoding.request import LineResult
+from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.translator import Translator
 
 

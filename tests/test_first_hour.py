@@ -45,7 +45,7 @@ def test_check_compares_every_step_of_the_translations_printed(text_marian, tmp_
             "--max-new-tokens", 60, "--num-beams", beams, "--check", "--json", js)
     assert r.exit_code == 0, r.output
     session = xform.load(text_marian)
-    printed = session.generate(Translator(session).encode_texts(texts), min_new_tokens=40, max_new_tokens=60, num_beams=beams)
+    printed = session.generate(Translator(session).policy.encode_texts(texts), min_new_tokens=40, max_new_tokens=60, num_beams=beams)
     longest = int((printed != session.pad_id).sum(1).max())
     check = json.loads(js.read_text())["check"]
     assert longest > 40 and check["steps"] == longest, (check["steps"], longest)

@@ -54,8 +54,8 @@ def test_output_refusals(demo_bundle, tmp_path):
 def test_verbose_prints_the_plan_and_the_memory_it_bounds(demo_bundle, tmp_path):
     """run --verbose: the rows limit and where it comes from, the lines it leaves at this beam
     width, and the memory those limits bound, computed from the bundle's config."""
-    from xform.runtime.scheduling.batching import size
     from xform.runtime.bundle import Bundle
+    from xform.runtime.scheduling.batching import size
 
     c = Bundle.open(demo_bundle).config
     src = tmp_path / "in.txt"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from xform.errors import XformError
+from xform.runtime.documents.door import translate_document, translate_documents
 from xform.runtime.fleet.catalog import holds_bundles
 from xform.runtime.fleet.local import FleetTranslator
 from xform.runtime.open import BACKENDS, DEVICES, default_device, open_session
@@ -92,6 +93,14 @@ class Translator(TextTranslator):
                              "precision with `xform export --precision fp16 / int8`")
         self.opening = (bundle, backend, device, intra_threads or None, allow_tf32, cuda_graph)
         super().__init__(self.opened())
+
+    def translate_document(self, text: str, **options: Any) -> str:
+        """A document translated (documents/door.py: sentences decoded together, layout kept)."""
+        return translate_document(self, text, **options)
+
+    def translate_documents(self, texts: Sequence[str], **options: Any) -> list[str]:
+        """Documents translated as translate_document does one, their sentences decoded together."""
+        return translate_documents(self, texts, **options)
 
     def opened(self):
         bundle, backend, device, threads, allow_tf32, cuda_graph = self.opening

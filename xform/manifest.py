@@ -219,7 +219,7 @@ class Manifest:
     verification: dict[str, Any] | None = None  # the export's figures against eager PyTorch
     files: dict[str, str] = field(default_factory=dict)
     # the (source, target) pairs the bundle translates, as its user declared them (export --languages);
-    # None: what its tokenizer says (runtime/fleet/languages.py). Not hashed, so no format change
+    # None: what its tokenizer says (runtime/text/languages.py). Not hashed, so no format change
     languages: tuple[tuple[str, str], ...] | None = None
     version: int = VERSION
     # keys this xform does not know (a later, compatible writer's): kept, and written back as they were

@@ -43,12 +43,12 @@ class Translate:
         self.prefix_column = prefix_column
         session = open_session(bundle, backend, device, threads)
         text_layer = Translator(session)
-        text_layer.check_languages(src_lang, tgt_lang)  # an unknown language is refused here, not per batch
+        text_layer.policy.check_languages(src_lang, tgt_lang)  # an unknown language is refused here, not per batch
         with reworded(options):  # an error names a setting as the caller did (beam_size, ...)
             gen = text_layer.generation(tgt_lang, dict(options))
         batching = Batching("tokens" if max_batch_tokens else "examples", batch_size, max_batch_tokens)
         text = TextOptions(scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang, truncate=truncate)
-        self.translator = LineTranslator(session, Job(str(bundle), gen, text, batching, backend, device, threads))
+        self.translator = LineTranslator(text_layer, Job(str(bundle), gen, text, batching, backend, device, threads))
         self.n = gen.num_return_sequences
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ UNITS = ("char", "word", "spm")
 def language_code(token: str) -> str:
     """A language token as users type its code: M2M100's "__fr__" is "fr", MADLAD-400's "<2pt>" is
     "pt"; NLLB's "fra_Latn" and mBART-50's "fr_XX" are their own codes. One rule for the tokenizers
-    (runtime/text) and for what a bundle says it translates (runtime/fleet/languages.py)."""
+    (runtime/text) and for what a bundle says it translates (runtime/text/languages.py)."""
     if len(token) > 4 and token.startswith("__") and token.endswith("__"):
         return token[2:-2]
     if len(token) > 3 and token.startswith("<2") and token.endswith(">"):

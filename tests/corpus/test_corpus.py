@@ -88,8 +88,7 @@ def cli_job(bundle) -> Job:
     import xform
     from xform.cli.options import decoding_for, generation_settings
 
-    gen, _ = decoding_for(xform.load(bundle), bundle, "ort", generation_settings(False), True, None, None, None,
-                          False, None)
+    gen, _ = decoding_for(xform.load(bundle), bundle, "ort", generation_settings(False), True, None, TextOptions())
     return Job(str(bundle), gen, TextOptions())
 
 

@@ -12,6 +12,7 @@ import pytest
 import xform
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.documents.alignment import decode_aligned, word_alignment, word_index
+from xform.runtime.documents.door import translate_document
 from xform.runtime.documents.layout import Mark, Segment
 from xform.runtime.documents.markdown import markdown
 from xform.runtime.documents.marks import with_marks
@@ -90,7 +91,7 @@ def aligned(attention_marian):
 def test_a_bundle_with_attention_places_marks_by_word(aligned, tmp_path, monkeypatch):
     text = ("the *red cat* sleeps. a blue dog **runs fast**. [my old bird](https://x.org/b) is here.\n\n"
             "one green cat eats _bread_.\n")
-    out = aligned.translate_document(text, format="markdown", memory=tmp_path / "tm.db", **SHORT)
+    out = translate_document(aligned, text, format="markdown", memory=tmp_path / "tm.db", **SHORT)
     document = markdown(text, None)
     alone = [aligned.translate_batch([s.source], **SHORT)[0].hypotheses[0] for s in document.segments]
     assert re.sub(r"\*\*|\*|_|\[|\]\(https://x\.org/b\)", "", out) == document.render(alone)  # marks added only

@@ -8,6 +8,7 @@ import pytest
 from tests.documents.texts import MARKDOWN, PLAIN, UNTOUCHED
 from xform.errors import InputError
 from xform.runtime.decoding.request import TextOptions
+from xform.runtime.documents.door import translate_document, translate_documents
 from xform.runtime.documents.layout import plain
 from xform.runtime.documents.markdown import markdown
 from xform.runtime.documents.marks import with_marks
@@ -36,11 +37,11 @@ def expected(translator, document, **options):
 @pytest.mark.parametrize("language", list(PLAIN))
 def test_each_sentence_as_translated_alone_in_the_layout(translator, language):
     text = PLAIN[language]
-    out = translator.translate_document(text, src_lang=None, **SHORT)
+    out = translate_document(translator, text, src_lang=None, **SHORT)
     document = plain(text, language)
     assert out != text
     assert len({alone(translator, s.source) for s in document.segments}) > 2  # translations depend on the input
-    assert translator.translate_document(text, **SHORT) == expected(translator, plain(text, None))
+    assert translate_document(translator, text, **SHORT) == expected(translator, plain(text, None))
     # the language's rules: sentences split as its segmenter says
     gen = translator.generation(None, dict(SHORT))
     doc = DocumentTranslator(translator, gen, text=TextOptions())
@@ -49,7 +50,7 @@ def test_each_sentence_as_translated_alone_in_the_layout(translator, language):
 
 
 def test_markdown_translates_only_text(translator):
-    out = translator.translate_document(MARKDOWN, format="markdown", **SHORT)
+    out = translate_document(translator, MARKDOWN, format="markdown", **SHORT)
     assert out == expected(translator, markdown(MARKDOWN, None))
     for piece in UNTOUCHED:
         assert piece in out, piece
@@ -58,13 +59,13 @@ def test_markdown_translates_only_text(translator):
 
 def test_sentences_of_many_documents_decode_together_in_batches(translator, monkeypatch):
     texts = list(PLAIN.values())
-    together = translator.translate_documents(texts, max_batch_size=3, **SHORT)
-    assert together == [translator.translate_document(t, **SHORT) for t in texts]
+    together = translate_documents(translator, texts, max_batch_size=3, **SHORT)
+    assert together == [translate_document(translator, t, **SHORT) for t in texts]
     runs = []
     real = translator.session.run
     monkeypatch.setattr(translator.session, "run", lambda request, *a, **k: runs.append(request.batch) or
                         real(request, *a, **k))
-    translator.translate_documents(texts, max_batch_size=3, **SHORT)
+    translate_documents(translator, texts, max_batch_size=3, **SHORT)
     distinct = {s.source for t in texts for s in plain(t, None).segments}
     assert sum(runs) == len(distinct) and max(runs) == 3  # each distinct sentence once, three at a time
 
@@ -72,15 +73,15 @@ def test_sentences_of_many_documents_decode_together_in_batches(translator, monk
 def test_a_long_sentence_is_cut_at_its_clauses(translator):
     n = translator.session.config.max_len
     clause = "the red cat sleeps"
-    assert len(translator.encode_text(clause)) < n // 2
-    k = 2 * n // len(translator.encode_text(clause)) + 1  # over max_len together
+    assert len(translator.policy.encode_text(clause)) < n // 2
+    k = 2 * n // len(translator.policy.encode_text(clause)) + 1  # over max_len together
     sentence = ", ".join([clause] * k) + "."
-    assert len(translator.encode_text(sentence)) > n
-    out = translator.translate_document(f"a blue dog.\n\n{sentence}\n", **SHORT)
+    assert len(translator.policy.encode_text(sentence)) > n
+    out = translate_document(translator, f"a blue dog.\n\n{sentence}\n", **SHORT)
     gen = translator.generation(None, dict(SHORT))
     pieces = DocumentTranslator(translator, gen).fitted(sentence, None, ["x:3"])
     assert len(pieces) > 1 and " ".join(pieces) == sentence
-    assert all(len(translator.encode_text(p)) <= n for p in pieces)
+    assert all(len(translator.policy.encode_text(p)) <= n for p in pieces)
     assert out == f"{alone(translator, 'a blue dog.')}\n\n{' '.join(alone(translator, p) for p in pieces)}\n"
 
 
@@ -90,25 +91,25 @@ def test_a_long_sentence_without_clauses_is_refused_by_line_or_truncated(transla
     text = f"a blue dog.\n\nmy old cat. {sentence}\n"
     with pytest.raises(InputError, match=r"texts\[0\]:3: a sentence of \d+ source tokens, more than the model's "
                                          rf"max_len {n}.*truncate") as e:
-        translator.translate_document(text, **SHORT)
+        translate_document(translator, text, **SHORT)
     assert e.value.settings == ("truncate",)
-    out = translator.translate_document(text, truncate=True, **SHORT)
+    out = translate_document(translator, text, truncate=True, **SHORT)
     assert out.startswith(alone(translator, "a blue dog.") + "\n\n")
     assert out.endswith(alone(translator, sentence, truncate=True) + "\n")
 
 
 def test_an_empty_document_and_one_of_only_layout(translator):
-    assert translator.translate_documents(["", "\n\n  \t\n", "```\ncode\n```\n"], format="markdown") == [
+    assert translate_documents(translator, ["", "\n\n  \t\n", "```\ncode\n```\n"], format="markdown") == [
         "", "\n\n  \t\n", "```\ncode\n```\n"]
 
 
 def test_bad_settings_are_refused_by_name(translator):
     with pytest.raises(InputError, match="format: expected one of text, markdown, html, got 'rtf'"):
-        translator.translate_document("a.", format="rtf")
+        translate_document(translator, "a.", format="rtf")
     with pytest.raises(InputError, match="src_lang auto: this bundle takes no source language"):
-        translator.translate_document("a.", src_lang="auto")
+        translate_document(translator, "a.", src_lang="auto")
     with pytest.raises(InputError, match="texts: expected a list of texts"):
-        translator.translate_documents("a text")
+        translate_documents(translator, "a text")
 
 
 def test_a_pair_bundle_knows_its_target_language(translator, demo_bundle):
@@ -117,7 +118,7 @@ def test_a_pair_bundle_knows_its_target_language(translator, demo_bundle):
     a bundle that declares no pair is refused, naming the setting to give."""
     import xform
     text = "the red cat sleeps and the blue dog runs fast.\n\nle chat rouge dort et le chien bleu court.\n"
-    out = translator.translate_document(text, skip_target_language=True, **SHORT)
+    out = translate_document(translator, text, skip_target_language=True, **SHORT)
     assert out.startswith("the red cat sleeps and the blue dog runs fast.\n\n")
     assert not out.endswith("le chat rouge dort et le chien bleu court.\n")
     with pytest.raises(InputError, match="skip_target_language: name the target language .tgt_lang.; this bundle "

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import xform
 from tests.documents.texts import MARKDOWN, PLAIN
 from xform.cli import main
+from xform.runtime.documents.door import translate_document, translate_documents
 
 pytest.importorskip("sentencex", reason="documents need the documents extra (pip install -e '.[dev]')")
 SHORT = ["--max-new-tokens", "12"]
@@ -32,7 +33,7 @@ def test_run_translates_a_file_as_a_document(text_marian, translator, tmp_path):
     r = run(text_marian, "--input-file", src, "--format", "markdown", "--memory", memory, "--output",
             tmp_path / "out.md", *SHORT)
     assert r.exit_code == 0, r.output
-    expected = translator.translate_document(MARKDOWN, format="markdown", max_decoding_length=12)
+    expected = translate_document(translator, MARKDOWN, format="markdown", max_decoding_length=12)
     assert (tmp_path / "out.md").read_text() == expected
     assert "0 from the memory" in r.stderr and " decoded" in r.stderr
     again = run(text_marian, "--input-file", src, "--format", "markdown", "--memory", memory, *SHORT)
@@ -44,7 +45,7 @@ def test_run_translates_a_file_as_a_document(text_marian, translator, tmp_path):
 def test_each_text_is_a_document(text_marian, translator):
     r = run(text_marian, "--documents", "--text", PLAIN["en"], "--text", "a blue dog. my old cat", *SHORT)
     assert r.exit_code == 0, r.output
-    assert r.stdout == "".join(t if t.endswith("\n") else t + "\n" for t in translator.translate_documents(
+    assert r.stdout == "".join(t if t.endswith("\n") else t + "\n" for t in translate_documents(translator,
         [PLAIN["en"], "a blue dog. my old cat"], max_decoding_length=12))
 
 
@@ -68,7 +69,7 @@ def test_the_summary_counts_sentences_and_the_pieces_a_long_one_is_cut_into(text
     pieces (it said "1 sentences, N distinct", issue 55); without a cut, sentences as before."""
     n = translator.session.config.max_len
     clause = "the red cat sleeps"
-    sentence = ", ".join([clause] * (2 * n // len(translator.encode_text(clause)) + 1)) + "."
+    sentence = ", ".join([clause] * (2 * n // len(translator.policy.encode_text(clause)) + 1)) + "."
     r = run(text_marian, "--documents", "--text", sentence, *SHORT)
     assert r.exit_code == 0, r.output
     pieces = re.search(r"documents: 1, 1 sentence, 1 distinct, translated as (\d+) pieces \(each sentence over "
@@ -113,7 +114,7 @@ def test_corpus_records_are_documents(text_marian, translator, tmp_path):
                                   "--documents", "--memory", str(memory), "--shard-lines", "2", *SHORT])
     assert r.exit_code == 1, r.output  # the fourth record is too long: it fails alone
     got = [json.loads(line) for line in (tmp_path / "o" / "in.jsonl").read_text().splitlines()]
-    assert [g["translation"] for g in got[:3]] == translator.translate_documents(
+    assert [g["translation"] for g in got[:3]] == translate_documents(translator,
         [PLAIN["en"], MARKDOWN, ""], max_decoding_length=12)
     assert "more than the model's max_len" in got[3]["error"] and "--truncate" in got[3]["error"]
     assert got[3]["error"].startswith("line 1: a sentence of") and f"{src}:4: line 1: a sentence" in r.output
@@ -140,7 +141,7 @@ def test_a_document_on_stdout_is_its_bytes(text_marian, translator, tmp_path, te
     printed = run(text_marian, "--documents", "--input-file", src, *SHORT)
     assert r.exit_code == 0 and printed.exit_code == 0, (r.output, printed.output)
     assert printed.stdout_bytes == (tmp_path / "out.txt").read_bytes()
-    assert printed.stdout == translator.translate_document(text, max_decoding_length=12)
+    assert printed.stdout == translate_document(translator, text, max_decoding_length=12)
     assert printed.stdout.endswith("\n") == text.endswith("\n") and (text != "" or printed.stdout == "")
 
 

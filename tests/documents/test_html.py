@@ -8,6 +8,7 @@ import pytest
 
 import xform
 from tests.documents.texts import HTML, HTML_UNTOUCHED
+from xform.runtime.documents.door import translate_document
 from xform.runtime.documents.html import html_document
 from xform.runtime.documents.marks import with_marks
 from xform.runtime.text.translator import Translator
@@ -33,7 +34,7 @@ def test_only_text_is_a_sentence():
 
 def test_a_translation_is_escaped_and_the_rest_kept(text_marian):
     translator = Translator(xform.load(text_marian))
-    out = translator.translate_document(HTML, format="html", **SHORT)
+    out = translate_document(translator, HTML, format="html", **SHORT)
     for piece in HTML_UNTOUCHED:
         assert piece in out, piece
     document = html_document(HTML, None)

@@ -5,9 +5,10 @@ they are; the codes of every family reduce to the language they name."""
 import pytest
 
 import xform
-from xform.runtime.documents.codes import base_language, codes_for
 from xform.runtime.documents.detect import Detector
+from xform.runtime.documents.door import translate_document
 from xform.runtime.documents.translate import DocumentTranslator
+from xform.runtime.text.codes import base_language, codes_for
 from xform.runtime.text.translator import Translator
 
 pytest.importorskip("py3langid", reason="documents need the documents extra (pip install -e '.[dev]')")
@@ -48,30 +49,30 @@ def test_each_paragraph_is_decoded_with_its_language(translator, monkeypatch):
                 **{s: "de" for s in split(PARAGRAPHS["de"])}}
     assert dict(seen) == expected  # each sentence once, with its paragraph's code
     by_hand = "\n\n".join([
-        translator.translate_document(PARAGRAPHS["en"], src_lang="en", tgt_lang="es", **SHORT),
-        translator.translate_document(PARAGRAPHS["fr"], src_lang="fr", tgt_lang="es", **SHORT),
-        "  " + translator.translate_document(PARAGRAPHS["de"], src_lang="de", tgt_lang="es", **SHORT) + "\n",
-        translator.translate_document(PARAGRAPHS["fr"], src_lang="fr", tgt_lang="es", **SHORT)]) + "\n"
+        translate_document(translator, PARAGRAPHS["en"], src_lang="en", tgt_lang="es", **SHORT),
+        translate_document(translator, PARAGRAPHS["fr"], src_lang="fr", tgt_lang="es", **SHORT),
+        "  " + translate_document(translator, PARAGRAPHS["de"], src_lang="de", tgt_lang="es", **SHORT) + "\n",
+        translate_document(translator, PARAGRAPHS["fr"], src_lang="fr", tgt_lang="es", **SHORT)]) + "\n"
     assert result.text == by_hand
-    assert translator.translate_document(MIXED, src_lang="auto", tgt_lang="es", **SHORT) == by_hand
+    assert translate_document(translator, MIXED, src_lang="auto", tgt_lang="es", **SHORT) == by_hand
 
 
 def test_paragraphs_in_the_target_language_are_kept(translator, monkeypatch):
     seen = routed(translator, monkeypatch)
-    out = translator.translate_document(MIXED, src_lang="auto", tgt_lang="fr", skip_target_language=True, **SHORT)
+    out = translate_document(translator, MIXED, src_lang="auto", tgt_lang="fr", skip_target_language=True, **SHORT)
     assert out.count(PARAGRAPHS["fr"]) == 2 and PARAGRAPHS["en"] not in out and PARAGRAPHS["de"] not in out
     assert out.endswith("\n\n" + PARAGRAPHS["fr"] + "\n")
     assert {lang for _, lang in seen} == {"en", "de"}
     # without auto, the source language is the one given, and only the target's paragraphs are kept
     seen.clear()
-    translator.translate_document(MIXED, src_lang="en", tgt_lang="fr", skip_target_language=True, **SHORT)
+    translate_document(translator, MIXED, src_lang="en", tgt_lang="fr", skip_target_language=True, **SHORT)
     assert {lang for _, lang in seen} == {"en"} and len(seen) == 4
 
 
 def test_a_bundle_code_is_refused_by_name(translator):
     from xform.errors import InputError
     with pytest.raises(InputError, match="xx_YY"):
-        translator.translate_document("a b.", src_lang="xx_YY", tgt_lang="fr")
+        translate_document(translator, "a b.", src_lang="xx_YY", tgt_lang="fr")
 
 
 @pytest.mark.parametrize("code, language", [("fra_Latn", "fr"), ("fr_XX", "fr"), ("fr", "fr"), ("fra", "fr"),

@@ -16,6 +16,7 @@ import pytest
 import xform
 from tests.documents.texts import PLAIN
 from xform.errors import InputError
+from xform.runtime.documents.door import translate_document
 from xform.runtime.documents.layout import plain
 from xform.runtime.documents.memory import APPLICATION_ID, FORMAT, TranslationMemory
 from xform.runtime.documents.translate import DocumentTranslator
@@ -49,7 +50,7 @@ def test_a_second_run_decodes_nothing(translator, tmp_path, monkeypatch):
     steps = counting_steps(translator, monkeypatch)
     first, tally = run(translator, texts, tmp_path / "tm.db")
     assert steps and tally.decoded == tally.distinct and tally.remembered == 0
-    assert first == [translator.translate_document(t, **SHORT) for _, t in texts]
+    assert first == [translate_document(translator, t, **SHORT) for _, t in texts]
     steps.clear()
     second, tally = run(translator, texts, tmp_path / "tm.db")
     assert second == first and not steps  # the backend did not step once
@@ -60,7 +61,7 @@ def test_a_repeated_sentence_is_decoded_once_in_a_run(translator, tmp_path, monk
     text = "the red cat sleeps. a blue dog.\n\nthe red cat sleeps. the red cat sleeps.\n"
     out, tally = run(translator, [("a", text), ("b", text)], tmp_path / "tm.db")
     assert tally.sentences == 8 and tally.distinct == 2 and tally.decoded == 2
-    assert out == [translator.translate_document(text, **SHORT)] * 2
+    assert out == [translate_document(translator, text, **SHORT)] * 2
 
 
 def test_a_changed_setting_misses(translator, tmp_path):
@@ -68,7 +69,7 @@ def test_a_changed_setting_misses(translator, tmp_path):
     run(translator, texts, tmp_path / "tm.db")
     out, tally = run(translator, texts, tmp_path / "tm.db", beam_size=2)
     assert tally.remembered == 0 and tally.decoded == tally.distinct
-    assert out == [translator.translate_document(PLAIN["en"], beam_size=2, **SHORT)]
+    assert out == [translate_document(translator, PLAIN["en"], beam_size=2, **SHORT)]
     _, tally = run(translator, texts, tmp_path / "tm.db", max_decoding_length=5)
     assert tally.remembered == 0
     _, tally = run(translator, texts, tmp_path / "tm.db", beam_size=2)
@@ -77,8 +78,8 @@ def test_a_changed_setting_misses(translator, tmp_path):
 
 def test_the_python_door_takes_a_memory_path(translator, tmp_path):
     path = tmp_path / "tm.db"
-    out = translator.translate_document(PLAIN["de"], memory=path, **SHORT)
-    assert out == translator.translate_document(PLAIN["de"], **SHORT)
+    out = translate_document(translator, PLAIN["de"], memory=path, **SHORT)
+    assert out == translate_document(translator, PLAIN["de"], **SHORT)
     with TranslationMemory(path) as tm:
         entries = dict(tm.db.execute("SELECT source, target FROM entries"))
     assert set(entries) == {s.source for s in plain(PLAIN["de"], None).segments}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.serving.test_handler import demo, text  # noqa: F401 - the demo session fixture, text rows
+from xform.runtime.documents.door import translate_document
 from xform.runtime.scheduling.scheduler import Scheduler
 from xform.runtime.text.translator import Translator
 from xform.serving.documents import ScheduledSession
@@ -28,13 +29,13 @@ def translations(outputs):
 
 
 def test_execute_answers_documents_beside_lines(demo):
-    expected = [Translator(demo).translate_document(d) for d in DOCS]
-    out = execute(demo, [{"text": text(*DOCS), "document_format": string("text")}, {"text": text("40512")},
+    expected = [translate_document(Translator(demo), d) for d in DOCS]
+    out = execute(Translator(demo), [{"text": text(*DOCS), "document_format": string("text")}, {"text": text("40512")},
                          {"text": text(DOCS[0]), "document_format": string("text"),
                           "num_beams": np.array([[3]], np.int32)}])
     assert translations(out[0]) == expected
     assert translations(out[1]) == ["forty thousand five hundred twelve"]
-    assert translations(out[2]) == [Translator(demo).translate_document(DOCS[0], beam_size=3)]
+    assert translations(out[2]) == [translate_document(Translator(demo), DOCS[0], beam_size=3)]
     assert "\n\n- " in translations(out[0])[0] and "\r\n\r\n\r\n" in translations(out[0])[1]
 
 
@@ -51,7 +52,7 @@ def test_refusals_name_the_input(demo, inputs, named):
     request = {"text": text(DOCS[0]), "document_format": string("text"), **inputs}
     if "src_ids" in inputs:
         del request["text"]
-    out = execute(demo, [request, {"text": text("7")}])
+    out = execute(Translator(demo), [request, {"text": text("7")}])
     assert isinstance(out[0], str) and named in out[0], out[0]
     assert translations(out[1]) == ["seven"]
 
@@ -61,17 +62,17 @@ def test_documents_join_a_running_batch(demo):
     Scheduler while other requests decode; the answers equal translate_document's."""
     scheduler = Scheduler(demo, max_rows=16, max_queue=64).start()
     try:
-        jobs = [parse(demo, 0, {"text": text(d), "document_format": string("text")}) for d in DOCS * 3]
+        jobs = [parse(Translator(demo), 0, {"text": text(d), "document_format": string("text")}) for d in DOCS * 3]
         answers: dict = {}
         threads = [threading.Thread(target=lambda i=i, j=j: answers.__setitem__(
-            i, document_outcome(ScheduledSession(demo, scheduler, timeout=60), j))) for i, j in enumerate(jobs)]
+            i, document_outcome(Translator(ScheduledSession(demo, scheduler, timeout=60)), j))) for i, j in enumerate(jobs)]
         for t in threads:
             t.start()
-        lines = [scheduler.submit(Translator(demo).encode_texts(["40512", "12"])) for _ in range(4)]
+        lines = [scheduler.submit(Translator(demo).policy.encode_texts(["40512", "12"])) for _ in range(4)]
         for t in threads:
             t.join(120)
         assert [translations(answers[i])[0] for i in range(len(jobs))] == [
-            Translator(demo).translate_document(d) for d in DOCS * 3]
+            translate_document(Translator(demo), d) for d in DOCS * 3]
         assert all(f.result(60) is not None for f in lines)
     finally:
         scheduler.close()

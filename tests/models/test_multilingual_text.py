@@ -101,7 +101,7 @@ def test_source_ids_equal_transformers_tokenizer(exported):
     for src_lang, _ in PAIRS[kind]:
         tok.src_lang = src_lang
         for text in CORPUS:
-            assert Translator(session).encode_text(text, src_lang) == tok(text).input_ids, (kind, src_lang, text)
+            assert Translator(session).policy.encode_text(text, src_lang) == tok(text).input_ids, (kind, src_lang, text)
 
 
 def test_decoding_equals_transformers_tokenizer(exported):
@@ -168,7 +168,7 @@ def test_triton_handler_takes_the_languages_per_request(exported):
         return {"text": np.array([[text.encode()]], dtype=object), "src_lang": np.array([[src.encode()]], dtype=object),
                 "tgt_lang": np.array([[tgt.encode()]], dtype=object), "max_new_tokens": np.array([[8]], np.int32)}
 
-    out = execute(session, [request(CORPUS[0], s1, t1), request(CORPUS[1], s2, t2), request(CORPUS[2], s1, "zz_Bad")])
+    out = execute(Translator(session), [request(CORPUS[0], s1, t1), request(CORPUS[1], s2, t2), request(CORPUS[2], s1, "zz_Bad")])
     assert out[0]["translation"][0, 0].decode() == Translator(session).translate([CORPUS[0]], 8, src_lang=s1, tgt_lang=t1)[0]
     assert out[1]["translation"][0, 0].decode() == Translator(session).translate([CORPUS[1]], 8, src_lang=s2, tgt_lang=t2)[0]
     assert out[2].startswith("input 'tgt_lang' 'zz_Bad': not a language of this model"), out[2]  # no CLI flag
@@ -201,7 +201,7 @@ def test_bart_text_equals_transformers(bart):
     tok, model, bundle = bart
     session = xform.load(bundle)
     for text in CORPUS:
-        assert Translator(session).encode_text(text) == tok(text).input_ids, text
+        assert Translator(session).policy.encode_text(text) == tok(text).input_ids, text
     rng = np.random.default_rng(1)
     plain = [i for i in range(len(tok)) if i not in tok.all_special_ids]
     for _ in range(30):
@@ -244,7 +244,7 @@ def test_a_bart_directory_without_tokenizer_class_gets_its_model_types_tokenizer
     del cfg["tokenizer_class"]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     session = xform.load(export_bundle(d, tmp_path / "b").path)
-    assert Translator(session).encode_text(CORPUS[1]) == tok(CORPUS[1]).input_ids
+    assert Translator(session).policy.encode_text(CORPUS[1]) == tok(CORPUS[1]).input_ids
 
 
 def test_cli_score_equals_transformers_loss_with_languages(exported, tmp_path):
@@ -284,12 +284,12 @@ def test_target_prefix_text_follows_the_target_language(exported):
     src_lang, tgt_lang = PAIRS[kind][1]
     session = xform.load(bundle)
     text, prefix = CORPUS[1], "The quick"
-    got = session.generate(Translator(session).encode_texts([text], src_lang), max_new_tokens=8,
-                           forced_bos_token_id=Translator(session).target_language(tgt_lang),
-                           target_prefix=[Translator(session).target_ids(prefix)])
+    got = session.generate(Translator(session).policy.encode_texts([text], src_lang), max_new_tokens=8,
+                           forced_bos_token_id=Translator(session).policy.target_language(tgt_lang),
+                           target_prefix=[Translator(session).policy.target_ids(prefix)])
     tok.src_lang = src_lang
     forced = tok.convert_tokens_to_ids(tok.get_lang_token(tgt_lang) if kind == "m2m100" else tgt_lang)
-    dec = torch.tensor([[2, forced] + Translator(session).target_ids(prefix)])
+    dec = torch.tensor([[2, forced] + Translator(session).policy.target_ids(prefix)])
     with torch.no_grad():
         want = model.generate(**tok([text], return_tensors="pt"), decoder_input_ids=dec, max_new_tokens=8,
                               num_beams=1, do_sample=False)
@@ -341,7 +341,7 @@ def test_token_lists_carry_their_languages_as_ctranslate2s_do(exported):
     for text in CORPUS[:4]:
         ids = tok(text).input_ids
         pieces = tok.convert_ids_to_tokens(ids)
-        assert t.vocabularies.source_ids(pieces, "source") == ids, (kind, pieces)
+        assert t.policy.vocabularies.source_ids(pieces, "source") == ids, (kind, pieces)
         got = t.translate_batch([pieces], target_prefix=[[lang]], beam_size=1, max_decoding_length=10)[0]
         out = model.generate(torch.tensor([ids]), forced_bos_token_id=forced, max_new_tokens=10, num_beams=1,
                              do_sample=False, forced_eos_token_id=None)[0].tolist()

@@ -95,7 +95,7 @@ def test_token_ids_equal_transformers(bundles, name):
     unk = 0
     for text in SENTENCES:
         want = reference(text).input_ids
-        assert Translator(session).encode_text(text) == want, text
+        assert Translator(session).policy.encode_text(text) == want, text
         unk += want.count(reference.unk_token_id)
         ids = want[:-1] + [5, 7]
         assert session.tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), ids
@@ -121,14 +121,14 @@ def test_madlad_target_language_is_the_source_token(bundles):
     assert session.tokenizer.codes == ["de", "pt", "zh_Latn"]
     text = "the dog runs fast"
     want = reference(f"<2pt> {text}").input_ids
-    assert Translator(session).encode_text(text, tgt_lang="pt") == want
-    assert Translator(session).encode_text(text, tgt_lang="<2pt>") == want  # the token itself names it too
+    assert Translator(session).policy.encode_text(text, tgt_lang="pt") == want
+    assert Translator(session).policy.encode_text(text, tgt_lang="<2pt>") == want  # the token itself names it too
     assert reference.convert_ids_to_tokens(want).count("<2pt>") == 1
     # translate: the token goes into the source, no first target token is forced
     out = Translator(session).translate([text], max_new_tokens=4, tgt_lang="pt")
     src = np.array([want])
     assert out == [session.tokenizer.decode(session.generate(src, max_new_tokens=4)[0])]
-    assert Translator(session).target_language("pt") is None
+    assert Translator(session).policy.target_language("pt") is None
     with pytest.raises(InputError, match="^tgt_lang 'xx': not a language of this model; known: de, pt, zh_Latn"):
         Translator(session).translate([text], tgt_lang="xx")
     with pytest.raises(InputError, match="takes no source language"):
@@ -159,10 +159,10 @@ def test_triton_tgt_lang_writes_the_source_token(bundles):
     reference, bundle = bundles["madlad"]
     session = xform.load(bundle, backend="ort")
     text = np.array([b"the dog runs fast"], dtype=object)
-    job = parse(session, 0, {"text": text, "tgt_lang": np.array([b"pt"], dtype=object)})
+    job = parse(Translator(session), 0, {"text": text, "tgt_lang": np.array([b"pt"], dtype=object)})
     assert job.rows[0] == reference("<2pt> the dog runs fast").input_ids
     with pytest.raises(InputError, match="known: de, pt, zh_Latn"):
-        parse(session, 0, {"text": text, "tgt_lang": np.array([b"xx"], dtype=object)})
+        parse(Translator(session), 0, {"text": text, "tgt_lang": np.array([b"xx"], dtype=object)})
 
 
 def test_eval_tgt_lang_writes_the_source_token(bundles, tmp_path):

@@ -119,7 +119,7 @@ def test_replace_unknowns_copies_the_attended_source_word(text_model_aligned):
     session = text_model_aligned
     text = "a blue dog zzz runs fast"
     unk = session.tokenizer.target_unk_id
-    src = Translator(session).encode_texts([text])
+    src = Translator(session).policy.encode_texts([text])
     ids, att = session.generate(src, max_new_tokens=MAX_NEW, target_prefix=[[unk]], return_attention=True)
     pieces = session.tokenizer.source_pieces(text)
     body = [j for j, i in enumerate(src[0]) if i not in (session.eos_id, session.pad_id)]
@@ -142,7 +142,7 @@ def test_replace_unknowns_copies_the_whole_word_once_spaced_as_words(text_model_
     space, not two."""
     session = text_model_aligned
     text = "the dog 469 runs"
-    src = Translator(session).encode_text(text)
+    src = Translator(session).policy.encode_text(text)
     pieces = session.tokenizer.source_pieces(text)
     starts = [k for k, p in enumerate(pieces) if p.startswith("\u2581")] + [len(pieces) - 1]
     spans = {"".join(pieces[a:b]): (a, b) for a, b in zip(starts, starts[1:])}
@@ -154,10 +154,10 @@ def test_replace_unknowns_copies_the_whole_word_once_spaced_as_words(text_model_
     ids = np.array([vocab["\u2581B"], vocab["\u2581"], unk, unk, session.eos_id])
     attention = np.zeros((1, len(ids), len(src)), np.float32)
     attention[0, :, j] = 1.0
-    assert Translator(session).decode_rows(ids[None], 1, [src], [text], attention) == [f"B {word}"]
+    assert Translator(session).policy.decode_rows(ids[None], 1, [src], [text], attention) == [f"B {word}"]
     # without the source text: the vocabulary's pieces of the same word (an unknown one is <unk>)
     want = "B dog" if word == "dog" else "B <unk>"
-    assert Translator(session).decode_rows(ids[None], 1, [src], None, attention) == [want]
+    assert Translator(session).policy.decode_rows(ids[None], 1, [src], None, attention) == [want]
 
 
 @pytest.fixture(scope="module")

@@ -225,13 +225,13 @@ def test_finished_rows_leave_and_the_rest_decode_as_alone(demo_bundle, backend):
     and every row's tokens equal its decoding alone."""
     session = xform.load(demo_bundle, backend=backend)
     texts = ["7", "999999", "40", "123456", "5"]
-    src = Translator(session).encode_texts(texts)
+    src = Translator(session).policy.encode_texts(texts)
     seen = rows_per_step(session)
     got = session.generate(src, max_new_tokens=20)
     assert seen[0] == 5 and seen[-1] < 5 and seen == sorted(seen, reverse=True)
     assert sum(seen) < 5 * len(seen)  # rows really left: fewer row-steps than a full batch
     for r, text in enumerate(texts):
-        alone = session.generate(Translator(session).encode_texts([text]), max_new_tokens=20)
+        alone = session.generate(Translator(session).policy.encode_texts([text]), max_new_tokens=20)
         np.testing.assert_array_equal(got[r, :alone.shape[1]], alone[0])
         assert (got[r, alone.shape[1]:] == session.pad_id).all()
 
@@ -259,7 +259,7 @@ def test_samples_of_a_source_leave_together(demo_bundle):
     """num_return_sequences samples are a source's rows: the same tokens as without compaction
     (one random draw a row per step either way), and rows leave only when all its samples end."""
     session = xform.load(demo_bundle, backend="ort")
-    src = Translator(session).encode_texts(["7", "999999", "31"])
+    src = Translator(session).policy.encode_texts(["7", "999999", "31"])
     seen = rows_per_step(session)
     got = session.generate(src, max_new_tokens=20, do_sample=True, num_return_sequences=2, seed=5, temperature=2.0)
     assert seen[0] == 6 and seen[-1] < 6 and all(n % 2 == 0 for n in seen), seen
@@ -274,6 +274,6 @@ def test_other_onnxruntime_sessions_in_the_process_still_work(demo_bundle):
     import onnxruntime
 
     session = xform.load(demo_bundle, backend="ort")
-    session.generate(Translator(session).encode_texts(["7"]), max_new_tokens=3, num_beams=2)
+    session.generate(Translator(session).policy.encode_texts(["7"]), max_new_tokens=3, num_beams=2)
     plain = onnxruntime.InferenceSession(str(demo_bundle / "reorder.onnx"), providers=["CPUExecutionProvider"])
     assert [i.name for i in plain.get_inputs()][0] == "beam_idx"

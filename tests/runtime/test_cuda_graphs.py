@@ -35,7 +35,7 @@ def decode(bundle, texts=TEXTS, **kw):
     of 3, so that the cache grows 3 -> 6 -> 12 -> 24 and rows leave as they end."""
     host = xform.load(bundle, backend="ort", cache_capacity=3)
     dev = xform.load(bundle, backend="ort", device="cuda", cache_capacity=3)
-    src = Translator(host).encode_texts(texts)
+    src = Translator(host).policy.encode_texts(texts)
     return host.generate(src, max_new_tokens=20, **kw), dev.generate(src, max_new_tokens=20, **kw), dev
 
 
@@ -48,7 +48,7 @@ def test_the_step_is_replayed_one_graph_a_layout(demo_bundle, captured):
     np.testing.assert_array_equal(got, want)
     graphs = dev.backend.graphs[DECODER]
     assert 2 <= len(graphs.ids) < got.shape[1], len(graphs.ids)
-    src = Translator(dev).encode_texts(TEXTS)
+    src = Translator(dev).policy.encode_texts(TEXTS)
     for _ in range(3):  # from the second decode on the layouts recur; by the fourth each ran 3 times
         np.testing.assert_array_equal(dev.generate(src, max_new_tokens=20), want)
     session, layouts, replays = dev.backend.sessions[DECODER], len(graphs.ids), captured.replays
@@ -72,7 +72,7 @@ def test_past_the_limit_layouts_run_uncaptured(demo_bundle, captured, monkeypatc
     monkeypatch.setattr(cuda_graphs, "LIMIT", 1)
     monkeypatch.setattr(cuda_graphs.CapturedGraphs.__init__, "__defaults__", (1,))
     want, got, dev = decode(demo_bundle)
-    src = Translator(dev).encode_texts(TEXTS)
+    src = Translator(dev).policy.encode_texts(TEXTS)
     for _ in range(3):
         np.testing.assert_array_equal(got, want)
         got = dev.generate(src, max_new_tokens=20)

@@ -1,4 +1,4 @@
-"""What a bundle translates (runtime/fleet/languages.py), read from its files: the manifest's
+"""What a bundle translates (runtime/text/languages.py), read from its files: the manifest's
 `languages` first, then the tokenizer's codes (fairseq: any to any; MADLAD: targets), a Marian's
 tokenizer_config.json widened by >>xx<< tokens, the OPUS-MT name, else nothing; and how a request
 asks each family. The bundles here are their files only (the demo's manifest, a tokenizer.json and
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from xform.cli import main
 from xform.errors import BundleError, XformError
 from xform.manifest import Manifest
-from xform.runtime.fleet.languages import Ask, Asked, Languages, bundle_languages
+from xform.runtime.text.languages import Ask, Asked, Languages, bundle_languages
 
 FAIRSEQ = {"kind": "fairseq-spm", "model": "sp.model", "special": {"<unk>": 3, "__fr__": 5, "__de__": 6, "__es__": 7},
            "languages": ["__fr__", "__de__", "__es__"]}

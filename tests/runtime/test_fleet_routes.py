@@ -10,7 +10,7 @@ import pytest
 from xform.cli.flags import said
 from xform.errors import BundleError, InputError
 from xform.runtime.fleet.catalog import Catalog, Entry
-from xform.runtime.fleet.languages import FAIRSEQ, PREFIX, TARGET, Ask, Asked, Languages
+from xform.runtime.text.languages import FAIRSEQ, PREFIX, TARGET, Ask, Asked, Languages
 from xform.runtime.fleet.routes import Hop, RouteError, plan
 
 PAIR = Languages(pairs=(("en", "de"),), origin="manifest")

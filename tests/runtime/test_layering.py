@@ -77,6 +77,52 @@ def test_runtime_modules_keep_their_order(module):
     assert bad == [], f"{path} imports {bad}"
 
 
+# the runtime's rooms, lowest first (issue 54): a room imports only rooms below it, never one above
+# or beside it (documents and fleet are beside each other: neither imports the other's room back).
+# Modules at the runtime's top level are rooms of their own: the bundle below everything, the
+# session between scheduling and text, the openers and tools (open, bench, soak, compare) above.
+ROOMS = [("bundle",), ("backends",), ("decoding",), ("scheduling",), ("session",), ("text",),
+         ("documents", "fleet"), ("open", "bench", "compare"), ("soak",)]
+
+
+def room(module: str) -> str | None:
+    """The runtime room of an xform module (its sub-package, or a top-level module's name)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "runtime" else None
+
+
+def rank(name: str) -> int:
+    return next(i for i, names in enumerate(ROOMS) if name in names)
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports between runtime rooms that point up, or sideways from one room into another."""
+    out = []
+    for module, deps in graph.items():
+        a = room(module)
+        for dep in deps:
+            b = room(dep)
+            if a is not None and b is not None and a != b and rank(b) >= rank(a):
+                out.append((module, dep))
+    return sorted(out)
+
+
+def test_runtime_rooms_keep_their_order():
+    """doors > documents / fleet > text > session > scheduling > decoding > backends > bundle: no
+    room imports one above it or beside it (so no circle between rooms can form)."""
+    graph = import_graph()
+    rooms = {room(m) for m in graph} - {None}
+    assert rooms <= {n for names in ROOMS for n in names}, f"a runtime room without a rank: {rooms}"
+    assert wrong_way(graph) == []
+
+
+def test_a_wrong_way_room_import_is_found():
+    graph = {"xform.runtime.session": {"xform.runtime.text.translator"}, "xform.runtime.text.translator": set(),
+             "xform.runtime.documents.door": {"xform.runtime.fleet.local"}, "xform.runtime.fleet.local": set()}
+    assert wrong_way(graph) == [("xform.runtime.documents.door", "xform.runtime.fleet.local"),
+                                ("xform.runtime.session", "xform.runtime.text.translator")]
+
+
 def import_graph() -> dict[str, set[str]]:
     """Each xform module (package roots aside) -> the xform modules it imports, inside functions too."""
     modules = {}

@@ -20,9 +20,9 @@ from tests.runtime.cuda_double import CudaBinding, CudaOrt, emulate_cuda
 from xform.contract import DECODER, DECODER_BEAM
 from xform.errors import BackendUnavailableError, XformError
 from xform.runtime.backends import ort_backend, ort_files
+from xform.runtime.backends.step_inputs import StepInputs
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.scheduling.scheduler import Scheduler
-from xform.runtime.backends.step_inputs import StepInputs
 from xform.runtime.text.translator import Translator
 
 TEXTS = ["7", "999999", "40", "123456", "5", "88 12"]
@@ -108,7 +108,7 @@ def test_host_inputs_bound_once_repeat_step_zero(demo_bundle, cuda, monkeypatch)
     host, dev = pair(demo_bundle, cuda, capacity=32)
     monkeypatch.setattr(StepInputs, "bind", lambda self, binding, name, array, each_step=False:
                         bind_host(binding, "input", name, array))
-    src = Translator(host).encode_texts(TEXTS[:2])
+    src = Translator(host).policy.encode_texts(TEXTS[:2])
     want, got = host.generate(src, max_new_tokens=12), dev.generate(src, max_new_tokens=12)
     assert want.shape != got.shape or (want != got).any()
     for row in got:  # each row's first token again and again, to the limit
@@ -119,7 +119,7 @@ def test_greedy_with_growth_compaction_and_logits_equals_the_host(demo_bundle, d
     """Rows end at different steps and leave; the cache grows 3 -> 6 -> 12 -> 24; the logits
     left on the device equal the host's; every step's inputs reached the device each step."""
     host, dev = pair(demo_bundle, device)
-    src = Translator(host).encode_texts(TEXTS)
+    src = Translator(host).policy.encode_texts(TEXTS)
     before = device.ops.uploads if device else 0
     want, got = host.generate(src, max_new_tokens=20), dev.generate(src, max_new_tokens=20)
     np.testing.assert_array_equal(got, want)
@@ -166,7 +166,7 @@ def test_a_beam_reorder_binds_each_buffer_set_once(demo_bundle, device, fused, m
     if device is not None:
         real = CudaSession.io_binding
         monkeypatch.setattr(CudaSession, "io_binding", lambda self: made.append(id(self)) or real(self))
-    src = Translator(host).encode_texts(TEXTS[:3])
+    src = Translator(host).policy.encode_texts(TEXTS[:3])
     kw = dict(max_new_tokens=10, min_new_tokens=10, num_beams=3, return_scores=True)
     want, got = host.generate(src, **kw), dev.generate(src, **kw)
     np.testing.assert_array_equal(got[0], want[0])
@@ -182,7 +182,7 @@ def test_rows_joining_a_running_batch_equal_the_host(demo_bundle, device):
     widening the cross K/V), rows leave as they end; each result equals the host path's alone."""
     from tests.runtime.test_scheduler import drive
     host, dev = pair(demo_bundle, device)
-    reqs = [Translator(host).encode_texts([t]) for t in TEXTS[:4]] + [Translator(host).encode_texts(TEXTS[4:])]
+    reqs = [Translator(host).policy.encode_texts([t]) for t in TEXTS[:4]] + [Translator(host).policy.encode_texts(TEXTS[4:])]
     plan = {0: [(reqs[0], {"max_new_tokens": 16})], 2: [(reqs[1], {"max_new_tokens": 16})],
             3: [(reqs[2], {"max_new_tokens": 4}), (reqs[3], {"max_new_tokens": 16})],
             6: [(reqs[4], {"max_new_tokens": 16})]}

@@ -57,7 +57,7 @@ def test_greedy_requests_joining_at_other_steps_decode_as_alone(demo):
     positions then), and leave when they end: every request's ids equal its decoding alone, and
     the backend really ran rows at different positions in one step."""
     s = demo
-    reqs = [Translator(s).encode_texts([t]) for t in TEXTS[:4]] + [Translator(s).encode_texts(TEXTS[4:6])]
+    reqs = [Translator(s).policy.encode_texts([t]) for t in TEXTS[:4]] + [Translator(s).policy.encode_texts(TEXTS[4:6])]
     log = step_log(s)
     scheduler = Scheduler(s, max_rows=16)
     futures = drive(scheduler, {0: [(reqs[0], {"max_new_tokens": 20})], 2: [(reqs[1], {"max_new_tokens": 20})],
@@ -75,7 +75,7 @@ def test_a_longer_source_joining_widens_the_others_and_changes_nothing(demo):
     """The joining source is longer than every running one: the cross K/V and masks of the
     running rows are widened with masked padding; their tokens stay those of decoding alone."""
     s = demo
-    short, long_ = Translator(s).encode_texts(["7"]), Translator(s).encode_texts(["123456 7890 12 5555"])
+    short, long_ = Translator(s).policy.encode_texts(["7"]), Translator(s).policy.encode_texts(["123456 7890 12 5555"])
     assert long_.shape[1] > short.shape[1] + 3
     scheduler = Scheduler(s)
     f1, f2 = drive(scheduler, {0: [(short, {"max_new_tokens": 12})], 1: [(long_, {"max_new_tokens": 12})]})
@@ -104,7 +104,7 @@ def test_beam_requests_join_and_equal_their_search_alone(marians):
 
 def test_sampling_with_a_seed_is_the_same_in_flight(demo):
     s = demo
-    a, b = Translator(s).encode_texts(["999999", "31"]), Translator(s).encode_texts(["123456"])
+    a, b = Translator(s).policy.encode_texts(["999999", "31"]), Translator(s).policy.encode_texts(["123456"])
     settings = dict(max_new_tokens=16, do_sample=True, seed=3, temperature=2.0, num_return_sequences=2)
     scheduler = Scheduler(s)
     fa, fb = drive(scheduler, {0: [(a, settings)], 3: [(b, settings)]})
@@ -118,7 +118,7 @@ def test_rows_limit_holds_the_queue_and_results_come_as_requests_end(demo):
     s = demo
     log = step_log(s)
     scheduler = Scheduler(s, max_rows=2)
-    srcs = [Translator(s).encode_texts([t]) for t in ["999999 123456", "7", "40", "5"]]
+    srcs = [Translator(s).policy.encode_texts([t]) for t in ["999999 123456", "7", "40", "5"]]
     futures = [scheduler.submit(x, max_new_tokens=24) for x in srcs]
     done_at = {}
     step = 0
@@ -136,7 +136,7 @@ def test_rows_limit_holds_the_queue_and_results_come_as_requests_end(demo):
 
 def test_a_beam_request_waits_for_greedy_rows_to_drain(demo):
     s = demo
-    g, b = Translator(s).encode_texts(["999999"]), Translator(s).encode_texts(["40"])
+    g, b = Translator(s).policy.encode_texts(["999999"]), Translator(s).policy.encode_texts(["40"])
     scheduler = Scheduler(s)
     fg, fb = drive(scheduler, {0: [(g, {"max_new_tokens": 10})], 1: [(b, {"max_new_tokens": 10, "num_beams": 3})]})
     np.testing.assert_array_equal(fg.result(), alone(s, g, max_new_tokens=10))
@@ -146,14 +146,14 @@ def test_a_beam_request_waits_for_greedy_rows_to_drain(demo):
 def test_overload_bad_requests_and_cancellation_fail_alone(demo):
     s = demo
     scheduler = Scheduler(s, max_queue=2)
-    ok = scheduler.submit(Translator(s).encode_texts(["999999"]), max_new_tokens=20)
+    ok = scheduler.submit(Translator(s).policy.encode_texts(["999999"]), max_new_tokens=20)
     with pytest.raises(InputError, match="max_new_tokens"):
-        scheduler.submit(Translator(s).encode_texts(["7"]), max_new_tokens=-1)
+        scheduler.submit(Translator(s).policy.encode_texts(["7"]), max_new_tokens=-1)
     with pytest.raises(InputError, match="outside the source vocabulary"):
         scheduler.submit(np.array([[10**6]], np.int64))
-    gone = scheduler.submit(Translator(s).encode_texts(["123456"]), max_new_tokens=20)
+    gone = scheduler.submit(Translator(s).policy.encode_texts(["123456"]), max_new_tokens=20)
     with pytest.raises(OverloadedError, match="overloaded: 2 requests already wait"):
-        scheduler.submit(Translator(s).encode_texts(["5"]))
+        scheduler.submit(Translator(s).policy.encode_texts(["5"]))
     scheduler.run_once()
     scheduler.run_once()
     assert scheduler.batch.rows == 2
@@ -163,7 +163,7 @@ def test_overload_bad_requests_and_cancellation_fail_alone(demo):
     scheduler.run_until_idle()
     with pytest.raises(Cancelled):
         gone.result()
-    np.testing.assert_array_equal(ok.result(), alone(s, Translator(s).encode_texts(["999999"]), max_new_tokens=20))
+    np.testing.assert_array_equal(ok.result(), alone(s, Translator(s).policy.encode_texts(["999999"]), max_new_tokens=20))
 
 
 def test_stream_yields_each_step_then_the_result_from_a_running_thread(demo):
@@ -174,19 +174,19 @@ def test_stream_yields_each_step_then_the_result_from_a_running_thread(demo):
         results = {}
 
         def client(i):
-            results[i] = scheduler.submit(Translator(s).encode_texts([TEXTS[i % len(TEXTS)]]), max_new_tokens=15).result(60)
+            results[i] = scheduler.submit(Translator(s).policy.encode_texts([TEXTS[i % len(TEXTS)]]), max_new_tokens=15).result(60)
         threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for t in threads:
             t.start()
-        parts = list(scheduler.stream(Translator(s).encode_texts(["123456", "7"]), max_new_tokens=15))
+        parts = list(scheduler.stream(Translator(s).policy.encode_texts(["123456", "7"]), max_new_tokens=15))
         for t in threads:
             t.join()
     final = parts[-1]
     steps = np.stack(parts[:-1], 1)
     np.testing.assert_array_equal(steps, final)
-    np.testing.assert_array_equal(final, alone(s, Translator(s).encode_texts(["123456", "7"]), max_new_tokens=15))
+    np.testing.assert_array_equal(final, alone(s, Translator(s).policy.encode_texts(["123456", "7"]), max_new_tokens=15))
     for i, got in results.items():
-        np.testing.assert_array_equal(got, alone(s, Translator(s).encode_texts([TEXTS[i % len(TEXTS)]]), max_new_tokens=15))
+        np.testing.assert_array_equal(got, alone(s, Translator(s).policy.encode_texts([TEXTS[i % len(TEXTS)]]), max_new_tokens=15))
 
 
 def test_host_rows_add_keeps_rows_and_widens(demo):
@@ -215,7 +215,7 @@ def test_attention_of_requests_with_sources_of_other_widths(tmp_path):
     it alone; greedy and beams."""
     from xform.exporter.export import export_bundle
     s = xform.load(export_bundle("demo", tmp_path / "aligned", attention_layer=-1).path, backend="ort")
-    short, long_ = Translator(s).encode_texts(["7 12"]), Translator(s).encode_texts(["123456 7890 12 5555"])
+    short, long_ = Translator(s).policy.encode_texts(["7 12"]), Translator(s).policy.encode_texts(["123456 7890 12 5555"])
     for settings in ({}, {"num_beams": 2}):
         scheduler = Scheduler(s)
         f_short, f_long = drive(scheduler, {0: [(short, dict(max_new_tokens=12, return_attention=True, **settings))],

@@ -18,7 +18,7 @@ def test_translate_batch_speaks_ctranslate2s_names(demo):
     out = t.translate_batch(["40512", "7"], beam_size=4, num_hypotheses=2, return_scores=True, max_decoding_length=12)
     want = Translator(demo).translate(["40512", "7"], num_beams=4, num_return_sequences=2, max_new_tokens=12)
     assert [r.hypotheses for r in out] == [want[:2], want[2:]]
-    _, scores = demo.generate(Translator(demo).encode_texts(["40512", "7"]), max_new_tokens=12, num_beams=4, num_return_sequences=2,
+    _, scores = demo.generate(Translator(demo).policy.encode_texts(["40512", "7"]), max_new_tokens=12, num_beams=4, num_return_sequences=2,
                               return_scores=True)
     np.testing.assert_allclose([s for r in out for s in r.scores], scores, rtol=1e-6)
     assert t.translate_batch(["40512"])[0].scores == []
@@ -40,8 +40,8 @@ def test_xform_translator_opens_a_bundle_as_ctranslate2_opens_a_model(demo_bundl
     assert xform.Translator(demo_bundle, compute_type="auto", device_index=[0]).translate_batch(["7"])[0].hypotheses \
         == Translator(demo).translate(["7"])
     ids = np.array([5, 6], np.int64)
-    got = t.prefix_ids([ids, None, "", "forty"])  # ids as given, none, none, text through the target side
-    assert got[0] is ids and got[1:3] == [[], []] and got[3] == Translator(demo).target_ids("forty")
+    got = t.policy.prefix_ids([ids, None, "", "forty"])  # ids as given, none, none, text through the target side
+    assert got[0] is ids and got[1:3] == [[], []] and got[3] == Translator(demo).policy.target_ids("forty")
     assert isinstance(t, Translator) and t.session.bundle.precision == "fp32"
     out = t.translate_batch(["40512", "7"], beam_size=2)
     assert [r.hypotheses[0] for r in out] == Translator(demo).translate(["40512", "7"], num_beams=2)
@@ -79,8 +79,8 @@ def test_iterable_file_scores_and_tokens(demo, tmp_path):
         t.translate_file(tmp_path / "bad.txt", out)
     assert out.read_text().splitlines() == got  # nothing half-written
     scored = t.score_batch(["40512"], got[:1])
-    ids = Translator(demo).encode_target(got[0])
-    want = demo.score(Translator(demo).encode_texts(["40512"]), np.array([ids], np.int64))
+    ids = Translator(demo).policy.encode_target(got[0])
+    want = demo.score(Translator(demo).policy.encode_texts(["40512"]), np.array([ids], np.int64))
     assert scored[0].tokens == ids
     np.testing.assert_allclose(scored[0].log_probs, want["tokens"][0], rtol=1e-6)
     steps = list(t.generate_tokens("40512"))
@@ -107,18 +107,18 @@ def test_a_token_list_is_ids_through_the_vocabulary_never_text(demo, marian_text
     lists. The text's own ids, given as their pieces, decode as the text does."""
     t = Translator(marian_text)
     text = "the cat sleeps"
-    ids = t.encode_text(text)
-    pieces = [t.text.source_piece(i) for i in ids]
-    assert pieces[-1] == "</s>" and t.vocabularies.source_ids(pieces, "x") == ids
-    assert t.vocabularies.source_ids(["\u2581zzz-not-a-piece"], "x") == [t.vocabularies.source["<unk>"]]
+    ids = t.policy.encode_text(text)
+    pieces = [t.policy.text.source_piece(i) for i in ids]
+    assert pieces[-1] == "</s>" and t.policy.vocabularies.source_ids(pieces, "x") == ids
+    assert t.policy.vocabularies.source_ids(["\u2581zzz-not-a-piece"], "x") == [t.policy.vocabularies.source["<unk>"]]
     got = t.translate_batch([pieces], beam_size=1, max_decoding_length=20, min_decoding_length=0)[0].hypotheses[0]
     want = t.session.generate(np.array([ids]), max_new_tokens=20)[0]
     want = [int(i) for i in want]
-    want = want[:want.index(t.eos_id)] if t.eos_id in want else want
-    assert got == t.vocabularies.pieces(want) and all(isinstance(p, str) for p in got)
+    want = want[:want.index(t.policy.eos_id)] if t.policy.eos_id in want else want
+    assert got == t.policy.vocabularies.pieces(want) and all(isinstance(p, str) for p in got)
     assert t.translate_batch([pieces[:-1] + ["</", "s>"]], beam_size=1)[0].hypotheses != [got]  # text is not the token
     demo_t = Translator(demo)
-    assert demo_t.translate_batch([[demo_t.text.source_piece(i) for i in demo_t.encode_text("40512")]])[0].hypotheses[0]
+    assert demo_t.translate_batch([[demo_t.policy.text.source_piece(i) for i in demo_t.policy.encode_text("40512")]])[0].hypotheses[0]
     with pytest.raises(InputError, match="a text among token lists"):
         t.translate_batch([pieces, "the cat"])
 
@@ -146,7 +146,7 @@ def test_a_misspelt_option_is_named_with_the_nearest_at_every_python_door(demo, 
     (tmp_path / "in.txt").write_text("7\n")
     for call in (lambda: t.translate_batch(["7"], beam_sise=2), lambda: list(t.translate_iterable(["7"], beam_sise=2)),
                  lambda: t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", beam_sise=2),
-                 lambda: demo.generate(Translator(demo).encode_texts(["7"]), num_beam=2)):
+                 lambda: demo.generate(Translator(demo).policy.encode_texts(["7"]), num_beam=2)):
         with pytest.raises(InputError, match=r"did you mean 'num_beams'\?|did you mean 'beam_size'\?"):
             call()
 
@@ -157,7 +157,7 @@ def test_max_input_length_cuts_sources_as_ctranslate2_does(demo, tmp_path):
     the methods that do not take it refuse it by its name."""
     t = Translator(demo)
     long = "9" * 40  # 41 tokens with end-of-sentence, over the demo's max_len 32
-    assert len(t.encode_text(long)) == 41
+    assert len(t.policy.encode_text(long)) == 41
     cut = t.translate_batch([long, "12"], max_input_length=10, max_batch_size=1, batch_type="tokens")
     assert [r.hypotheses for r in cut] == [t.translate_batch(["9" * 9])[0].hypotheses, ["twelve"]]
     assert t.translate_batch(["12"], max_input_length=0)[0].hypotheses == ["twelve"]
@@ -189,7 +189,7 @@ def test_zero_new_tokens_is_refused_alike_at_every_door(demo, demo_bundle, tmp_p
             call()
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "7", "--max-new-tokens", "0"])
     assert r.exit_code == 2 and "--max-new-tokens" in r.output
-    served = execute(demo, [{"text": np.array([[b"7"]], dtype=object), "max_new_tokens": np.array([[0]], np.int32)}])
+    served = execute(Translator(demo), [{"text": np.array([[b"7"]], dtype=object), "max_new_tokens": np.array([[0]], np.int32)}])
     assert isinstance(served[0], str) and "max_new_tokens" in served[0]
 
 
@@ -205,7 +205,7 @@ def test_an_empty_source_is_an_empty_translation_at_every_door(demo, demo_bundle
     assert t.translate_batch([""], beam_size=2, num_hypotheses=2)[0].hypotheses == ["", ""]
     r = CliRunner().invoke(main, ["run", str(demo_bundle), "--text", "", "--text", "7"])
     assert r.exit_code == 0 and r.output.splitlines()[0] == "\t", r.output
-    served = execute(demo, [{"text": np.array([[b""], [b"7"]], dtype=object)}])[0]
+    served = execute(Translator(demo), [{"text": np.array([[b""], [b"7"]], dtype=object)}])[0]
     assert served["translation"].reshape(-1).tolist() == [b"", Translator(demo).translate(["7"])[0].encode()]
 
 

@@ -140,7 +140,7 @@ def test_run_with_a_vocab_map_equals_the_masked_model(text_restrictable, tmp_pat
     assert {target[p] for p in pieces[:2] + pieces[3:6]} <= set(allowed.tolist())  # always, and the 2-gram's
     assert target[pieces[0]] in allowed and len(allowed) < 10
     unk = session.tokenizer.target_unk_id
-    ids = masked(session, Translator(session).encode_texts(texts), list(allowed) + [unk], max_new_tokens=8)
+    ids = masked(session, Translator(session).policy.encode_texts(texts), list(allowed) + [unk], max_new_tokens=8)
     assert got == [session.tokenizer.decode(r) for r in ids]
     f.write_text("\t\u2581nope_not_a_piece\n")
     r = CliRunner().invoke(main, ["run", str(bundle), "--vocab-map", str(f), "--text", "the red cat"])

@@ -32,7 +32,7 @@ def test_a_batch_of_requests_answers_each_as_alone(demo):
         {"text": text("123456"), "num_beams": i32(3)},
         {"src_ids": np.array([[9, 2, 0, 0], [4, 5, 2, 0]], np.int64)},  # right-padded rows
     ]
-    out = execute(demo, requests)
+    out = execute(Translator(demo), requests)
     assert [o["translation"].reshape(-1).tolist() for o in out[:2]] == [
         [t.encode() for t in Translator(demo).translate(["40512"])], [t.encode() for t in Translator(demo).translate(["7", "999999"])]]
     np.testing.assert_array_equal(out[2]["output_ids"], demo.generate(np.array([[5, 6, 7, 2]]), max_new_tokens=3))
@@ -75,7 +75,7 @@ def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo
     """Each error is the request's (HTTP 400, not a ServerFault's 500) and names the request's
     inputs, never the CLI's flags (the runtime's errors name a setting as their caller asks)."""
     good = {"text": text("40512")}
-    out = execute(demo, [good, bad, good])
+    out = execute(Translator(demo), [good, bad, good])
     assert isinstance(out[1], str) and fragment in out[1], out[1]
     assert not isinstance(out[1], ServerFault)  # the request's fault: HTTP 400, not 500
     assert "--" not in out[1], out[1]
@@ -85,9 +85,9 @@ def test_a_bad_request_is_answered_with_its_error_and_the_others_are_served(demo
 def test_a_backend_failure_is_the_servers_fault_and_too_many_rows_the_requests(demo, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("onnxruntime: out of memory")
-    assert "max_rows 8" in execute(demo, [{"text": text("1"), "num_beams": i32(9)}], max_rows=8)[0]
+    assert "max_rows 8" in execute(Translator(demo), [{"text": text("1"), "num_beams": i32(9)}], max_rows=8)[0]
     monkeypatch.setattr(demo.backend, "step", broken)  # requests decode through the Scheduler's loop
-    out = execute(demo, [{"text": text("40512")}])
+    out = execute(Translator(demo), [{"text": text("40512")}])
     assert isinstance(out[0], ServerFault) and "decoding failed: RuntimeError" in out[0]
 
 
@@ -105,11 +105,11 @@ def test_the_cli_names_its_flags_where_a_request_names_its_inputs(demo):
         demo.generation_config(repetition_penalty=-1.0)
     assert "--repetition-penalty must be a number > 0" in cli(e.value)
     with pytest.raises(InputError, match="^tgt_lang xx: this model's tokenizer has no languages$") as e:
-        Translator(demo).target_language("xx")
+        Translator(demo).policy.target_language("xx")
     assert cli(e.value) == "--tgt-lang xx: this model's tokenizer has no languages"
     assert server(e.value) == "input 'tgt_lang' xx: this model's tokenizer has no languages"
     with pytest.raises(InputError, match="^src_lang xx: this model's tokenizer has no languages$") as e:
-        Translator(demo).check_src_lang("xx")
+        Translator(demo).policy.check_src_lang("xx")
     assert cli(e.value) == "--src-lang xx: this model's tokenizer has no languages"
 
 
@@ -128,7 +128,7 @@ def test_an_engine_error_relayed_keeps_its_kind():
 
 def test_a_bundle_without_tokenizer_takes_ids_only(tiny_bundle):
     session = xform.load(tiny_bundle, backend="ort")
-    out = execute(session, [{"text": text("hello")}, {"src_ids": np.array([[5, 6, 2]], np.int64)}])
+    out = execute(Translator(session), [{"text": text("hello")}, {"src_ids": np.array([[5, 6, 2]], np.int64)}])
     assert "input 'text': this bundle has no tokenizer; send token ids as 'src_ids'" in out[0]
     assert set(out[1]) == {"output_ids"}
 
@@ -147,7 +147,7 @@ def test_decoding_controls_per_request_answer_as_alone(demo):
         {"text": text(long_text), "truncate": flag(True)},
         {"text": text("40512"), "num_beams": i32(2), "return_scores": flag(True), "target_prefix": text("forty one")},
     ]
-    out = execute(demo, requests)
+    out = execute(Translator(demo), requests)
     assert not any(isinstance(o, str) for o in out), out
     got = [[t.decode() for t in o["translation"].reshape(-1)] for o in out]
     assert got[0] == [Translator(demo).translate(["40512"], target_prefix=["forty"])[0], Translator(demo).translate(["7"])[0]]
@@ -155,15 +155,15 @@ def test_decoding_controls_per_request_answer_as_alone(demo):
     assert got[1] == Translator(demo).translate(["123456"], repetition_penalty=2.5, no_repeat_ngram_size=1)
     assert got[2] == Translator(demo).translate(["123456"], bad_words_ids=["hundred"]) and "hundred" not in got[2][0]
     assert got[1] != Translator(demo).translate(["123456"]) and got[2] != Translator(demo).translate(["123456"])
-    ids, scores, tokens = demo.generate(Translator(demo).encode_texts(["40512"]), suppress_tokens=[5, 6], return_token_scores=True)
+    ids, scores, tokens = demo.generate(Translator(demo).policy.encode_texts(["40512"]), suppress_tokens=[5, 6], return_token_scores=True)
     np.testing.assert_array_equal(out[3]["output_ids"], ids)
     np.testing.assert_allclose(out[3]["scores"], scores[:, None], rtol=1e-6)
     np.testing.assert_allclose(out[3]["token_scores"], tokens, rtol=1e-6)
     assert "scores" not in out[0] and out[3]["scores"].dtype == np.float32
-    cut = Translator(demo).truncated(Translator(demo).encode_text(long_text))
+    cut = Translator(demo).policy.truncated(Translator(demo).policy.encode_text(long_text))
     np.testing.assert_array_equal(out[4]["output_ids"], demo.generate(np.array([cut])))
-    ids, scores = demo.generate(Translator(demo).encode_texts(["40512"]), num_beams=2, return_scores=True,
-                                target_prefix=[Translator(demo).target_ids("forty one")])
+    ids, scores = demo.generate(Translator(demo).policy.encode_texts(["40512"]), num_beams=2, return_scores=True,
+                                target_prefix=[Translator(demo).policy.target_ids("forty one")])
     assert got[5][0] == demo.tokenizer.decode(ids[0]) and got[5][0].startswith("forty one")
     np.testing.assert_allclose(out[5]["scores"][:, 0], scores, rtol=1e-6)
 
@@ -177,7 +177,7 @@ def test_decoding_controls_per_request_answer_as_alone(demo):
 ])
 def test_bad_control_inputs_fail_alone(demo, bad, fragment):
     good = {"text": text("40512")}
-    out = execute(demo, [good, {"text": text("40512"), **bad}, good])
+    out = execute(Translator(demo), [good, {"text": text("40512"), **bad}, good])
     assert isinstance(out[1], str) and fragment in out[1], out[1]
     assert out[0]["translation"][0, 0] == out[2]["translation"][0, 0]
 
@@ -188,19 +188,19 @@ def test_replace_unknowns_is_an_input(demo, tmp_path_factory):
     from xform.exporter.export import export_bundle
     aligned = xform.load(export_bundle("demo", tmp_path_factory.mktemp("aligned") / "b", attention_layer=-1).path)
     flag = np.array([[True]], bool)
-    out = execute(aligned, [{"text": text("40512", "7"), "replace_unknowns": flag}, {"text": text("40512")}])
+    out = execute(Translator(aligned), [{"text": text("40512", "7"), "replace_unknowns": flag}, {"text": text("40512")}])
     assert [t.decode() for t in out[0]["translation"].reshape(-1)] == Translator(aligned).translate(["40512", "7"],
                                                                                         replace_unknowns=True)
     assert out[1]["translation"][0, 0].decode() == Translator(aligned).translate(["40512"])[0]
-    out = execute(demo, [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")},
+    out = execute(Translator(demo), [{"text": text("40512"), "replace_unknowns": flag}, {"text": text("40512")},
                          {"text": text("40512"), "return_attention": flag}])
     assert isinstance(out[0], str) and "input 'replace_unknowns'" in out[0] and "--with-attention" in out[0]
     assert not isinstance(out[1], str)
     assert isinstance(out[2], str) and "input 'return_attention'" in out[2]
-    out = execute(aligned, [{"text": text("40512", "7"), "return_attention": flag, "num_beams": i32(2)}])
-    ids, att = aligned.generate(Translator(aligned).encode_texts(["40512", "7"]), num_beams=2, return_attention=True)
+    out = execute(Translator(aligned), [{"text": text("40512", "7"), "return_attention": flag, "num_beams": i32(2)}])
+    ids, att = aligned.generate(Translator(aligned).policy.encode_texts(["40512", "7"]), num_beams=2, return_attention=True)
     np.testing.assert_allclose(out[0]["attention"], att[:, :out[0]["attention"].shape[1]], rtol=0, atol=1e-7)
-    assert out[0]["attention"].shape[0] == 2 and "attention" not in execute(aligned, [{"text": text("7")}])[0]
+    assert out[0]["attention"].shape[0] == 2 and "attention" not in execute(Translator(aligned), [{"text": text("7")}])[0]
 
 
 def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):
@@ -214,9 +214,9 @@ def test_a_vocab_map_restricts_text_requests(tmp_path_factory, demo_bundle):
     words = sorted(session.tokenizer.target_vocabulary())
     vmap_file = root / "map.txt"
     vmap_file.write_text("\t" + " ".join(w for w in words if w in ("forty", "thousand", "five", "seven")) + "\n")
-    vmap = Translator(session).vocab_map(vmap_file)
+    vmap = Translator(session).policy.vocab_map(vmap_file)
     ids = np.array([[5, 6, 7, 2]], np.int64)
-    out = execute(session, [{"text": text("40512", "7")}, {"src_ids": ids}], vmap)
+    out = execute(Translator(session), [{"text": text("40512", "7")}, {"src_ids": ids}], vmap)
     assert [t.decode() for t in out[0]["translation"].reshape(-1)] == Translator(session).translate(["40512", "7"],
                                                                                         vocab_map=vmap)
     assert out[0]["translation"][0, 0].decode() != Translator(session).translate(["40512"])[0]
@@ -233,14 +233,14 @@ def test_n_best_and_alternatives_per_request(demo):
     """num_return_sequences with beams, and return_alternatives after a prefix: each row's best in
     the usual outputs, all k in hypothesis_ids / hypotheses / hypothesis_scores, as generate gives."""
     k = np.array([[3]], np.int32)
-    out = execute(demo, [
+    out = execute(Translator(demo), [
         {"text": text("40512", "7"), "num_beams": i32(4), "num_return_sequences": k,
          "return_scores": np.array([[True]], bool)},
         {"text": text("40512"), "target_prefix": text("forty"), "return_alternatives": np.array([[True]], bool),
          "num_return_sequences": k},
         {"text": text("40512"), "num_return_sequences": k},  # greedy has one answer: refused alone
     ])
-    src = Translator(demo).encode_texts(["40512", "7"])
+    src = Translator(demo).policy.encode_texts(["40512", "7"])
     ids, scores = demo.generate(src, num_beams=4, num_return_sequences=3, return_scores=True)
     assert out[0]["hypothesis_ids"].shape[:2] == (2, 3)
     np.testing.assert_array_equal(out[0]["hypothesis_ids"].reshape(6, -1)[:, :ids.shape[1]], ids)
@@ -268,18 +268,18 @@ def test_greedy_requests_of_different_lengths_decode_together_cut_to_their_own(d
         reqs = [{"text": text("123456"), "max_new_tokens": i32(n), "return_scores": np.array([[True]])}
                 for n in (3, 12, 6)]
         reqs.append({"text": text("999999"), "max_new_tokens": i32(4), "num_beams": i32(2)})
-        out = execute(demo, reqs)
+        out = execute(Translator(demo), reqs)
     finally:
         del demo.backend.start
     assert sorted(calls) == [1, 3], calls  # the three greedy requests in one decode, the beams in their own
     for r, n in zip(out, (3, 12, 6)):
-        ids, score, tokens = demo.generate(Translator(demo).encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
+        ids, score, tokens = demo.generate(Translator(demo).policy.encode_texts(["123456"]), max_new_tokens=n, return_token_scores=True)
         np.testing.assert_array_equal(r["output_ids"], ids)
         np.testing.assert_allclose(r["scores"][:, 0], score, rtol=0, atol=1e-5)
         np.testing.assert_allclose(r["token_scores"], tokens[:, :ids.shape[1]], rtol=0, atol=1e-6)
         assert r["translation"][0, 0].decode() == Translator(demo).translate(["123456"], max_new_tokens=n)[0]
     np.testing.assert_array_equal(out[3]["output_ids"],
-                                  demo.generate(Translator(demo).encode_texts(["999999"]), max_new_tokens=4, num_beams=2))
+                                  demo.generate(Translator(demo).policy.encode_texts(["999999"]), max_new_tokens=4, num_beams=2))
 
 
 def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
@@ -288,9 +288,9 @@ def test_forced_eos_greedy_requests_are_not_cut_from_a_longer_decode(demo):
     forced = dict(demo.generation_defaults, forced_eos=True)
     saved, demo.generation_defaults = demo.generation_defaults, forced
     try:
-        out = execute(demo, [{"text": text("123456"), "max_new_tokens": i32(n)} for n in (3, 12)])
+        out = execute(Translator(demo), [{"text": text("123456"), "max_new_tokens": i32(n)} for n in (3, 12)])
         for r, n in zip(out, (3, 12)):
-            np.testing.assert_array_equal(r["output_ids"], demo.generate(Translator(demo).encode_texts(["123456"]),
+            np.testing.assert_array_equal(r["output_ids"], demo.generate(Translator(demo).policy.encode_texts(["123456"]),
                                                                          max_new_tokens=n))
         assert out[0]["output_ids"][0, -1] == demo.eos_id
     finally:

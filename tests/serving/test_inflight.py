@@ -26,12 +26,12 @@ def test_a_stream_spells_the_translation_and_the_result_is_the_handlers(session)
     """Each step: one id a row and the text it adds; the parts spell each row's translation, and
     the final outputs are what the dynamic model answers."""
     texts = ["123456", "7"]
-    job = parse(session, 0, text_request(texts))
+    job = parse(Translator(session), 0, text_request(texts))
     sent = []
     scheduler = Scheduler(session)
     future = submit(scheduler, session, job, TextStream(session, job, sent.append))
     scheduler.run_until_idle()
-    outputs = job_outputs(session, job, future.result())
+    outputs = job_outputs(Translator(session), job, future.result())
     want = Translator(session).translate(texts)
     assert [t.decode() for t in outputs["translation"].reshape(-1)] == want
     for r, text in enumerate(want):
@@ -50,9 +50,9 @@ def test_the_watcher_cancels_a_request_whose_client_went_away(session):
     long_text = "999999 999999 999999"
     scheduler = Scheduler(session)
     watcher = Watcher(scheduler, every=0.01)
-    stay = submit(scheduler, session, parse(session, 0, text_request([long_text])))
-    go = submit(scheduler, session, parse(session, 1, text_request([long_text])))
-    broken = submit(scheduler, session, parse(session, 2, text_request([long_text])))
+    stay = submit(scheduler, session, parse(Translator(session), 0, text_request([long_text])))
+    go = submit(scheduler, session, parse(Translator(session), 1, text_request([long_text])))
+    broken = submit(scheduler, session, parse(Translator(session), 2, text_request([long_text])))
     gone = []
     asked = []
     watcher.add(stay, lambda: asked.append(1) or False)
@@ -75,11 +75,11 @@ def test_the_watcher_cancels_a_request_whose_client_went_away(session):
     for f in (go, broken):
         with pytest.raises(Cancelled):
             f.result()
-    np.testing.assert_array_equal(stay.result().ids, session.generate(Translator(session).encode_texts([long_text])))
+    np.testing.assert_array_equal(stay.result().ids, session.generate(Translator(session).policy.encode_texts([long_text])))
 
 
 def test_streaming_refuses_several_sequences_a_row(session):
-    job = parse(session, 0, text_request(["12"], num_return_sequences=np.array([[2]], np.int32),
+    job = parse(Translator(session), 0, text_request(["12"], num_return_sequences=np.array([[2]], np.int32),
                                          num_beams=np.array([[2]], np.int32)))
     with pytest.raises(InputError, match="input 'stream': one sequence a row"):
         submit(Scheduler(session), session, job, TextStream(session, job, print))

@@ -18,6 +18,7 @@ import pytest
 import xform
 from tests.conftest import requires_triton
 from tests.serving.test_server import grpc, http, infer, start
+from xform.runtime.documents.door import translate_document
 from xform.runtime.text.translator import Translator
 from xform.serving.repository import ModelOptions
 
@@ -103,7 +104,7 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
     server, name = served
     texts = ["40512", "7", "999999"]
     want = Translator(session).translate(texts)
-    ids = session.generate(Translator(session).encode_texts(texts))
+    ids = session.generate(Translator(session).policy.encode_texts(texts))
     h, g = http(server), grpc(server)  # closed at the end: an open connection holds Triton's exit 30 s
     assert infer(h, th, name, texts=texts)[1] == want
     assert infer(g, tg, name, texts=texts)[1] == want
@@ -111,7 +112,7 @@ def test_plain_and_streaming_requests_share_the_engine(served, session):
     s = Stream(server)
     try:
         for i, text in enumerate(texts):
-            one = session.generate(Translator(session).encode_texts([text]))
+            one = session.generate(Translator(session).policy.encode_texts([text]))
             check_stream(s.ask(name + "-stream", [text], f"r{i}"), [want[i]], one)
         # stream false on the decoupled model: one final response
         (kind, got_ids, got_text), = s.ask(name + "-stream", texts, "plain", stream=False)
@@ -172,7 +173,7 @@ def test_32_streaming_clients_lose_nothing(served, session):
     assert len(results) == 32 * 4 and time.monotonic() - t0 < 120
     for (c, i), responses in results.items():
         n = numbers[c][i]
-        check_stream(responses, [want[n]], session.generate(Translator(session).encode_texts([n])))
+        check_stream(responses, [want[n]], session.generate(Translator(session).policy.encode_texts([n])))
 
 
 def test_overload_and_a_bad_request_fail_alone(demo_bundle, tmp_path, session):
@@ -240,7 +241,7 @@ def test_cancelled_streams_leave_and_the_others_go_on(served, session):
         t.join(60)
     assert not errors and len(done) == 8
     for responses in done.values():
-        check_stream(responses, [want], session.generate(Translator(session).encode_texts([long_text])))
+        check_stream(responses, [want], session.generate(Translator(session).policy.encode_texts([long_text])))
     assert http(server).is_server_live()
 
 
@@ -293,5 +294,5 @@ def test_a_document_request_joins_the_engine(served, session):
     fmt.set_data_from_numpy(np.array([[b"text"], [b"text"]], dtype=object))
     r = http(server).infer(name, [text, fmt])
     assert [t.decode() for t in r.as_numpy("translation").reshape(-1)] == [
-        Translator(session).translate_document(d) for d in docs]
+        translate_document(Translator(session), d) for d in docs]
     assert infer(http(server), th, name, texts=["7"])[1] == ["seven"]

@@ -13,7 +13,7 @@ import pytest
 
 from xform.errors import InputError
 from xform.runtime.fleet.catalog import Catalog, Entry
-from xform.runtime.fleet.languages import FAIRSEQ, PREFIX, Ask, Languages
+from xform.runtime.text.languages import FAIRSEQ, PREFIX, Ask, Languages
 from xform.runtime.fleet.pool import Pool
 from xform.serving import fleet_status
 from xform.serving.router import (

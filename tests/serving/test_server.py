@@ -81,7 +81,7 @@ def test_http_and_grpc_answers_equal_the_session(served, session):
     import tritonclient.http as th
     server, name = served
     texts = ["40512", "7", "999999"]
-    src = Translator(session).encode_texts(texts)
+    src = Translator(session).policy.encode_texts(texts)
     for client, mod in ((http(server), th), (grpc(server), tg)):
         ids, translations = infer(client, mod, name, texts=texts)
         assert translations == Translator(session).translate(texts)
@@ -108,9 +108,9 @@ def test_decoding_controls_over_http_and_grpc(served, session):
             t.set_data_from_numpy(value)
             inputs.append(t)
         r = client.infer(name, inputs)
-        kw = dict(target_prefix=[Translator(session).target_ids("forty one")], repetition_penalty=1.5, no_repeat_ngram_size=2,
+        kw = dict(target_prefix=[Translator(session).policy.target_ids("forty one")], repetition_penalty=1.5, no_repeat_ngram_size=2,
                   suppress_tokens=[5, 6])
-        ids, scores, tokens = session.generate(Translator(session).encode_texts(["40512"]), return_token_scores=True, **kw)
+        ids, scores, tokens = session.generate(Translator(session).policy.encode_texts(["40512"]), return_token_scores=True, **kw)
         np.testing.assert_array_equal(r.as_numpy("output_ids"), ids)
         np.testing.assert_allclose(r.as_numpy("scores")[:, 0], scores, rtol=1e-6)
         np.testing.assert_allclose(r.as_numpy("token_scores"), tokens, rtol=1e-6, atol=1e-7)
@@ -122,7 +122,7 @@ def test_n_best_over_http_and_grpc(served, session):
     import tritonclient.grpc as tg
     import tritonclient.http as th
     server, name = served
-    ids, _ = session.generate(Translator(session).encode_texts(["40512"]), num_beams=4, num_return_sequences=2,
+    ids, _ = session.generate(Translator(session).policy.encode_texts(["40512"]), num_beams=4, num_return_sequences=2,
                               return_scores=True)
     for client, mod in ((http(server), th), (grpc(server), tg)):
         inputs = request(mod, texts=["40512"], beams=4)
@@ -353,7 +353,7 @@ def test_attention_output_of_an_aligned_bundle(tmp_path):
         inputs.append(t)
         r = http(server).infer(name, inputs)
         session = xform.load(bundle)
-        ids, att = session.generate(Translator(session).encode_texts(["40512"]), return_attention=True)
+        ids, att = session.generate(Translator(session).policy.encode_texts(["40512"]), return_attention=True)
         np.testing.assert_allclose(r.as_numpy("attention"), att[:, :r.as_numpy("attention").shape[1]], atol=1e-7)
     finally:
         server.stop()

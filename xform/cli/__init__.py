@@ -9,6 +9,7 @@ Ctrl-C is exit 130.
     corpus.py    corpus (files, sharded, on Ray or in-process)
     options.py   the flags and helpers the commands share (decoding flags from runtime/decoding/controls.py)
     flags.py     the flag of each runtime setting, which the CLI's messages name (errors.py's markers)
+    groups.py    option groups: flags that go together reach a command as one object (TextOptions, ...)
 """
 from __future__ import annotations
 

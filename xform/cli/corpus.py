@@ -15,16 +15,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out, stopped_code
-from xform.cli.documents import corpus_documents, document_options
+from xform.cli.documents import DocumentFlags, corpus_documents, document_options
 from xform.cli.flags import table
+from xform.cli.groups import Placement, pass_group, pass_placement
 from xform.cli.options import (
+    BatchingFlags,
+    GenerationFlags,
     batching_options,
     check_json_target,
     check_readable,
-    checked_batching,
     decoding_for,
     generation_options,
-    generation_settings,
     text_options,
     warn_unjudged,
     write_json,
@@ -32,8 +33,24 @@ from xform.cli.options import (
 from xform.corpus.cluster import STALL_TIMEOUT_S
 from xform.corpus.shards import DEFAULT_SHARD_LINES
 from xform.errors import XformError
+from xform.runtime.decoding.request import TextOptions
 
 MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of them are in the record
+
+
+@dataclasses.dataclass(frozen=True)
+class RayRun:
+    """How the command runs on Ray: its --ray address (None: in this process) and the flags of its workers."""
+    address: str | None
+    workers: int = 1
+    oversubscribe: bool = False
+    max_restarts: int = 3
+    stall_timeout: float = STALL_TIMEOUT_S
+
+    @classmethod
+    def of(cls, ray_address: str | None, workers: int, oversubscribe: bool, max_restarts: int,
+           stall_timeout: float) -> "RayRun":
+        return cls(ray_address, workers, oversubscribe, max_restarts, stall_timeout)
 
 
 @main.command()
@@ -79,73 +96,60 @@ MAX_SHOWN = 10  # failed lines and warnings named one by one on stderr; all of t
 @text_options
 @document_options
 @generation_options
+@pass_placement("backend", "device", "threads")
+@pass_group("ray", RayRun.of, ["ray_address", "workers", "oversubscribe", "max_restarts", "stall_timeout"])
 @handle_errors
-def corpus(bundle, inputs, output_dir, field, ray_address, workers, threads, oversubscribe, shard_lines,
-           max_restarts, stall_timeout, backend, device, json_path, force, batch_size, batch_type, max_batch_tokens,
-           max_rows, read_ahead, max_new_tokens, src_lang, tgt_lang, truncate, scores, token_scores, prefix_column,
-           vocab_map, replace_unknowns, documents, markup, memory, skip_target_language, greedy, **settings) -> None:
+def corpus(bundle: Path, inputs: tuple[Path, ...], output_dir: Path, field: str, ray: RayRun, shard_lines: int,
+           where: Placement, json_path: Path | None, force: bool, batching: BatchingFlags, text: TextOptions,
+           documents: DocumentFlags, generation: GenerationFlags) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers. BUNDLE may be a directory
     of bundles: --src-lang and --tgt-lang pick the one that translates the pair."""
-    import xform
     from xform.cli.fleet import routed_bundle
     from xform.corpus.pipeline import plan_corpus
     from xform.corpus.record import Record
-    from xform.corpus.worker import Job, TextOptions
+    from xform.corpus.worker import Job
 
-    bundle, src_lang, tgt_lang = routed_bundle(bundle, src_lang, tgt_lang)  # a directory: its route's bundle
-    check_corpus_flags(bundle, inputs, output_dir, ray_address, workers, json_path, force)
-    if ray_address is None and threads is not None:
+    bundle, src_lang, tgt_lang = routed_bundle(bundle, text.src_lang, text.tgt_lang)  # a directory: its route's
+    text = dataclasses.replace(text, src_lang=src_lang, tgt_lang=tgt_lang)
+    check_corpus_flags(bundle, inputs, output_dir, ray, json_path, force)
+    if ray.address is None and where.threads is not None:
         from xform.corpus.cluster import worker_threads
-        worker_threads([os.cpu_count() or 1], 1, threads, oversubscribe, "this machine")
-    settings = generation_settings(greedy, **settings)
-    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
-    local = ray_address is None  # the driver's session translates; with Ray it only checks the flags
-    session = xform.load(bundle, backend=backend if local else "ort", device=device if local else None,
-                         threads=threads if local else 1)
+        worker_threads([os.cpu_count() or 1], 1, where.threads, ray.oversubscribe, "this machine")
+    settings = generation.settings()
+    lines = batching.checked()
+    local = ray.address is None  # the driver's session translates; with Ray it only checks the flags
+    session = (where if local else Placement(threads=1)).load(bundle)
     warn_unjudged(session)
-    as_documents = corpus_documents(documents, markup, memory, skip_target_language, scores or token_scores,
-                                    prefix_column, force)
-    gen, vocab = decoding_for(session, bundle, backend, settings, True, max_new_tokens,
-                              None if as_documents and src_lang == "auto" else src_lang, tgt_lang,
-                              replace_unknowns, vocab_map)
-    text = TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
-                       replace_unknowns)
-    identity = decoding_identity(gen, text, backend, device, vocab_map)
+    as_documents = corpus_documents(documents, bool(text.scores), text.prefix_column, force)
+    languages = dataclasses.replace(text, src_lang=None) if as_documents and text.src_lang == "auto" else text
+    gen, vocab = decoding_for(session, bundle, where.backend, settings, True, generation.max_new_tokens, languages)
+    vocab_map, text = text.vocab_map, dataclasses.replace(text, vocab_map=None)  # the job carries the map read
+    identity = decoding_identity(gen, text, where.backend, where.device, vocab_map)
     if as_documents is not None:  # a record without it is a corpus of lines, as before documents
         identity["documents"] = as_documents.to_dict()
     plan = plan_corpus(list(inputs), field, shard_lines, bundle, identity, gen.num_return_sequences, text.scores)
     # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
-    job = Job(str(bundle.absolute()), gen, text, batching, backend, device, threads, vocab,
+    job = Job(str(bundle.absolute()), gen, text, lines, where.backend, where.device, where.threads, vocab,
               plan.identity.bundle["sha256"], table(), as_documents)  # errors and warnings name the flags
     own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
-        report = go(plan, record, job, own, RayRun(ray_address, workers, oversubscribe, max_restarts, stall_timeout))
+        report = go(plan, record, job, own, ray)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the workers are stopped on the way out (RayPool.close)
         err.print(f"interrupted: the workers are stopped and every finished shard is recorded in {output_dir}; run "
                   "the same command again to go on where it stopped")
         sys.exit(stopped_code(e))
     finally:
         record.close()
-    report.update(bundle=str(bundle), backend=backend, generation=gen.to_dict(),
+    report.update(bundle=str(bundle), backend=where.backend, generation=gen.to_dict(),
                   output_dir=str(output_dir.absolute()))
     if json_path is not None:
         write_json(json_path, report, force or own_report(json_path, output_dir),
                    [("BUNDLE", bundle), *(("INPUT", p) for p in inputs)])
     if report["failed"]:
         sys.exit(1)
-
-
-@dataclasses.dataclass(frozen=True)
-class RayRun:
-    """How the command runs on Ray: its --ray address (None: in this process) and the flags of its workers."""
-    address: str | None
-    workers: int = 1
-    oversubscribe: bool = False
-    max_restarts: int = 3
-    stall_timeout: float = STALL_TIMEOUT_S
 
 
 def decoding_identity(gen, text, backend: str, device: str | None, vocab_map: Path | None) -> dict:
@@ -159,13 +163,13 @@ def decoding_identity(gen, text, backend: str, device: str | None, vocab_map: Pa
             "backend": backend, "device": device or default_device(backend)}
 
 
-def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray_address, workers: int, json_path, force) -> None:
+def check_corpus_flags(bundle: Path, inputs, output_dir: Path, ray: RayRun, json_path, force) -> None:
     """corpus's flags that go together, and the paths it reads and writes, before anything is loaded
     or written."""
-    if workers > 1 and ray_address is None:
-        raise click.UsageError(f"--workers {workers} runs Ray actors: give --ray (local, auto or an address)")
-    if ray_address is not None:
-        check_ray_flag(ray_address)
+    if ray.workers > 1 and ray.address is None:
+        raise click.UsageError(f"--workers {ray.workers} runs Ray actors: give --ray (local, auto or an address)")
+    if ray.address is not None:
+        check_ray_flag(ray.address)
     for path in inputs:
         if path.is_dir():
             raise XformError(f"INPUT {path}: is a directory; expected a file (text, .jsonl or .parquet): give its "

@@ -11,17 +11,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out
-from xform.cli.documents import check_document_flags, document_options, run_documents, wants_documents
+from xform.cli.documents import DocumentFlags, check_document_flags, document_options, run_documents
 from xform.cli.flags import said
+from xform.cli.groups import Placement, pass_group, pass_placement
 from xform.cli.options import (
+    BatchingFlags,
+    GenerationFlags,
     batching_options,
     check_json_target,
     check_readable,
-    checked_batching,
     count_lines,
     decoding_for,
     generation_options,
-    generation_settings,
     progress_bar,
     text_options,
     warn_unjudged,
@@ -212,6 +213,75 @@ def print_bench(r) -> None:
     out.print(f"on {r.machine}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """run's text to translate: each --text (with its --target-prefix, if any) and --input-file."""
+    texts: tuple[str, ...] = ()
+    input_file: Path | None = None
+    prefixes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, texts=(), input_file: Path | None = None, target_prefixes=()) -> "Sources":
+        return cls(tuple(texts), input_file, tuple(target_prefixes))
+
+    @property
+    def given(self) -> bool:
+        """Whether there is text to translate: --text or --input-file."""
+        return bool(self.texts or self.input_file)
+
+    @property
+    def reads_file(self) -> bool:
+        """Whether --input-file names a file (not `-`, standard input)."""
+        return self.input_file is not None and str(self.input_file) != "-"
+
+    def lines(self):
+        return input_lines(self.texts, self.input_file, self.prefixes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """Where run's translations go: --output (None: stdout), and --echo (stdout too)."""
+    path: Path | None = None
+    echo: bool = False
+
+    @classmethod
+    def of(cls, output: Path | None, echo: bool) -> "Output":
+        return cls(output, echo)
+
+    @property
+    def printed(self) -> bool:
+        return self.path is None or self.echo
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckFlags:
+    """run --check and its flags: --check-lines, --atol, --rtol."""
+    on: bool = False
+    lines: int = 32
+    atol: float | None = None
+    rtol: float | None = None
+
+    @classmethod
+    def of(cls, check: bool, check_lines: int, atol: float | None, rtol: float | None) -> "CheckFlags":
+        return cls(check, check_lines, atol, rtol)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkFlags:
+    """run --benchmark and its flags: --batch, --src-len, --new-tokens, --warmup, --iters."""
+    on: bool = False
+    batch: int = 1
+    src_len: int = 32
+    new_tokens: int = 64
+    warmup: int = 2
+    iters: int = 10
+
+    @classmethod
+    def of(cls, benchmark: bool, batch: int, src_len: int, new_tokens: int, warmup: int,
+           iters: int) -> "BenchmarkFlags":
+        return cls(benchmark, batch, src_len, new_tokens, warmup, iters)
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(["torch", "ort", "trt"]), default="ort", show_default=True)
@@ -262,75 +332,73 @@ def print_bench(r) -> None:
 @text_options
 @document_options
 @generation_options
+@pass_placement("backend", "device", "threads", "allow_tf32", "uncaptured")
+@pass_group("sources", Sources.of, ["texts", "input_file", "target_prefixes"])
+@pass_group("check", CheckFlags.of, ["check", "check_lines", "atol", "rtol"])
+@pass_group("output", Output.of, ["output", "echo"])
+@pass_group("benchmark", BenchmarkFlags.of, ["benchmark", "batch", "src_len", "new_tokens", "warmup", "iters"])
 @handle_errors
-def run(bundle, backend, device, threads, allow_tf32, uncaptured, texts, input_file, batch_size, batch_type,
-        max_batch_tokens, max_rows, read_ahead, output, echo, documents, markup, memory, skip_target_language,
-        max_new_tokens, check, check_lines, atol, rtol, src_lang, tgt_lang, truncate, scores, token_scores,
-        target_prefixes, prefix_column, vocab_map, replace_unknowns, benchmark, batch, src_len, new_tokens, warmup,
-        iters, json_path, force, verbose,
-        greedy, **settings) -> None:
+def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, output: Output,
+        benchmark: BenchmarkFlags, json_path: Path | None, force: bool, verbose: bool, batching: BatchingFlags,
+        text: TextOptions, documents: DocumentFlags, generation: GenerationFlags) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
     Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
     flags say otherwise."""
-    import xform
     import xform.api
 
-    check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
-                    output, echo, check, benchmark)
-    documents = wants_documents(documents, markup, memory, skip_target_language)
-    if documents:
-        check_document_flags(input_file, texts, {"--scores": scores, "--token-scores": token_scores,
-                                                 "--target-prefix": bool(target_prefixes),
-                                                 "--prefix-column": prefix_column, "--echo": echo, "--check": check})
-    scores = "tokens" if token_scores else scores
-    json_inputs = [("BUNDLE", bundle), *([("--vocab-map", vocab_map)] if vocab_map else []),
-                   *([("--input-file", input_file)] if input_file and str(input_file) != "-" else [])]
+    check_run_flags(sources, text, output, check.on, benchmark.on)
+    as_documents = documents.wanted
+    if as_documents:
+        check_document_flags(sources.given, {"--scores": text.scores is True, "--token-scores": text.scores == "tokens",
+                                             "--target-prefix": bool(sources.prefixes),
+                                             "--prefix-column": text.prefix_column, "--echo": output.echo,
+                                             "--check": check.on})
+    json_inputs = [("BUNDLE", bundle), *([("--vocab-map", text.vocab_map)] if text.vocab_map else []),
+                   *([("--input-file", sources.input_file)] if sources.reads_file else [])]
     if json_path is not None:
         check_json_target(json_path, force, json_inputs)
-    settings = generation_settings(greedy, **settings)
-    batching = checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
-    session = xform.load(bundle, backend=backend, device=device, threads=threads, allow_tf32=allow_tf32,
-                         cuda_graph=False if uncaptured else None)
+    settings = generation.settings()
+    lines = batching.checked()
+    session = where.load(bundle)
     warn_unjudged(session)
-    gen, vocab_map = decoding_for(session, bundle, backend, settings, bool(texts or input_file), max_new_tokens,
-                                  None if documents and src_lang == "auto" else src_lang, tgt_lang, replace_unknowns,
-                                  vocab_map)
-    report: dict = {"bundle": str(bundle), "backend": backend, "device": device or xform.api.default_device(backend),
+    languages = dataclasses.replace(text, src_lang=None) if as_documents and text.src_lang == "auto" else text
+    gen, vocab_map = decoding_for(session, bundle, where.backend, settings, sources.given,
+                                  generation.max_new_tokens, languages)
+    text = dataclasses.replace(text, vocab_map=vocab_map)
+    report: dict = {"bundle": str(bundle), "backend": where.backend,
+                    "device": where.device or xform.api.default_device(where.backend),
                     "tf32": bool(getattr(session.backend, "tf32", False)), "generation": gen.to_dict()}
     failed = False
-    checked = CheckedLines(check_lines)  # --check compares the first --check-lines translated lines
+    checked = CheckedLines(check.lines)  # --check compares the first --check-lines translated lines
     if verbose:
-        print_plan(session, batching, gen)
-    if documents:
-        text = TextOptions(False, src_lang, tgt_lang, truncate, False, replace_unknowns, vocab_map)
-        run_documents(session, texts, input_file, output, gen, batching, text, markup, memory, force,
-                      skip_target_language, report)
-    elif texts or input_file:
-        text = TextOptions(scores, src_lang, tgt_lang, truncate, prefix_column, replace_unknowns, vocab_map)
-        failed = not translate_lines(session, texts, input_file, target_prefixes, output, echo, gen, batching, text,
-                                     report, checked)
-    if check:
-        failed = not run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report) or failed
-    if benchmark:
-        report["benchmark"] = run_benchmark(session, backend, gen, batch, src_len, new_tokens, warmup, iters)
+        print_plan(session, lines, gen)
+    if as_documents:
+        report.update(run_documents(session, sources, output.path, gen, lines, text, documents, force))
+    elif sources.given:
+        failed = not translate_lines(session, sources, output, gen, lines, text, report, checked)
+    if check.on:
+        failed = not run_check(session, bundle, gen, generation.max_new_tokens, checked, check, text.src_lang,
+                               report) or failed
+    if benchmark.on:
+        report["benchmark"] = run_benchmark(session, where.backend, gen, benchmark)
     if json_path is not None:
         write_json(json_path, report, force, json_inputs)
     if failed:
         sys.exit(1)
 
 
-def translate_lines(session, texts, input_file, target_prefixes, output, echo, gen, batching, text, report: dict,
+def translate_lines(session, sources: Sources, output: Output, gen, batching, text, report: dict,
                     checked: CheckedLines) -> bool:
     """`xform run` of --text / --input-file lines: printed, or written to --output; whether every
     line was translated (the failed ones are named on stderr, their output lines empty)."""
+    input_file = sources.input_file
     with progress_bar(input_file is not None, "lines", "translated",
-                      lambda: None if (n := count_lines(input_file)) is None else n + len(texts)) as on_batch:
-        lines = input_lines(texts, input_file, target_prefixes)
-        results = labelled_results(session, lines, gen, batching, on_batch, text)
-        with output_file(output) as sink:
+                      lambda: None if (n := count_lines(input_file)) is None else n + len(sources.texts)) as on_batch:
+        results = labelled_results(session, sources.lines(), gen, batching, on_batch, text)
+        with output_file(output.path) as sink:
             errors, n = write_translations(results, gen.num_return_sequences, report, checked, text.scores, sink,
-                                           echo=output is None or echo)
+                                           echo=output.printed)
     if errors:
         err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated (their output lines are empty)")
     return not errors
@@ -351,36 +419,36 @@ def print_plan(session, batching, gen) -> None:
         err.print(said(line), markup=False, highlight=False)
 
 
-def check_run_flags(texts, input_file, scores, token_scores, target_prefixes, prefix_column, replace_unknowns,
-                    output, echo, check, benchmark) -> None:
+def check_run_flags(sources: Sources, text: TextOptions, output: Output, check: bool, benchmark: bool) -> None:
     """run's flags that go together, before anything is loaded."""
-    if input_file is not None and str(input_file) != "-":
+    texts, input_file = sources.texts, sources.input_file
+    if input_file is not None and sources.reads_file:
         check_readable("--input-file", input_file)
-    if (scores or token_scores) and not (texts or input_file):
-        raise click.UsageError(f"{'--token-scores' if token_scores else '--scores'} goes with --text / --input-file "
-                               "(the translations it scores)")
-    if target_prefixes and len(target_prefixes) != len(texts):
-        raise click.UsageError(f"--target-prefix is given {len(target_prefixes)} times for {len(texts)} --text: give "
-                               "one per --text ('' for none)")
-    if prefix_column and input_file is None:
+    if text.scores and not sources.given:
+        raise click.UsageError(f"{'--token-scores' if text.scores == 'tokens' else '--scores'} goes with --text / "
+                               "--input-file (the translations it scores)")
+    if sources.prefixes and len(sources.prefixes) != len(texts):
+        raise click.UsageError(f"--target-prefix is given {len(sources.prefixes)} times for {len(texts)} --text: "
+                               "give one per --text ('' for none)")
+    if text.prefix_column and input_file is None:
         raise click.UsageError("--prefix-column reads --input-file lines as source<TAB>prefix: give --input-file")
-    if replace_unknowns and not (texts or input_file):
+    if text.replace_unknowns and not sources.given:
         raise click.UsageError("--replace-unknowns goes with --text / --input-file")
-    if output is not None and not (texts or input_file):
+    if output.path is not None and not sources.given:
         raise click.UsageError("--output writes the translations of --text / --input-file: give one")
-    if echo and output is None:
+    if output.echo and output.path is None:
         raise click.UsageError("--echo goes with --output (without it, stdout gets the translations)")
-    if output is not None and input_file is not None and str(input_file) != "-" and (
-            output.resolve() == input_file.resolve()):
-        raise click.UsageError(f"--output {output} is --input-file: write the translations elsewhere")
-    if not (texts or input_file or check or benchmark):
+    if output.path is not None and input_file is not None and sources.reads_file and (
+            output.path.resolve() == input_file.resolve()):
+        raise click.UsageError(f"--output {output.path} is --input-file: write the translations elsewhere")
+    if not (sources.given or check or benchmark):
         raise click.UsageError("nothing to do: give --text / --input-file, --check, or --benchmark")
 
 
 RANDOM_CHECK_TOKENS = 32  # run --check without text: new tokens a random source, unless --max-new-tokens
 
 
-def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lang, report: dict) -> bool:
+def run_check(session, bundle, gen, max_new_tokens, checked, flags: CheckFlags, src_lang, report: dict) -> bool:
     """run --check: the translated lines (else sources of its own) against eager PyTorch. Lines
     are decoded again with the very settings that printed them, so the check compares every step
     of the translations shown (and, with beams, the same search); random sources stop at
@@ -394,7 +462,7 @@ def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lan
                                 min_new_tokens=min(gen.min_new_tokens, cap))
         steps = f"random sources: up to {check_gen.max_new_tokens} new tokens each (--max-new-tokens N for more)"
     with err.status("checking against eager PyTorch"):
-        rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=atol, rtol=rtol,
+        rep = xform.check(bundle, session=session, texts=checked.texts or None, atol=flags.atol, rtol=flags.rtol,
                           generation=check_gen, src_lang=src_lang)
     if checked.texts:
         out.print(f"check on {len(checked.texts)} of the {checked.translated} translated lines (the first; "
@@ -406,15 +474,17 @@ def run_check(session, bundle, gen, max_new_tokens, checked, atol, rtol, src_lan
     return rep.passed
 
 
-def run_benchmark(session, backend: str, gen, batch, src_len, new_tokens, warmup, iters) -> dict:
+def run_benchmark(session, backend: str, gen, flags: BenchmarkFlags) -> dict:
     """run --benchmark: fixed-length decodes of random sources, timed."""
     from rich.progress import Progress
 
     from xform.runtime.bench import benchmark
 
+    new_tokens = flags.new_tokens
     with Progress(console=err, transient=True) as progress:
-        task = progress.add_task(f"benchmark {backend}", total=warmup + iters)
-        res = benchmark(session, batch, src_len, new_tokens, warmup, iters, on_iter=lambda i: progress.advance(task),
+        task = progress.add_task(f"benchmark {backend}", total=flags.warmup + flags.iters)
+        res = benchmark(session, flags.batch, flags.src_len, new_tokens, flags.warmup, flags.iters,
+                        on_iter=lambda i: progress.advance(task),
                         generation=gen.updated(max_new_tokens=new_tokens, min_new_tokens=new_tokens))
     print_bench(res)
     return res.to_dict()
@@ -434,13 +504,12 @@ def run_benchmark(session, backend: str, gen, batch, src_len, new_tokens, warmup
 @click.option("--tgt-lang", default=None, help="A multilingual model's target language code: the targets' first token.")
 @click.option("--tokens", "per_token", is_flag=True,
               help="Append each target token's log-probability (space-separated, end-of-sentence last).")
+@pass_placement("backend", "device", "threads")
 @handle_errors
-def score(bundle, source_file, target_file, backend, device, threads, batch_size, src_lang, tgt_lang,
-          per_token) -> None:
+def score(bundle, source_file, target_file, where: Placement, batch_size, src_lang, tgt_lang, per_token) -> None:
     """Score given translations: for each pair, the log-likelihood of the target under BUNDLE,
     teacher-forced. Prints `total<TAB>per-token<TAB>tokens<TAB>source<TAB>target` a line (what users
     filter parallel data and rerank by); with --tokens, a sixth column of each token's log-prob."""
-    import xform
     from xform.errors import InputError
 
     for flag, path in (("--source", source_file), ("--target", target_file)):
@@ -450,20 +519,21 @@ def score(bundle, source_file, target_file, backend, device, threads, batch_size
     if len(sources) != len(targets):
         raise XformError(f"--source {source_file} has {len(sources)} lines, --target {target_file} {len(targets)}: "
                          "expected one translation a source")
-    session = xform.load(bundle, backend=backend, device=device, threads=threads)
+    session = where.load(bundle)
     if session.tokenizer is None:
         raise XformError(f"{bundle}: this bundle has no tokenizer to read text; score token ids with Session.score")
     try:
-        Translator(session).encode_target("", tgt_lang)  # an unknown or missing language is refused before any work
+        # an unknown or missing language is refused before any work
+        Translator(session).policy.encode_target("", tgt_lang)
         if src_lang is not None:
-            Translator(session).check_src_lang(src_lang)
+            Translator(session).policy.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
     with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
         for start in range(0, len(sources), batch_size):
             src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-            src_ids = Translator(session).encode_texts(src, src_lang, tgt_lang)
-            tgt_ids, _ = session.pad([Translator(session).encode_target(t, tgt_lang) for t in tgt])
+            src_ids = Translator(session).policy.encode_texts(src, src_lang, tgt_lang)
+            tgt_ids, _ = session.pad([Translator(session).policy.encode_target(t, tgt_lang) for t in tgt])
             result = session.score(src_ids, tgt_ids)
             for i, (s_text, t_text) in enumerate(zip(src, tgt)):
                 line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"

@@ -3,6 +3,7 @@ split and rejoined with the layout, Markdown's markup left alone, repeats from a
 memory, paragraph languages detected): runtime/documents/."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,13 +12,13 @@ from rich.markup import escape
 
 from xform.cli import err
 from xform.cli.flags import flag, said
-from xform.cli.options import with_options
+from xform.cli.groups import option_group
 from xform.errors import InputError, XformError
 
 
 def document_options(fn):
-    """The flags of translating documents (run, corpus)."""
-    return with_options(fn, [
+    """The flags of translating documents (run, corpus), as DocumentFlags `documents`."""
+    return option_group("documents", DocumentFlags, [
         click.option("--documents", is_flag=True,
                      help="Translate each --text and the whole --input-file as a document: paragraphs split into "
                           "sentences (sentencex, by --src-lang's rules), decoded together, rejoined with the "
@@ -32,16 +33,27 @@ def document_options(fn):
         click.option("--skip-target-language", is_flag=True,
                      help="Leave paragraphs already in --tgt-lang as they are (identified by py3langid; implies "
                           "--documents)."),
-    ])
+    ])(fn)
 
 
-def wants_documents(documents: bool, markup: str | None, memory: Path | None, skip_target_language: bool) -> bool:
-    return bool(documents or markup or memory or skip_target_language)
+@dataclasses.dataclass(frozen=True)
+class DocumentFlags:
+    """The documents flags as given: --documents, --format (`markup`), --memory,
+    --skip-target-language; `wanted` when any asks for documents."""
+    documents: bool = False
+    markup: str | None = None
+    memory: Path | None = None
+    skip_target_language: bool = False
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.documents or self.markup or self.memory or self.skip_target_language)
 
 
-def check_document_flags(input_file: Path | None, texts: tuple, refused: dict[str, bool]) -> None:
-    """--documents' usage errors: its inputs, and the line flags that have no meaning for a document."""
-    if not (texts or input_file):
+def check_document_flags(given: bool, refused: dict[str, bool]) -> None:
+    """--documents' usage errors: its inputs (`given`: --text / --input-file), and the line flags
+    that have no meaning for a document."""
+    if not given:
         raise click.UsageError("--documents translates --text / --input-file: give one")
     refuse_line_flags(refused)
 
@@ -67,18 +79,18 @@ def read_documents(texts: tuple[str, ...], input_file: Path | None) -> list[tupl
     return docs
 
 
-def translate_documents(session, docs: list[tuple[str, str]], gen, batching, text, markup: str | None,
-                        memory_path: Path | None, force: bool, skip_target_language: bool, on_batch=None):
+def translate_documents(session, docs: list[tuple[str, str]], gen, batching, text, flags: DocumentFlags,
+                        force: bool, on_batch=None):
     """The documents translated (DocumentResults) and the run's tally; the summary on stderr."""
     from xform.runtime.documents.memory import TranslationMemory
     from xform.runtime.documents.translate import DocumentTranslator
     from xform.runtime.text.translator import Translator
 
-    memory = None
+    memory, memory_path = None, flags.memory
     try:
         memory = TranslationMemory(memory_path, force=force) if memory_path is not None else None
-        translator = DocumentTranslator(Translator(session), gen, batching, text, markup=markup or "text",
-                                        memory=memory, skip_target_language=skip_target_language,
+        translator = DocumentTranslator(Translator(session), gen, batching, text, markup=flags.markup or "text",
+                                        memory=memory, skip_target_language=flags.skip_target_language,
                                         on_batch=on_batch, on_total=on_batch.grow if on_batch else None)
         results = translator.translate(docs)
     except InputError as e:
@@ -118,56 +130,55 @@ def report(results, tally, memory_path: Path | None) -> None:
             err.print(escape(f"{r.name}: " + "; ".join(parts)))
 
 
-def run_documents(session, texts: tuple[str, ...], input_file: Path | None, output: Path | None, gen, batching,
-                  text, markup: str | None, memory: Path | None, force: bool, skip_target_language: bool,
-                  record: dict) -> None:
-    """`xform run --documents`: a document's translation on stdout as its bytes are (several: one
-    after another, each ending in a line break), or the one document's into --output, written
-    atomically."""
+def run_documents(session, sources, output: Path | None, gen, batching, text, flags: DocumentFlags,
+                  force: bool) -> dict:
+    """`xform run --documents` of `sources` (decode.Sources: --text, --input-file): a document's
+    translation on stdout as its bytes are (several: one after another, each ending in a line
+    break), or the one document's into --output, written atomically; what --json records."""
     from xform.cli.options import progress_bar
     from xform.files import atomic_file
 
     if gen.num_return_sequences > 1:
         raise click.UsageError(f"--documents writes one translation a document, not {flag('num_return_sequences')} "
                                f"{gen.num_return_sequences}")
-    docs = read_documents(texts, input_file)
+    docs = read_documents(sources.texts, sources.input_file)
     if output is not None and len(docs) > 1:
         raise click.UsageError(f"--output holds one document, given {len(docs)} (--text and --input-file): give one")
-    with progress_bar(input_file is not None, "sentences", "translated", lambda: None) as on_batch:
-        results, tally = translate_documents(session, docs, gen, batching, text, markup, memory, force,
-                                             skip_target_language, on_batch)
-    record["documents"] = [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages,
-                            "paragraphs": r.paragraphs, "kept_paragraphs": r.kept_paragraphs} for r in results]
-    record["tally"] = vars(tally)
+    with progress_bar(sources.input_file is not None, "sentences", "translated", lambda: None) as on_batch:
+        results, tally = translate_documents(session, docs, gen, batching, text, flags, force, on_batch)
+    record = {"documents": [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages,
+                             "paragraphs": r.paragraphs, "kept_paragraphs": r.kept_paragraphs} for r in results],
+              "tally": vars(tally)}
     if output is not None:
         try:
             with atomic_file(output) as f:
                 f.write(results[0].text)
         except OSError as e:
             raise XformError(f"--output {output}: {e.strerror or e}") from None
-        return
+        return record
     if len(results) == 1:  # the document as its bytes are, no line break added
         click.echo(results[0].text, nl=False)
-        return
+        return record
     for r in results:
         click.echo(r.text, nl=not r.text.endswith("\n"))
+    return record
 
 
-def corpus_documents(documents: bool, markup: str | None, memory: Path | None, skip_target_language: bool,
-                     scores: bool, prefix_column: bool, force: bool):
+def corpus_documents(flags: DocumentFlags, scores: bool, prefix_column: bool, force: bool):
     """`xform corpus --documents`: each record a document, as DocumentOptions (None: lines). The
     memory is opened here first, so that a foreign file is refused (and a damaged one of xform's
     replaced with --force) before a worker starts; the workers share it (SQLite, WAL)."""
     from xform.runtime.documents.memory import TranslationMemory
     from xform.runtime.documents.translate import DocumentOptions
 
-    if not wants_documents(documents, markup, memory, skip_target_language):
+    if not flags.wanted:
         return None
+    memory = flags.memory
     refuse_line_flags({"--scores / --token-scores": scores, "--prefix-column": prefix_column})
     if memory is not None:
         try:
             TranslationMemory(memory, force=force).close()
         except InputError as e:
             raise click.UsageError(said(e)) from None
-    return DocumentOptions(markup or "text", str(memory.absolute()) if memory is not None else None,
-                           skip_target_language)
+    return DocumentOptions(flags.markup or "text", str(memory.absolute()) if memory is not None else None,
+                           flags.skip_target_language)

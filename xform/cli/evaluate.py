@@ -10,11 +10,12 @@ from rich.table import Table
 
 from xform.cli import err, handle_errors, main, out
 from xform.cli.flags import said
+from xform.cli.groups import Placement, pass_placement
 from xform.cli.options import (
+    GenerationFlags,
     check_json_target,
     checked_generation,
     generation_options,
-    generation_settings,
     progress_bar,
     split_bad_words,
     write_json,
@@ -53,14 +54,14 @@ from xform.runtime.text.translator import Translator
               help="With --against: a PNG histogram of the sentence chrF differences (needs matplotlib).")
 @click.option("--force", is_flag=True, help="Replace an existing --json report or --plot image xform wrote.")
 @generation_options
+@pass_placement("backend", "threads")
 @handle_errors
-def evaluate(bundle, source_file, reference_file, against, backend, threads, batch_size, max_new_tokens, src_lang,
-             tgt_lang, vocab_map, truncate, json_path, plot_path, force, greedy, **settings) -> None:
+def evaluate(bundle, source_file, reference_file, against, where: Placement, batch_size, src_lang, tgt_lang,
+             vocab_map, truncate, json_path, plot_path, force, generation: GenerationFlags) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
     import importlib.util
 
-    import xform
     from xform.errors import InputError
     from xform.exporter import evaluate as ev
 
@@ -83,15 +84,15 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     if references is not None and len(references) != len(sources):
         raise XformError(f"--reference {reference_file}: {len(references)} lines for the {len(sources)} of "
                          f"--source {source_file}; expected one translation a source line")
-    session = xform.load(bundle, backend=backend, threads=threads)
-    other = other_session(bundle, against, threads) if against is not None else None
-    settings = generation_settings(greedy, **settings)
+    session = where.load(bundle)
+    other = other_session(bundle, against, where.threads) if against is not None else None
+    settings = generation.settings()
     split_bad_words(session, settings)
     try:
-        Translator(session).first_token(settings, tgt_lang)
+        Translator(session).policy.first_token(settings, tgt_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
-    gen = checked_generation(session, max_new_tokens, settings)
+    gen = checked_generation(session, generation.max_new_tokens, settings)
     systems = []
     first = f"{bundle} + {vocab_map.name}" if vocab_map is not None else str(bundle)  # names differ: same bundle
     for name, s, vmap in [(first, session, vocab_map), *([(against, other, None)] if other is not None else [])]:
@@ -106,7 +107,7 @@ def evaluate(bundle, source_file, reference_file, against, backend, threads, bat
     if plot_path is not None:
         write_plot(report, plot_path, force, inputs)
     if json_path is not None:
-        write_json(json_path, {"bundle": str(bundle), "backend": backend, "generation": gen.to_dict(),
+        write_json(json_path, {"bundle": str(bundle), "backend": where.backend, "generation": gen.to_dict(),
                                "vocab_map": None if vocab_map is None else str(vocab_map), **report.to_dict(),
                                "failed": [{"line": n, "error": said(m)} for n, m in sorted(failed.items())]},
                    force, inputs)

@@ -3,6 +3,7 @@ runtime/decoding/controls.py), batching, progress, reports written as JSON."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import click
 from xform.cli import err, out
 from xform.cli.flags import help_text, said
 from xform.cli.flags import option as option_of
+from xform.cli.groups import option_group
 from xform.errors import XformError
 from xform.runtime.text.translator import Translator
 
@@ -127,18 +129,28 @@ def warn_unjudged(session) -> None:
                   f"{judged_on}; export it with --sample-file to judge its translations")
 
 
-def checked_batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows=None):
-    """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
-    combinations are usage errors."""
-    from xform.errors import InputError
-    from xform.runtime.scheduling.batching import Batching
+@dataclasses.dataclass(frozen=True)
+class BatchingFlags:
+    """The batching flags (batching_options), as given: `checked()` is their Batching."""
+    batch_size: int | None = None
+    batch_type: str | None = None
+    max_batch_tokens: int | None = None
+    max_rows: int | None = None
+    read_ahead: int = 8
 
-    if batch_type is None:
-        batch_type = "examples" if max_batch_tokens is None else "tokens"
-    try:
-        return Batching(batch_type, batch_size, max_batch_tokens, read_ahead, max_rows)
-    except InputError as e:
-        raise click.UsageError(said(e)) from None
+    def checked(self):
+        """The Batching for these flags (--max-batch-tokens implies --batch-type tokens); bad
+        combinations are usage errors."""
+        from xform.errors import InputError
+        from xform.runtime.scheduling.batching import Batching
+
+        batch_type = self.batch_type
+        if batch_type is None:
+            batch_type = "examples" if self.max_batch_tokens is None else "tokens"
+        try:
+            return Batching(batch_type, self.batch_size, self.max_batch_tokens, self.read_ahead, self.max_rows)
+        except InputError as e:
+            raise click.UsageError(said(e)) from None
 
 
 def with_options(fn, options):
@@ -150,8 +162,9 @@ def with_options(fn, options):
 
 def batching_options(fn):
     """How a file's lines are batched (run --input-file, corpus): --batch-size, --batch-type,
-    --max-batch-tokens, --max-batch-rows, --read-ahead; checked together by checked_batching."""
-    options = [
+    --max-batch-tokens, --max-batch-rows, --read-ahead, as BatchingFlags `batching` (its
+    `checked()`: the Batching, the flags checked together)."""
+    return option_group("batching", BatchingFlags, [
         click.option("--batch-size", type=click.IntRange(min=1), default=None,
                      help="Lines decoded together (default 32); with --batch-type tokens, a limit on lines only "
                           "when given (a TensorRT engine's --max-batch, say)."),
@@ -168,18 +181,26 @@ def batching_options(fn):
         click.option("--read-ahead", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Batches' worth of lines read, sorted by length and decoded before their results are "
                           "written."),
-    ]
-    return with_options(fn, options)
+    ])(fn)
 
 
 def text_options(fn):
-    """The flags of translating text besides the decoding controls (run, corpus): the decode cap,
-    languages, truncation, scores, target prefixes in a column, a vocabulary map, unknowns
-    replaced; checked against the loaded bundle by decoding_for."""
-    options = [
+    """The flags of translating text besides the decoding controls (run, corpus): the decode cap
+    (--max-new-tokens, which generation_options takes into GenerationFlags), then languages,
+    truncation, scores, target prefixes in a column, a vocabulary map, unknowns replaced, as the
+    TextOptions `text` (its vocab_map the flag's path); checked against the loaded bundle by
+    decoding_for."""
+    return with_options(fn, [
         click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
                      help="Stop after this many generated tokens (default: the bundle's cap, which export prints: "
                           "256 unless the model or export --max-new-tokens sets one; never beyond max_len)."),
+        option_group("text", text_flags, text_flag_options()),
+    ])
+
+
+def text_flag_options() -> list:
+    """text_options' flags after --max-new-tokens, which make the TextOptions."""
+    return [
         click.option("--src-lang", default=None,
                      help="A multilingual model's source language code (NLLB: fra_Latn, mBART-50: fr_XX, M2M100: "
                           "fr; default: its tokenizer's)."),
@@ -208,24 +229,30 @@ def text_options(fn):
                      help="Write an unknown target token (<unk>) as the source word (all its pieces, as written) of "
                           "the piece it attends to most (a bundle exported --with-attention)."),
     ]
-    return with_options(fn, options)
 
 
-def decoding_for(session, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, src_lang, tgt_lang,
-                 replace_unknowns: bool, vocab_map):
+def text_flags(src_lang, tgt_lang, truncate, scores, token_scores, prefix_column, vocab_map, replace_unknowns):
+    """The TextOptions of text_options' flags (--token-scores: scores "tokens")."""
+    from xform.runtime.decoding.request import TextOptions
+
+    return TextOptions("tokens" if token_scores else scores, src_lang, tgt_lang, truncate, prefix_column,
+                       replace_unknowns, vocab_map)
+
+
+def decoding_for(session, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, text):
     """The decoding the flags ask for, checked against the loaded bundle, as run and corpus take
-    it: (the generation config, the vocabulary map read or None). The languages, bad words and
-    limits are usage errors naming the flag; a malformed vocabulary map is an error naming its line."""
-    vocab_map = text_settings(session, bundle, backend, settings, has_text, src_lang, tgt_lang, replace_unknowns,
-                              vocab_map)
+    it: (the generation config, the vocabulary map read or None). `text`: the TextOptions of the
+    text flags (its vocab_map the flag's path). The languages, bad words and limits are usage
+    errors naming the flag; a malformed vocabulary map is an error naming its line."""
+    vocab_map = text_settings(session, bundle, backend, settings, has_text, text)
     split_bad_words(session, settings)
     return checked_generation(session, max_new_tokens, settings), vocab_map
 
 
-def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, src_lang, tgt_lang,
-                  replace_unknowns: bool, vocab_map):
+def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, text):
     """The languages (the target's forced first token into `settings`), replace-unknowns and the
-    vocabulary map checked against the loaded bundle; the map, read."""
+    vocabulary map of the TextOptions `text` checked against the loaded bundle; the map, read."""
+    src_lang, tgt_lang, vocab_map = text.src_lang, text.tgt_lang, text.vocab_map
     from xform.errors import InputError
 
     # the first token's rule first (--tgt-lang with --forced-bos-id is refused, tokenizer or not); a
@@ -233,17 +260,17 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     alone = session.tokenizer is None and tgt_lang is not None and settings.get("forced_bos_token_id") is None
     try:
         if (has_text or src_lang or tgt_lang) and not alone:
-            Translator(session).first_token(settings, tgt_lang)
+            Translator(session).policy.first_token(settings, tgt_lang)
         if (src_lang or tgt_lang) and session.tokenizer is None:
             raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so "
                                    "no languages (give --forced-bos-id for the target language's token id)")
         if src_lang is not None:
-            Translator(session).check_src_lang(src_lang)
+            Translator(session).policy.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
-    if replace_unknowns:
+    if text.replace_unknowns:
         try:
-            Translator(session).check_replace_unknowns()
+            Translator(session).policy.check_replace_unknowns()
         except InputError as e:
             raise click.UsageError(f"{bundle}: {said(e)}") from None
     if vocab_map is None:
@@ -255,12 +282,15 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     if not session.capabilities.restriction:
         raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
                                "it with --with-vocab-map and run it with --backend ort")
-    return Translator(session).vocab_map(vocab_map)  # a malformed map or an unknown token: exit 1, naming the line
+    # a malformed map or an unknown token: exit 1, naming the line
+    return Translator(session).policy.vocab_map(vocab_map)
 
 
 def generation_options(fn):
     """The decoding flags, one a control of the controls' table (runtime/decoding/controls.py), with
-    --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others)."""
+    --greedy and --bad-words; unset ones take the bundle's defaults (greedy unless it records others).
+    With the command's --max-new-tokens (declared where the command lists it), they reach the
+    command as GenerationFlags `generation`."""
     from xform.runtime.decoding import controls
 
     options = [click.option("--greedy", is_flag=True,
@@ -270,7 +300,26 @@ def generation_options(fn):
     for c in controls.CONTROLS:
         if c.option:
             options.append(control_option(c))
-    return with_options(fn, options)
+    return option_group("generation", GenerationFlags.of, options, also=["max_new_tokens"])(fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationFlags:
+    """The decoding flags as given: --greedy, --bad-words, each control's flag by its parameter
+    (`controls`, None where not given) and --max-new-tokens. `settings()` checks them against each
+    other: the generation config's settings."""
+    greedy: bool = False
+    bad_words: tuple[str, ...] = ()
+    controls: dict = dataclasses.field(default_factory=dict)
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def of(cls, greedy: bool = False, bad_words=(), max_new_tokens: int | None = None, **controls):
+        return cls(greedy, tuple(bad_words), controls, max_new_tokens)
+
+    def settings(self) -> dict:
+        """generation_settings of these flags (--max-new-tokens apart: checked_generation takes it)."""
+        return generation_settings(self.greedy, self.bad_words, **self.controls)
 
 
 def control_option(c):
@@ -350,7 +399,7 @@ def split_bad_words(session, settings: dict) -> None:
         if session.tokenizer is None:
             raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
         try:
-            words = Translator(session).bad_word_ids(bad_words)
+            words = Translator(session).policy.bad_word_ids(bad_words)
         except InputError as e:
             raise click.UsageError(said(e)) from None
         settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words

@@ -65,11 +65,12 @@ class Translated:
 
 
 class LineTranslator:
-    """One session's translation of lists of lines with a fixed decoding."""
+    """One translator's translation of lists of lines with a fixed decoding (the translator its
+    door opened: a shard worker's, xform.ray's)."""
 
-    def __init__(self, session, job: Job):
-        self.session, self.job = session, job
-        self.text = Translator(session)
+    def __init__(self, text: Translator, job: Job):
+        self.session, self.job = text.session, job
+        self.text = text
         self.documents: DocumentTranslator | None = None
 
     def document_translator(self, on_batch: Callable[[int, int], None] | None) -> DocumentTranslator:
@@ -165,7 +166,7 @@ class ShardWorker:
         self.check_bundle(job)
         self.session = session if session is not None else open_session(job.bundle, job.backend, job.device,
                                                                          job.threads)
-        self.translator = LineTranslator(self.session, job)
+        self.translator = LineTranslator(Translator(self.session), job)  # this worker's door, opened once
 
     def where(self) -> tuple[str, bool]:
         """(the node this worker runs on, whether it was restarted); here, this machine, never restarted."""

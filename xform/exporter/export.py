@@ -187,7 +187,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18). `languages` (--languages): the (source, target)
-    pairs it translates, for routing by language (runtime/fleet/languages.py)."""
+    pairs it translates, for routing by language (runtime/text/languages.py)."""
     out = Path(out)
     pairs = declared_languages(languages)
     opset, versions = export_options(precision, opset, exporter, judge, sample_file)

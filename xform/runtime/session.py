@@ -16,14 +16,15 @@ from xform.config import TransformerConfig
 from xform.contract import Capabilities
 from xform.errors import InputError, SettingError, XformError
 from xform.runtime.backends.backend import Backend, Restricting
+from xform.runtime.decoding.choice import make_strategy
+from xform.runtime.decoding.constraints import check_constraints, constrained_generation
 from xform.runtime.decoding.generation import GenerationConfig, decode_cap, int_id
 from xform.runtime.decoding.loop import Batch, Decode
-from xform.runtime.decoding.processors import Special, log_softmax
+from xform.runtime.decoding.processors import Processors, Special, log_softmax
 from xform.runtime.decoding.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
-from xform.runtime.decoding.strategies import make_strategy
-from xform.runtime.text.tokenizer import Tokenizer
 
 __all__ = ["Session"]
+
 
 
 def generation_fields() -> set[str]:
@@ -32,10 +33,10 @@ def generation_fields() -> set[str]:
 
 
 class Session:
-    def __init__(self, backend: Backend, config: TransformerConfig, tokenizer: Tokenizer | None = None, bundle=None):
+    def __init__(self, backend: Backend, config: TransformerConfig, tokenizer: Any = None, bundle=None):
         self.backend = backend
         self.config = config
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # the text layer's (runtime/text/tokenizer.py): read here for its unknown id
         self.bundle = bundle
         self.pad_id, self.eos_id = config.pad_id, config.eos_id
         start = config.decoder_start_id
@@ -149,8 +150,11 @@ class Session:
                 replace_unknowns: bool = False, **settings: Any) -> Request:
         """The one builder of a Request, for every door: `generate`'s arguments checked. `settings`
         are the generation config's fields (generation.GenerationConfig: any of them) and the
-        request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary); None keeps
-        a default. `generation`: a config made already (generation_config), instead of settings."""
+        request's options (REQUEST_OPTIONS: target_prefix, what to return, vocabulary,
+        constraints); None keeps a default. `generation`: a config made already
+        (generation_config), instead of settings. `constraints`: per source, phrases (target id
+        lists) every hypothesis must contain (constraints.check_constraints); a greedy request
+        with them is promoted to beams (constraints.smallest_beam: Request.promoted_beams)."""
         options = {k: settings.pop(k) for k in REQUEST_OPTIONS if k in settings}
         refuse_unknown(settings, generation_fields() | set(REQUEST_OPTIONS), "decoding setting")
         if generation is not None and (settings or max_new_tokens is not None):
@@ -158,10 +162,19 @@ class Session:
         src_ids, src_lengths = self.prepare(src_ids, src_lengths)
         gen = generation or self.generation_config(max_new_tokens, **settings)
         prefix = self.check_prefix(options.get("target_prefix"), src_ids.shape[0], gen)
+        constraints = self.check_constraints(options.get("constraints"), src_ids.shape[0], gen)
+        gen, promoted = constrained_generation(gen, constraints)
         return Request(src_ids, src_lengths, gen, None if prefix is None else tuple(map(tuple, prefix)),
                        bool(options.get("return_scores")), bool(options.get("return_token_scores")),
                        bool(options.get("return_attention")), None if texts is None else tuple(texts),
-                       replace_unknowns, options.get("vocabulary"))
+                       replace_unknowns, options.get("vocabulary"), constraints, promoted)
+
+    def check_constraints(self, constraints, batch: int, gen: GenerationConfig):
+        """The constraints checked against this model (constraints.check_constraints): ids in the
+        target vocabulary, none that is never generated, no phrase longer than max_new_tokens."""
+        procs = Processors(gen, self.special)
+        never = {self.eos_id, *procs.blocked, *procs.suppress}
+        return check_constraints(constraints, batch, self.config.tgt_vocab_size, never, gen)
 
     def run(self, request: Request, on_step: Callable[[int], None] | None = None) -> Result:
         """The one decoding loop, for every strategy and backend: one request through a Batch
@@ -175,8 +188,9 @@ class Session:
                 raise InputError("a vocabulary restriction and {return_attention} together: the restricted decoder "
                                  "returns no attention").naming("return_attention")
             prefix = item.strategy.prefix  # the checked prefix table: its ids are always allowed
+            phrases = [list(p) for c in request.constraints or () for p in c]  # and the constraints'
             restricted = self.restrict(request.vocabulary, request.generation,
-                                       [[int(i) for i in row if i >= 0] for row in prefix])
+                                       [[int(i) for i in row if i >= 0] for row in prefix] + phrases)
         try:
             batch = Batch(self.backend, self.start_id)
             batch.admit(item)
@@ -286,7 +300,7 @@ class Session:
                              "the decoder's attention (xform export MODEL -o BUNDLE --with-attention)").naming(
                                  "return_attention")
         strategy = make_strategy(batch, gen, self.special, request.wants_scores, prefix, self.start_id,
-                                 request.src_ids.shape[1] if attention else 0)
+                                 request.src_ids.shape[1] if attention else 0, request.constraints)
         limit = self.capabilities.max_rows
         if limit is not None and strategy.rows > limit:
             raise InputError(f"batch {batch} x {gen.strategy} width {strategy.rows // batch} ({{num_beams}} / "
@@ -294,7 +308,7 @@ class Session:
                              f"{limit}; rebuild them with a larger one (xform build-engine BUNDLE --force "
                              "--max-batch N --max-beams N)").naming("num_beams", "num_return_sequences")
         return Decode(strategy, request.src_ids, request.src_lengths, request.return_scores,
-                      request.return_token_scores, attention, on_step)
+                      request.return_token_scores, attention, on_step, promoted_beams=request.promoted_beams)
 
     def restrict(self, vocabulary, gen: GenerationConfig, prefix: list[list[int]] | None) -> Restricting:
         """Point the backend at `vocabulary` (target ids) and the ids a decode always needs; returns it."""

@@ -35,9 +35,9 @@ class DocumentJob:
     skip_target_language: bool
 
 
-def document_outputs(session, job: DocumentJob) -> dict[str, np.ndarray]:
+def document_outputs(text: Translator, job: DocumentJob) -> dict[str, np.ndarray]:
     """The job's `translation` outputs (one a row), its documents' sentences decoded together."""
-    translator = DocumentTranslator(Translator(session), job.gen, text=job.text, markup=job.markup,
+    translator = DocumentTranslator(text, job.gen, text=job.text, markup=job.markup,
                                     skip_target_language=job.skip_target_language)
     results = translator.translate([(f"text[{i}]", t) for i, t in enumerate(job.texts)])
     return {"translation": np.array([[r.text.encode("utf-8")] for r in results], dtype=object)}

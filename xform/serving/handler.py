@@ -24,6 +24,7 @@ from xform.runtime.decoding.controls import CT2_NAMES, Control
 from xform.runtime.decoding.request import Request, Result, TextOptions, refuse_unknown
 from xform.runtime.documents.translate import AUTO
 from xform.runtime.scheduling.scheduler import Scheduler
+from xform.runtime.text.text_request import SourceError, TextRequest, generation
 from xform.runtime.text.translator import Translator
 from xform.serving import tensors
 from xform.serving.documents import NOT_WITH_DOCUMENTS, DocumentJob, document_outputs
@@ -188,15 +189,6 @@ def control_value(control: Control, value: np.ndarray | None) -> Any:
     return [int(i) for i in ids] if ids else None
 
 
-def languages(text: Translator, inputs: dict[str, np.ndarray | None]) -> tuple[str | None, str | None]:
-    """(the source language, the target language) a request asks for, the source's checked;
-    InputError names the input."""
-    src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
-    if src_lang is not None:
-        text.check_src_lang(src_lang)
-    return src_lang, tgt_lang
-
-
 def said(e: Exception, **words: str) -> str:
     """The runtime's error in the server's words: each setting it names as the input that gives
     it (tensors.names: `input 'num_beams'`), or as `words` says."""
@@ -218,59 +210,55 @@ def request_error(e: InputError) -> InputError:
     return InputError(said(e)) if e.settings else e
 
 
-def sources(text_layer: Translator, inputs: dict[str, np.ndarray | None], src_lang: str | None, truncate: bool,
-            tgt_lang: str | None = None) -> tuple[str, np.ndarray, np.ndarray, list[str] | None]:
-    """(the input named, source ids, lengths, texts) of a request's `text` or `src_ids`."""
-    session = text_layer.session
+def source_inputs(session, inputs: dict[str, np.ndarray | None]) -> tuple[str, tuple]:
+    """(the input named, its sources) of a request's `text` (texts) or `src_ids` (id rows, checked
+    as tensors: int64, two dimensions)."""
     text, ids = inputs.get("text"), inputs.get("src_ids")
     if (text is None) == (ids is None):
         raise InputError(f"exactly one of the inputs 'text' and 'src_ids' per request; found "
                          f"{'both' if text is not None else 'neither'}")
-    max_len = session.config.max_len
-    texts = None
     if text is not None:
         if session.tokenizer is None:
             raise InputError("input 'text': this bundle has no tokenizer; send token ids as 'src_ids'")
-        texts, name = strings("text", text), "text"
-        try:  # tgt_lang goes into the source only where the model writes it there (MADLAD's <2xx>)
-            src = text_layer.encode_batch(texts, src_lang, tgt_lang, truncate=truncate)
-        except InputError as e:
-            raise about("text", e, truncate="send truncate=true") from None
-    else:
-        src = np.asarray(ids)
-        if src.dtype != np.int64:
-            raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
-        if truncate and src.ndim == 2 and src.shape[1] > max_len:
-            cut = text_layer.truncated
-            src = session.pad([cut([int(i) for i in r if i != session.pad_id]) for r in src])[0]
-        name = "src_ids"
+        return "text", tuple(strings("text", text))
+    src = np.asarray(ids)
+    if src.dtype != np.int64:
+        raise InputError(f"input 'src_ids': expected INT64, found {src.dtype}")
     try:
         src, lengths = session.prepare(np.ascontiguousarray(src), None)
     except InputError as e:
-        raise InputError(f"input '{name}': {e}") from None
-    return name, src, lengths, texts
+        raise InputError(f"input 'src_ids': {e}") from None
+    return "src_ids", tuple(tuple(int(i) for i in row[:n]) for row, n in zip(src, lengths))
 
 
-def settings_of(text: Translator, inputs: dict[str, np.ndarray | None], tgt_lang: str | None) -> dict[str, Any]:
-    """The request's settings from its control, language, bad-word and prefix inputs (None: the
-    bundle's default), by the translator's text policy; their count and lengths are checked by
-    the session's request."""
-    settings: dict[str, Any] = {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
-    text.first_token(settings, tgt_lang)
-    words = one_row("bad_words", inputs.get("bad_words"))
-    if words:
-        settings["bad_words_ids"] = text.bad_word_ids(words)
-    target_prefix = inputs.get("target_prefix")
-    if target_prefix is not None:
-        settings["target_prefix"] = text.prefix_ids(strings("target_prefix", target_prefix))
-    return settings
+def settings_of(inputs: dict[str, np.ndarray | None]) -> dict[str, Any]:
+    """The request's generation settings from its control inputs (None: the bundle's default)."""
+    return {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
 
 
-def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None
+def text_request(session, inputs: dict[str, np.ndarray | None], truncate: bool) -> tuple[str, TextRequest]:
+    """(the sources' input, the request's TextRequest) from its tensors, parsed only: what they
+    mean is the one conversion's (text_request.convert)."""
+    src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
+    replace_unknowns = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
+    if replace_unknowns and inputs.get("text") is None:
+        raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
+    name, sources = source_inputs(session, inputs)
+    prefix = inputs.get("target_prefix")
+    scores = one_flag("return_scores", inputs.get("return_scores"))
+    return name, TextRequest(sources, None if prefix is None else tuple(strings("target_prefix", prefix)),
+                             tuple(one_row("bad_words", inputs.get("bad_words")) or ()),
+                             TextOptions("tokens" if scores else False, src_lang, tgt_lang, truncate,
+                                         replace_unknowns=replace_unknowns),
+                             settings_of(inputs),
+                             return_attention=one_flag("return_attention", inputs.get("return_attention")))
+
+
+def parse(text: Translator, index: int, inputs: dict[str, np.ndarray | None], max_rows: int | None = None
           ) -> Job | DocumentJob:
     """Triton's door: a request's tensors (None where absent) as a Job holding its Request (with
-    `document_format`, a DocumentJob: serving/documents.py);
-    InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
+    `document_format`, a DocumentJob: serving/documents.py), through the translator the model
+    holds; InputError names the tensor at fault. `max_rows`: the decoder rows (sources x beams or
     sequences) one request may ask for, so that no request can make the server allocate beyond it.
     An input the model does not declare is refused with the nearest (Triton itself refuses one
     before the model sees it; a caller of this function gets the same)."""
@@ -278,37 +266,25 @@ def parse(session, index: int, inputs: dict[str, np.ndarray | None], max_rows: i
     truncate = one_flag("truncate", inputs.get("truncate"))
     if inputs.get("document_format") is not None:
         src_lang = one_string("src_lang", inputs.get("src_lang"))
-        return document_job(session, index, inputs, src_lang, one_string("tgt_lang", inputs.get("tgt_lang")),
+        return document_job(text, index, inputs, src_lang, one_string("tgt_lang", inputs.get("tgt_lang")),
                             truncate)
-    text = Translator(session)  # the request's text policy, made once
-    src_lang, tgt_lang = languages(text, inputs)
-    replace = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
-    if replace:
-        if inputs.get("text") is None:
-            raise InputError("input 'replace_unknowns': goes with 'text' (it copies source text)")
-        text.check_replace_unknowns()
-    attention = one_flag("return_attention", inputs.get("return_attention"))
-    if attention and not session.capabilities.attention:
-        raise InputError("input 'return_attention': this bundle's decoder returns no attention; export it with "
-                         "--with-attention")
-    name, src, lengths, texts = sources(text, inputs, src_lang, truncate, tgt_lang)
-    settings = settings_of(text, inputs, tgt_lang)
-    scores = one_flag("return_scores", inputs.get("return_scores"))
-    try:  # the settings' own checks, named by their input
-        request = session.request(src, lengths, settings.pop("max_new_tokens"), texts=texts,
-                                  replace_unknowns=replace, return_scores=scores, return_token_scores=scores,
-                                  return_attention=attention, **settings)
-    except InputError as e:
+    name = "text" if inputs.get("text") is not None else "src_ids"
+    try:
+        name, asked = text_request(text.session, inputs, truncate)
+        request = text.request(asked)
+    except SourceError as e:
+        raise about(name, e, truncate="send truncate=true") from None
+    except InputError as e:  # the settings' own checks, named by their input
         raise request_error(e) from None
-    gen = request.generation
     if max_rows is not None and request.rows > max_rows:
         width = request.rows // request.batch
-        raise InputError(f"input '{'num_beams' if gen.strategy == 'beam' else name}': {request.batch} rows x "
-                         f"{width} = {request.rows} decoder rows, more than this model's max_rows {max_rows}")
+        raise InputError(f"input '{'num_beams' if request.generation.strategy == 'beam' else name}': "
+                         f"{request.batch} rows x {width} = {request.rows} decoder rows, more than this model's "
+                         f"max_rows {max_rows}")
     return Job(index, request)
 
 
-def document_job(session, index: int, inputs: dict[str, np.ndarray | None], src_lang: str | None,
+def document_job(text: Translator, index: int, inputs: dict[str, np.ndarray | None], src_lang: str | None,
                  tgt_lang: str | None, truncate: bool) -> DocumentJob:
     """A request with `document_format` as a DocumentJob; InputError names the input at fault."""
     markup = one_string("document_format", inputs["document_format"])
@@ -319,12 +295,12 @@ def document_job(session, index: int, inputs: dict[str, np.ndarray | None], src_
     rows = inputs.get("text")
     if rows is None:
         raise InputError("input 'document_format': goes with 'text' (each row a document)")
-    text = Translator(session)
     if src_lang is not None and src_lang != AUTO:
-        text.check_src_lang(src_lang)
+        text.policy.check_src_lang(src_lang)
+    asked = TextRequest((), bad_words=tuple(one_row("bad_words", inputs.get("bad_words")) or ()),
+                        options=TextOptions(False, src_lang, tgt_lang, truncate), settings=settings_of(inputs))
     try:
-        settings = settings_of(text, inputs, tgt_lang)
-        gen = session.generation_config(settings.pop("max_new_tokens"), **settings)
+        gen = generation(text.policy, asked)
     except InputError as e:
         raise request_error(e) from None
     if gen.num_return_sequences > 1:
@@ -360,15 +336,15 @@ def blanked(result: Result, texts: list[str] | None, n: int, pad: int) -> Result
     return Result(ids, zeroed(result.scores), zeroed(result.token_scores), zeroed(result.attention))
 
 
-def job_outputs(session, job: Job, result: Result) -> dict[str, np.ndarray]:
+def job_outputs(text: Translator, job: Job, result: Result) -> dict[str, np.ndarray]:
     """A request's outputs from its Result."""
-    request = job.request
+    request, session = job.request, text.session
     n = len(result) // request.batch  # hypotheses a row: num_return_sequences
     result = blanked(result, job.texts, n, session.pad_id)
     ids = trim(result.ids, session.pad_id)
     outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
     if session.tokenizer is not None:
-        texts = Translator(session).decode_rows(ids, n, job.rows, job.texts,
+        texts = text.policy.decode_rows(ids, n, job.rows, job.texts,
                                                 result.attention if request.replace_unknowns else None)
         outputs["translation"] = np.array([[t.encode("utf-8")] for t in texts[::n]], dtype=object)
         if n > 1:
@@ -387,7 +363,7 @@ def job_outputs(session, job: Job, result: Result) -> dict[str, np.ndarray]:
     return outputs
 
 
-def execute(session, requests: list[dict[str, np.ndarray | None]],
+def execute(text: Translator, requests: list[dict[str, np.ndarray | None]],
             vocab_map=None, max_rows: int | None = None) -> list[dict[str, np.ndarray] | str]:
     """For each request, its outputs (`output_ids` [b, n] int64, `translation` [b, 1] bytes when
     the bundle has a tokenizer, `scores` and `token_scores` when asked), or an error message (a
@@ -400,34 +376,35 @@ def execute(session, requests: list[dict[str, np.ndarray | None]],
     documents: list[DocumentJob] = []
     for i, inputs in enumerate(requests):
         try:
-            job = parse(session, i, inputs, max_rows)
+            job = parse(text, i, inputs, max_rows)
         except XformError as e:
             results[i] = said(e)
             continue
         (jobs if isinstance(job, Job) else documents).append(job)  # type: ignore[arg-type]
     alone = [j for j in jobs if vocab_map is not None and j.request.texts is not None]
     together = [j for j in jobs if j not in alone]
-    for job, outcome in [*decoded_together(session, together, max_rows), *decoded_alone(session, alone, vocab_map)]:
+    for job, outcome in [*decoded_together(text, together, max_rows), *decoded_alone(text, alone, vocab_map)]:
         results[job.index] = outcome
     for document in documents:
-        results[document.index] = document_outcome(session, document)
+        results[document.index] = document_outcome(text, document)
     return results
 
 
-def document_outcome(session, job: DocumentJob) -> dict[str, np.ndarray] | str:
+def document_outcome(text: Translator, job: DocumentJob) -> dict[str, np.ndarray] | str:
     """A document request's outputs, or its error (the request's, named by its input, or the server's)."""
     try:
-        return document_outputs(session, job)
+        return document_outputs(text, job)
     except InputError as e:
         return str(request_error(e))
     except Exception as e:  # noqa: BLE001 - a backend failure fails this request, not the server
         return ServerFault(f"decoding failed: {type(e).__name__}: {e}")
 
 
-def decoded_together(session, jobs: list[Job], max_rows: int | None):
+def decoded_together(text: Translator, jobs: list[Job], max_rows: int | None):
     """(job, outputs or error) for requests decoded through one Scheduler."""
     if not jobs:
         return []
+    session = text.session
     rows = max_rows or sum(j.request.rows for j in jobs)
     scheduler = Scheduler(session, max_rows=max(rows, max(j.request.rows for j in jobs)), max_queue=len(jobs))
     futures = []
@@ -439,25 +416,25 @@ def decoded_together(session, jobs: list[Job], max_rows: int | None):
             out.append((job, str(request_error(e))))
     scheduler.run_until_idle()
     for job, future in futures:
-        out.append((job, outcome(session, job, future.result)))
+        out.append((job, outcome(text, job, future.result)))
     return out
 
 
-def decoded_alone(session, jobs: list[Job], vocab_map):
+def decoded_alone(text: Translator, jobs: list[Job], vocab_map):
     """(job, outputs or error) for text requests restricted to what their sources allow."""
-    out = []
+    out, session = [], text.session
     for job in jobs:
         texts = job.texts or []
-        restricted = replace(job.request, vocabulary=Translator(session).allowed_ids(vocab_map, texts))
-        out.append((job, outcome(session, job, lambda r=restricted: session.run(r))))
+        restricted = replace(job.request, vocabulary=text.policy.allowed_ids(vocab_map, texts))
+        out.append((job, outcome(text, job, lambda r=restricted: session.run(r))))
     return out
 
 
-def outcome(session, job: Job, result) -> dict[str, np.ndarray] | str:
+def outcome(text: Translator, job: Job, result) -> dict[str, np.ndarray] | str:
     """The job's outputs from `result()`, or its error: the request's (named by its input) or,
     for anything else, the server's."""
     try:
-        return job_outputs(session, job, result())
+        return job_outputs(text, job, result())
     except InputError as e:
         return str(request_error(e))
     except Exception as e:  # noqa: BLE001 - a backend failure fails these requests, not the server

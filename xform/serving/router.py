@@ -34,9 +34,9 @@ import numpy as np
 from xform.errors import InputError, XformError
 from xform.files import atomic_write
 from xform.runtime.fleet.catalog import Catalog, Entry
-from xform.runtime.fleet.languages import Ask, Languages
 from xform.runtime.fleet.pool import LoadFailed, Pool, Unavailable
 from xform.runtime.fleet.routes import Hop, Route, plan
+from xform.runtime.text.languages import Ask, Languages
 from xform.serving import tensors
 from xform.serving.handler import one_string, said, strings
 from xform.serving.tensors import Tensor

@@ -122,11 +122,12 @@ class TritonPythonModel:
             self.session = open_session(bundle, params["backend"], params["device"], threads)
         except XformError as e:  # the reason, without a traceback, in Triton's log and load status
             raise pb_utils.TritonModelException(f"xform: cannot load bundle {bundle}: {e}") from None
+        self.translator = Translator(self.session)  # the model's text door, opened once
         self.vocab_map = None
         if params.get("vocab_map"):  # checked when the model was written; a failure here is the reason in the log
             try:
                 where = Path(args["model_repository"]) / args["model_version"] / params["vocab_map"]
-                self.vocab_map = Translator(self.session).vocab_map(where)
+                self.vocab_map = self.translator.policy.vocab_map(where)
             except XformError as e:
                 raise pb_utils.TritonModelException(f"xform: vocabulary map: {e}") from None
         if self.role == "engine":
@@ -147,7 +148,7 @@ class TritonPythonModel:
                 self.start(request)
             return None
         refusals = [refused(request, self.inputs) for request in requests]
-        results = iter(execute(self.session, [tensors_of(r) for r, why in zip(requests, refusals) if why is None],
+        results = iter(execute(self.translator, [tensors_of(r) for r, why in zip(requests, refusals) if why is None],
                                self.vocab_map, self.max_rows))
         responses = []
         for why in refusals:
@@ -186,6 +187,9 @@ class TritonPythonModel:
         self.scheduler = Scheduler(self.session, max_rows=int(params["max_rows"]),
                                    max_queue=int(params["max_queue"])).start()
         self.watcher = Watcher(self.scheduler)
+        from xform.serving.documents import ScheduledSession
+        # documents' sentences join the running batch: their translator's session runs through it
+        self.scheduled = Translator(ScheduledSession(self.session, self.scheduler))  # type: ignore[arg-type]
         from concurrent.futures import ThreadPoolExecutor
         self.documents = ThreadPoolExecutor(4, thread_name_prefix="xform-document")  # each waits on the batch
         # responses go out from this thread: a send waits on Triton, the engine's steps must not
@@ -236,7 +240,7 @@ class TritonPythonModel:
         try:
             tensors = tensors_of(request)
             streaming = one_flag("stream", tensors.pop("stream"))
-            job = parse(self.session, 0, tensors, self.max_rows)
+            job = parse(self.translator, 0, tensors, self.max_rows)
             if isinstance(job, DocumentJob):
                 self.documents.submit(self.document, job, reply)
                 return
@@ -256,10 +260,9 @@ class TritonPythonModel:
 
     def document(self, job, reply):
         """A document request, on a thread of its own: its sentences join the running batch."""
-        from xform.serving.documents import ScheduledSession
         from xform.serving.handler import document_outcome
 
-        result = document_outcome(ScheduledSession(self.session, self.scheduler), job)
+        result = document_outcome(self.scheduled, job)
         final = reply.error(result) if isinstance(result, str) else response(result)  # a ServerFault: a 500
         self.outbox.put((reply, lambda: reply.sender.send(final, flags=FINAL)))
 
@@ -271,7 +274,7 @@ class TritonPythonModel:
         self.watcher.forget(future)  # waits for a question under way: none is asked after the answer
 
         try:
-            result = response(job_outputs(self.session, job, future.result()))
+            result = response(job_outputs(self.translator, job, future.result()))
         except Cancelled:
             pb_utils.Logger.log_info("xform: a request was cancelled; its rows left the running batch")
             reply.sender.send(flags=FINAL)  # the client is gone: nothing to say, the request is closed

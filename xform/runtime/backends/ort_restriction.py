@@ -13,8 +13,8 @@ import numpy.typing as npt
 
 from xform.contract import RESTRICTED
 from xform.errors import InputError
+from xform.runtime.backends.special import Special, log_softmax
 from xform.runtime.bundle import Bundle
-from xform.runtime.decoding.processors import Special, log_softmax
 
 
 class Restriction:

@@ -32,7 +32,7 @@ from xform.runtime.decoding.strategies import Strategy
 class Decode:
     """One request in a batch: its sources, its strategy, what it returns and whom it tells."""
 
-    strategy: Strategy  # decoding.Greedy / Sample / Alternatives / BeamSearch
+    strategy: Strategy  # decoding.Greedy / Sample / Alternatives / BeamSearch / ConstrainedBeamSearch
     src_ids: np.ndarray
     src_lengths: np.ndarray
     return_scores: bool = False
@@ -46,6 +46,7 @@ class Decode:
     done: bool = False
     cancelled: bool = False
     sent: int = 0  # streaming: steps already reported
+    promoted_beams: int | None = None  # Request.promoted_beams, said in the result
 
     @property
     def rows(self) -> int:
@@ -56,12 +57,15 @@ class Decode:
         return self.strategy.graph_min_new_tokens or 0  # None: the strategy applies it on the host
 
     def result(self) -> Result:
-        """The ids, and the scores, token scores and attention asked for."""
+        """The ids, and the scores, token scores and attention asked for; with constraints, the
+        phrases each hypothesis misses and the beam a greedy request was promoted to."""
         s = self.strategy
         ids, scores = s.result()
+        unmet = getattr(s, "unmet", None)  # a constrained search's (constrained.py)
         return Result(ids.astype(np.int64, copy=False), scores if self.return_scores or self.return_token_scores
                       else None, s.per_token() if self.return_token_scores else None,
-                      s.attentions() if self.return_attention else None)
+                      s.attentions() if self.return_attention else None, None if unmet is None else unmet(),
+                      self.promoted_beams)
 
 
 class Batch:

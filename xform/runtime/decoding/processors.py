@@ -1,49 +1,20 @@
 """The logits processors of one decode (transformers' order) and the ids they need.
 
-`Special` holds the model's pad, end-of-sentence, banned ids and vocabulary size; `Processors`
+`Special` (backends/special.py) holds the model's pad, end-of-sentence, banned ids and vocabulary
+size; `Processors`
 applies repetition penalty, n-gram blocking, bad words, suppressed tokens and the forced and
 early end-of-sentence rules to a step's scores, on the host. The strategies (decoding.py) call it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from xform.config import TransformerConfig
+from xform.runtime.backends.special import Special, log_softmax
 from xform.runtime.decoding.generation import GenerationConfig
 
+__all__ = ["NEG", "Processors", "Special", "log_softmax"]
+
 NEG = np.float32(-1.0e9)  # transformers' "finished / impossible" offset, added in float32
-
-
-@dataclass(frozen=True)
-class Special:
-    pad: int
-    eos: int
-    blocked: tuple[int, ...]  # never generated: the pad id and the model's banned ids
-    vocab: int = 0  # the target vocabulary's size (beam search orders candidates by beam x vocab + id)
-
-    @classmethod
-    def from_config(cls, config: TransformerConfig) -> "Special":
-        return cls(config.pad_id, config.eos_id, config.never_generated, config.tgt_vocab_size)
-
-    # The rules the decoder graphs apply (graphs.py), for a backend computing a step's choice on the
-    # host from the logits of a subset of the vocabulary (--vocab-map's restricted decoder).
-    def never(self, ids: np.ndarray) -> np.ndarray:
-        """Which of `ids` are never generated (`blocked`)."""
-        return np.isin(ids, self.blocked)
-
-    def not_now(self, ids: np.ndarray, never: np.ndarray, early: np.ndarray) -> np.ndarray:
-        """(rows, len(ids)) bool: the ids a row may not choose this step: `never` (never(ids)) and,
-        in the rows still `early` (before their min_new_tokens), end-of-sentence."""
-        return never[None, :] | ((ids == self.eos)[None, :] & early[:, None])
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """float32, as torch computes it: (x - max) - log(sum(exp(x - max)))."""
-    x = logits.astype(np.float32, copy=False)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float32))
 
 
 class Processors:

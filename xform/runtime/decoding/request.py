@@ -21,7 +21,8 @@ from xform.errors import InputError
 from xform.runtime.decoding.generation import GenerationConfig
 
 # a request's options that are not generation settings (Session.request)
-REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary")
+REQUEST_OPTIONS = ("target_prefix", "return_scores", "return_token_scores", "return_attention", "vocabulary",
+                   "constraints")
 
 
 def refuse_unknown(given: Iterable[str], known: Iterable[str], what: str = "decoding option") -> None:
@@ -53,6 +54,12 @@ class Request:
     texts: tuple[str, ...] | None = None
     replace_unknowns: bool = False  # unknown target tokens become source words (the translator's)
     vocabulary: np.ndarray | None = None  # target ids a restricted decode may generate (decodes alone)
+    # per source, phrases (each a tuple of target ids) every hypothesis must contain, contiguously,
+    # in any order (constraints.py); an empty tuple: none for that source
+    constraints: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+    # the beam a greedy request with constraints is searched with (constraints.smallest_beam), None
+    # where it was not promoted; `generation` holds it already
+    promoted_beams: int | None = None
 
     @property
     def batch(self) -> int:
@@ -86,12 +93,18 @@ class Result:
     `ids` (B x n, length) int64, pad after each row's end-of-sentence; when asked, `scores`
     (B x n,) float32 (beam search's length-penalized sum of log-probs, else the sum),
     `token_scores` (B x n, length) float32 (each token's log-prob, 0 in a prefix and after the
-    end) and `attention` (B x n, length, src_len) float32."""
+    end) and `attention` (B x n, length, src_len) float32. With constraints: `unmet` (B x n lists)
+    each hypothesis' phrases it does not contain, by their index in its source's constraints (empty
+    when it has them all: a hypothesis that misses some comes only where none met them all within
+    the length limit), and `promoted_beams` the beam a greedy request was searched with (None: not
+    promoted)."""
 
     ids: np.ndarray
     scores: np.ndarray | None = None
     token_scores: np.ndarray | None = None
     attention: np.ndarray | None = None
+    unmet: list[list[int]] | None = None
+    promoted_beams: int | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -106,14 +119,15 @@ class Result:
         """The hypotheses [start, stop)."""
         def part(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[start:stop]
-        return Result(self.ids[start:stop], part(self.scores), part(self.token_scores), part(self.attention))
+        return Result(self.ids[start:stop], part(self.scores), part(self.token_scores), part(self.attention),
+                      None if self.unmet is None else self.unmet[start:stop], self.promoted_beams)
 
     def every(self, n: int) -> "Result":
         """Each source's best of its n hypotheses."""
         def best(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[::n]
         return replace(self, ids=self.ids[::n], scores=best(self.scores), token_scores=best(self.token_scores),
-                       attention=best(self.attention))
+                       attention=best(self.attention), unmet=None if self.unmet is None else self.unmet[::n])
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,9 @@ class TextOptions:
     corpus` and `xform.ray` parse into it). `scores`: False, True (a score a translation) or
     "tokens" (and each token's log-prob); `prefix_column`: a line is `source<TAB>target prefix`;
     `vocab_map`: a VocabMap or its file (a bundle exported --with-vocab-map), not part of
-    `to_dict` (a corpus records its own)."""
+    `to_dict` (a corpus records its own); `terminology`: a glossary and kept spans every
+    translation must hold (text/glossary.py, enforced as constraints of the search); `qe`: each
+    translation's confidence (text/confidence.py)."""
     scores: bool | str = False
     src_lang: str | None = None
     tgt_lang: str | None = None
@@ -131,9 +147,14 @@ class TextOptions:
     prefix_column: bool = False
     replace_unknowns: bool = False
     vocab_map: Any = None
+    terminology: Any = None  # text/glossary.py's Terminology: terms and kept spans the translation must hold
+    qe: bool = False  # a confidence for every translation (text/confidence.py)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vocab_map"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("vocab_map", "terminology")}
+        if self.terminology:  # what a corpus records of it: its fingerprint (a changed glossary is another job)
+            out["terminology"] = self.terminology.fingerprint()
+        return out
 
 
 @dataclass(frozen=True)
@@ -142,22 +163,31 @@ class LineResult:
     num_return_sequences `hypotheses` (a blank line: empty ones; a line that failed: none, and
     its `error`: a str in Python's words, an errors.Message where it names a setting, which a door
     renders in its own), their `scores` when asked (else empty) and each one's `token_scores`
-    when asked ("tokens"; else empty)."""
+    when asked ("tokens"; else empty); with a terminology, each hypothesis' `unmet` terms (what it
+    could not hold within the length cap) and `promoted_beams` (the beam a greedy decode took to
+    hold them); with qe, each hypothesis' `confidence` in [0, 1]."""
     text: str
     hypotheses: list[str]
     scores: list[float] = field(default_factory=list)
     token_scores: list[list[float]] = field(default_factory=list)
     error: str | None = None
+    confidence: list[float] = field(default_factory=list)
+    unmet: list[list[str]] = field(default_factory=list)
+    promoted_beams: int | None = None
 
 
 @dataclass(frozen=True)
 class TranslationResult:
     """One source's translations, best first (CTranslate2's TranslationResult): `hypotheses` as
     text for a text, token lists (CTranslate2's) for a token list; `scores` when asked (else
-    empty)."""
+    empty). xform's additions: with a glossary, each hypothesis' `unmet` terms and the beam a
+    greedy decode was `promoted_beams` to; with qe, each hypothesis' `confidence`."""
 
     hypotheses: list[Any]
     scores: list[float] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    unmet: list[list[str]] = field(default_factory=list)
+    promoted_beams: int | None = None
 
 
 @dataclass(frozen=True)

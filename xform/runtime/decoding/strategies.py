@@ -478,12 +478,3 @@ class BeamSearch:
         after = np.arange(width)[None, :] >= ends.reshape(-1)[:, None]  # past a hypothesis' end
         out[after] = 0
         return out
-
-
-def make_strategy(batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
-                  prefix=None, start_id: int = 0, attention_len: int = 0) -> Strategy:
-    args = (batch, gen, special, want_scores, prefix, start_id, attention_len)
-    if gen.strategy == "beam":
-        return BeamSearch(*args)
-    kinds: dict[str, type[Greedy]] = {"greedy": Greedy, "sample": Sample, "alternatives": Alternatives}
-    return kinds[gen.strategy](*args)

@@ -6,7 +6,11 @@ tokenizer, a piece the vocabulary lacks), there is no alignment and the marks go
 sentence (marks.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+
+from xform.runtime.text.text_request import TextRequest
 
 WORD_START = "\u2581"
 
@@ -54,26 +58,29 @@ def word_alignment(tokenizer, framing: set[int], target_piece, row: np.ndarray, 
     return [sorted(a) for a in out]
 
 
-def can_align(lines, options) -> bool:
+def can_align(translator, options) -> bool:
     """Whether translations can come with word alignments: a decoder that returns its attention,
     a SentencePiece tokenizer, and no vocabulary map (the restricted decoder returns none)."""
-    return bool(lines.session.capabilities.attention and lines.text.spm_words and options.vocab_map is None)
+    return bool(translator.session.capabilities.attention and translator.policy.text.spm_words
+                and options.vocab_map is None)
 
 
-def decode_aligned(lines, units: list[str], gen, options, batch: int = 16) -> dict[str, tuple[str, Alignment | None]]:
-    """Sentences decoded with their attention (`lines`: a LineStream; `options`: TextOptions), a
+def decode_aligned(translator, units: list[str], gen, options,
+                   batch: int = 16) -> dict[str, tuple[str, Alignment | None]]:
+    """Sentences decoded with their attention (`translator`: a Translator; `options`: TextOptions), a
     batch at a time: each one's translation and word alignment (None where none can be made)."""
-    session, tokenizer = lines.session, lines.text
+    session, policy = translator.session, translator.policy
+    tokenizer = policy.text
     vocabulary = tokenizer.target_vocabulary()
     pieces = {i: p for p, i in vocabulary.items()}
-    framing = {lines.pad_id, lines.eos_id, lines.config.bos_id}
+    framing = {policy.pad_id, policy.eos_id, policy.config.bos_id}
     out: dict[str, tuple[str, Alignment | None]] = {}
     for at in range(0, len(units), batch):
         chunk = units[at:at + batch]
-        ids = [lines.fit(lines.encode_text(u, options.src_lang, options.tgt_lang), options.truncate) for u in chunk]
-        request = session.request(*session.pad(ids), generation=gen, return_attention=True)
-        result = session.run(request)
-        texts = lines.decode_rows(result.ids, 1, ids, chunk, result.attention if options.replace_unknowns else None)
+        request = translator.request(TextRequest(tuple(chunk), options=replace(options, scores=False), generation=gen,
+                                            return_attention=True))
+        result, ids = session.run(request), request.sources()
+        texts = policy.decode_rows(result.ids, 1, ids, chunk, result.attention if options.replace_unknowns else None)
         for k, unit in enumerate(chunk):
             out[unit] = texts[k], word_alignment(tokenizer, framing, lambda i: pieces.get(i, ""), result.ids[k],
                                                  result.attention[k], ids[k], unit, texts[k])

@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from xform.errors import XformError
-from xform.runtime.documents.codes import base_language, codes_for
+from xform.runtime.text.codes import base_language, codes_for
 
 
 @lru_cache(maxsize=1)

@@ -9,7 +9,7 @@ import re
 from typing import Callable
 
 from xform.errors import XformError
-from xform.runtime.documents.codes import base_language
+from xform.runtime.text.codes import base_language
 
 # inside a sentence, where a clause ends: a comma, semicolon or colon before a space, or a dash
 # between spaces; the boundary is after the mark

@@ -19,14 +19,14 @@ from xform.manifest import MANIFEST
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.documents.alignment import Alignment, can_align, decode_aligned
-from xform.runtime.documents.codes import base_language, codes_for
 from xform.runtime.documents.detect import Detector
 from xform.runtime.documents.layout import Document, plain
 from xform.runtime.documents.marks import with_marks
 from xform.runtime.documents.memory import TranslationMemory
 from xform.runtime.documents.segmenter import clauses
 from xform.runtime.scheduling.batching import Batching
-from xform.runtime.text.text_lines import LineStream
+from xform.runtime.text.codes import base_language, codes_for
+from xform.runtime.text.translator import Translator
 
 FORMATS = ("text", "markdown", "html")
 AUTO = "auto"
@@ -75,24 +75,25 @@ class Tally:
 
 
 class DocumentTranslator:
-    """Documents in, DocumentResults out, over a LineStream (a Translator), the decoding settings
+    """Documents in, DocumentResults out, given a Translator, the decoding settings
     (`gen`, `batching`, `text`: text.src_lang may be "auto") and the document options: `markup`
     (text or markdown), a translation `memory`, `skip_target_language` (paragraphs already in the
     target language left as they are)."""
 
-    def __init__(self, lines: LineStream, gen: GenerationConfig, batching: Batching | None = None,
+    def __init__(self, translator: Translator, gen: GenerationConfig, batching: Batching | None = None,
                  text: TextOptions | None = None, *, markup: str = "text", memory: TranslationMemory | None = None,
                  skip_target_language: bool = False, on_batch: Callable[[int, int], None] | None = None,
                  on_total: Callable[[int], None] | None = None):
         if markup not in FORMATS:
             raise InputError(f"{{format}}: expected one of {', '.join(FORMATS)}, got {markup!r}").naming("format")
-        self.lines, self.gen, self.batching = lines, gen, batching or Batching()
+        self.translator, self.policy = translator, translator.policy
+        self.gen, self.batching = gen, batching or Batching()
         self.options = text or TextOptions()
         self.markup, self.memory, self.on_batch = markup, memory, on_batch
         self.on_total = on_total  # told the sentences to decode as they are known (a progress bar's total)
         self.skip_target_language = skip_target_language
         self.detector = self.language_detector()
-        self.aligns = can_align(lines, self.options)  # marks placed around the words they became
+        self.aligns = can_align(translator, self.options)  # marks placed around the words they became
         self.tally = Tally()
         self.context: dict[str | None, str] = {}
 
@@ -101,7 +102,7 @@ class DocumentTranslator:
         find paragraphs already in the target language; "auto" with a bundle that takes no source
         language, and keeping the target language's paragraphs without knowing it, are refused."""
         src = self.options.src_lang
-        codes = list(self.lines.text.codes)
+        codes = list(self.policy.text.codes)
         if src == AUTO:
             if not codes or not self.takes_source(codes[0]):
                 raise InputError("{src_lang} auto: this bundle takes no source language (it is not a multilingual "
@@ -109,7 +110,7 @@ class DocumentTranslator:
                                  ).naming("src_lang")
             return Detector(codes)
         if src is not None:
-            self.lines.check_src_lang(src)
+            self.policy.check_src_lang(src)
         if self.skip_target_language:
             return Detector(codes if self.target_language() in {base_language(c) for c in codes} else ())
         return None
@@ -119,9 +120,9 @@ class DocumentTranslator:
         pair the bundle declares (xform export --languages, its tokenizer, its OPUS-MT name)."""
         if self.options.tgt_lang is not None:
             return base_language(self.options.tgt_lang)
-        bundle = self.lines.session.bundle
+        bundle = self.translator.session.bundle
         if bundle is not None:
-            from xform.runtime.fleet.languages import bundle_languages
+            from xform.runtime.text.languages import bundle_languages
             languages = bundle_languages(bundle.path)
             if languages.one_pair:
                 return base_language(languages.pairs[0][1])
@@ -130,7 +131,7 @@ class DocumentTranslator:
 
     def takes_source(self, code: str) -> bool:
         try:
-            self.lines.check_src_lang(code)
+            self.policy.check_src_lang(code)
         except InputError:
             return False
         return True
@@ -238,7 +239,7 @@ class DocumentTranslator:
         known.update(self.decoded([u for u in units if u not in known and u not in with_attention], language))
         if with_attention:
             self.tally.decoded += len(with_attention)
-            got = decode_aligned(self.lines, with_attention, self.gen, replace(self.options, src_lang=language))
+            got = decode_aligned(self.translator, with_attention, self.gen, replace(self.options, src_lang=language))
             known.update({u: t for u, (t, _) in got.items()})
             aligned.update({u: a or [] for u, (_, a) in got.items()})  # []: none could be made, none asked again
             if self.memory is not None:
@@ -255,13 +256,13 @@ class DocumentTranslator:
             return cut
         if self.options.truncate:
             return [source]
-        n = len(self.lines.encode_text(source, language, self.options.tgt_lang))
+        n = len(self.policy.encode_text(source, language, self.options.tgt_lang))
         raise InputError(f"{where[0]}: a sentence of {n} source tokens, more than the model's max_len "
-                         f"{self.lines.config.max_len}, with no clause boundary that cuts it short enough "
+                         f"{self.policy.config.max_len}, with no clause boundary that cuts it short enough "
                          "({truncate} to cut it)").naming("truncate")
 
     def fits(self, text: str, language: str | None) -> bool:
-        return len(self.lines.encode_text(text, language, self.options.tgt_lang)) <= self.lines.config.max_len
+        return len(self.policy.encode_text(text, language, self.options.tgt_lang)) <= self.policy.config.max_len
 
     def decoded(self, units: Sequence[str], language: str | None) -> dict[str, str]:
         """Sentences decoded through the line stream (a window at a time, sorted, batched); stored in
@@ -274,7 +275,7 @@ class DocumentTranslator:
                            replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map)
         out: dict[str, str] = {}
         pending: dict[str, str] = {}
-        for unit, line in zip(units, self.lines.translate_lines(units, self.gen, self.batching, text,
+        for unit, line in zip(units, self.translator.translate_lines(units, self.gen, self.batching, text,
                                                                on_batch=self.on_batch)):
             if line.error is not None:
                 said = message(line.error).after(f"the sentence {unit[:60]!r}: ")
@@ -299,7 +300,7 @@ class DocumentTranslator:
         """What makes a translation what it is, as the corpus's record counts it: the sha256 of the
         bundle's manifest (which holds every file's) and of the vocabulary map's file, the
         decoding and the text options."""
-        bundle = self.lines.session.bundle
+        bundle = self.translator.session.bundle
         vocab_map = self.options.vocab_map
         return {"manifest": sha256_file(Path(bundle.path) / MANIFEST) if bundle is not None else None,
                 "generation": self.gen.to_dict(), "src_lang": language, "tgt_lang": self.options.tgt_lang,

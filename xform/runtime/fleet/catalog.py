@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 from xform.errors import BundleError, InputError, XformError
 from xform.files import sha256_file
 from xform.manifest import MANIFEST
-from xform.runtime.fleet.languages import Languages, bundle_languages
+from xform.runtime.text.languages import Languages, bundle_languages
 
 log = logging.getLogger(__name__)
 

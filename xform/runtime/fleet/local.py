@@ -124,7 +124,7 @@ class FleetTranslator:
             results = self.hop(hop, texts, target_prefix if last else None,
                                options if last else {k: v for k, v in options.items() if k not in LAST_HOP_ONLY})
             texts = [r.hypotheses[0] if r.hypotheses else "" for r in results]
-        return [RoutedResult(r.hypotheses, r.scores, route) for r in results]
+        return [RoutedResult(r.hypotheses, r.scores, r.confidence, r.unmet, r.promoted_beams, route=route) for r in results]
 
     def hop(self, hop: Hop, texts: list[str], target_prefix: Sequence[str | None] | None,
             options: dict[str, Any]) -> list[TranslationResult]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from xform.errors import InputError
 from xform.runtime.fleet.catalog import Catalog, Entry
-from xform.runtime.fleet.languages import Asked, same
+from xform.runtime.text.languages import Asked, same
 
 
 class RouteError(InputError):

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -22,8 +22,18 @@ from xform.runtime.backends.backend import JoinRefused
 from xform.runtime.backends.cache import row_bytes
 from xform.runtime.decoding.loop import Batch, Decode
 
-if TYPE_CHECKING:
-    from xform.runtime.session import Session
+
+class Session(Protocol):
+    """What the scheduler needs of the session above it (runtime/session.py): its backend and ids,
+    its config and bundle (the cache's size), and the decode a request plans (`plan`)."""
+
+    backend: Any
+    config: Any
+    bundle: Any
+    start_id: int
+    pad_id: int
+
+    def plan(self, src_ids, src_lengths=None, **settings: Any) -> Decode: ...
 
 __all__ = ["Batch", "Cancelled", "Decode", "OverloadedError", "RequestFuture", "Scheduler", "Ticket"]
 

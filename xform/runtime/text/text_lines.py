@@ -9,25 +9,40 @@ shape depends on the options. `TextOptions` (request.py) carries the text settin
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
-import numpy as np
-
-from xform.errors import InputError, Message, XformError, message
+from xform.errors import InputError, Message, message
 from xform.runtime.decoding.generation import GenerationConfig
-from xform.runtime.decoding.request import LineResult, TextOptions
+from xform.runtime.decoding.request import LineResult, Request, TextOptions
 from xform.runtime.scheduling.batching import Batching, plan, windows
+from xform.runtime.text.results import render
 from xform.runtime.text.text_policy import TextPolicy
-from xform.runtime.text.unknowns import decode_rows, unknown_warning
-from xform.runtime.text.vocab_map import VocabMap
+from xform.runtime.text.text_request import Encoded, Marked, TextRequest, marked
+from xform.runtime.text.unknowns import unknown_warning
 
-# a line read and encoded: (its text, its source ids or None, its error or None, its target prefix ids);
+# a line read and encoded: (its text, its source ids or None, its error or None, its target prefix ids,
+# the spans kept as written: a terminology's <dnt> tags, removed from its text);
 # an error is a Message (errors.py): a door words the settings it names its own way
-Encoded = tuple[str, "list[int] | None", "str | None", list[int]]
+Line = tuple[str, "list[int] | None", "str | None", list[int], "tuple[tuple[int, int], ...]"]
 
 
-class LineStream(TextPolicy):
-    """Lines in, LineResults out, in input order, over a Session."""
+class Translator(Protocol):
+    """What a stream is given (translator.py's Translator): its session, its text policy and the
+    one conversion of a text request."""
+
+    session: Any
+    policy: TextPolicy
+
+    def request(self, asked: TextRequest) -> Request: ...
+
+
+class LineStream:
+    """Lines in, LineResults out, in input order, through the translator it is given (its text
+    policy and its one conversion of a text request)."""
+
+    def __init__(self, translator: "Translator"):
+        self.translator, self.policy, self.session = translator, translator.policy, translator.session
 
     def translate_lines(self, lines: Iterable[str | bytes | tuple], gen: GenerationConfig,
                         batching: Batching | None = None, text: TextOptions | None = None, *,
@@ -53,17 +68,18 @@ class LineStream(TextPolicy):
         batch decodes over the target ids its sources allow). Bad settings raise InputError at once."""
         batching = batching or Batching()
         text = text or TextOptions()
-        self.text  # noqa: B018 - a bundle without a tokenizer is refused now
-        self.check_languages(text.src_lang, text.tgt_lang)  # an unknown language is refused at the call
+        policy = self.policy
+        policy.text  # noqa: B018 - a bundle without a tokenizer is refused now
+        policy.check_languages(text.src_lang, text.tgt_lang)  # an unknown language is refused at the call
         if text.replace_unknowns:
-            self.check_replace_unknowns()
-        vocab_map = self.vocab_map(text.vocab_map)
+            policy.check_replace_unknowns()
+        text = replace(text, vocab_map=policy.vocab_map(text.vocab_map))  # loaded once, for every batch
         encoded = self.encoded_lines(lines, text, on_warning)
         return (result for window in windows(encoded, lambda e: len(e[1]) if e[1] is not None else 1, batching)
-                for result in self.translate_window(window, gen, batching, text, vocab_map, on_batch))
+                for result in self.translate_window(window, gen, batching, text, on_batch))
 
     def encoded_lines(self, lines: Iterable, text: TextOptions,
-                      on_warning: Callable[[int, str], None] | None) -> Iterator[Encoded]:
+                      on_warning: Callable[[int, str], None] | None) -> Iterator[Line]:
         """Each line's (text, source ids or None, error or None, target prefix ids)."""
         for index, line in enumerate(lines):
             prefix_text = None
@@ -74,16 +90,16 @@ class LineStream(TextPolicy):
                 if isinstance(prefix_text, bytes):
                     prefix_text = prefix_text.rstrip(b"\r\n").decode("utf-8", "replace")
                 prefix_text = prefix_text.rstrip("\r\n")
-            source, ids, error = self.encode_line(line, text.src_lang, text.tgt_lang)
+            source, ids, error, kept = self.encode_line(line, text)
             prefix: list[int] = []
             if prefix_text and ids is not None:
                 try:
-                    prefix = self.target_ids(prefix_text)
+                    prefix = self.policy.target_ids(prefix_text)
                 except InputError as e:
                     ids, error = None, message(e).after("target prefix: ")
             if ids is not None:  # within max_len: the rule every door shares (TextPolicy.fit)
                 try:
-                    cut = self.fit(ids, text.truncate)
+                    cut = self.policy.fit(ids, text.truncate)
                 except InputError as e:
                     ids, error = None, message(e)
                 else:
@@ -92,28 +108,29 @@ class LineStream(TextPolicy):
                                                   "({truncate})", "truncate"))
                     ids = cut
             if ids is not None and on_warning is not None:
-                warning = unknown_warning(self.text, ids)
+                warning = unknown_warning(self.policy.text, ids)
                 if warning:
                     on_warning(index, warning)
-            yield source, ids, error, prefix
+            yield source, ids, error, prefix, kept
 
-    def translate_window(self, window: list[Encoded], gen: GenerationConfig, batching: Batching,
-                         text: TextOptions, vocab_map: VocabMap | None = None,
-                         on_batch: Callable[[int, int], None] | None = None) -> Iterator[LineResult]:
+    def translate_window(self, window: list[Line], gen: GenerationConfig, batching: Batching,
+                         text: TextOptions, on_batch: Callable[[int, int], None] | None = None
+                         ) -> Iterator[LineResult]:
         """The window's LineResults in input order; its sources decoded in batches of like length."""
-        todo = [(i, ids) for i, (_, ids, _, _) in enumerate(window) if ids is not None]
+        todo = [(i, ids) for i, (_, ids, _, _, _) in enumerate(window) if ids is not None]
         done: dict[int, LineResult] = {}
         per_line = gen.num_beams if gen.strategy == "beam" else gen.num_return_sequences  # decoder rows a line
         for batch in plan([len(ids) for _, ids in todo], batching, per_line):
             rows = [todo[j][0] for j in batch]
             prefixes = [window[i][3] for i in rows]
-            done.update(zip(rows, self.decode_sources([todo[j][1] for j in batch], gen, text,
-                                                       [window[i][0] for i in rows], prefixes if any(prefixes) else
-                                                       None, vocab_map, on_batch)))
+            asked = TextRequest(tuple(Encoded(window[i][0], window[i][4], tuple(ids))
+                                      for i, ids in (todo[j] for j in batch)),
+                                tuple(prefixes) if any(prefixes) else None, options=text, generation=gen)
+            done.update(zip(rows, self.decode_sources(asked, on_batch)))
         if on_batch is not None and len(todo) < len(window):
             on_batch(len(window) - len(todo), 0)  # blank and failed lines: done without decoding
         n = gen.num_return_sequences
-        for i, (source, ids, error, _) in enumerate(window):
+        for i, (source, ids, error, _, _) in enumerate(window):
             if error is not None:
                 yield LineResult(source, [], error=error)
             elif ids is None:  # blank: nothing decoded, log-probability 0
@@ -122,54 +139,39 @@ class LineStream(TextPolicy):
             else:
                 yield done[i]
 
-    def encode_line(self, line: str | bytes, src_lang: str | None = None,
-                    tgt_lang: str | None = None) -> tuple[str, list[int] | None, str | None]:
+    def encode_line(self, line: str | bytes, text: TextOptions
+                    ) -> tuple[str, list[int] | None, str | None, tuple[tuple[int, int], ...]]:
+        """A line's (text, source ids or None, error or None, kept spans): UTF-8 checked, the line
+        end dropped, a blank line not encoded; with a terminology, its `<dnt>` tags removed from
+        the text and the spans they held kept (text_request.marked)."""
         if isinstance(line, bytes):
             raw = line.rstrip(b"\r\n")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return raw.decode("utf-8", "replace"), None, f"not UTF-8 ({e})"
+                return raw.decode("utf-8", "replace"), None, f"not UTF-8 ({e})", ()
         line = line.rstrip("\r\n")
         if not line.strip():
-            return line, None, None
+            return line, None, None, ()
         try:
-            ids = self.encode_text(line, src_lang, tgt_lang=tgt_lang)
+            source = marked(line, text, "line")
+            clean, kept = (source.text, source.kept) if isinstance(source, Marked) else (line, ())
+            ids = self.policy.encode_text(clean, text.src_lang, tgt_lang=text.tgt_lang)
         except InputError as e:
-            return line, None, message(e)
-        return line, ids, None
+            return line, None, message(e), ()
+        return clean, ids, None, kept
 
-    def decode_sources(self, sources: list[list[int]], gen: GenerationConfig, text: TextOptions,
-                       texts: list[str], target_prefix: list[list[int]] | None = None,
-                       vocab_map: VocabMap | None = None,
+    def decode_sources(self, asked: TextRequest,
                        on_batch: Callable[[int, int], None] | None = None) -> list[LineResult]:
-        """Decode source id rows together (`texts`: the lines they came from): a LineResult each.
-        With text.replace_unknowns, unknown target tokens are replaced by the source words of the
-        pieces they attend to; with a vocab_map, the batch decodes over the target ids its
-        sources' n-grams allow."""
-        vocabulary = None
-        if vocab_map is not None:
-            if texts is None:
-                raise XformError("a vocabulary map chooses a batch's target ids from its sources' texts: none given")
-            vocabulary = self.allowed_ids(vocab_map, texts)
-        request = self.session.request(*self.session.pad(sources), generation=gen, target_prefix=target_prefix,
-                                       return_scores=bool(text.scores), return_token_scores=text.scores == "tokens",
-                                       return_attention=text.replace_unknowns, vocabulary=vocabulary)
+        """Decode a batch of encoded lines together (its sources Encoded): a LineResult each. With
+        replace_unknowns, unknown target tokens are replaced by the source words of the pieces they
+        attend to; with a vocabulary map, the batch decodes over the target ids its sources'
+        n-grams allow (text_request.convert)."""
+        request = self.translator.request(asked)
         result = self.session.run(request)
-        rows = result.ids
         if on_batch is not None:
-            on_batch(len(sources), int((rows != self.pad_id).sum()))  # the pad id is never generated
-        n = gen.num_return_sequences
-        decoded = self.decode_rows(rows, n, sources, texts, result.attention if text.replace_unknowns else None)
-        scores = [] if result.scores is None else [float(s) for s in result.scores]
-        tokens = [] if result.token_scores is None else [
-            [float(v) for v, i in zip(tk, r) if i != self.pad_id] for tk, r in zip(result.token_scores, rows)]
-        return [LineResult(texts[k], decoded[k * n:(k + 1) * n], scores[k * n:(k + 1) * n], tokens[k * n:(k + 1) * n])
-                for k in range(len(sources))]
-
-    def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
-                    texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
-        """Text of generated rows, n a source; with `attention`, each unknown target token written
-        as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
-        framing = {self.pad_id, self.eos_id, self.config.bos_id}
-        return decode_rows(self.text, framing, rows, n, sources, texts, attention)
+            on_batch(request.batch, int((result.ids != self.policy.pad_id).sum()))  # the pad id is never generated
+        texts = asked.texts or []
+        return [LineResult(texts[k], r.hypotheses, r.scores, r.token_scores, confidence=r.confidence, unmet=r.unmet,
+                           promoted_beams=r.promoted_beams)
+                for k, r in enumerate(render(self.policy, asked, request, result))]

@@ -8,6 +8,7 @@ own way (the CLI's flag, the server's input, the Python keyword).
 """
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -15,7 +16,9 @@ import numpy as np
 
 from xform.config import TransformerConfig
 from xform.errors import InputError, SettingError, XformError
+from xform.runtime.text.token_lists import Vocabularies
 from xform.runtime.text.tokenizer import Tokenizer, no_languages
+from xform.runtime.text.unknowns import decode_rows
 from xform.runtime.text.vocab_map import VocabMap
 
 if TYPE_CHECKING:
@@ -63,6 +66,11 @@ class TextPolicy:
     @property
     def generation_defaults(self) -> dict[str, Any]:
         return self.session.generation_defaults
+
+    @cached_property
+    def vocabularies(self) -> Vocabularies:
+        """The bundle's vocabularies as CTranslate2's token lists read them."""
+        return Vocabularies(self.text, self.session.config)
 
     def bad_words(self, words: Sequence[str | Sequence[int]]) -> list:
         """Bad words as id sequences: text split by the target tokenizer (bad_word_ids), ids kept."""
@@ -153,10 +161,10 @@ class TextPolicy:
 
     def one_way(self, code: str, setting: str) -> SettingError:
         """The refusal of a language (the value of `setting`) by a bundle whose tokenizer takes
-        none: what the bundle translates, as its files record it (runtime/fleet/languages.py:
+        none: what the bundle translates, as its files record it (runtime/text/languages.py:
         the manifest's languages, a Marian's tokenizer_config.json, its OPUS-MT name), or, where
         they record nothing, that its tokenizer has no languages."""
-        from xform.runtime.fleet.languages import PREFIX, bundle_languages, same, spelled
+        from xform.runtime.text.languages import PREFIX, bundle_languages, same, spelled
 
         bundle = self.session.bundle
         try:
@@ -253,3 +261,10 @@ class TextPolicy:
         ids kept. Their count and length are the session's to check (Session.check_prefix)."""
         return [[] if p is None or (isinstance(p, str) and not p) else self.target_ids(p) if isinstance(p, str) else p
                 for p in prefixes]
+
+    def decode_rows(self, rows: np.ndarray, n: int, sources: list[list[int]] | None = None,
+                    texts: list[str] | None = None, attention: np.ndarray | None = None) -> list[str]:
+        """Text of generated rows, n a source; with `attention`, each unknown target token written
+        as the source word of the piece it attends to most (of `sources[k // n]`, as written in `texts`)."""
+        framing = {self.pad_id, self.eos_id, self.config.bos_id}
+        return decode_rows(self.text, framing, rows, n, sources, texts, attention)

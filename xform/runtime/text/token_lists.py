@@ -18,7 +18,8 @@ the bundle's vocabularies, never text.
   2, min_decoding_length 1, max_decoding_length 256.
 - `score_batch`: the target's ids, end token appended; tokens come back as pieces, `"</s>"` last.
 
-This module maps and renders; the Translator (translator.py) decodes through its Session."""
+This module maps and renders; token_calls.py makes CTranslate2's calls over token lists through the
+one conversion (text_request.py), and the Translator (translator.py) holds them."""
 from __future__ import annotations
 
 import itertools
@@ -173,158 +174,9 @@ def decoding_settings(settings: dict[str, Any], prefix_len: int, cap: int) -> di
     return out
 
 
-def generation(session, settings: dict[str, Any]):
-    """The generation config of decoding_settings' `settings`, no first token forced (a bundle's
-    default one included: the prefix says the target language)."""
-    import dataclasses
-    rest = dict(settings)
-    max_new = rest.pop("max_new_tokens")
-    return dataclasses.replace(session.generation_config(max_new, **rest), forced_bos_token_id=None)
-
-
-def translate_call(translator, source: Sequence[Sequence[str]], target_prefix: Any, *, return_scores: bool,
-                   return_end_token: bool, disable_unk: bool, max_batch_size: int, limit: int,
-                   given: dict[str, Any], options: dict[str, Any]) -> list:
-    """translate_batch's call over token lists, checked: the text-only options in `given` refused
-    by name when set, the sources cut to `limit` (max_input_length), one prefix (a token list or
-    None) a source."""
-    taken = [name for name, value in given.items() if value]
-    if taken:
-        raise InputError(f"{', '.join(taken)} with token lists: a token list is what the model reads, languages "
-                         "included (a source's language token, the target's as target_prefix); pass texts for "
-                         f"{'these' if len(taken) > 1 else 'it'}")
-    sources = [cut(list(t), limit) for t in source]
-    prefixes = None
-    if target_prefix is not None:
-        if len(target_prefix) != len(sources):
-            raise InputError(f"target_prefix has {len(target_prefix)} entries for {len(sources)} sources: one a source")
-        prefixes = []
-        for i, p in enumerate(target_prefix):
-            if p is not None and (isinstance(p, (str, bytes)) or not all(isinstance(t, str) for t in p)):
-                raise InputError(f"target_prefix[{i}]: expected a token list (or None) where the sources are token "
-                                 f"lists, got {p!r}")
-            prefixes.append(list(p or []))
-    return translate(translator, sources, prefixes, return_scores=return_scores, return_end_token=return_end_token,
-                     disable_unk=disable_unk, max_batch_size=max_batch_size, options=options)
-
-
-def translate(translator, sources: list[list[str]], prefixes: list[list[str]] | None, *, return_scores: bool,
-              return_end_token: bool, disable_unk: bool, max_batch_size: int, options: dict[str, Any]) -> list:
-    """CTranslate2's translate_batch over token lists (the module's rules): TranslationResults of
-    token lists. Sources are decoded in groups of one prefix length (the length caps count the
-    prefix), at most `max_batch_size` at a time."""
-    from xform.runtime.decoding.request import TranslationResult
-    for name, why in REFUSED.items():
-        if options.get(name):
-            raise InputError(f"{name} with token lists: {why}")
-    session, vocab = translator.session, translator.vocabularies
-    src = [vocab.source_ids(t, f"source[{i}]") for i, t in enumerate(sources)]
-    pre = [vocab.target_ids(p, f"target_prefix[{i}]") for i, p in enumerate(prefixes or [[]] * len(src))]
-    options = dict(options)
-    suppressed = options.pop("suppress_sequences", None)
-    settings = {**translator.ct2_generation_settings(options)}
-    if suppressed:
-        settings["bad_words_ids"] = [vocab.known_target_ids(seq, f"suppress_sequences[{i}]")
-                                     for i, seq in enumerate(suppressed)]
-    if disable_unk and vocab.target_unk is not None:
-        settings["bad_words_ids"] = [*settings.get("bad_words_ids", []), [vocab.target_unk]]
-    cap = session.default_max_new_tokens()
-    results: dict[int, TranslationResult] = {}
-    groups: dict[int, list[int]] = {}
-    for i in range(len(src)):
-        groups.setdefault(len(pre[i]), []).append(i)
-    for n, group in groups.items():
-        gen_settings = decoding_settings(settings, n, cap)
-        rows = [i for i in group if src[i] and gen_settings["max_new_tokens"] > 0]
-        results.update({i: untouched(vocab, pre[i], gen_settings, n, return_scores, settings)
-                        for i in group if i not in rows})
-        step = max_batch_size or max(len(rows), 1)
-        for at in range(0, len(rows), step):
-            chunk = rows[at:at + step]
-            results.update(zip(chunk, decoded(translator, [src[i] for i in chunk], [pre[i] for i in chunk],
-                                              gen_settings, return_scores, return_end_token)))
-    return [results[i] for i in range(len(src))]
-
-
-def untouched(vocab: Vocabularies, prefix: list[int], settings: dict[str, Any], n: int, return_scores: bool,
-              asked: dict[str, Any]):
-    """CTranslate2's answer where the model is not run: an empty source, or a prefix that fills
-    max_decoding_length: the prefix (cut to it), score 0."""
-    from xform.runtime.decoding.request import TranslationResult
-    keep = prefix[:max(0, settings["max_new_tokens"] + n)]
-    k = int(asked.get("num_return_sequences") or 1)
-    return TranslationResult([vocab.pieces(keep)] * k, [0.0] * k if return_scores else [])
-
-
-def decoded(translator, src: list[list[int]], prefixes: list[list[int]], settings: dict[str, Any],
-            return_scores: bool, return_end_token: bool) -> list:
-    """One request over sources sharing a prefix length: their TranslationResults (sampled
-    hypotheses sorted by score, best first, as CTranslate2 sorts them)."""
-    from xform.runtime.decoding.request import TranslationResult
-    session, vocab, cfg = translator.session, translator.vocabularies, translator.session.config
-    gen = generation(session, settings)
-    ids, lengths = session.pad(src)
-    request = session.request(ids, lengths, generation=gen, target_prefix=prefixes if any(prefixes) else None,
-                              return_token_scores=True)
-    result = session.run(request)
-    k = len(result) // request.batch
-    out = []
-    for b in range(request.batch):
-        hyps = []
-        for r in range(b * k, (b + 1) * k):
-            assert result.token_scores is not None  # asked for
-            score = ct2_score(result.token_scores[r], result.ids[r], cfg.eos_id, cfg.pad_id, gen.length_penalty)
-            hyps.append((vocab.pieces(hypothesis(result.ids[r], cfg.eos_id, cfg.pad_id, return_end_token)), score))
-        if gen.do_sample:
-            hyps.sort(key=lambda h: -h[1])
-        out.append(TranslationResult([h for h, _ in hyps], [s for _, s in hyps] if return_scores else []))
-    return out
-
-
-def score(translator, source: Any, target: Any) -> list:
-    """CTranslate2's score_batch over token lists: each source's ids as given, its target's ids
-    with the end token appended; ScoringResults of the target's pieces, "</s>" last, and each
-    one's log-prob. An empty source scores its tokens 0, as CTranslate2 does."""
-    from xform.runtime.decoding.request import ScoringResult
-    if not (token_lists(source) and token_lists(target)):
-        raise InputError("score_batch: sources and targets both token lists, or both texts")
-    if len(source) != len(target):
-        raise InputError(f"{len(source)} sources for {len(target)} targets: one target a source")
-    session, vocab, eos = translator.session, translator.vocabularies, translator.session.config.eos_id
-    src = [vocab.source_ids(t, f"source[{i}]") for i, t in enumerate(source)]
-    tgt = [vocab.target_ids(t, f"target[{i}]") + [eos] for i, t in enumerate(target)]
-    results = {i: ScoringResult(vocab.pieces(tgt[i]), [0.0] * len(tgt[i])) for i in range(len(src)) if not src[i]}
-    todo = [i for i in range(len(src)) if src[i]]
-    if todo:
-        ids, lengths = session.pad([src[i] for i in todo])
-        targets, n = session.pad([tgt[i] for i in todo])
-        scored = session.score(ids, targets, lengths)
-        for r, i in enumerate(todo):
-            results[i] = ScoringResult(vocab.pieces(tgt[i]), [float(v) for v in scored["tokens"][r, :n[r]]])
-    return [results[i] for i in range(len(src))]
-
-
 def chunks(pairs: Iterable[tuple], size: int, prefixed: bool) -> Iterator[tuple[list, list | None]]:
     """(token lists, their prefixes) `size` at a time from a stream of (source, prefix) pairs; the
     prefixes None where the stream has none (`prefixed` False)."""
     pairs = iter(pairs)
     while batch := list(itertools.islice(pairs, size)):
         yield [s for s, _ in batch], [p for _, p in batch] if prefixed else None
-
-
-def step_request(translator, source: list[str], prefix: list[str], settings: dict[str, Any],
-                 return_log_prob: bool = False):
-    """generate_tokens' request for a token list and its prefix (CTranslate2's meanings, greedy or
-    sampling)."""
-    session, vocab = translator.session, translator.vocabularies
-    src, pre = vocab.source_ids(source, "source"), vocab.target_ids(prefix, "target_prefix")
-    if not src:
-        raise InputError("source: an empty token list; generate_tokens needs a source to decode")
-    gen_settings = decoding_settings(settings, len(pre), session.default_max_new_tokens())
-    if gen_settings["max_new_tokens"] <= 0:
-        raise InputError(f"max_decoding_length {gen_settings['max_new_tokens'] + len(pre)}: the target_prefix's "
-                         f"{len(pre)} tokens fill it")
-    gen = generation(session, gen_settings)
-    ids, lengths = session.pad([src])
-    return session.request(ids, lengths, generation=gen, target_prefix=[pre] if pre else None,
-                           return_token_scores=return_log_prob)

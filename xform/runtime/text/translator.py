@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from xform.errors import InputError, XformError
 from xform.files import atomic_file
@@ -30,6 +30,7 @@ from xform.runtime.decoding.loop import Batch
 from xform.runtime.decoding.request import (
     REQUEST_OPTIONS,
     GenerationStepResult,
+    LineResult,
     Request,
     ScoringResult,
     TextOptions,
@@ -37,11 +38,18 @@ from xform.runtime.decoding.request import (
     refuse_unknown,
 )
 from xform.runtime.scheduling.batching import Batching, plan
-from xform.runtime.text import token_lists as token_lists_module
+from xform.runtime.text import token_calls
 from xform.runtime.text.async_results import may_run_asynchronously
+from xform.runtime.text.glossary import Terminology, terminology
+from xform.runtime.text.results import render
 from xform.runtime.text.text_lines import LineStream
-from xform.runtime.text.token_lists import Vocabularies, token_lists
+from xform.runtime.text.text_policy import TextPolicy
+from xform.runtime.text.text_request import TextRequest, blank, convert, generation
+from xform.runtime.text.token_lists import chunks, token_lists
 from xform.runtime.text.vocab_map import VocabMap
+
+if TYPE_CHECKING:
+    from xform.runtime.session import Session
 
 
 def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
@@ -132,9 +140,36 @@ def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> B
     return Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None, read_ahead)
 
 
-class Translator(LineStream):
-    """Text in, text out, over a Session (`Translator(xform.load(...))`): the text policy
-    (text_policy.py), line streams (text_lines.py) and CTranslate2's calls."""
+class Translator:
+    """Text in, text out, over a Session (`Translator(xform.load(...))`): it has a text policy
+    (text_policy.py: the rules from text to ids), the one conversion of a text request
+    (text_request.py), a line stream (text_lines.py, given this translator) and CTranslate2's
+    calls. A door opens one and holds it."""
+
+    def __init__(self, session: "Session", *, glossary: Any = None, keep: str | Sequence[str] = ()):
+        self.session = session
+        self.policy = TextPolicy(session)
+        self.lines = LineStream(self)
+        self.glossary, self.keep = glossary, keep  # every call's terminology unless it gives its own
+
+    def terminology(self, glossary: Any, keep: str | Sequence[str], src_lang: str | None,
+                    tgt_lang: str | None) -> Terminology | None:
+        """A call's terminology (glossary.terminology): its glossary and keep patterns, else the
+        translator's, for the call's language pair."""
+        if glossary is None and not keep:
+            glossary, keep = self.glossary, self.keep
+        return terminology(glossary, keep, src_lang, tgt_lang)
+
+    def request(self, asked: TextRequest) -> Request:
+        """The one conversion of a text request into the session's Request (text_request.convert)."""
+        return convert(self.policy, asked)
+
+    def translate_lines(self, lines: Iterable[str | bytes | tuple], gen: GenerationConfig,
+                        batching: Batching | None = None, text: TextOptions | None = None, *,
+                        on_batch: Callable[[int, int], None] | None = None,
+                        on_warning: Callable[[int, str], None] | None = None) -> Iterator[LineResult]:
+        """A stream of lines translated, a LineResult a line in input order (text_lines.py)."""
+        return self.lines.translate_lines(lines, gen, batching, text, on_batch=on_batch, on_warning=on_warning)
 
     # -- CTranslate2's Translator ---------------------------------------------------------------
     @may_run_asynchronously
@@ -145,7 +180,8 @@ class Translator(LineStream):
                         tgt_lang: str | None = None, replace_unknowns: bool = False, truncate: bool = False,
                         vocab_map: "VocabMap | str | Path | None" = None,
                         suppress_sequences: Sequence[str] | None = None, max_input_length: int | None = None,
-                        return_end_token: bool = False, disable_unk: bool = False,
+                        return_end_token: bool = False, disable_unk: bool = False, glossary: Any = None,
+                        keep: str | Sequence[str] = (), qe: bool = False,
                         **options: Any) -> list[TranslationResult]:
         """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
@@ -163,9 +199,15 @@ class Translator(LineStream):
         the target ids its sources allow (a bundle exported --with-vocab-map). Token lists
         (CTranslate2's, each source a list of pieces) mean what they mean to CTranslate2, as
         token_lists.py says: ids through the vocabularies, token lists out, CTranslate2's scores,
-        lengths and defaults; `return_end_token` and `disable_unk` are theirs."""
+        lengths and defaults; `return_end_token` and `disable_unk` are theirs. xform's additions:
+        `glossary` (a TSV or TBX file, a Glossary, {source: target}; else the translator's) and
+        `keep` (regular expressions): each term found in a source must appear in its translation
+        as the glossary writes it, each kept span as written (`<dnt>...</dnt>` marks one too),
+        enforced in the beam search (a greedy request is promoted to the beam the terms need:
+        `promoted_beams`); a term the length cap leaves no room for is in the result's `unmet`.
+        `qe`: each hypothesis' `confidence` in [0, 1] (docs/terminology.md's formula)."""
         if token_lists(source):
-            return token_lists_module.translate_call(
+            return token_calls.translate_call(
                 self, source, target_prefix, return_scores=return_scores, return_end_token=return_end_token,
                 disable_unk=disable_unk, max_batch_size=max_batch_size, limit=input_limit(max_input_length),
                 given={"src_lang": src_lang, "tgt_lang": tgt_lang, "replace_unknowns": replace_unknowns,
@@ -175,46 +217,35 @@ class Translator(LineStream):
             if value:
                 raise InputError(f"{name}: CTranslate2's option for token lists (pass each source as its list of "
                                  "tokens); a text's translation is text, with no end token or <unk> in it")
-        limit = input_limit(max_input_length)
         texts = self.source_texts(source, "source")
         prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
-        if prefixes is not None and len(prefixes) != len(texts):
-            raise InputError(f"target_prefix has {len(prefixes)} entries for {len(texts)} sources: one a source")
-        settings = generation_settings(options)
-        if suppress_sequences:
-            settings["bad_words_ids"] = list(suppress_sequences)
-        todo = [i for i, t in enumerate(texts) if t.strip()]
+        terms = self.terminology(glossary, keep, src_lang, tgt_lang)
+        asked = TextRequest(tuple(texts), None if prefixes is None else tuple(prefixes),
+                            tuple(suppress_sequences or ()), TextOptions(return_scores, src_lang, tgt_lang, truncate,
+                                                                         replace_unknowns=replace_unknowns,
+                                                                         vocab_map=vocab_map, terminology=terms,
+                                                                         qe=qe),
+                            generation_settings(options), max_input_length=input_limit(max_input_length))
+        todo = [i for i, t in enumerate(texts) if not blank(t)]
         results: dict[int, TranslationResult] = {}
-        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang, limit):
+        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang,
+                                  asked.max_input_length):
             rows = [todo[j] for j in batch]
-            if prefixes is not None:
-                settings["target_prefix"] = [prefixes[i] or "" for i in rows]
-            request = self.text_request([texts[i] for i in rows], src_lang=src_lang, tgt_lang=tgt_lang,
-                                        replace_unknowns=replace_unknowns, return_scores=return_scores,
-                                        truncate=truncate, vocab_map=vocab_map, max_input_length=limit,
-                                        **settings)
-            results.update(zip(rows, self.results(request, [texts[i] for i in rows], replace_unknowns)))
+            results.update(zip(rows, self.results(asked.part(rows))))
         n = (len(next(iter(results.values())).hypotheses) if results else
-             settings.get("num_return_sequences") or self.generation_defaults.get("num_return_sequences") or 1)
-        blank = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
-        return [results.get(i, blank) for i in range(len(texts))]
-
-    @cached_property
-    def vocabularies(self) -> Vocabularies:
-        """The bundle's vocabularies as CTranslate2's token lists read them."""
-        return Vocabularies(self.text, self.session.config)
+             asked.settings.get("num_return_sequences") or
+             self.policy.generation_defaults.get("num_return_sequences") or 1)
+        blank_result = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
+        return [results.get(i, blank_result) for i in range(len(texts))]
 
     def ct2_generation_settings(self, options: dict[str, Any]) -> dict[str, Any]:
         return generation_settings(options)
 
-    def results(self, request: Request, texts: list[str], replace_unknowns: bool) -> list[TranslationResult]:
-        """A text request run: its TranslationResults, one a source."""
-        result = self.session.run(request)
-        n = len(result) // request.batch
-        decoded = self.decode_rows(result.ids, n, request.sources(), texts,
-                                   result.attention if replace_unknowns else None)
-        scores = [float(s) for s in result.scores] if result.scores is not None else []
-        return [TranslationResult(decoded[i * n:(i + 1) * n], scores[i * n:(i + 1) * n]) for i in range(request.batch)]
+    def results(self, asked: TextRequest) -> list[TranslationResult]:
+        """A text request decoded: its TranslationResults, one a source (results.render)."""
+        request = self.request(asked)
+        return [TranslationResult(r.hypotheses, r.scores, r.confidence, r.unmet, r.promoted_beams)
+                for r in render(self.policy, asked, request, self.session.run(request))]
 
     def batches(self, texts: list[str], max_batch_size: int, batch_type: str, src_lang: str | None,
                 tgt_lang: str | None, max_input_length: int = 0) -> list[list[int]]:
@@ -224,8 +255,8 @@ class Translator(LineStream):
             return []
         if not max_batch_size:
             return [list(range(len(texts)))]
-        return plan([len(self.encode_text(t, src_lang, tgt_lang)) if not max_input_length else
-                     min(len(self.encode_text(t, src_lang, tgt_lang)), max_input_length) for t in texts],
+        return plan([len(self.policy.encode_text(t, src_lang, tgt_lang)) if not max_input_length else
+                     min(len(self.policy.encode_text(t, src_lang, tgt_lang)), max_input_length) for t in texts],
                     ct2_batching(max_batch_size, batch_type))
 
     def source_texts(self, items: Any, name: str, optional: bool = False) -> list[str]:
@@ -250,7 +281,7 @@ class Translator(LineStream):
     def joined(self, tokens: Sequence[str], name: str) -> str:
         """CTranslate2's token list as the text it spells: SentencePiece pieces, ▁ marking a word's
         start. Other tokenizers' tokens do not say where words begin: refused, asking for text."""
-        if not self.text.spm_words:
+        if not self.policy.text.spm_words:
             raise InputError(f"{name}: a list of tokens; this bundle's tokenizer is not SentencePiece, so its tokens "
                              "do not spell the text back: pass the text itself (the bundle tokenizes it)")
         return "".join(tokens).replace("\u2581", " ").strip()
@@ -277,7 +308,7 @@ class Translator(LineStream):
             if src_lang or tgt_lang or truncate:
                 raise InputError("src_lang, tgt_lang, truncate with token lists: pass texts for them")
             pairs = ((t, None) for t in source) if target_prefix is None else with_prefixes(source, target_prefix)
-            for sources, prefixes in token_lists_module.chunks(pairs, max_batch_size or 32, target_prefix is not None):
+            for sources, prefixes in chunks(pairs, max_batch_size or 32, target_prefix is not None):
                 yield from self.translate_batch(sources, prefixes, return_scores=return_scores, **options)
             return
         gen = self.generation(tgt_lang, options)
@@ -311,44 +342,6 @@ class Translator(LineStream):
                 n += 1
         return n
 
-    @in_callers_words
-    def translate_document(self, text: str, *, format: str = "text", memory: "str | Path | None" = None,
-                           src_lang: str | None = None, tgt_lang: str | None = None,
-                           skip_target_language: bool = False, truncate: bool = False, max_batch_size: int = 32,
-                           batch_type: str = "examples", **options: Any) -> str:
-        """Translate a document: its paragraphs split into sentences (sentencex, by `src_lang`'s
-        rules), decoded together, and joined back with the text's whitespace, line and paragraph
-        breaks; `format` "markdown" leaves code, URLs, link targets and HTML tags as they are.
-        `memory`: an SQLite translation memory (created when missing): sentences it holds for this
-        bundle and these settings are not decoded again. `src_lang` "auto" (a multilingual model):
-        each paragraph's language identified (py3langid); `skip_target_language`: paragraphs
-        already in `tgt_lang` kept as they are. A sentence over max_len is cut at its clauses, else
-        truncated with `truncate`, else refused. `options`: translate_batch's."""
-        return self.translate_documents([text], format=format, memory=memory, src_lang=src_lang, tgt_lang=tgt_lang,
-                                        skip_target_language=skip_target_language, truncate=truncate,
-                                        max_batch_size=max_batch_size, batch_type=batch_type, **options)[0]
-
-    @in_callers_words
-    def translate_documents(self, texts: Sequence[str], *, format: str = "text", memory: "str | Path | None" = None,
-                            src_lang: str | None = None, tgt_lang: str | None = None,
-                            skip_target_language: bool = False, truncate: bool = False, max_batch_size: int = 32,
-                            batch_type: str = "examples", **options: Any) -> list[str]:
-        """Documents translated as translate_document does one, their sentences decoded together."""
-        from xform.runtime.documents.memory import TranslationMemory
-        from xform.runtime.documents.translate import DocumentTranslator
-
-        refuse_one_text(texts, "texts")
-        gen = self.generation(tgt_lang, options)
-        text = TextOptions(False, src_lang, tgt_lang, truncate)
-        opened = TranslationMemory(memory) if memory is not None else None
-        try:
-            documents = DocumentTranslator(self, gen, ct2_batching(max_batch_size, batch_type), text, markup=format,
-                                           memory=opened, skip_target_language=skip_target_language)
-            return [r.text for r in documents.translate([(f"texts[{i}]", t) for i, t in enumerate(texts)])]
-        finally:
-            if opened is not None:
-                opened.close()
-
     @may_run_asynchronously
     def score_batch(self, source: Sequence[Any], target: Sequence[Any], *, src_lang: str | None = None,
                     tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
@@ -361,15 +354,15 @@ class Translator(LineStream):
             if src_lang or tgt_lang:
                 raise InputError("src_lang, tgt_lang with token lists: a token list is what the model reads, its "
                                  "language tokens included; pass texts for them")
-            return token_lists_module.score(self, source, target)
+            return token_calls.score(self, source, target)
         texts, targets = self.source_texts(source, "source"), self.source_texts(target, "target")
         if len(texts) != len(targets):
             raise InputError(f"{len(texts)} sources for {len(targets)} targets: one target a source")
         todo = [i for i, t in enumerate(texts) if t.strip()]
         results = {i: ScoringResult([], []) for i in range(len(texts))}
         if todo:
-            src = self.encode_batch([texts[i] for i in todo], src_lang, tgt_lang)
-            tgt, lengths = self.session.pad([self.encode_target(targets[i], tgt_lang) for i in todo])
+            src = self.policy.encode_batch([texts[i] for i in todo], src_lang, tgt_lang)
+            tgt, lengths = self.session.pad([self.policy.encode_target(targets[i], tgt_lang) for i in todo])
             scored = self.session.score(src, tgt)
             for r, (i, n) in enumerate(zip(todo, lengths)):
                 results[i] = ScoringResult([int(t) for t in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
@@ -413,28 +406,27 @@ class Translator(LineStream):
             if src_lang or tgt_lang or isinstance(target_prefix, str):
                 raise InputError("generate_tokens with a token list: its languages are tokens (the target's as a "
                                  "token list target_prefix); pass a text for src_lang, tgt_lang or a text prefix")
-            request = token_lists_module.step_request(self, list(source), list(target_prefix or []), settings,
+            request = token_calls.step_request(self, list(source), list(target_prefix or []), settings,
                                                       return_log_prob)
         else:
-            if target_prefix:
-                settings["target_prefix"] = [target_prefix]
-            request = self.text_request([source], src_lang=src_lang, tgt_lang=tgt_lang,
-                                        return_token_scores=return_log_prob, **settings)
-        yield from self.steps(request)
+            request = self.request(TextRequest((source,), (target_prefix,) if target_prefix else None,
+                                               options=TextOptions("tokens" if return_log_prob else False, src_lang,
+                                                                   tgt_lang), settings=settings))
+        yield from self.steps(request, return_log_prob)
 
-    def steps(self, request: Request) -> Iterator[GenerationStepResult]:
-        """A one-source greedy or sampling request's tokens as the loop makes them."""
+    def steps(self, request: Request, scored: bool) -> Iterator[GenerationStepResult]:
+        """A one-source greedy or sampling request's tokens as the loop makes them (with each
+        one's log-prob where `scored`)."""
         decode = self.session.decode_item(request)
         batch = Batch(self.session.backend, self.session.start_id)
         batch.admit(decode)
         out = decode.strategy.out
         assert out is not None  # greedy and sampling keep their tokens as they go
-        scored = request.return_token_scores
         while not decode.done:
             batch.step()
             step = decode.step - 1
             token = int(out[0, step])
-            last = decode.done or token == self.eos_id
+            last = decode.done or token == self.policy.eos_id
             yield GenerationStepResult(step, token, self.piece(token), last,
                                        float(decode.strategy.per_token()[0, step]) if scored else None)
             if last:
@@ -443,7 +435,7 @@ class Translator(LineStream):
     @cached_property
     def pieces(self) -> dict[int, str]:
         """Target id -> the vocabulary's token (read once, at the first generate_tokens)."""
-        return {i: t for t, i in self.text.target_vocabulary().items()}
+        return {i: t for t, i in self.policy.text.target_vocabulary().items()}
 
     def piece(self, token_id: int) -> str:
         """A target id as the vocabulary writes it (CTranslate2's tokens): SentencePiece's pieces
@@ -454,33 +446,23 @@ class Translator(LineStream):
     # -- the Python door for text ---------------------------------------------------------------
     def generation(self, tgt_lang: str | None, options: dict[str, Any]) -> GenerationConfig:
         """A generation config from CTranslate2's option names or the config's, the target
-        language's first token forced."""
-        settings = generation_settings(options)
-        self.first_token(settings, tgt_lang)
-        if settings.get("bad_words_ids"):
-            settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        return self.session.generation_config(settings.pop("max_new_tokens", None), **settings)
+        language's first token forced: the one conversion's rule (text_request.generation), for a
+        stream or documents that decode many batches with one config."""
+        return generation(self.policy, TextRequest((), options=TextOptions(tgt_lang=tgt_lang),
+                                                   settings=generation_settings(options)))
 
-    def text_request(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
+    def text_request(self, texts: Sequence[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                      tgt_lang: str | None = None, replace_unknowns: bool = False,
                      vocab_map: "VocabMap | str | Path | None" = None, truncate: bool = False,
-                     max_input_length: int = 0, **settings: Any) -> Request:
-        """The Python door for text: texts and text settings (the target language, prefixes and
-        bad words as text, a vocabulary map, unknown replacement, truncation to max_len) as the
-        session's Request."""
-        self.first_token(settings, tgt_lang)
-        if settings.get("target_prefix") is not None:  # a prefix as the target tokenizer splits it
-            settings["target_prefix"] = self.prefix_ids(settings["target_prefix"])
-        if settings.get("bad_words_ids") is not None:
-            settings["bad_words_ids"] = self.bad_words(settings["bad_words_ids"])
-        src = self.encode_batch(texts, src_lang, tgt_lang, truncate=truncate, max_input_length=max_input_length)
-        vocab_map = self.vocab_map(vocab_map)
-        if vocab_map is not None:
-            settings["vocabulary"] = self.allowed_ids(vocab_map, texts)
-        if replace_unknowns:
-            self.check_replace_unknowns()
-        return self.session.request(src, None, max_new_tokens, texts=texts, replace_unknowns=replace_unknowns,
-                                    **settings)
+                     **settings: Any) -> TextRequest:
+        """The Python door's keywords (generate()'s: the generation config's and target_prefix, as
+        texts or ids) as a TextRequest."""
+        prefixes = settings.pop("target_prefix", None)
+        if max_new_tokens is not None:
+            settings["max_new_tokens"] = max_new_tokens
+        return TextRequest(tuple(texts), None if prefixes is None else tuple(prefixes),
+                           options=TextOptions(False, src_lang, tgt_lang, truncate, replace_unknowns=replace_unknowns,
+                                               vocab_map=vocab_map), settings=settings)
 
     def translate(self, texts: list[str], max_new_tokens: int | None = None, *, src_lang: str | None = None,
                   tgt_lang: str | None = None, replace_unknowns: bool = False,
@@ -490,8 +472,6 @@ class Translator(LineStream):
         `src_lang` / `tgt_lang` are a multilingual model's language codes (NLLB's "fra_Latn", mBART-50's
         "fr_XX", M2M100's "fr"), the target's becoming the forced first token."""
         refuse_one_text(texts, "texts")
-        request = self.text_request(list(texts), max_new_tokens, src_lang=src_lang, tgt_lang=tgt_lang,
-                                    replace_unknowns=replace_unknowns, vocab_map=vocab_map, **settings)
-        result = self.session.run(request)
-        return self.decode_rows(result.ids, len(result) // request.batch, request.sources(), list(texts),
-                                result.attention if replace_unknowns else None)
+        asked = self.text_request(texts, max_new_tokens, src_lang=src_lang, tgt_lang=tgt_lang,
+                                  replace_unknowns=replace_unknowns, vocab_map=vocab_map, **settings)
+        return [h for r in self.results(asked) for h in r.hypotheses]
