@@ -77,9 +77,13 @@ class Translator(TextTranslator):
                  compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
                  backend: str = "ort", allow_tf32: bool = False, cuda_graph: bool | None = None, *,
                  max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
-                 pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None):
+                 pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None,
+                 max_queued_batches: int = 0, flash_attention: bool = False, tensor_parallel: bool = False,
+                 files: Any = None):
         from xform.runtime.bundle import Bundle
         one_process(device_index, inter_threads)
+        ct2_only(max_queued_batches, flash_attention, tensor_parallel, files)
+        opening(model_path, intra_threads)
         given = [k for k, v in (("max_loaded", max_loaded), ("memory_budget", memory_budget),
                                 ("pinned", tuple(pinned) or None), ("load_timeout", load_timeout != 60.0 or None),
                                 ("pivot", pivot != "en" or None), ("idle_unload", idle_unload)) if v is not None]
@@ -180,13 +184,48 @@ def one_process(device_index: Any, inter_threads: int) -> None:
                          "processes, or `xform corpus` for a file over workers")
 
 
+def opening(model_path: Any, intra_threads: Any) -> None:
+    """A Translator's path (a str or a Path) and thread count (an integer >= 0; 0: the default)."""
+    if not isinstance(model_path, (str, Path)):
+        raise XformError(f"model_path: a bundle directory (str or pathlib.Path), or a directory or list of bundles, "
+                         f"got {type(model_path).__name__}")
+    if isinstance(intra_threads, bool) or not isinstance(intra_threads, int) or intra_threads < 0:
+        raise XformError(f"intra_threads must be an integer >= 0 (threads a batch; 0: the default), got "
+                         f"{intra_threads!r}")
+
+
+def ct2_only(max_queued_batches: Any, flash_attention: Any, tensor_parallel: Any, files: Any) -> None:
+    """CTranslate2's constructor options xform does not build, accepted where off (docs/python.md)."""
+    if isinstance(max_queued_batches, bool) or not isinstance(max_queued_batches, int) or max_queued_batches > 0:
+        raise XformError(f"max_queued_batches {max_queued_batches!r}: asynchronous calls queue without a bound here "
+                         "(0 or -1, CTranslate2's automatic and unlimited, are accepted)")
+    if flash_attention:
+        raise XformError("flash_attention: the backend (ONNX Runtime, TensorRT) chooses the attention kernels; "
+                         "CTranslate2's flash attention is not offered")
+    if tensor_parallel:
+        raise XformError("tensor_parallel: a Translator runs on one GPU (device_index 0); run a process per GPU")
+    if files is not None:
+        raise XformError("files: a bundle is read from its directory, where its manifest checks its files; "
+                         "in-memory model files are not offered")
+
+
 def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", device_index: int = 0,
           compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0, backend: str = "ort",
           allow_tf32: bool = False, cuda_graph: bool | None = None, *, max_loaded: int | None = None,
           memory_budget: int | str | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
-          load_timeout: float = 60.0, idle_unload: float | None = None) -> FleetTranslator:
+          load_timeout: float = 60.0, idle_unload: float | None = None, max_queued_batches: int = 0,
+          flash_attention: bool = False, tensor_parallel: bool = False, files: Any = None) -> FleetTranslator:
     """`Translator(DIR)`: a FleetTranslator whose bundles open with the Translator's settings."""
     one_process(device_index, inter_threads)
+    ct2_only(max_queued_batches, flash_attention, tensor_parallel, files)
+    for one in [bundles] if isinstance(bundles, (str, Path)) else bundles:
+        opening(one, intra_threads)
+    if isinstance(pinned, str) or not isinstance(pinned, Iterable) or not all(isinstance(n, str) for n in pinned):
+        raise XformError(f"pinned: a list of bundle names (str), got {pinned!r}")
+    for name, value, low in (("max_loaded", max_loaded, 1), ("load_timeout", load_timeout, 0),
+                             ("idle_unload", idle_unload, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+            raise XformError(f"{name} must be a number >= {low}, got {value!r}")
     if compute_type not in ("default", "auto"):
         raise XformError(f"compute_type {compute_type}: a directory's bundles each keep the precision they were "
                          "exported with (compute_type default)")
@@ -194,7 +233,10 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
     def opener(path: Path) -> TextTranslator:
         return TextTranslator(open_session(path, backend, device, intra_threads or None, torch_factory=torch_backend,
                                            allow_tf32=allow_tf32, cuda_graph=cuda_graph))
-    return FleetTranslator(bundles, opener, max_loaded, memory_budget, pinned, pivot, load_timeout, idle_unload)
+    translator = FleetTranslator(bundles, opener, max_loaded, memory_budget, pinned, pivot, load_timeout,
+                                 idle_unload)
+    translator.documents = translate_documents  # translate_document(s) by the pair's one bundle
+    return translator
 
 
 def _ct2_name(precision: str) -> str:

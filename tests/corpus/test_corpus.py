@@ -87,8 +87,9 @@ def cli_job(bundle) -> Job:
     """The Job `xform corpus BUNDLE ...` makes with no decoding flags (so its record is the CLI's)."""
     import xform
     from xform.cli.options import decoding_for, generation_settings
+    from xform.runtime.text.translator import Translator
 
-    gen, _ = decoding_for(xform.load(bundle), bundle, "ort", generation_settings(False), True, None, TextOptions())
+    gen, _ = decoding_for(Translator(xform.load(bundle)), bundle, "ort", generation_settings(False), True, None, TextOptions())
     return Job(str(bundle), gen, TextOptions())
 
 

@@ -28,10 +28,9 @@ TEXTS = ["the red cat sleeps", "the red dog runs fast", "a cat is here", "my old
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    """(ctranslate2.Translator, xform.Translator, pieces of TEXTS) over the same trained Marian."""
-    import sentencepiece as spm
-
+def models(tmp_path_factory):
+    """(the CTranslate2 model's directory, the xform bundle, the source SentencePiece model) of the
+    same trained Marian; the bundle has the restricted decoder (--with-vocab-map) for use_vmap."""
     from tests.marian_fixtures import build_upper_marian
     from xform.exporter.export import export_bundle
     hf = tmp_path_factory.mktemp("ct2suite") / "marian"
@@ -39,8 +38,16 @@ def engines(tmp_path_factory):
     build_upper_marian(hf, opus=True)
     ct2_dir = hf.parent / "ct2"
     ctranslate2.converters.TransformersConverter(str(hf)).convert(str(ct2_dir), force=True)
-    bundle = export_bundle(hf, hf.parent / "bundle").path
-    sp = spm.SentencePieceProcessor(model_file=str(hf / "source.spm"))
+    bundle = export_bundle(hf, hf.parent / "bundle", vocab_map=True).path
+    return ct2_dir, bundle, hf / "source.spm"
+
+
+@pytest.fixture(scope="module")
+def engines(models):
+    """(ctranslate2.Translator, xform.Translator, pieces of TEXTS) over the same trained Marian."""
+    import sentencepiece as spm
+    ct2_dir, bundle, spm_model = models
+    sp = spm.SentencePieceProcessor(model_file=str(spm_model))
     tokens = [sp.encode(t, out_type=str) + ["</s>"] for t in TEXTS]
     return ctranslate2.Translator(str(ct2_dir), device="cpu"), xform.Translator(bundle), tokens
 
@@ -275,3 +282,272 @@ def test_asynchronous_translation_and_scoring(engines):
     bad = xf.translate_batch(tokens[:1], asynchronous=True, min_decoding_length=9, max_decoding_length=2)
     with pytest.raises(ValueError, match="is greater than"):
         bad[0].result()
+
+
+# -- the callback, the files, score_batch's options, use_vmap (issue 54 item 2) ---------------------
+def steps_of(translator, tokens, **options):
+    """(every step result of a translate_batch callback, sorted; the hypotheses) of one call."""
+    seen = []
+    results = translator.translate_batch(tokens, callback=lambda s: seen.append(s), **options)
+    return sorted((s.step, s.batch_id, s.hypothesis_id, s.token_id, s.token, s.is_last,
+                   None if s.log_prob is None else round(s.log_prob, 3)) for s in seen), [r.hypotheses for r in results]
+
+
+@pytest.mark.parametrize("options", [
+    dict(beam_size=1), dict(beam_size=1, return_scores=True), dict(beam_size=1, max_batch_size=2),
+    dict(beam_size=1, max_decoding_length=3),
+    dict(beam_size=1, return_scores=True, target_prefix=[["\u2581", "A"]] + [None] * 4),
+], ids=repr)
+def test_callback_step_results(engines, options):
+    """CTranslate2's callback: one GenerationStepResult a token of each example (a prefix's tokens
+    too, log_prob 0; log_prob only with return_scores), `batch_id` the example's index in the call,
+    `is_last` its end token or its last step: the same steps, tokens and log-probs (1e-3)."""
+    ct, xf, tokens = engines
+    assert steps_of(xf, tokens, **options) == steps_of(ct, tokens, **options)
+
+
+def test_callback_stops_an_example_and_takes_no_beams(engines):
+    ct, xf, tokens = engines
+    stop = lambda s: s.step >= 2 and s.batch_id != 1  # noqa: E731 - True ends that example after its token
+    same(ct.translate_batch(tokens, beam_size=1, callback=stop, return_scores=True),
+         xf.translate_batch(tokens, beam_size=1, callback=stop, return_scores=True))
+    assert len(xf.translate_batch(tokens, beam_size=1, callback=stop)[0].hypotheses[0]) == 3
+    for translator in (ct, xf):  # beam_size 2 is CTranslate2's default: refused alike
+        for options in (dict(), dict(beam_size=3)):
+            with pytest.raises(ValueError, match="callback function is not compatible with beam_size > 1"):
+                translator.translate_batch(tokens, callback=stop, **options)
+    with pytest.raises(ZeroDivisionError):  # what the callback raises, the call raises (CTranslate2's too)
+        xf.translate_batch(tokens, beam_size=1, callback=lambda s: 1 / 0)
+    with pytest.raises(InputError, match="^callback: a function"):
+        xf.translate_batch(tokens, beam_size=1, callback=5)
+    with pytest.raises(InputError, match="return_log_prob: generate_tokens' option"):  # CTranslate2: a TypeError
+        xf.translate_batch(tokens, beam_size=1, return_log_prob=True)
+
+
+def test_callback_hypothesis_id(engines):
+    _, xf, tokens = engines
+    hypotheses: dict[int, list[str]] = {}
+
+    def callback(step):
+        assert step.batch_id == 0
+        hypotheses.setdefault(step.hypothesis_id, []).append(step.token)
+
+    xf.translate_batch(tokens[:1], beam_size=1, sampling_topk=20, num_hypotheses=3, callback=callback)
+    assert sorted(hypotheses) == [0, 1, 2]
+
+
+def test_callback_batch_id(engines):
+    """Sources sorted and split (max_batch_size 2): batch_id is still the caller's index."""
+    ct, xf, tokens = engines
+    prefix = [["\u2581"], ["T"], ["A"]]
+
+    def callback(step):
+        assert step.token == prefix[step.batch_id][0]
+        return True
+
+    for translator in (ct, xf):
+        got = translator.translate_batch(tokens[:3], prefix, max_batch_size=2, beam_size=1, callback=callback)
+        assert [r.hypotheses for r in got] == [[p] for p in prefix]
+
+
+def parsed(path):
+    """A CTranslate2 output file's lines, split at '|||', numbers as floats."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = [p.strip() for p in line.split("|||")]
+        out.append([[float(v) for v in p.split()] if k != 1 and len(parts) > 1 else p for k, p in enumerate(parts)])
+    return out
+
+
+def same_file(a, b) -> None:
+    """Two engines' output files: the same lines, numbers within 1e-3."""
+    x, y = parsed(a), parsed(b)
+    assert len(x) == len(y) and [len(p) for p in x] == [len(p) for p in y]
+    for p, q in zip(x, y):
+        for u, v in zip(p, q):
+            if isinstance(u, list):
+                np.testing.assert_allclose(v, u, atol=1e-3)
+            else:
+                assert u == v
+
+
+@pytest.mark.parametrize("options", [dict(), dict(with_scores=True, beam_size=2, num_hypotheses=2),
+                                     dict(max_batch_size=2, read_batch_size=3, beam_size=1),
+                                     dict(max_batch_size=9, batch_type="tokens", with_scores=True)], ids=repr)
+def test_file_translation(engines, tmp_path, options):
+    """CTranslate2's tokenized file (pieces split on spaces, a blank line an empty example): the
+    same lines ("score ||| tokens" with with_scores, each hypothesis a line) and ExecutionStats."""
+    ct, xf, tokens = engines
+    source = tmp_path / "input.txt"
+    source.write_text("".join(" ".join(t) + "\n" for t in tokens) + "\n", encoding="utf-8")
+    a = ct.translate_file(str(source), str(tmp_path / "ct.txt"), **options)
+    b = xf.translate_file(source, tmp_path / "xf.txt", **options)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+    assert (b.num_tokens, b.num_examples) == (a.num_tokens, a.num_examples) == (b.num_tokens, 6)
+    assert isinstance(b.total_time_in_ms, float)
+    assert repr(b) == (f"ExecutionStats(num_tokens={b.num_tokens}, num_examples=6, "
+                       f"total_time_in_ms={b.total_time_in_ms})")
+
+
+def test_raw_file_translation(engines, models, tmp_path):
+    """source_tokenize_fn / target_detokenize_fn: each line is the function's token list (CTranslate2's
+    meanings), the output the detokenized hypothesis; one without the other refused alike."""
+    import sentencepiece as spm
+    ct, xf, _ = engines
+    sp = spm.SentencePieceProcessor(model_file=str(models[2]))
+    tokenize = lambda text: sp.encode(text, out_type=str) + ["</s>"]  # noqa: E731
+    detokenize = lambda tokens: "".join(tokens).replace("\u2581", " ").strip()  # noqa: E731
+    source = tmp_path / "input.txt"
+    source.write_text("".join(t + "\n" for t in TEXTS), encoding="utf-8")
+    for translator in (ct, xf):
+        with pytest.raises(ValueError, match="target_detokenize_fn"):
+            translator.translate_file(str(source), str(tmp_path / "out.txt"), source_tokenize_fn=tokenize)
+        with pytest.raises(ValueError, match="source_tokenize_fn"):
+            translator.translate_file(str(source), str(tmp_path / "out.txt"), target_detokenize_fn=detokenize)
+    a = ct.translate_file(str(source), str(tmp_path / "ct.txt"), source_tokenize_fn=tokenize,
+                          target_detokenize_fn=detokenize, with_scores=True)
+    b = xf.translate_file(source, tmp_path / "xf.txt", source_tokenize_fn=tokenize, target_detokenize_fn=detokenize,
+                          with_scores=True)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+    assert (a.num_tokens, a.num_examples) == (b.num_tokens, b.num_examples)
+    assert parsed(tmp_path / "xf.txt")[0][1] == "THE RED CAT SLEEPS"
+
+
+def test_file_translation_with_prefix(engines, tmp_path):
+    """A target file of prefixes (a blank line: none). A file one line short is refused by both:
+    CTranslate2 raises RuntimeError, xform InputError naming target_prefix (a documented
+    difference: xform's errors are InputError, a ValueError)."""
+    ct, xf, tokens = engines
+    source, prefix = tmp_path / "input.txt", tmp_path / "target.txt"
+    source.write_text("".join(" ".join(t) + "\n" for t in tokens[:3]), encoding="utf-8")
+    prefix.write_text("\u2581 A\n\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="has less examples"):
+        ct.translate_file(str(source), str(tmp_path / "ct.txt"), str(prefix))
+    with pytest.raises(InputError, match="target_prefix"):
+        xf.translate_file(source, tmp_path / "xf.txt", prefix)
+    prefix.write_text("\u2581 A\n\n\u2581 M Y\n", encoding="utf-8")
+    ct.translate_file(str(source), str(tmp_path / "ct.txt"), str(prefix), with_scores=True)
+    xf.translate_file(source, tmp_path / "xf.txt", prefix, with_scores=True)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+    assert parsed(tmp_path / "xf.txt")[2][1].startswith("\u2581 M Y")
+
+
+def test_raw_file_translation_with_prefix(engines, models, tmp_path):
+    import sentencepiece as spm
+    ct, xf, _ = engines
+    sp = spm.SentencePieceProcessor(model_file=str(models[2]))
+    tokenize = lambda text: sp.encode(text, out_type=str) + ["</s>"]  # noqa: E731
+    source, prefix = tmp_path / "input.txt", tmp_path / "target.txt"
+    source.write_text("".join(t + "\n" for t in TEXTS[:2]), encoding="utf-8")
+    prefix.write_text("A D\n\n", encoding="utf-8")
+    for translator in (ct, xf):
+        with pytest.raises(ValueError, match="target_tokenize_fn"):
+            translator.translate_file(str(source), str(tmp_path / "out.txt"), str(prefix), source_tokenize_fn=tokenize,
+                                      target_detokenize_fn=" ".join)
+    for translator, out in ((ct, "ct.txt"), (xf, "xf.txt")):
+        translator.translate_file(str(source), str(tmp_path / out), str(prefix), source_tokenize_fn=tokenize,
+                                  target_tokenize_fn=lambda text: ["\u2581", *text.split()],
+                                  target_detokenize_fn=" ".join)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+    assert parsed(tmp_path / "xf.txt")[0][0].startswith("\u2581 A D")
+
+
+@pytest.mark.parametrize("options", [dict(), dict(with_tokens_score=True, max_batch_size=2), dict(offset=1),
+                                     dict(max_input_length=3, with_tokens_score=True)], ids=repr)
+def test_score_file(engines, tmp_path, options):
+    """Upstream test_score_api's score_file part: "mean ||| target tokens </s> [||| token scores]"
+    a line, the same numbers (1e-3) and ExecutionStats; and with tokenize functions."""
+    ct, xf, tokens = engines
+    source, target = tmp_path / "source.txt", tmp_path / "target.txt"
+    source.write_text("".join(" ".join(t) + "\n" for t in tokens), encoding="utf-8")
+    target.write_text("\u2581 T HE\n\u2581 QQQ\n\n\u2581\n\u2581 D O G\n", encoding="utf-8")
+    a = ct.score_file(str(source), str(target), str(tmp_path / "ct.txt"), **options)
+    b = xf.score_file(source, target, tmp_path / "xf.txt", **options)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+    assert (a.num_tokens, a.num_examples) == (b.num_tokens, b.num_examples)
+    split = str.split
+    for translator in (ct, xf):
+        with pytest.raises(ValueError, match="should all be set or none at all"):
+            translator.score_file(str(source), str(target), str(tmp_path / "out.txt"), source_tokenize_fn=split)
+    ct.score_file(str(source), str(target), str(tmp_path / "ct.txt"), source_tokenize_fn=split,
+                  target_tokenize_fn=split, target_detokenize_fn=" ".join, **options)
+    xf.score_file(source, target, tmp_path / "xf.txt", source_tokenize_fn=split, target_tokenize_fn=split,
+                  target_detokenize_fn=" ".join, **options)
+    same_file(tmp_path / "ct.txt", tmp_path / "xf.txt")
+
+
+@pytest.mark.parametrize("options", [dict(offset=1), dict(offset=9), dict(max_input_length=3), dict(max_batch_size=2),
+                                     dict(max_batch_size=9, batch_type="tokens")], ids=repr)
+def test_score_batch_option(engines, options):
+    ct, xf, tokens = engines
+    targets = [["\u2581", "T", "HE"], ["\u2581", "QQQ"], [], ["\u2581"], ["\u2581", "D", "O", "G"]]
+    for x, y in zip(ct.score_batch(tokens, targets, **options), xf.score_batch(tokens, targets, **options)):
+        assert x.tokens == y.tokens
+        np.testing.assert_allclose(y.log_probs, x.log_probs, atol=1e-3)
+
+
+VMAP_TOKENS = ["\u2581", "T", "HE", "RE", "D", "C", "AT", "S", "L", "E", "P", "A", "M", "Y", "O", "G"]
+
+
+@pytest.fixture(scope="module")
+def vmapped(models, engines, tmp_path_factory):
+    """(ctranslate2.Translator, xform.Translator, the sources) of the model with CTranslate2's vmap.txt (its
+    always-allowed line only, as upstream's _get_model_path_with_vmap writes it), in the CTranslate2
+    model's directory and the bundle's."""
+    import shutil
+    ct2_dir, bundle, _ = models
+    root = tmp_path_factory.mktemp("vmap")
+    shutil.copytree(ct2_dir, root / "ct2")
+    shutil.copytree(bundle, root / "bundle")
+    for d in (root / "ct2", root / "bundle"):
+        (d / "vmap.txt").write_text("\t%s\n" % " ".join(VMAP_TOKENS), encoding="utf-8")
+    return ctranslate2.Translator(str(root / "ct2")), xform.Translator(root / "bundle"), engines[2]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(beam_size=1), dict(beam_size=4, num_hypotheses=2),
+                                     dict(target_prefix=[["\u2581", "A"]] + [None] * 4),
+                                     dict(repetition_penalty=100, max_decoding_length=3, beam_size=1),
+                                     dict(min_decoding_length=1, beam_size=1),
+                                     dict(suppress_sequences=[["O"], ["T", "HE"]], beam_size=1)], ids=repr)
+def test_use_vmap(vmapped, options):
+    """use_vmap: each batch decodes over the ids the model's vmap.txt allows its sources (the
+    always-allowed line, the special tokens, the prefix): the same tokens and scores."""
+    ct, xf, tokens = vmapped
+    a = ct.translate_batch(tokens, use_vmap=True, return_scores=True, **options)
+    same(a, xf.translate_batch(tokens, use_vmap=True, return_scores=True, **options))
+    allowed = set(VMAP_TOKENS) | {"</s>"}
+    assert all(set(h) <= allowed for r in a for h in r.hypotheses)
+
+
+def test_no_repeat_ngram_size_with_vmap(vmapped):
+    ct, xf, tokens = vmapped
+    for beam_size in (1, 2):  # upstream's assertion; greedy also equal to CTranslate2's
+        out = xf.translate_batch(tokens, no_repeat_ngram_size=3, beam_size=beam_size, use_vmap=True)
+        for r in out:
+            grams = list(zip(*(r.hypotheses[0][i:] for i in range(3))))
+            assert len(grams) == len(set(grams))
+    same(ct.translate_batch(tokens, no_repeat_ngram_size=3, beam_size=1, use_vmap=True),
+         xf.translate_batch(tokens, no_repeat_ngram_size=3, beam_size=1, use_vmap=True), scores=False)
+
+
+def test_use_vmap_without_a_vmap_is_ignored(engines):
+    """CTranslate2 ignores use_vmap where the model has no vmap.txt: so does xform."""
+    ct, xf, tokens = engines
+    same(ct.translate_batch(tokens, use_vmap=True, return_scores=True),
+         xf.translate_batch(tokens, use_vmap=True, return_scores=True))
+    same(xf.translate_batch(tokens, return_scores=True), xf.translate_batch(tokens, use_vmap=True, return_scores=True))
+
+
+@pytest.mark.parametrize("name,on,off", [("patience", 2, 1), ("coverage_penalty", 0.2, 0), ("end_token", "S", None),
+                                         ("return_logits_vocab", True, False), ("return_attention", True, False),
+                                         ("min_alternative_expansion_prob", 0.1, 0), ("prefix_bias_beta", 0.5, 0)])
+def test_ctranslate2s_options_xform_does_not_build(engines, name, on, off):
+    """A documented deliberate difference (docs/python.md): CTranslate2 takes these; xform refuses
+    each set by name with the reason, and its off value (CTranslate2's default) answers as
+    CTranslate2 does."""
+    ct, xf, tokens = engines
+    ct.translate_batch(tokens[:1], **{name: on})  # CTranslate2 has it
+    with pytest.raises(InputError, match=f"^{name}"):
+        xf.translate_batch(tokens[:1], **{name: on})
+    same(ct.translate_batch(tokens, return_scores=True, **{name: off}),
+         xf.translate_batch(tokens, return_scores=True, **{name: off}))

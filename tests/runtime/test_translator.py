@@ -71,7 +71,7 @@ def test_iterable_file_scores_and_tokens(demo, tmp_path):
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.txt"
     out.write_text("old\n")
-    assert t.translate_file(src, out) == 3
+    assert t.translate_file(src, out).num_examples == 3  # CTranslate2's ExecutionStats
     assert out.read_text().splitlines() == got
     assert not [p for p in tmp_path.iterdir() if p.name not in ("in.txt", "out.txt")]  # no temporary left
     (tmp_path / "bad.txt").write_bytes(b"40512\n\xff\n")
@@ -244,3 +244,186 @@ def test_ctranslate2s_translator_properties_and_model_residency(demo_bundle):
         xform.Translator(demo_bundle, compute_type={"cpu": "float16"})
     with pytest.raises(XformError, match="a name .* or a dict"):
         xform.Translator(demo_bundle, compute_type=16)
+
+
+# -- CTranslate2's surface, complete (issue 54 item 2) ----------------------------------------------
+def test_a_callback_hears_each_token_of_a_text_as_it_is_decoded(demo):
+    """translate_batch's callback on texts: the target pieces of each example, batch_id its index
+    in the call, the last one is_last; the call's beams must be 1 (the bundle's default beams are
+    refused, naming beam_size); True ends an example after its token."""
+    t = Translator(demo)
+    texts = ["40512", "", "7"]
+    steps = []
+    got = t.translate_batch(texts, beam_size=1, max_batch_size=1, return_scores=True, callback=steps.append)
+    assert {s.batch_id for s in steps} == {0, 2} and all(s.log_prob is not None for s in steps)
+    for i in (0, 2):
+        mine = sorted((s for s in steps if s.batch_id == i), key=lambda s: s.step)
+        assert [s.step for s in mine] == list(range(len(mine))) and mine[-1].is_last
+        assert not any(s.is_last for s in mine[:-1])
+        assert demo.tokenizer.decode([s.token_id for s in mine]) == got[i].hypotheses[0]
+        np.testing.assert_allclose(sum(s.log_prob for s in mine), got[i].scores[0], atol=1e-5)
+    first = t.translate_batch(["40512"], beam_size=1, callback=lambda s: True)[0].hypotheses[0]
+    assert first and len(first.split()) == 1
+    with pytest.raises(InputError, match="callback function is not compatible with beam_size > 1"):
+        t.translate_batch(["40512"], beam_size=3, callback=lambda s: None)
+
+
+def test_use_vmap_on_a_bundle_without_a_vmap_is_ignored(demo_bundle):
+    """CTranslate2 ignores use_vmap where the model has no vmap.txt; a bundle too."""
+    t = xform.Translator(demo_bundle)
+    assert t.translate_batch(["40512"], use_vmap=True) == t.translate_batch(["40512"])
+
+
+def test_translate_file_and_score_file_over_texts(demo, tmp_path):
+    """A file of texts (no SentencePiece mark, no </s>): xform's addition, translated and scored
+    with the bundle's tokenizer; CTranslate2's output formats and ExecutionStats."""
+    t = Translator(demo)
+    src, tgt = tmp_path / "in.txt", tmp_path / "tgt.txt"
+    src.write_text("40512\n\n7\n")
+    stats = t.translate_file(src, tmp_path / "out.txt", with_scores=True, beam_size=2, num_hypotheses=2)
+    want = t.translate_batch(["40512", "", "7"], beam_size=2, num_hypotheses=2, return_scores=True)
+    assert (tmp_path / "out.txt").read_text().splitlines() == [f"{s:g} ||| {h}" for r in want
+                                                               for h, s in zip(r.hypotheses, r.scores)]
+    assert stats.num_examples == 3 and stats.num_tokens == sum(len(t.policy.target_ids(r.hypotheses[0]))
+                                                               for r in want if r.hypotheses[0])
+    tgt.write_text("forty thousand five hundred twelve\n\nseven\n")
+    scored = t.score_file(src, tgt, tmp_path / "scores.txt", with_tokens_score=True)
+    lines = (tmp_path / "scores.txt").read_text().splitlines()
+    results = t.score_batch(["40512", "", "7"], ["forty thousand five hundred twelve", "", "seven"])
+    assert lines[1] == "0 |||  |||" and lines[2].split(" ||| ")[1] == "seven"
+    np.testing.assert_allclose(float(lines[0].split(" ||| ")[0]), np.mean(results[0].log_probs), atol=1e-5)
+    assert (scored.num_examples, scored.num_tokens) == (3, sum(len(r.log_probs) for r in results))
+    with pytest.raises(InputError, match="^tokenized: True"):
+        t.translate_file(src, tmp_path / "out.txt", tokenized="yes")
+    with pytest.raises(InputError, match="^return_scores: translate_file writes the scores with with_scores"):
+        t.translate_file(src, tmp_path / "out.txt", return_scores=True)
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(demo_bundle, tmp_path_factory):
+    import shutil
+    root = tmp_path_factory.mktemp("fleet") / "bundles"
+    shutil.copytree(demo_bundle, root / "numbers")
+    return root
+
+
+def test_a_directory_offers_every_text_method_of_one_bundle_or_refuses_it_by_name(fleet_dir):
+    """xform.Translator(DIR): each public name of a one-bundle xform.Translator is a FleetTranslator
+    method routed as translate_batch routes, or refused by name with the reason (an XformError,
+    never an AttributeError)."""
+    from xform.errors import XformError
+    from xform.runtime.fleet.local import FleetTranslator
+    fleet = xform.Translator(fleet_dir)
+    assert isinstance(fleet, FleetTranslator)
+    names = sorted(n for n in dir(xform.Translator) if not n.startswith("_"))
+    offered, refused = [], []
+    for name in names:
+        if name in vars(FleetTranslator) or any(name in vars(k) for k in FleetTranslator.__mro__):
+            offered.append(name)
+            continue
+        with pytest.raises(XformError, match=f"^{name}: ") as e:
+            getattr(fleet, name)
+        assert not isinstance(e.value, AttributeError) and "xform.Translator(PATH)" in str(e.value)
+        refused.append(name)
+    assert {"translate_batch", "translate_iterable", "translate_file", "score_batch", "score_iterable", "score_file",
+            "generate_tokens", "translate_document", "translate_documents", "translate"} <= set(offered)
+    assert {"device", "unload_model", "steps", "translate_lines"} <= set(refused)
+    with pytest.raises(AttributeError):
+        fleet.no_such_name  # noqa: B018 - a name a one-bundle Translator lacks too is Python's AttributeError
+
+
+def test_a_directorys_text_methods_equal_its_bundle_alone(fleet_dir, tmp_path):
+    fleet, alone = xform.Translator(fleet_dir), xform.Translator(fleet_dir / "numbers")
+    texts = ["40512", "7", "123456"]
+    kw = dict(model="numbers")
+    hyps = [r.hypotheses for r in alone.translate_batch(texts)]
+    assert [r.hypotheses for r in fleet.translate_iterable(iter(texts), max_batch_size=2, **kw)] == hyps
+    assert fleet.translate(texts, **kw) == [h[0] for h in hyps]
+    src, tgt = tmp_path / "in.txt", tmp_path / "tgt.txt"
+    src.write_text("40512\n7\n")
+    tgt.write_text("forty\nseven\n")
+    for method, args in (("translate_file", (src,)), ("score_file", (src, tgt))):
+        a = getattr(fleet, method)(*args, tmp_path / "a.txt", **kw)
+        b = getattr(alone, method)(*args, tmp_path / "b.txt")
+        assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text() and a.num_examples == b.num_examples
+    assert fleet.score_batch(["7"], ["seven"], **kw) == alone.score_batch(["7"], ["seven"])
+    assert list(fleet.score_iterable(["7"], ["seven"], **kw)) == alone.score_batch(["7"], ["seven"])
+    assert [s.token for s in fleet.generate_tokens("7", **kw)] == [s.token for s in alone.generate_tokens("7")]
+    assert fleet.translate_document("7. 12.", **kw) == alone.translate_document("7. 12.")
+    for call, name in ((lambda: fleet.translate_batch(texts, asynchronous=True, **kw), "asynchronous"),
+                       (lambda: fleet.translate_batch([["7"]], **kw), "token lists"),
+                       (lambda: fleet.translate_file(src, tmp_path / "a.txt", tokenized=True, **kw), "tokenized"),
+                       (lambda: fleet.score_batch([["7"]], [["seven"]], **kw), "token list")):
+        with pytest.raises(InputError, match=name):
+            call()
+
+
+WRONG = {"max_batch_size": ["2", -1, 2.5], "batch_type": [3, "x"], "beam_size": ["2", 0, 2.5],
+         "num_hypotheses": ["2", 0], "max_decoding_length": ["5", -1], "min_decoding_length": ["1", -1], "length_penalty": ["x", [1]],
+         "sampling_topk": ["5", -1], "sampling_topp": ["x"], "sampling_temperature": ["x"], "repetition_penalty": ["x"],
+         "no_repeat_ngram_size": ["2", -1], "callback": [5], "max_input_length": ["3", -1], "target_prefix": [5, [5]],
+         "suppress_sequences": [5, [5]], "src_lang": [5], "tgt_lang": [5], "read_batch_size": ["x"], "offset": ["x"],
+         "asynchronous": ["x"], "source_tokenize_fn": [5], "tokenized": ["x"], "return_scores": ["yes"],
+         "use_vmap": ["x"], "num_beams": ["x"], "seed": ["x"]}
+SOURCES = [5, None, [5], [[5]], [["a", 5]], [None], {}, [[]], "x"]
+
+
+def ct2_calls(t, tmp_path, extra):
+    """Each CTranslate2-named method of `t` as (name, call with options, call with one source)."""
+    (tmp_path / "in.txt").write_text("7\n")
+    files = tmp_path / "in.txt", tmp_path / "out.txt"
+    yield "translate_batch", lambda **o: t.translate_batch(["7"], **o, **extra), lambda s: t.translate_batch(s, **extra)
+    yield ("translate_iterable", lambda **o: list(t.translate_iterable(["7"], **o, **extra)),
+           lambda s: list(t.translate_iterable(s, **extra)))
+    yield ("translate_file", lambda **o: t.translate_file(*files, **o, **extra),
+           lambda s: t.translate_file(s, files[1], **extra))
+    yield ("score_batch", lambda **o: t.score_batch(["7"], ["seven"], **o, **extra),
+           lambda s: t.score_batch(s, s, **extra))
+    yield ("score_iterable", lambda **o: list(t.score_iterable(["7"], ["seven"], **o, **extra)),
+           lambda s: list(t.score_iterable(s, s, **extra)))
+    yield ("score_file", lambda **o: t.score_file(files[0], files[0], files[1], **o, **extra),
+           lambda s: t.score_file(s, s, files[1], **extra))
+    yield ("generate_tokens", lambda **o: list(t.generate_tokens("7", **o, **extra)),
+           lambda s: list(t.generate_tokens(s, **extra)))
+
+
+@pytest.mark.parametrize("door", ["bundle", "directory"])
+def test_wrong_types_get_an_xform_error_never_a_raw_one(demo_bundle, fleet_dir, tmp_path, door):
+    """Every CTranslate2-named method, given wrong-typed or out-of-range arguments, raises an
+    XformError subclass naming the problem, never a raw TypeError / AttributeError / AssertionError
+    (CTranslate2's pybind11 answers TypeError)."""
+    from xform.errors import XformError
+    t = xform.Translator(demo_bundle) if door == "bundle" else xform.Translator(fleet_dir)
+    extra = {} if door == "bundle" else {"model": "numbers"}
+    raw = []
+    for name, with_options, with_source in ct2_calls(t, tmp_path, extra):
+        tries = [(f"{k}={v!r}", lambda k=k, v=v: with_options(**{k: v})) for k, vs in WRONG.items() for v in vs]
+        tries += [(f"source={s!r}", lambda s=s: with_source(s)) for s in SOURCES]
+        for what, call in tries:
+            try:
+                got = call()
+                if isinstance(got, list) and got and hasattr(got[0], "result"):  # asynchronous: the result raises
+                    [g.result() for g in got]
+            except XformError:
+                pass
+            except Exception as e:  # noqa: BLE001 - the point: nothing else comes out
+                raw.append(f"{name}({what}): {type(e).__name__}: {e}")
+    assert raw == []
+
+
+def test_ctranslate2s_constructor_options_and_wrong_types_are_refused_by_name(demo_bundle, fleet_dir):
+    """CTranslate2's constructor options xform does not build are accepted where off and refused
+    by name otherwise; wrong types raise XformError, for a bundle and a directory alike."""
+    from xform.errors import XformError
+    for path in (demo_bundle, fleet_dir):
+        xform.Translator(path, max_queued_batches=-1, flash_attention=False, tensor_parallel=False, files=None)
+        for kw in (dict(max_queued_batches=4), dict(flash_attention=True), dict(tensor_parallel=True),
+                   dict(files={}), dict(intra_threads="2"), dict(max_queued_batches="0")):
+            with pytest.raises(XformError, match=f"^{next(iter(kw))}"):
+                xform.Translator(path, **kw)
+    for bad in (5, None, [demo_bundle, 5]):
+        with pytest.raises(XformError, match="^model_path: a bundle directory"):
+            xform.Translator(bad)
+    for kw in (dict(max_loaded="x"), dict(pinned=5), dict(load_timeout=None)):
+        with pytest.raises(XformError, match=next(iter(kw))):
+            xform.Translator(fleet_dir, **kw)

@@ -30,6 +30,7 @@ from xform.cli.options import (
     warn_unjudged,
     write_json,
 )
+from xform.cli.terms import TermFlags, term_options
 from xform.corpus.cluster import STALL_TIMEOUT_S
 from xform.corpus.shards import DEFAULT_SHARD_LINES
 from xform.errors import XformError
@@ -96,12 +97,13 @@ class RayRun:
 @text_options
 @document_options
 @generation_options
+@term_options
 @pass_placement("backend", "device", "threads")
 @pass_group("ray", RayRun.of, ["ray_address", "workers", "oversubscribe", "max_restarts", "stall_timeout"])
 @handle_errors
 def corpus(bundle: Path, inputs: tuple[Path, ...], output_dir: Path, field: str, ray: RayRun, shard_lines: int,
            where: Placement, json_path: Path | None, force: bool, batching: BatchingFlags, text: TextOptions,
-           documents: DocumentFlags, generation: GenerationFlags) -> None:
+           documents: DocumentFlags, generation: GenerationFlags, terms: TermFlags) -> None:
     """Translate INPUT files (text, .jsonl, .parquet) with BUNDLE into --output-dir, one output a
     input under its name, in shards recorded as they finish: run again, the same command goes on
     where it stopped. --ray runs the shards on a Ray cluster's workers. BUNDLE may be a directory
@@ -114,26 +116,32 @@ def corpus(bundle: Path, inputs: tuple[Path, ...], output_dir: Path, field: str,
     bundle, src_lang, tgt_lang = routed_bundle(bundle, text.src_lang, text.tgt_lang)  # a directory: its route's
     text = dataclasses.replace(text, src_lang=src_lang, tgt_lang=tgt_lang)
     check_corpus_flags(bundle, inputs, output_dir, ray, json_path, force)
+    if terms.qe and documents.wanted:
+        raise click.UsageError("--qe with --documents: a document's translation has no one confidence (its "
+                               "sentences' are per line: translate lines without --documents)")
+    text = terms.applied(text)  # the glossary's fingerprint goes into the record's identity (text.to_dict)
     if ray.address is None and where.threads is not None:
         from xform.corpus.cluster import worker_threads
         worker_threads([os.cpu_count() or 1], 1, where.threads, ray.oversubscribe, "this machine")
     settings = generation.settings()
     lines = batching.checked()
     local = ray.address is None  # the driver's session translates; with Ray it only checks the flags
-    session = (where if local else Placement(threads=1)).load(bundle)
-    warn_unjudged(session)
+    translator = (where if local else Placement(threads=1)).open(bundle)  # the driver's one translator
+    warn_unjudged(translator.session)
     as_documents = corpus_documents(documents, bool(text.scores), text.prefix_column, force)
     languages = dataclasses.replace(text, src_lang=None) if as_documents and text.src_lang == "auto" else text
-    gen, vocab = decoding_for(session, bundle, where.backend, settings, True, generation.max_new_tokens, languages)
+    gen, vocab = decoding_for(translator, bundle, where.backend, settings, True, generation.max_new_tokens,
+                              languages)
     vocab_map, text = text.vocab_map, dataclasses.replace(text, vocab_map=None)  # the job carries the map read
     identity = decoding_identity(gen, text, where.backend, where.device, vocab_map)
     if as_documents is not None:  # a record without it is a corpus of lines, as before documents
         identity["documents"] = as_documents.to_dict()
-    plan = plan_corpus(list(inputs), field, shard_lines, bundle, identity, gen.num_return_sequences, text.scores)
+    plan = plan_corpus(list(inputs), field, shard_lines, bundle, identity, gen.num_return_sequences, text.scores,
+                       text.qe)
     # the bundle's path as given, made absolute (its links not resolved: each node resolves its own)
     job = Job(str(bundle.absolute()), gen, text, lines, where.backend, where.device, where.threads, vocab,
               plan.identity.bundle["sha256"], table(), as_documents)  # errors and warnings name the flags
-    own, session = (session if local else None), None  # with Ray, the checking session goes before the workers come
+    own, translator = (translator if local else None), None  # with Ray, the checking one goes before the workers come
     record = Record.open(output_dir, plan.identity, force)
     try:
         report = go(plan, record, job, own, ray)
@@ -228,15 +236,15 @@ def own_report(path: Path, output_dir: Path) -> bool:
     return isinstance(written, str) and os.path.realpath(written) == os.path.realpath(output_dir)
 
 
-def go(plan, record, job, session, ray: RayRun) -> dict:
-    """Translate what the record lacks (in this process with `session`, else on the Ray cluster),
+def go(plan, record, job, translator, ray: RayRun) -> dict:
+    """Translate what the record lacks (in this process with `translator`, else on the Ray cluster),
     assemble the outputs, print the figures; the report."""
     from xform.corpus.pipeline import LocalPool, RayPool, ShardWorker
 
     if record.complete:
         return already_complete(plan, record)
     if ray.address is None:
-        return run_pool(plan, record, LocalPool(ShardWorker(job, 0, session)), {"ray": None, "workers": 1,
+        return run_pool(plan, record, LocalPool(ShardWorker(job, 0, translator)), {"ray": None, "workers": 1,
                                                                                  "threads": job.threads})
     from xform.corpus.cluster import connect, worker_gpus, worker_threads
 

@@ -28,9 +28,9 @@ from xform.cli.options import (
     warn_unjudged,
     write_json,
 )
+from xform.cli.terms import TermFlags, term_options
 from xform.errors import XformError
 from xform.runtime.decoding.request import TextOptions
-from xform.runtime.text.translator import Translator
 
 
 def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple[str, ...] = ()):
@@ -47,7 +47,7 @@ def input_lines(texts: tuple[str, ...], input_file: Path | None, prefixes: tuple
                 yield f"{input_file}:{n}", line
 
 
-def labelled_results(session, labelled, gen, batching, on_batch, text):
+def labelled_results(translator, labelled, gen, batching, on_batch, text):
     """(label, LineResult) for each (label, line), in input order, under the text options
     (TextOptions: `tgt_lang` reaches the sources only where the model writes it there, MADLAD's <2xx>)."""
     labels: list[str] = []
@@ -64,8 +64,7 @@ def labelled_results(session, labelled, gen, batching, on_batch, text):
         if len(warned) <= MAX_WARNINGS:
             err.print(f"[bold yellow]warning:[/] {escape(labels[index])}: {escape(said(message))}")
 
-    results = Translator(session).translate_lines(lines(), gen, batching, text, on_batch=on_batch,
-                                                  on_warning=on_warning)
+    results = translator.translate_lines(lines(), gen, batching, text, on_batch=on_batch, on_warning=on_warning)
     for i, result in enumerate(results):
         yield labels[i], result
     if len(warned) > MAX_WARNINGS:
@@ -88,14 +87,17 @@ class CheckedLines:
             self.texts.append(text)
 
 
-def write_translations(results, n: int, report: dict, checked: CheckedLines, scores: bool | str = False,
+def write_translations(results, n: int, report: dict, checked: CheckedLines, text: TextOptions,
                        output=None, echo: bool = True) -> tuple[int, int]:
-    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after; `echo` False: none),
-    n per source (n empty ones for a failed line, its error on stderr); with an `output` file,
-    write the translations there, one a line (a failed line's empty; with scores asked,
-    `translation<TAB>score`, the score columns of the printed lines). Record them in the
-    report, keep the translated texts --check compares in `checked`; return (failed lines, lines)."""
+    """Print `source<TAB>translation` lines (with scores, `<TAB>score` after, then the token
+    scores; with qe, `<TAB>confidence` last; `echo` False: none), n per source (n empty ones for a
+    failed line, its error on stderr); with an `output` file, write the translations there, one a
+    line (a failed line's empty; the columns after it as printed). A glossary's term a
+    translation could not hold is a warning naming the line; greedy decoding promoted to beams
+    for the terms, a note once. Record them in the report, keep the translated texts --check
+    compares in `checked`; return (failed lines, lines)."""
     report["translations"], errors, count = [], 0, 0
+    scores, qe, promoted = text.scores, text.qe, False
 
     def emit(text: str, target: str, rest: str = "") -> None:
         if output is not None:
@@ -104,18 +106,27 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
             click.echo(f"{text}\t{target}{rest}")
 
     for count, (label, line) in enumerate(results, 1):
-        text = line.text
+        source = line.text
         if line.error is not None:
             errors += 1
             err.print(f"[bold red]error:[/] {escape(label)}: {escape(said(line.error))}")
-            report["translations"].append({"source": text, "error": said(line.error)})
+            report["translations"].append({"source": source, "error": said(line.error)})
             for _ in range(n):  # the output keeps one line per input line
-                emit(text, "", "\t\t" if scores == "tokens" else "\t" if scores else "")
+                emit(source, "", ("\t\t" if scores == "tokens" else "\t" if scores else "") + ("\t" if qe else ""))
             continue
-        if text.strip():
-            checked.add(text)
+        if line.promoted_beams and not promoted:
+            promoted = True
+            err.print(f"note: greedy decoding searched with {line.promoted_beams} beams where a line has glossary "
+                      "terms or kept spans (the search needs them to place the terms)")
+        for k, missed in enumerate(line.unmet):
+            if missed:
+                err.print(f"[bold yellow]warning:[/] {escape(label)}: translation {k + 1} lacks "
+                          f"{escape(', '.join(map(repr, missed)))} (no room within the length cap, or not in the "
+                          "target vocabulary)")
+        if source.strip():
+            checked.add(source)
         for k, tgt in enumerate(line.hypotheses):
-            entry = {"source": text, "target": tgt}
+            entry = {"source": source, "target": tgt}
             rest = ""
             if scores:
                 entry["score"] = line.scores[k]
@@ -123,8 +134,13 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, sco
             if scores == "tokens":
                 entry["token_scores"] = line.token_scores[k]
                 rest += "\t" + " ".join(f"{v:.4f}" for v in line.token_scores[k])
+            if qe:
+                entry["confidence"] = line.confidence[k] if line.confidence else None
+                rest += f"\t{line.confidence[k]:.3f}" if line.confidence else "\t"
+            if line.unmet and line.unmet[k]:
+                entry["unmet"] = line.unmet[k]
             report["translations"].append(entry)
-            emit(text, tgt, rest)
+            emit(source, tgt, rest)
     return errors, count
 
 
@@ -332,6 +348,7 @@ class BenchmarkFlags:
 @text_options
 @document_options
 @generation_options
+@term_options
 @pass_placement("backend", "device", "threads", "allow_tf32", "uncaptured")
 @pass_group("sources", Sources.of, ["texts", "input_file", "target_prefixes"])
 @pass_group("check", CheckFlags.of, ["check", "check_lines", "atol", "rtol"])
@@ -340,7 +357,7 @@ class BenchmarkFlags:
 @handle_errors
 def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, output: Output,
         benchmark: BenchmarkFlags, json_path: Path | None, force: bool, verbose: bool, batching: BatchingFlags,
-        text: TextOptions, documents: DocumentFlags, generation: GenerationFlags) -> None:
+        text: TextOptions, documents: DocumentFlags, generation: GenerationFlags, terms: TermFlags) -> None:
     """Translate with BUNDLE, check it against eager PyTorch, and/or benchmark it.
 
     Decoding is the bundle's default (greedy, or what a Marian model ships) unless the decoding
@@ -348,6 +365,7 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
     import xform.api
 
     check_run_flags(sources, text, output, check.on, benchmark.on)
+    text = terms.applied(text)
     as_documents = documents.wanted
     if as_documents:
         check_document_flags(sources.given, {"--scores": text.scores is True, "--token-scores": text.scores == "tokens",
@@ -360,10 +378,11 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
         check_json_target(json_path, force, json_inputs)
     settings = generation.settings()
     lines = batching.checked()
-    session = where.load(bundle)
+    translator = where.open(bundle)  # the command's one translator
+    session = translator.session
     warn_unjudged(session)
     languages = dataclasses.replace(text, src_lang=None) if as_documents and text.src_lang == "auto" else text
-    gen, vocab_map = decoding_for(session, bundle, where.backend, settings, sources.given,
+    gen, vocab_map = decoding_for(translator, bundle, where.backend, settings, sources.given,
                                   generation.max_new_tokens, languages)
     text = dataclasses.replace(text, vocab_map=vocab_map)
     report: dict = {"bundle": str(bundle), "backend": where.backend,
@@ -374,9 +393,9 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
     if verbose:
         print_plan(session, lines, gen)
     if as_documents:
-        report.update(run_documents(session, sources, output.path, gen, lines, text, documents, force))
+        report.update(run_documents(translator, sources, output.path, gen, lines, text, documents, force))
     elif sources.given:
-        failed = not translate_lines(session, sources, output, gen, lines, text, report, checked)
+        failed = not translate_lines(translator, sources, output, gen, lines, text, report, checked)
     if check.on:
         failed = not run_check(session, bundle, gen, generation.max_new_tokens, checked, check, text.src_lang,
                                report) or failed
@@ -388,16 +407,16 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
         sys.exit(1)
 
 
-def translate_lines(session, sources: Sources, output: Output, gen, batching, text, report: dict,
+def translate_lines(translator, sources: Sources, output: Output, gen, batching, text, report: dict,
                     checked: CheckedLines) -> bool:
     """`xform run` of --text / --input-file lines: printed, or written to --output; whether every
     line was translated (the failed ones are named on stderr, their output lines empty)."""
     input_file = sources.input_file
     with progress_bar(input_file is not None, "lines", "translated",
                       lambda: None if (n := count_lines(input_file)) is None else n + len(sources.texts)) as on_batch:
-        results = labelled_results(session, sources.lines(), gen, batching, on_batch, text)
+        results = labelled_results(translator, sources.lines(), gen, batching, on_batch, text)
         with output_file(output.path) as sink:
-            errors, n = write_translations(results, gen.num_return_sequences, report, checked, text.scores, sink,
+            errors, n = write_translations(results, gen.num_return_sequences, report, checked, text, sink,
                                            echo=output.printed)
     if errors:
         err.print(f"[bold red]error:[/] {errors} of {n} lines could not be translated (their output lines are empty)")
@@ -519,21 +538,22 @@ def score(bundle, source_file, target_file, where: Placement, batch_size, src_la
     if len(sources) != len(targets):
         raise XformError(f"--source {source_file} has {len(sources)} lines, --target {target_file} {len(targets)}: "
                          "expected one translation a source")
-    session = where.load(bundle)
+    translator = where.open(bundle)
+    session, policy = translator.session, translator.policy
     if session.tokenizer is None:
         raise XformError(f"{bundle}: this bundle has no tokenizer to read text; score token ids with Session.score")
     try:
         # an unknown or missing language is refused before any work
-        Translator(session).policy.encode_target("", tgt_lang)
+        policy.encode_target("", tgt_lang)
         if src_lang is not None:
-            Translator(session).policy.check_src_lang(src_lang)
+            policy.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
     with progress_bar(True, "pairs", "scored", lambda: len(sources)) as advance:
         for start in range(0, len(sources), batch_size):
             src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-            src_ids = Translator(session).policy.encode_texts(src, src_lang, tgt_lang)
-            tgt_ids, _ = session.pad([Translator(session).policy.encode_target(t, tgt_lang) for t in tgt])
+            src_ids = policy.encode_texts(src, src_lang, tgt_lang)
+            tgt_ids, _ = session.pad([policy.encode_target(t, tgt_lang) for t in tgt])
             result = session.score(src_ids, tgt_ids)
             for i, (s_text, t_text) in enumerate(zip(src, tgt)):
                 line = (f"{result['total'][i]:.4f}\t{result['normalized'][i]:.4f}\t{int(result['lengths'][i])}\t"

@@ -79,27 +79,26 @@ def read_documents(texts: tuple[str, ...], input_file: Path | None) -> list[tupl
     return docs
 
 
-def translate_documents(session, docs: list[tuple[str, str]], gen, batching, text, flags: DocumentFlags,
+def translate_documents(translator, docs: list[tuple[str, str]], gen, batching, text, flags: DocumentFlags,
                         force: bool, on_batch=None):
     """The documents translated (DocumentResults) and the run's tally; the summary on stderr."""
     from xform.runtime.documents.memory import TranslationMemory
     from xform.runtime.documents.translate import DocumentTranslator
-    from xform.runtime.text.translator import Translator
 
     memory, memory_path = None, flags.memory
     try:
         memory = TranslationMemory(memory_path, force=force) if memory_path is not None else None
-        translator = DocumentTranslator(Translator(session), gen, batching, text, markup=flags.markup or "text",
-                                        memory=memory, skip_target_language=flags.skip_target_language,
-                                        on_batch=on_batch, on_total=on_batch.grow if on_batch else None)
-        results = translator.translate(docs)
+        documents = DocumentTranslator(translator, gen, batching, text, markup=flags.markup or "text",
+                                       memory=memory, skip_target_language=flags.skip_target_language,
+                                       on_batch=on_batch, on_total=on_batch.grow if on_batch else None)
+        results = documents.translate(docs)
     except InputError as e:
         raise click.UsageError(said(e)) from None
     finally:
         if memory is not None:
             memory.close()
-    report(results, translator.tally, memory_path)
-    return results, translator.tally
+    report(results, documents.tally, memory_path)
+    return results, documents.tally
 
 
 def counted(n: int, noun: str) -> str:
@@ -130,7 +129,7 @@ def report(results, tally, memory_path: Path | None) -> None:
             err.print(escape(f"{r.name}: " + "; ".join(parts)))
 
 
-def run_documents(session, sources, output: Path | None, gen, batching, text, flags: DocumentFlags,
+def run_documents(translator, sources, output: Path | None, gen, batching, text, flags: DocumentFlags,
                   force: bool) -> dict:
     """`xform run --documents` of `sources` (decode.Sources: --text, --input-file): a document's
     translation on stdout as its bytes are (several: one after another, each ending in a line
@@ -145,7 +144,7 @@ def run_documents(session, sources, output: Path | None, gen, batching, text, fl
     if output is not None and len(docs) > 1:
         raise click.UsageError(f"--output holds one document, given {len(docs)} (--text and --input-file): give one")
     with progress_bar(sources.input_file is not None, "sentences", "translated", lambda: None) as on_batch:
-        results, tally = translate_documents(session, docs, gen, batching, text, flags, force, on_batch)
+        results, tally = translate_documents(translator, docs, gen, batching, text, flags, force, on_batch)
     record = {"documents": [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages,
                              "paragraphs": r.paragraphs, "kept_paragraphs": r.kept_paragraphs} for r in results],
               "tally": vars(tally)}

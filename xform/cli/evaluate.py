@@ -53,11 +53,14 @@ from xform.runtime.text.translator import Translator
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="With --against: a PNG histogram of the sentence chrF differences (needs matplotlib).")
 @click.option("--force", is_flag=True, help="Replace an existing --json report or --plot image xform wrote.")
+@click.option("--qe", is_flag=True,
+              help="Score each translation's confidence (docs/terminology.md's formula) and print its Spearman rank "
+                   "correlation with the sentence chrF against --reference: what the confidence is worth here.")
 @generation_options
 @pass_placement("backend", "threads")
 @handle_errors
 def evaluate(bundle, source_file, reference_file, against, where: Placement, batch_size, src_lang, tgt_lang,
-             vocab_map, truncate, json_path, plot_path, force, generation: GenerationFlags) -> None:
+             vocab_map, truncate, json_path, plot_path, force, qe, generation: GenerationFlags) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
     import importlib.util
@@ -84,21 +87,23 @@ def evaluate(bundle, source_file, reference_file, against, where: Placement, bat
     if references is not None and len(references) != len(sources):
         raise XformError(f"--reference {reference_file}: {len(references)} lines for the {len(sources)} of "
                          f"--source {source_file}; expected one translation a source line")
-    session = where.load(bundle)
-    other = other_session(bundle, against, where.threads) if against is not None else None
+    if qe and reference_file is None:
+        raise click.UsageError("--qe measures the confidence against --reference: give it")
+    translator = where.open(bundle)  # the command's translators, each opened once
+    other = Translator(other_session(bundle, against, where.threads)) if against is not None else None
     settings = generation.settings()
-    split_bad_words(session, settings)
+    split_bad_words(translator, settings)
     try:
-        Translator(session).policy.first_token(settings, tgt_lang)
+        translator.policy.first_token(settings, tgt_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
-    gen = checked_generation(session, generation.max_new_tokens, settings)
+    gen = checked_generation(translator.session, generation.max_new_tokens, settings)
     systems = []
     first = f"{bundle} + {vocab_map.name}" if vocab_map is not None else str(bundle)  # names differ: same bundle
-    for name, s, vmap in [(first, session, vocab_map), *([(against, other, None)] if other is not None else [])]:
+    for name, t, vmap in [(first, translator, vocab_map), *([(against, other, None)] if other is not None else [])]:
         with progress_bar(True, "lines", f"{name}: translated", lambda: len(sources)) as advance:
-            systems.append(ev.translate_file(name, s, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap,
-                                             truncate))
+            systems.append(ev.translate_file(name, t, sources, gen, src_lang, batch_size, advance, tgt_lang, vmap,
+                                             truncate, qe and t is translator))
     failed = report_failed(systems, source_file)
     scored, scored_refs, lines = ev.without_failed(systems, references)
     report = ev.evaluate(scored, scored_refs, str(source_file), str(reference_file) if reference_file else None,
@@ -174,6 +179,9 @@ def print_eval(report) -> None:
     out.print(t)
     out.print(f"BLEU {report.bleu_signature}")
     out.print(f"chrF {report.chrf_signature}")
+    if report.qe_lines:
+        rho = "-" if report.qe_spearman is None else f"{report.qe_spearman:+.3f}"
+        out.print(f"confidence (--qe): Spearman {rho} with sentence chrF over {report.qe_lines} lines")
     if report.identical is not None:
         a, b = report.systems[0].name, report.systems[1].name
         out.print(f"identical translations: {report.identical:.2%} of {len(report.systems[0].translations)} lines")

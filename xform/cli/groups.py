@@ -77,6 +77,11 @@ class Placement:
         return xform.load(bundle, backend=self.backend, device=self.device, threads=self.threads,
                           allow_tf32=self.allow_tf32, cuda_graph=self.cuda_graph)
 
+    def open(self, bundle: Path):
+        """The bundle's translator (its session opened here): what a command holds and passes on."""
+        from xform.runtime.text.translator import Translator
+        return Translator(self.load(bundle))
+
 
 def pass_placement(*names: str):
     """A Placement `where` from the command's own options `names` (--backend, --device, --threads;

@@ -16,7 +16,6 @@ from xform.cli.flags import help_text, said
 from xform.cli.flags import option as option_of
 from xform.cli.groups import option_group
 from xform.errors import XformError
-from xform.runtime.text.translator import Translator
 
 REPORT_KEYS = ("bundle", "backend", "generation")  # what every `run --json` report holds
 
@@ -239,20 +238,21 @@ def text_flags(src_lang, tgt_lang, truncate, scores, token_scores, prefix_column
                        replace_unknowns, vocab_map)
 
 
-def decoding_for(session, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, text):
+def decoding_for(translator, bundle, backend: str, settings: dict, has_text: bool, max_new_tokens, text):
     """The decoding the flags ask for, checked against the loaded bundle, as run and corpus take
     it: (the generation config, the vocabulary map read or None). `text`: the TextOptions of the
     text flags (its vocab_map the flag's path). The languages, bad words and limits are usage
     errors naming the flag; a malformed vocabulary map is an error naming its line."""
-    vocab_map = text_settings(session, bundle, backend, settings, has_text, text)
-    split_bad_words(session, settings)
-    return checked_generation(session, max_new_tokens, settings), vocab_map
+    vocab_map = text_settings(translator, bundle, backend, settings, has_text, text)
+    split_bad_words(translator, settings)
+    return checked_generation(translator.session, max_new_tokens, settings), vocab_map
 
 
-def text_settings(session, bundle, backend: str, settings: dict, has_text: bool, text):
+def text_settings(translator, bundle, backend: str, settings: dict, has_text: bool, text):
     """The languages (the target's forced first token into `settings`), replace-unknowns and the
     vocabulary map of the TextOptions `text` checked against the loaded bundle; the map, read."""
     src_lang, tgt_lang, vocab_map = text.src_lang, text.tgt_lang, text.vocab_map
+    session, policy = translator.session, translator.policy
     from xform.errors import InputError
 
     # the first token's rule first (--tgt-lang with --forced-bos-id is refused, tokenizer or not); a
@@ -260,17 +260,17 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
     alone = session.tokenizer is None and tgt_lang is not None and settings.get("forced_bos_token_id") is None
     try:
         if (has_text or src_lang or tgt_lang) and not alone:
-            Translator(session).policy.first_token(settings, tgt_lang)
+            policy.first_token(settings, tgt_lang)
         if (src_lang or tgt_lang) and session.tokenizer is None:
             raise click.UsageError(f"{'--src-lang' if src_lang else '--tgt-lang'}: this bundle has no tokenizer, so "
                                    "no languages (give --forced-bos-id for the target language's token id)")
         if src_lang is not None:
-            Translator(session).policy.check_src_lang(src_lang)
+            policy.check_src_lang(src_lang)
     except InputError as e:
         raise click.UsageError(said(e)) from None
     if text.replace_unknowns:
         try:
-            Translator(session).policy.check_replace_unknowns()
+            policy.check_replace_unknowns()
         except InputError as e:
             raise click.UsageError(f"{bundle}: {said(e)}") from None
     if vocab_map is None:
@@ -283,7 +283,7 @@ def text_settings(session, bundle, backend: str, settings: dict, has_text: bool,
         raise click.UsageError(f"--vocab-map: {bundle} has no restricted decoder on the {backend} backend: export "
                                "it with --with-vocab-map and run it with --backend ort")
     # a malformed map or an unknown token: exit 1, naming the line
-    return Translator(session).policy.vocab_map(vocab_map)
+    return policy.vocab_map(vocab_map)
 
 
 def generation_options(fn):
@@ -390,16 +390,16 @@ def checked_generation(session, max_new_tokens, settings: dict):
     return gen
 
 
-def split_bad_words(session, settings: dict) -> None:
+def split_bad_words(translator, settings: dict) -> None:
     """--bad-words phrases (settings' `bad_words`, text) as target ids in `bad_words_ids`."""
     from xform.errors import InputError
 
     bad_words = settings.pop("bad_words")
     if bad_words:
-        if session.tokenizer is None:
+        if translator.session.tokenizer is None:
             raise click.UsageError("--bad-words: this bundle has no tokenizer to split them; give --bad-word-ids")
         try:
-            words = Translator(session).policy.bad_word_ids(bad_words)
+            words = translator.policy.bad_word_ids(bad_words)
         except InputError as e:
             raise click.UsageError(said(e)) from None
         settings["bad_words_ids"] = (settings.get("bad_words_ids") or []) + words

@@ -45,6 +45,9 @@ def triton_model_options(fn):
         click.option("--vocab-map", type=click.Path(path_type=Path), default=None,
                      help="CTranslate2's vocabulary map: every text request decodes over the target tokens its "
                           "sources allow (a bundle exported --with-vocab-map; ort)."),
+        click.option("--glossary", type=click.Path(path_type=Path), default=None,
+                     help="Terms and their required translations (TSV or TBX, as run's --glossary), read once: "
+                          "every text request without its own `glossary` input holds them (docs/terminology.md)."),
     ]
     for option in reversed(options):
         fn = option(fn)

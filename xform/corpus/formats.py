@@ -153,26 +153,38 @@ def parquet_texts(source: Source) -> Iterator[str]:
 
 
 # One line's result as a shard records it: its translations (n of them; each a text, or with
-# scores [text, score], with token scores [text, score, [log-probs]]) or None, and its error or None
+# scores [text, score], with token scores [text, score, [log-probs]]; with qe the confidence
+# after, [text(, ...), confidence]) or None, and its error or None
 LineResult = tuple[list | None, str | None]
 
 
-def write(source: Source, target: Path, results: Iterable[LineResult], n: int, scores: bool | str) -> None:
+def parts(translation: Any, scores: bool | str, qe: bool = False) -> tuple[str, Any, Any, Any]:
+    """(text, score, token log-probs, confidence) of one stored translation (None: not asked)."""
+    if isinstance(translation, str):
+        return translation, None, None, None
+    text, rest = translation[0], list(translation[1:])
+    score = rest.pop(0) if scores else None
+    tokens = rest.pop(0) if scores == "tokens" else None
+    return text, score, tokens, (rest.pop(0) if qe and rest else None)
+
+
+def write(source: Source, target: Path, results: Iterable[LineResult], n: int, scores: bool | str,
+          qe: bool = False) -> None:
     """The output of `source` at `target`, written atomically, line for line in the input's format."""
     if source.format == "text":
         with atomic_file(target) as f:
             for translations, error in results:
-                for columns in text_columns(translations, error, n, scores):
+                for columns in text_columns(translations, error, n, scores, qe):
                     f.write(columns + "\n")
     elif source.format == "jsonl":
         results = iter(results)
         with atomic_file(target) as f, open(source.path, "rb") as original:
             for raw in original:
                 ((translations, error),) = take(results, 1, source)
-                f.write(jsonl_line(raw, translations, error, n, scores) + "\n")
+                f.write(jsonl_line(raw, translations, error, n, scores, qe) + "\n")
             ended(results, source)
     else:
-        write_parquet(source, target, results, n, scores)
+        write_parquet(source, target, results, n, scores, qe)
 
 
 def take(results: Iterator[LineResult], k: int, source: Source) -> list[LineResult]:
@@ -189,36 +201,46 @@ def ended(results: Iterator[LineResult], source: Source) -> None:
         raise changed(source, "it has fewer lines than its shards translated")
 
 
-def text_columns(translations: list | None, error: str | None, n: int, scores: bool | str) -> list[str]:
+def text_columns(translations: list | None, error: str | None, n: int, scores: bool | str,
+                 qe: bool = False) -> list[str]:
     """A text output's lines for one input line: `run`'s columns after the source (the translation,
-    then with scores the score, with token scores the tokens' log-probabilities), n of them."""
+    then with scores the score, with token scores the tokens' log-probabilities, with qe the
+    confidence last), n of them."""
     if error is not None or translations is None:
-        return ["\t\t" if scores == "tokens" else "\t" if scores else ""] * n
-    if not scores:
+        return [("\t\t" if scores == "tokens" else "\t" if scores else "") + ("\t" if qe else "")] * n
+    if not scores and not qe:
         return [str(t) for t in translations]
     lines = []
-    for text, score, *per_token in translations:
-        tokens = "\t" + " ".join(f"{v:.4f}" for v in per_token[0]) if scores == "tokens" else ""
-        lines.append(f"{text}\t{score:.4f}{tokens}")
+    for t in translations:
+        text, score, per_token, sure = parts(t, scores, qe)
+        line = f"{text}\t{score:.4f}" if scores else text
+        if scores == "tokens":
+            line += "\t" + " ".join(f"{v:.4f}" for v in per_token)
+        if qe:
+            line += "\t" if sure is None else f"\t{sure:.3f}"
+        lines.append(line)
     return lines
 
 
-def fields(translations: list | None, error: str | None, n: int, scores: bool | str) -> dict[str, Any]:
+def fields(translations: list | None, error: str | None, n: int, scores: bool | str,
+           qe: bool = False) -> dict[str, Any]:
     """A JSON line's or a Parquet row's added fields: translation (a list of n with
-    --num-return-sequences), score and token_scores with scores, error (None when translated)."""
-    texts = [t if isinstance(t, str) else t[0] for t in translations] if translations is not None else [""] * n
+    --num-return-sequences), score and token_scores with scores, confidence with qe, error (None
+    when translated)."""
+    got = [parts(t, scores, qe) for t in translations] if translations is not None and error is None else None
+    texts = [p[0] for p in got] if got is not None else [""] * n
     out: dict[str, Any] = {"translation": texts[0] if n == 1 else texts}
-    if scores:
-        values = [t[1] for t in translations] if translations is not None and error is None else [None] * n
-        out["score"] = values[0] if n == 1 else values
-    if scores == "tokens":
-        per = [t[2] for t in translations] if translations is not None and error is None else [None] * n
-        out["token_scores"] = per[0] if n == 1 else per
+    for name, k, wanted in (("score", 1, bool(scores)), ("token_scores", 2, scores == "tokens"),
+                            ("confidence", 3, qe)):
+        if wanted:
+            values = [p[k] for p in got] if got is not None else [None] * n
+            out[name] = values[0] if n == 1 else values
     out["error"] = error
     return out
 
 
-def jsonl_line(raw: bytes, translations: list | None, error: str | None, n: int, scores: bool | str) -> str:
+def jsonl_line(raw: bytes, translations: list | None, error: str | None, n: int, scores: bool | str,
+               qe: bool = False) -> str:
     """The input's JSON object with the translation's fields set (a blank line stays blank; a line
     that is no object gives an object of these fields alone)."""
     if not raw.strip():
@@ -227,22 +249,23 @@ def jsonl_line(raw: bytes, translations: list | None, error: str | None, n: int,
         obj = json.loads(raw)
     except ValueError:
         obj = None
-    added = fields(translations, error, n, scores)
+    added = fields(translations, error, n, scores, qe)
     if added["error"] is None:
         del added["error"]
     return json.dumps({**obj, **added} if isinstance(obj, dict) else added, ensure_ascii=False)
 
 
-def write_parquet(source: Source, target: Path, results: Iterable[LineResult], n: int, scores: bool | str) -> None:
-    """The input table with columns translation, score / token_scores (with scores) and error
-    added, a row group at a time."""
+def write_parquet(source: Source, target: Path, results: Iterable[LineResult], n: int, scores: bool | str,
+                  qe: bool = False) -> None:
+    """The input table with columns translation, score / token_scores (with scores), confidence
+    (with qe) and error added, a row group at a time."""
     pa, pq = pyarrow_modules()
     results = iter(results)
     writer = None
     with atomic_file(target, binary=True) as f:
         try:
             for batch in pq.ParquetFile(source.path).iter_batches(batch_size=PARQUET_BATCH):
-                rows = [fields(*result, n, scores) for result in take(results, batch.num_rows, source)]
+                rows = [fields(*result, n, scores, qe) for result in take(results, batch.num_rows, source)]
                 table = pa.Table.from_batches([batch])
                 for name in rows[0] if rows else ():
                     table = table.append_column(name, pa.array([r[name] for r in rows],
@@ -252,7 +275,7 @@ def write_parquet(source: Source, target: Path, results: Iterable[LineResult], n
                 writer.write_table(table)
             ended(results, source)
             if writer is None:  # no rows: the input's schema and the added columns, empty
-                writer = pq.ParquetWriter(f, empty_schema(pa, pq, source, n, scores))
+                writer = pq.ParquetWriter(f, empty_schema(pa, pq, source, n, scores, qe))
         finally:  # closed before its file, written or given up
             if writer is not None:
                 writer.close()
@@ -261,13 +284,14 @@ def write_parquet(source: Source, target: Path, results: Iterable[LineResult], n
 def added_type(pa, name: str, n: int):
     """The Arrow type of an added column."""
     one = {"translation": pa.string(), "score": pa.float64(), "token_scores": pa.list_(pa.float64()),
-           "error": pa.string()}[name]
+           "confidence": pa.float64(), "error": pa.string()}[name]
     return one if n == 1 or name == "error" else pa.list_(one)
 
 
-def empty_schema(pa, pq, source: Source, n: int, scores: bool | str):
+def empty_schema(pa, pq, source: Source, n: int, scores: bool | str, qe: bool = False):
     schema = pq.ParquetFile(source.path).schema_arrow
-    names = ["translation", *(["score"] if scores else []), *(["token_scores"] if scores == "tokens" else []), "error"]
+    names = ["translation", *(["score"] if scores else []), *(["token_scores"] if scores == "tokens" else []),
+             *(["confidence"] if qe else []), "error"]
     for name in names:
         schema = schema.append(pa.field(name, added_type(pa, name, n)))
     return schema

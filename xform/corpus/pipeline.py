@@ -35,19 +35,21 @@ WAIT_S = 5.0  # how long the driver waits for a shard at a time before it checks
 
 @dataclass(frozen=True)
 class Corpus:
-    """The inputs, their identity and their shards; `n` translations a line, `scores` as TextOptions'."""
+    """The inputs, their identity and their shards; `n` translations a line, `scores` and `qe` as
+    TextOptions'."""
     sources: list[Source]
     identity: Identity
     shards: list[Shard]
     n: int = 1
     scores: bool | str = False
+    qe: bool = False
 
     def shards_of(self, file: int) -> list[Shard]:
         return [s for s in self.shards if s.file == file]
 
 
 def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Path, decoding: dict, n: int = 1,
-                scores: bool | str = False) -> Corpus:
+                scores: bool | str = False, qe: bool = False) -> Corpus:
     """Read each input once (its lines, bytes and sha256) and cut the corpus into shards."""
     sources = [Source.of(Path(p), field_name) for p in paths]
     check_names(sources)
@@ -59,7 +61,7 @@ def plan_corpus(paths: list[Path], field_name: str, shard_lines: int, bundle: Pa
                        "bytes": size, "sha256": digest})
     identity = Identity({"path": str(bundle), "sha256": sha256_file(Path(bundle) / "manifest.json")}, inputs,
                         decoding, shard_lines)
-    return Corpus(sources, identity, plan(counts, shard_lines), n, scores)
+    return Corpus(sources, identity, plan(counts, shard_lines), n, scores, qe)
 
 
 def check_names(sources: list[Source]) -> None:
@@ -149,7 +151,7 @@ def assemble(corpus: Corpus, record: Record) -> dict:
     for f, source in enumerate(corpus.sources):
         target = record.directory / source.name
         formats.write(source, target, shard_lines(corpus.shards_of(f), source, record, summary), corpus.n,
-                      corpus.scores)
+                      corpus.scores, corpus.qe)
         summary["outputs"][source.name] = sha256_file(target)
     return summary
 

@@ -34,7 +34,8 @@ END = b"}\n"  # how a shard's file ends (save), once written whole
 TEXT_FLAGS = {"backend": "--backend", "device": "--device (or --backend's default)",
               "scores": "--scores / --token-scores", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
               "truncate": "--truncate", "prefix_column": "--prefix-column", "replace_unknowns": "--replace-unknowns",
-              "vocab_map": "--vocab-map (its sha256)"}
+              "vocab_map": "--vocab-map (its sha256)", "terminology": "--glossary / --keep (their fingerprint)",
+              "qe": "--qe"}
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,8 @@ class LineTranslator:
 
     def translate(self, lines: list[str | bytes], on_batch: Callable[[int, int], None] | None = None) -> Translated:
         """Each line's translations (n of them: texts, or with scores [text, score], with token
-        scores [text, score, [log-probs]]) or its error, in order."""
+        scores [text, score, [log-probs]]; with qe the confidence after: as_json) or its error, in
+        order; a glossary term a translation lacks is a warning of its line."""
         job, text, batching = self.job, self.job.text, self.job.batching
         if job.documents is not None:
             return self.translate_documents(lines, on_batch)
@@ -125,18 +126,33 @@ class LineTranslator:
         results = self.text.translate_lines(lines, job.gen, batching, replace(text, vocab_map=job.vocab_map),
                                                on_batch=counted,
                                                on_warning=lambda i, m: done.warnings.append((i, job.said(m) or "")))
-        for line in results:
-            done.lines.append((None if line.error is not None else as_json(line, text.scores), job.said(line.error)))
+        for i, line in enumerate(results):
+            for k, missed in enumerate(line.unmet):  # a glossary's term the search found no room for: said
+                if missed:
+                    done.warnings.append((i, f"translation {k + 1} lacks {', '.join(map(repr, missed))} (no room "
+                                             "within the length cap, or not in the target vocabulary)"))
+            done.lines.append((None if line.error is not None else as_json(line, text.scores, text.qe),
+                               job.said(line.error)))
         return done
 
 
-def as_json(line: LineResult, scores: bool | str) -> list:
-    """A line's translations as a shard's file holds them: texts, or [text, score(, [log-probs])] each."""
-    if not scores:
+def as_json(line: LineResult, scores: bool | str, qe: bool = False) -> list:
+    """A line's translations as a shard's file holds them: texts, or with scores or qe a list
+    each, [text(, score(, [log-probs]))(, confidence)] (formats.parts reads it back; a
+    confidence the line has none of, a blank line's, is None)."""
+    if not scores and not qe:
         return list(line.hypotheses)
-    if scores == "tokens":
-        return [[h, s, t] for h, s, t in zip(line.hypotheses, line.scores, line.token_scores)]
-    return [[h, s] for h, s in zip(line.hypotheses, line.scores)]
+    out = []
+    for k, h in enumerate(line.hypotheses):
+        row: list = [h]
+        if scores:
+            row.append(line.scores[k])
+        if scores == "tokens":
+            row.append(line.token_scores[k])
+        if qe:
+            row.append(line.confidence[k] if k < len(line.confidence) else None)
+        out.append(row)
+    return out
 
 
 @dataclass
@@ -159,14 +175,15 @@ class ShardResult:
 class ShardWorker:
     """One session translating shards: the unit the corpus's pools run, in this process or as a Ray actor."""
 
-    def __init__(self, job: Job, worker: int = 0, session=None):
+    def __init__(self, job: Job, worker: int = 0, translator: Translator | None = None):
         from xform.runtime.open import open_session
 
         self.worker = worker
         self.check_bundle(job)
-        self.session = session if session is not None else open_session(job.bundle, job.backend, job.device,
-                                                                         job.threads)
-        self.translator = LineTranslator(Translator(self.session), job)  # this worker's door, opened once
+        if translator is None:  # this worker's door, opened once
+            translator = Translator(open_session(job.bundle, job.backend, job.device, job.threads))
+        self.session = translator.session
+        self.translator = LineTranslator(translator, job)
 
     def where(self) -> tuple[str, bool]:
         """(the node this worker runs on, whether it was restarted); here, this machine, never restarted."""

@@ -33,7 +33,7 @@ from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import Request, Result
 from xform.runtime.open import open_backend, open_session, session_over
 from xform.runtime.session import Session
-from xform.runtime.text.translator import Translator
+from xform.runtime.text.text_policy import TextPolicy
 
 SAMPLE_LINES = 256  # export --sample-file: the sources it judges on, at most
 
@@ -61,7 +61,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
     reference = session_over(bundle, open_backend(bundle, "torch", "cpu", torch_factory=TorchBackend.for_bundle))
     cfg = session.config
     if texts:
-        src_ids = Translator(session).policy.encode_texts(texts, src_lang)
+        src_ids = TextPolicy(session).encode_texts(texts, src_lang)
     # fp32 matmuls in TF32 (--allow-tf32, engines built --tf32): judged as TF32 (compare.py)
     tf32 = bool(getattr(session.backend, "tf32", False)) and session.bundle.precision == "fp32"
     tol = tolerance_for(session.bundle.precision, tf32)
@@ -190,10 +190,11 @@ def read_sample(path: Path, session: Session) -> tuple[np.ndarray, np.ndarray]:
     if not lines:
         raise XformError(f"--sample-file {path}: no sentences (the file is empty or blank)")
     rows: list[list[int]] = []
+    policy = TextPolicy(session)  # the text rules: the sample's lines as the model reads them
     for n, line in lines:
         if session.tokenizer is not None:
             try:
-                rows.append(Translator(session).policy.encode_text(line))
+                rows.append(policy.encode_text(line))
             except InputError as e:  # a multilingual model's source language, say (named as the door words it)
                 said = message(e).after(f"--sample-file {path} line {n}: ")
                 raise XformError(said.template).naming(*said.settings) from None

@@ -16,7 +16,6 @@ from xform.errors import Message, XformError, message
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.scheduling.batching import Batching
-from xform.runtime.session import Session
 from xform.runtime.text.translator import Translator
 
 WORST = 10  # sentences printed where the bundle loses most against the other system
@@ -70,6 +69,7 @@ class System:
     chrf: float | None = None
     failed: dict[int, Message] = field(default_factory=dict)
     read: int = 0  # the lines it was given (its translations may be fewer: those scored); 0: as many
+    confidence: list[float | None] = field(default_factory=list)  # with qe: each translation's (None: blank)
 
     @property
     def lines_per_s(self) -> float:
@@ -86,6 +86,10 @@ class EvalReport:
     identical: float | None = None  # share of lines both systems translate alike
     sentence_chrf_delta: list[float] = field(default_factory=list)  # per line: bundle - other (vs reference)
     worst: list[dict] = field(default_factory=list)
+    # with qe: the confidence's Spearman rank correlation with each line's chrF against the
+    # references, over `qe_lines` lines (blank ones left out)
+    qe_spearman: float | None = None
+    qe_lines: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -98,23 +102,26 @@ class EvalReport:
         return d
 
 
-def translate_file(name: str, session: Session, lines: list, gen: GenerationConfig, src_lang: str | None,
+def translate_file(name: str, translator: Translator, lines: list, gen: GenerationConfig, src_lang: str | None,
                    batch_size: int, on_batch: Callable[[int, int], None] | None = None,
-                   tgt_lang: str | None = None, vocab_map: Path | None = None, truncate: bool = False) -> System:
+                   tgt_lang: str | None = None, vocab_map: Path | None = None, truncate: bool = False,
+                   qe: bool = False) -> System:
     """Each line's best translation (a blank line: blank); a line that cannot be translated (not
     UTF-8: its bytes, too long, ...) fails alone, as in `run`: an empty translation, its error in
     `failed`. `tgt_lang` reaches the sources where the model writes it there (MADLAD's <2xx>);
     `vocab_map` restricts each batch's target vocabulary (a bundle exported --with-vocab-map);
-    `truncate` cuts a line over max_len instead of failing it."""
+    `truncate` cuts a line over max_len instead of failing it; `qe`: each translation's confidence
+    (runtime/text/confidence.py)."""
     start = time.perf_counter()
-    out, failed = [], {}
-    text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang, vocab_map=vocab_map, truncate=truncate)
-    for n, line in enumerate(Translator(session).translate_lines(lines, gen, Batching(batch_size=batch_size), text,
-                                                     on_batch=on_batch), 1):
+    out, failed, sure = [], {}, []
+    text = TextOptions(src_lang=src_lang, tgt_lang=tgt_lang, vocab_map=vocab_map, truncate=truncate, qe=qe)
+    for n, line in enumerate(translator.translate_lines(lines, gen, Batching(batch_size=batch_size), text,
+                                                        on_batch=on_batch), 1):
         if line.error is not None:  # the settings it names stay named: the CLI words them as flags
             failed[n] = message(line.error)
         out.append(line.hypotheses[0] if line.hypotheses else "")
-    return System(name, out, time.perf_counter() - start, failed=failed)
+        sure.append(line.confidence[0] if line.confidence else None)
+    return System(name, out, time.perf_counter() - start, failed=failed, confidence=sure if qe else [])
 
 
 def without_failed(systems: list[System], references: list[str] | None
@@ -128,7 +135,8 @@ def without_failed(systems: list[System], references: list[str] | None
     if not kept:
         raise XformError("no line of --source could be translated: nothing to score")
     pick = [n - 1 for n in kept]
-    return ([replace(s, translations=[s.translations[i] for i in pick], read=len(s.translations)) for s in systems],
+    return ([replace(s, translations=[s.translations[i] for i in pick], read=len(s.translations),
+                     confidence=[s.confidence[i] for i in pick] if s.confidence else []) for s in systems],
             None if references is None else [references[i] for i in pick], kept)
 
 
@@ -147,6 +155,8 @@ def evaluate(systems: list[System], references: list[str] | None, source: str, r
         s.bleu = float(bleu.corpus_score(s.translations, [refs]).score)
         s.chrf = float(chrf.corpus_score(s.translations, [refs]).score)
         report.bleu_signature, report.chrf_signature = str(bleu.get_signature()), str(chrf.get_signature())
+    if systems[0].confidence and references is not None:
+        report.qe_spearman, report.qe_lines = qe_correlation(systems[0], refs)
     if len(systems) == 2:
         a, b = (s.translations for s in systems)
         report.identical = sum(x == y for x, y in zip(a, b)) / len(a)
@@ -162,6 +172,22 @@ def evaluate(systems: list[System], references: list[str] | None, source: str, r
                          systems[1].name: b[i], **({"reference": refs[i]} if references is not None else {})}
                         for i in order[:WORST] if deltas[i] < 0]
     return report
+
+
+def qe_correlation(system: System, references: list[str]) -> tuple[float | None, int]:
+    """(the Spearman rank correlation of the system's confidences with its sentences' chrF against
+    the references, the lines it is over): lines without a confidence (blank) left out; None
+    where fewer than 3 lines remain or either side is constant."""
+    import math
+
+    from xform.runtime.text.confidence import sentence_chrf, spearman
+
+    pairs = [(c, sentence_chrf(t, r)) for c, t, r in zip(system.confidence, system.translations, references)
+             if c is not None]
+    if len(pairs) < 3:
+        return None, len(pairs)
+    rho = spearman([c for c, _ in pairs], [f for _, f in pairs])
+    return (None if math.isnan(rho) else round(float(rho), 4)), len(pairs)
 
 
 def plot(report: EvalReport, out: Path | IO[bytes]) -> None:

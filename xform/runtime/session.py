@@ -176,12 +176,16 @@ class Session:
         never = {self.eos_id, *procs.blocked, *procs.suppress}
         return check_constraints(constraints, batch, self.config.tgt_vocab_size, never, gen)
 
-    def run(self, request: Request, on_step: Callable[[int], None] | None = None) -> Result:
+    def run(self, request: Request, on_step: Callable[[int], None] | None = None,
+            watch: Callable[[Decode], None] | None = None) -> Result:
         """The one decoding loop, for every strategy and backend: one request through a Batch
         (loop.py) from its first step to its last. The strategy's row index (`beam_idx`)
         reorders the backend's rows for beam search and drops finished ones, so the rows run per
-        step fall as sources end."""
+        step fall as sources end. `watch`, when given, is shown the decode before its first step
+        (a step callback hooks its strategy: text/step_callback.py)."""
         item = self.decode_item(request, on_step)
+        if watch is not None:
+            watch(item)
         restricted: Restricting | None = None
         if request.vocabulary is not None:
             if request.wants_attention:

@@ -47,6 +47,7 @@ def soak(session: Session, steps: int, max_batch: int = 16, max_src_len: int = 2
     max_src_len = min(max_src_len, cfg.max_len)
     max_new = min(max_new, cfg.max_len)
     report = SoakReport()
+    translator = Translator(session) if texts and session.tokenizer is not None else None
 
     def one(batch: int, src_len: int, new: int, kind: str) -> int:
         src = random_sources(cfg, batch, src_len, int(rng.integers(1 << 30)))
@@ -54,9 +55,9 @@ def soak(session: Session, steps: int, max_batch: int = 16, max_src_len: int = 2
                                         "sample": {"do_sample": True, "top_k": 10, "seed": int(rng.integers(1 << 30))}}
         settings = choices[kind]
         session.generate(src, max_new_tokens=new, min_new_tokens=new, **settings)
-        if texts and session.tokenizer is not None:
+        if translator is not None and texts:
             picked = [texts[int(i)] for i in rng.integers(0, len(texts), batch)]
-            Translator(session).translate(picked, max_new_tokens=new, **settings)
+            translator.translate(picked, max_new_tokens=new, **settings)
         return new
 
     for kind in ("greedy", "beam", "sample"):  # warm-up: the largest shapes first

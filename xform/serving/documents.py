@@ -21,7 +21,8 @@ from xform.runtime.documents.translate import DocumentTranslator
 from xform.runtime.text.translator import Translator
 
 # inputs that mean something for a line, not a document
-NOT_WITH_DOCUMENTS = ("src_ids", "target_prefix", "return_scores", "return_attention", "replace_unknowns", "stream")
+NOT_WITH_DOCUMENTS = ("src_ids", "target_prefix", "return_scores", "return_attention", "replace_unknowns", "stream",
+                      "qe")
 
 
 @dataclass

@@ -40,8 +40,8 @@ def origin(source: str | Path | Sequence[str | Path], options: ModelOptions) -> 
 
 def options_from(data: dict) -> ModelOptions:
     """ModelOptions as `origin` wrote them."""
-    vocab_map = data.get("vocab_map")
-    return ModelOptions(**{**data, "vocab_map": None if vocab_map is None else Path(vocab_map)})
+    paths = {k: None if data.get(k) is None else Path(data[k]) for k in ("vocab_map", "glossary")}
+    return ModelOptions(**{**data, **paths})
 
 
 def engine_model(name: str, options: ModelOptions) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -24,7 +25,9 @@ from xform.runtime.decoding.controls import CT2_NAMES, Control
 from xform.runtime.decoding.request import Request, Result, TextOptions, refuse_unknown
 from xform.runtime.documents.translate import AUTO
 from xform.runtime.scheduling.scheduler import Scheduler
-from xform.runtime.text.text_request import SourceError, TextRequest, generation
+from xform.runtime.text.glossary import Glossary, Terminology
+from xform.runtime.text.results import confidences, unmet
+from xform.runtime.text.text_request import SourceError, TextRequest, blank, generation
 from xform.runtime.text.translator import Translator
 from xform.serving import tensors
 from xform.serving.documents import NOT_WITH_DOCUMENTS, DocumentJob, document_outputs
@@ -41,6 +44,7 @@ class Job:
 
     index: int  # the request's position in the call
     request: Request
+    asked: TextRequest | None = None  # what `request` was converted from: its confidence and unmet terms
 
     @property
     def rows(self) -> list[list[int]]:
@@ -236,9 +240,66 @@ def settings_of(inputs: dict[str, np.ndarray | None]) -> dict[str, Any]:
     return {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
 
 
-def text_request(session, inputs: dict[str, np.ndarray | None], truncate: bool) -> tuple[str, TextRequest]:
+def glossary_input(value: np.ndarray | None) -> Glossary | bool | None:
+    """The request's `glossary` (TSV text, or TBX: text starting with `<`), read; None where it
+    is absent (the model's applies), False where it is blank (none applies). A malformed one is
+    refused naming the input and its line."""
+    if value is None:
+        return None
+    texts = strings("glossary", value)
+    if not texts or any(t != texts[0] for t in texts):
+        raise InputError("input 'glossary': one glossary per request (the same in every row)")
+    data = texts[0].removeprefix("\ufeff")
+    if not data.strip():
+        return False
+    tbx = data.lstrip().startswith("<")
+    return (Glossary.from_tbx if tbx else Glossary.from_tsv)(data, name="(TBX)" if tbx else "(TSV)")
+
+
+PAIRED: dict[tuple, tuple[Glossary, Glossary]] = {}  # the model's glossary for a language pair, made once
+
+
+def paired(glossary: Glossary, src_lang: str | None, tgt_lang: str | None, cached: bool) -> Glossary:
+    """The glossary's entries for the pair (Glossary.pair); the model's (`cached`) kept for the
+    next request of the pair, its terms' patterns compiled once."""
+    if not cached:
+        return glossary.pair(src_lang, tgt_lang)
+    key = (id(glossary), src_lang, tgt_lang)
+    hit = PAIRED.get(key)
+    if hit is None or hit[0] is not glossary:
+        if len(PAIRED) >= 64:
+            PAIRED.clear()
+        hit = PAIRED[key] = (glossary, glossary.pair(src_lang, tgt_lang))
+    return hit[1]
+
+
+def model_glossary(text: Translator) -> Glossary | None:
+    """The glossary the model's translator holds (triton_model.py gives it a Glossary read once)."""
+    held = text.glossary
+    if held is None or isinstance(held, Glossary):
+        return held
+    return Glossary.load(held) if isinstance(held, (str, Path)) else Glossary.of(held)
+
+
+def request_terminology(text: Translator, inputs: dict[str, np.ndarray | None], src_lang: str | None,
+                        tgt_lang: str | None) -> Terminology | None:
+    """The terms a text request's translations must hold: its `glossary` (else the model's; a
+    blank one: none) for the pair, and its `keep` patterns (else the model's); None for none."""
+    given = glossary_input(inputs.get("glossary"))
+    keep = tuple(one_row("keep", inputs.get("keep")) or ()) or tuple(
+        [text.keep] if isinstance(text.keep, str) else text.keep)
+    glossary = model_glossary(text) if given is None else (given or None)
+    if glossary is None and not keep:
+        return None
+    src = None if src_lang == AUTO else src_lang  # a document's paragraphs: any source language
+    return Terminology(None if glossary is None else paired(glossary, src, tgt_lang, given is None), keep)
+
+
+def text_request(session, inputs: dict[str, np.ndarray | None], truncate: bool,
+                 text: Translator | None = None) -> tuple[str, TextRequest]:
     """(the sources' input, the request's TextRequest) from its tensors, parsed only: what they
-    mean is the one conversion's (text_request.convert)."""
+    mean is the one conversion's (text_request.convert). `text`: the model's translator, whose
+    glossary a request of texts without its own takes."""
     src_lang, tgt_lang = one_string("src_lang", inputs.get("src_lang")), one_string("tgt_lang", inputs.get("tgt_lang"))
     replace_unknowns = one_flag("replace_unknowns", inputs.get("replace_unknowns"))
     if replace_unknowns and inputs.get("text") is None:
@@ -246,10 +307,17 @@ def text_request(session, inputs: dict[str, np.ndarray | None], truncate: bool) 
     name, sources = source_inputs(session, inputs)
     prefix = inputs.get("target_prefix")
     scores = one_flag("return_scores", inputs.get("return_scores"))
+    terms = None
+    if name == "text" and text is not None:
+        terms = request_terminology(text, inputs, src_lang, tgt_lang)
+    elif inputs.get("glossary") is not None or inputs.get("keep") is not None:
+        raise InputError(f"input '{'glossary' if inputs.get('glossary') is not None else 'keep'}': finds its terms "
+                         "in text: send the sources as 'text', not 'src_ids'")
     return name, TextRequest(sources, None if prefix is None else tuple(strings("target_prefix", prefix)),
                              tuple(one_row("bad_words", inputs.get("bad_words")) or ()),
                              TextOptions("tokens" if scores else False, src_lang, tgt_lang, truncate,
-                                         replace_unknowns=replace_unknowns),
+                                         replace_unknowns=replace_unknowns, terminology=terms,
+                                         qe=one_flag("qe", inputs.get("qe"))),
                              settings_of(inputs),
                              return_attention=one_flag("return_attention", inputs.get("return_attention")))
 
@@ -270,7 +338,7 @@ def parse(text: Translator, index: int, inputs: dict[str, np.ndarray | None], ma
                             truncate)
     name = "text" if inputs.get("text") is not None else "src_ids"
     try:
-        name, asked = text_request(text.session, inputs, truncate)
+        name, asked = text_request(text.session, inputs, truncate, text)
         request = text.request(asked)
     except SourceError as e:
         raise about(name, e, truncate="send truncate=true") from None
@@ -281,7 +349,7 @@ def parse(text: Translator, index: int, inputs: dict[str, np.ndarray | None], ma
         raise InputError(f"input '{'num_beams' if request.generation.strategy == 'beam' else name}': "
                          f"{request.batch} rows x {width} = {request.rows} decoder rows, more than this model's "
                          f"max_rows {max_rows}")
-    return Job(index, request)
+    return Job(index, request, asked)
 
 
 def document_job(text: Translator, index: int, inputs: dict[str, np.ndarray | None], src_lang: str | None,
@@ -301,11 +369,13 @@ def document_job(text: Translator, index: int, inputs: dict[str, np.ndarray | No
                         options=TextOptions(False, src_lang, tgt_lang, truncate), settings=settings_of(inputs))
     try:
         gen = generation(text.policy, asked)
+        terms = request_terminology(text, inputs, src_lang, tgt_lang)  # each sentence's terms
     except InputError as e:
         raise request_error(e) from None
     if gen.num_return_sequences > 1:
         raise InputError("input 'num_return_sequences': a document's translation is one text")
-    return DocumentJob(index, strings("text", rows), gen, TextOptions(False, src_lang, tgt_lang, truncate),
+    return DocumentJob(index, strings("text", rows), gen,
+                       TextOptions(False, src_lang, tgt_lang, truncate, terminology=terms),
                        markup or "text", one_flag("skip_target_language", inputs.get("skip_target_language")))
 
 
@@ -340,6 +410,7 @@ def job_outputs(text: Translator, job: Job, result: Result) -> dict[str, np.ndar
     """A request's outputs from its Result."""
     request, session = job.request, text.session
     n = len(result) // request.batch  # hypotheses a row: num_return_sequences
+    terms = terms_outputs(text, job, result, n)
     result = blanked(result, job.texts, n, session.pad_id)
     ids = trim(result.ids, session.pad_id)
     outputs = {"output_ids": np.ascontiguousarray(ids[::n], np.int64)}  # each row's best
@@ -360,7 +431,24 @@ def job_outputs(text: Translator, job: Job, result: Result) -> dict[str, np.ndar
         outputs["token_scores"] = np.ascontiguousarray(result.token_scores[::n, :ids.shape[1]], np.float32)
         if n > 1:
             outputs["hypothesis_scores"] = result.scores.reshape(-1, n).astype(np.float32)
-    return outputs
+    return {**outputs, **terms}
+
+
+def terms_outputs(text: Translator, job: Job, result: Result, n: int) -> dict[str, np.ndarray]:
+    """With qe, each row's best hypothesis' `confidence` (results.confidences; a blank row's 1:
+    nothing decoded, as its score 0 says); with a terminology, the terms each row's best lacks
+    (`unmet`, joined by tabs)."""
+    asked, out = job.asked, {}
+    if asked is None:
+        return out
+    if asked.options.qe:
+        sure = confidences(text.policy, job.request, result)[::n]
+        empty = [blank(s) for s in asked.sources]
+        out["confidence"] = np.array([[1.0 if e else c] for c, e in zip(sure, empty)], np.float32)
+    if asked.options.terminology is not None:
+        missed = unmet(text.policy, asked, result)[::n]
+        out["unmet"] = np.array([["\t".join(m).encode("utf-8")] for m in missed], dtype=object)
+    return out
 
 
 def execute(text: Translator, requests: list[dict[str, np.ndarray | None]],

@@ -26,6 +26,7 @@ from xform.serving.inflight import stream_model
 from xform.serving.tensors import present
 
 VOCAB_MAP = "vocab_map.txt"  # --vocab-map, in the model's version directory
+GLOSSARY = "glossary"  # --glossary, in the model's version directory, with its file's suffix (.tsv, .tbx)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ModelOptions:
     dynamic_batching: bool = True
     instances: int = 1
     vocab_map: Path | None = None  # copied into the model; text requests decode over what it allows
+    glossary: Path | None = None  # copied into the model; text requests without their own glossary take it
     # inflight: NAME and NAME-stream share one running batch; dynamic: Triton's batches. None:
     # inflight, or dynamic where inflight cannot run (--backend trt, --vocab-map, no dynamic batching)
     scheduling: str | None = None
@@ -76,6 +78,8 @@ class ModelOptions:
             p.append(f"--threads must be >= 1, got {self.threads}")
         if self.vocab_map is not None and not Path(self.vocab_map).is_file():
             p.append(f"--vocab-map {self.vocab_map}: no such file")
+        if self.glossary is not None and not Path(self.glossary).is_file():
+            p.append(f"--glossary {self.glossary}: no such file")
         if self.scheduling not in (None, "inflight", "dynamic"):
             p.append(f"--scheduling {self.scheduling!r}: inflight or dynamic")
         if self.mode == "inflight":
@@ -115,7 +119,8 @@ def config_pbtxt(name: str, bundle_param: str, options: ModelOptions, has_tokeni
     outputs = [t.pbtxt(optional=False) for t in present(tensors.OUTPUTS, has_tokenizer, has_attention, engine)]
     params = {"role": role, "bundle": bundle_param, "backend": options.backend, "device": device,
               "threads": "" if options.threads is None else str(options.threads),
-              "vocab_map": VOCAB_MAP if options.vocab_map is not None else ""}
+              "vocab_map": VOCAB_MAP if options.vocab_map is not None else "",
+              "glossary": glossary_file(options.glossary) if options.glossary is not None else ""}
     params["max_rows"] = str(options.max_rows)  # the decoder rows one request may ask for (and in flight: all)
     if role == "engine":
         params.update(max_queue=str(options.max_queue))
@@ -152,11 +157,17 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
                              "with --with-vocab-map")
         from xform.runtime.text.tokenizers import load_tokenizer
         VocabMap.load(options.vocab_map, load_tokenizer(bundle.tokenizer_file, bundle.config).target_vocabulary())
+    if options.glossary is not None:  # read now: a malformed one is refused naming its line, before anything is written
+        from xform.runtime.text.glossary import Glossary
+        if bundle.tokenizer_file is None:
+            raise XformError(f"--glossary: {bundle.path} has no tokenizer, so no text requests to find terms in")
+        Glossary.load(options.glossary)
     name = model_name(bundle.path, options)
     roles = model_roles(name, options)
-    for model in roles:  # the bundle and the vocabulary map are inputs: never inside what is replaced
+    for model in roles:  # the bundle, the vocabulary map and the glossary are inputs: never inside what is replaced
         check_target(Path(repo) / model, force, "Triton model", not_our_model,
-                     [("BUNDLE", bundle.path), *([("--vocab-map", options.vocab_map)] if options.vocab_map else [])])
+                     [("BUNDLE", bundle.path), *([("--vocab-map", options.vocab_map)] if options.vocab_map else []),
+                      *([("--glossary", options.glossary)] if options.glossary else [])])
     has = (bundle.tokenizer_file is not None, bundle.manifest.attention_layer is not None)
     for model, role in roles.items():
         with atomic_directory(Path(repo) / model, force, not_our_model) as tmp:
@@ -172,8 +183,15 @@ def write_model(bundle_dir: str | Path, repo: str | Path, options: ModelOptions 
                     bundle_param = "bundle"
             if options.vocab_map is not None:
                 shutil.copyfile(options.vocab_map, version / VOCAB_MAP)
+            if options.glossary is not None and role != "front":
+                shutil.copyfile(options.glossary, version / glossary_file(options.glossary))
             (tmp / "config.pbtxt").write_text(config_pbtxt(model, bundle_param, options, *has, role=role))
     return Path(repo) / name
+
+
+def glossary_file(path: Path) -> str:
+    """The name of the model's copy of its --glossary: its suffix kept (TBX is read by it)."""
+    return GLOSSARY + Path(path).suffix.lower()
 
 
 def not_our_model(path: Path) -> str | None:

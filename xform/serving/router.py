@@ -55,13 +55,18 @@ OWN = [
 # the bundle models' text-level inputs, passed to each hop as they came
 NOT_PASSED = {"text", "src_ids", "src_lang", "tgt_lang", "return_attention", "stream", "status", "rescan"}
 # what shapes the answer, not the decoding: a pivot's first hop makes one translation
-LAST_HOP_ONLY = {"num_return_sequences", "return_alternatives", "return_scores", "target_prefix"}
+LAST_HOP_ONLY = {"num_return_sequences", "return_alternatives", "return_scores", "target_prefix", "qe"}
+# a glossary's terms are of the pair asked: no hop through a pivot translates that pair
+DIRECT_ONLY = ("glossary",)
 OUTPUTS = [
     Tensor("translation", "TYPE_STRING", (1,), "Each row's translation."),
     Tensor("route", "TYPE_STRING", (1,), "The hops taken: `src>tgt bundle`, two through a pivot (`; `)."),
     Tensor("scores", "TYPE_FP32", (1,), "With return_scores: the last hop's score."),
     Tensor("hypotheses", "TYPE_STRING", (-1,), "With num_return_sequences k > 1: all k (the last hop's)."),
     Tensor("hypothesis_scores", "TYPE_FP32", (-1,), "With num_return_sequences k > 1 and return_scores."),
+    Tensor("confidence", "TYPE_FP32", (1,), "With qe: the last hop's confidence in [0, 1]."),
+    Tensor("unmet", "TYPE_STRING", (1,), "With a glossary or keep: the terms the last hop's translation lacks, "
+           "joined by tabs."),
     Tensor("status", "TYPE_STRING", (1,), "With status: the bundles, loaded or not, and their counters; with "
            "rescan: what changed (JSON)."),
 ]
@@ -257,6 +262,11 @@ class Router:
         if given.get("document_format") is not None and any(h.asked.prefix for h in route.hops):
             raise InputError(f"input 'document_format': {route} asks its bundle for the target by a prefix on each "
                              "source (Marian's >>xx<<), which a document's sentences cannot carry: send sentences")
+        for name in DIRECT_ONLY:
+            if given.get(name) is not None and len(route.hops) > 1:
+                raise InputError(f"input {name!r}: the route {route} goes through a pivot, and a glossary's terms are of "
+                                 "the pair asked, which no hop translates: send it where a bundle translates the "
+                                 "pair (or send `keep`, which holds through both hops)")
         passed = {k: v for k, v in given.items() if v is not None and k not in NOT_PASSED and k != "model"}
         outputs: dict[str, np.ndarray] = {}
         for i, hop in enumerate(route.hops):
@@ -306,7 +316,8 @@ class Router:
 
     def answer(self, route: Route, texts: np.ndarray, last: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {"translation": texts, "route": np.array([[str(route).encode()]] * texts.shape[0], dtype=object)}
-        out.update({k: last[k] for k in ("scores", "hypotheses", "hypothesis_scores") if k in last})
+        out.update({k: last[k] for k in ("scores", "hypotheses", "hypothesis_scores", "confidence", "unmet")
+                    if k in last})
         return out
 
 

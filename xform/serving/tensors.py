@@ -58,6 +58,15 @@ TAIL = [
            setting="format"),
     Tensor("skip_target_language", "TYPE_BOOL", (1,), "With document_format: paragraphs already in tgt_lang are "
            "kept as they are.", "tokenizer", setting="skip_target_language"),
+    Tensor("glossary", "TYPE_STRING", (1,), "This request's terms and their required translations: TSV text "
+           "(source TAB target [TAB source language TAB target language], a line each) or TBX. A term found in "
+           "a `text` row (whole words, any case, longest first) appears in its translation as written, enforced "
+           "in the beam search (a greedy request takes the beam the terms need). Without it, the model's "
+           "--glossary; an empty one: none. docs/terminology.md.", "tokenizer", setting="glossary"),
+    Tensor("keep", "TYPE_STRING", (-1,), "Regular expressions whose matches in a `text` row stay as written in "
+           "its translation (`<dnt>...</dnt>` in a row marks a span too, its tags removed).", "tokenizer",
+           setting="keep"),
+    Tensor("qe", "TYPE_BOOL", (1,), "Also `confidence`.", setting="qe"),
 ]
 OUTPUTS = [
     Tensor("output_ids", "TYPE_INT64", (-1,), "Each row's best hypothesis."),
@@ -71,6 +80,11 @@ OUTPUTS = [
            "attention"),
     Tensor("translation", "TYPE_STRING", (1,), "Each row's best hypothesis as text.", "tokenizer"),
     Tensor("hypotheses", "TYPE_STRING", (-1,), "With num_return_sequences k > 1: all k as text.", "tokenizer"),
+    Tensor("confidence", "TYPE_FP32", (1,), "With qe: the best hypothesis' confidence in [0, 1] "
+           "(docs/terminology.md's formula; a blank row's is 1)."),
+    Tensor("unmet", "TYPE_STRING", (1,), "With a glossary (the request's or the model's) or keep: the terms the "
+           "best hypothesis lacks (no room within max_new_tokens, or not in the target vocabulary), joined by "
+           "tabs; empty when it holds them all.", "tokenizer"),
 ]
 
 

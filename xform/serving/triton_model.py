@@ -1,8 +1,9 @@
 """Triton Python-backend model for an xform bundle (copied as `<model>/1/model.py` by `xform triton`).
 
 The bundle and how to run it come from config.pbtxt's parameters: `bundle` (a path, relative to
-this version directory or absolute), `backend` (ort | trt), `device` (cpu | cuda), `threads`, and
-`role`, which of the three models of serving/repository.py this one is:
+this version directory or absolute), `backend` (ort | trt), `device` (cpu | cuda), `threads`,
+`vocab_map` and `glossary` (files in this version directory: the glossary is the one text requests
+without their own take), and `role`, which of the three models of serving/repository.py this one is:
 
 - `batch` (--scheduling dynamic): Triton's dynamic batcher forms batches of requests and each
   execute call decodes them together (serving/handler.py);
@@ -122,7 +123,15 @@ class TritonPythonModel:
             self.session = open_session(bundle, params["backend"], params["device"], threads)
         except XformError as e:  # the reason, without a traceback, in Triton's log and load status
             raise pb_utils.TritonModelException(f"xform: cannot load bundle {bundle}: {e}") from None
-        self.translator = Translator(self.session)  # the model's text door, opened once
+        glossary = None
+        if params.get("glossary"):  # read when the model was written; a failure here is the reason in the log
+            from xform.runtime.text.glossary import Glossary
+            try:
+                glossary = Glossary.load(Path(args["model_repository"]) / args["model_version"] / params["glossary"])
+            except XformError as e:
+                raise pb_utils.TritonModelException(f"xform: glossary: {e}") from None
+        # the model's text door, opened once; text requests without their own glossary take its
+        self.translator = Translator(self.session, glossary=glossary)
         self.vocab_map = None
         if params.get("vocab_map"):  # checked when the model was written; a failure here is the reason in the log
             try:

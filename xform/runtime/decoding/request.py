@@ -202,7 +202,10 @@ class ScoringResult:
 @dataclass(frozen=True)
 class GenerationStepResult:
     """One token as it is generated (CTranslate2's GenerationStepResult): `log_prob` with
-    return_log_prob (else None); one source and one hypothesis: `batch_id` and `hypothesis_id` 0."""
+    return_log_prob (else None); one source and one hypothesis: `batch_id` and `hypothesis_id` 0.
+    translate_batch's `callback` is given one a token of each decoded example: `batch_id` its
+    index in the call, `hypothesis_id` its sample, `log_prob` with return_scores. `logits` is
+    None (CTranslate2's return_logits_vocab is not offered)."""
 
     step: int
     token_id: int
@@ -211,3 +214,4 @@ class GenerationStepResult:
     log_prob: float | None = None
     batch_id: int = 0
     hypothesis_id: int = 0
+    logits: Any = None

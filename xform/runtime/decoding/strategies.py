@@ -25,7 +25,7 @@ sorts a whole vocabulary. Ties are broken by the lower flat index, as a stable s
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -103,6 +103,10 @@ class Greedy:
 
     group = 1  # rows a source
     candidates_wanted = 0  # beam search asks the backend for ranked candidates instead of logits
+    # a step callback (CTranslate2's translate_batch callback): stop(strategy, step, rows, ended)
+    # is told each step's tokens of `rows` (original rows; `ended`: those done before the step)
+    # after they are chosen, and returns which of them end there
+    stop: Callable[["Greedy", int, np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def __init__(self, batch: int, gen: GenerationConfig, special: Special, want_scores: bool = False,
                  prefix=None, start_id: int = 0, attention_len: int = 0):
@@ -173,6 +177,8 @@ class Greedy:
         self.steps = step + 1
         t = step - self.offset[act]
         self.done[act] = done | ((nxt == self.special.eos) & (t >= 0)) | (t + 1 >= self.gen.max_new_tokens)
+        if self.stop is not None:
+            self.done[act] |= self.stop(self, step, act, done)
         if self.done.all():
             return None, None
         running = ~self.done[act].reshape(-1, self.group).all(axis=1)  # a source's rows leave together

@@ -1,7 +1,8 @@
 """HTML documents: Python's own parser (html.parser, which browsers' rules inform and which never
 refuses a page) says where the tags are; only text is translated, and everything else passes
-through as written: tags and their attributes, comments, doctypes, and whole elements whose
-content is not prose (script, style, pre, code, kbd, samp, var, textarea, template, svg, math).
+through as written: tags and their attributes, comments, doctypes, whole elements whose
+content is not prose (script, style, pre, code, kbd, samp, var, textarea, template, svg, math),
+and whole elements marked `translate="no"` (HTML's own do-not-translate), byte for byte.
 
 Block elements (p, div, li, td, h1-h6, ...) end a run of text; inside one, an inline element
 whose start and end tags are both there (b, i, em, strong, a, span, ...) is a mark that goes
@@ -17,6 +18,7 @@ from xform.runtime.documents.layout import Document, Lines
 from xform.runtime.documents.markdown import Inline, inline_segments
 
 RAW = {"script", "style", "pre", "code", "kbd", "samp", "var", "textarea", "template", "svg", "math"}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 INLINE = {"a", "abbr", "b", "bdi", "bdo", "cite", "del", "dfn", "em", "font", "i", "ins", "label", "mark", "q",
           "s", "small", "span", "strong", "sub", "sup", "u", "time", "data"}
 
@@ -29,6 +31,7 @@ class Events(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
         self.events: list[tuple[str, str | None, int]] = []
+        self.untranslated: set[int] = set()  # where an element with translate="no" starts
         self.feed(text)
         self.close()
 
@@ -38,6 +41,8 @@ class Events(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         self.events.append(("start", tag, self.at()))
+        if tag not in VOID and any(k == "translate" and (v or "").strip().lower() == "no" for k, v in attrs):
+            self.untranslated.add(self.at())
 
     def handle_startendtag(self, tag, attrs):
         self.events.append(("startend", tag, self.at()))
@@ -56,19 +61,23 @@ class Events(HTMLParser):
 
 def blocks(text: str) -> list[tuple[int, int, list[tuple[str, str | None, int, int]]]]:
     """The runs of inline content: (start, end, their events as (kind, tag, start, end)); raw
-    elements (script, code, ...) are one event each, kind "raw"."""
-    events = Events(text).events
+    elements (script, code, ..., and any with translate="no") are one event each, kind "raw"."""
+    parsed = Events(text)
+    events = parsed.events
     spans = [(k, t, a, b) for (k, t, a), (_, _, b) in zip(events, [*events[1:], ("", None, len(text))])]
     out: list[list[tuple[str, str | None, int, int]]] = []
     run: list[tuple[str, str | None, int, int]] = []
     raw: tuple[str, int] | None = None
+    depth = 0  # the raw element's own tag opened inside it, not yet closed
     for kind, tag, a, b in spans:
         if raw is not None:  # inside a raw element: one atom up to its end tag
-            if kind == "end" and tag == raw[0]:
+            if tag == raw[0] and kind in ("start", "end"):
+                depth += 1 if kind == "start" else -1
+            if kind == "end" and tag == raw[0] and depth < 0:
                 run.append(("raw", raw[0], raw[1], b))
-                raw = None
+                raw, depth = None, 0
             continue
-        if kind == "start" and tag in RAW:
+        if kind == "start" and (tag in RAW or a in parsed.untranslated):
             raw = (tag, a)
         elif kind in ("start", "end", "startend") and tag not in INLINE and tag not in ("br", "img", "wbr", "input"):
             if run:

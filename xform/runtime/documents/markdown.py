@@ -8,7 +8,9 @@ source line by line:
   text around them translated as separate runs (nothing in code or a URL reaches the model);
 - emphasis (`*`, `_`, `**`, `~~`), a link's `[`...`](target)` and paired HTML tags are marks:
   taken out of the text the model sees and put back around the translation of the words they
-  surround (marks.py), or, where a sentence's edge cuts them, left where they were as layout.
+  surround (marks.py), or, where a sentence's edge cuts them, left where they were as layout;
+- `<dnt>...</dnt>` is neither: the tags stay in the sentence the model is given, which keeps the
+  span as written and removes them (translate.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ TRAILING = ".,;:!?'\""
 LEADING = ".,;:!?"  # what a run after an atom may begin with that is no word
 TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)")
 MARKERS = {"em_open", "em_close", "strong_open", "strong_close", "s_open", "s_close"}
+DNT = "dnt"  # <dnt>...</dnt>: neither a mark nor an atom; the sentence keeps it (the conversion strips it)
 
 
 def parser():
@@ -124,6 +127,8 @@ def scan(inline: Inline, children) -> None:
             start = raw.find(child.content, at)
             at = start + len(child.content)
             tag = TAG.match(child.content)
+            if tag and tag.group(2).lower() == DNT:  # a span kept as written: its tags reach the model
+                continue
             pair(inline, opened, ("/" if tag and tag.group(1) else "<") + (tag.group(2).lower() if tag else "?"),
                  start, at, atom_if_alone=True)
 

@@ -5,7 +5,14 @@ length, batched as files are), each distinct sentence once and none the memory h
 
 A sentence longer than the model's max_len is cut at its clause boundaries (segmenter.clauses)
 and its pieces' translations joined by a space; one that no cut fits is truncated with
-`truncate`, else refused before anything is decoded, named by document and line."""
+`truncate`, else refused before anything is decoded, named by document and line.
+
+Terms (docs/terminology.md): the text options' terminology (a glossary, kept patterns) applies to
+each sentence, and a `<dnt>...</dnt>` span in plain text or Markdown is kept as written, its tags
+removed (each sentence is decoded with a terminology, an empty one where none was given: the
+conversion strips the tags and makes the span a constraint); in HTML, an element with
+`translate="no"` is kept byte for byte (html.py). The memory's key holds the terminology's
+fingerprint."""
 from __future__ import annotations
 
 from collections import Counter
@@ -26,6 +33,7 @@ from xform.runtime.documents.memory import TranslationMemory
 from xform.runtime.documents.segmenter import clauses
 from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.codes import base_language, codes_for
+from xform.runtime.text.glossary import Terminology
 from xform.runtime.text.translator import Translator
 
 FORMATS = ("text", "markdown", "html")
@@ -239,7 +247,8 @@ class DocumentTranslator:
         known.update(self.decoded([u for u in units if u not in known and u not in with_attention], language))
         if with_attention:
             self.tally.decoded += len(with_attention)
-            got = decode_aligned(self.translator, with_attention, self.gen, replace(self.options, src_lang=language))
+            got = decode_aligned(self.translator, with_attention, self.gen,
+                                 replace(self.options, src_lang=language, terminology=self.terminology, qe=False))
             known.update({u: t for u, (t, _) in got.items()})
             aligned.update({u: a or [] for u, (_, a) in got.items()})  # []: none could be made, none asked again
             if self.memory is not None:
@@ -272,7 +281,8 @@ class DocumentTranslator:
         if self.on_total is not None:
             self.on_total(len(units))
         text = TextOptions(False, language, self.options.tgt_lang, self.options.truncate,
-                           replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map)
+                           replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map,
+                           terminology=self.terminology)
         out: dict[str, str] = {}
         pending: dict[str, str] = {}
         for unit, line in zip(units, self.translator.translate_lines(units, self.gen, self.batching, text,
@@ -289,6 +299,12 @@ class DocumentTranslator:
         self.tally.decoded += len(out)
         return out
 
+    @property
+    def terminology(self) -> Terminology:
+        """What each sentence's translation must hold: the options' terminology, else an empty one
+        (a `<dnt>` span is still kept)."""
+        return self.options.terminology if self.options.terminology is not None else Terminology()
+
     def memory_context(self, language: str | None) -> str:
         """The memory's key for this bundle, these settings and this source language."""
         if language not in self.context:
@@ -299,10 +315,14 @@ class DocumentTranslator:
     def settings(self, language: str | None) -> dict[str, Any]:
         """What makes a translation what it is, as the corpus's record counts it: the sha256 of the
         bundle's manifest (which holds every file's) and of the vocabulary map's file, the
-        decoding and the text options."""
+        decoding and the text options; with a terminology, its fingerprint (a changed glossary or
+        kept pattern never serves an old translation; none: the key as before terminologies)."""
         bundle = self.translator.session.bundle
         vocab_map = self.options.vocab_map
-        return {"manifest": sha256_file(Path(bundle.path) / MANIFEST) if bundle is not None else None,
-                "generation": self.gen.to_dict(), "src_lang": language, "tgt_lang": self.options.tgt_lang,
-                "truncate": self.options.truncate, "replace_unknowns": self.options.replace_unknowns,
-                "vocab_map": None if vocab_map is None else sha256_file(getattr(vocab_map, "source", vocab_map))}
+        out = {"manifest": sha256_file(Path(bundle.path) / MANIFEST) if bundle is not None else None,
+               "generation": self.gen.to_dict(), "src_lang": language, "tgt_lang": self.options.tgt_lang,
+               "truncate": self.options.truncate, "replace_unknowns": self.options.replace_unknowns,
+               "vocab_map": None if vocab_map is None else sha256_file(getattr(vocab_map, "source", vocab_map))}
+        if self.options.terminology:
+            out["terminology"] = self.options.terminology.fingerprint()
+        return out

@@ -13,17 +13,20 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from xform.errors import InputError
-from xform.runtime.decoding.request import TranslationResult
+from xform.runtime.decoding.request import GenerationStepResult, ScoringResult, TranslationResult
+from xform.runtime.fleet import fleet_text
 from xform.runtime.fleet.catalog import Catalog, Changes
 from xform.runtime.fleet.pool import Pool, PoolStats, parse_size
 from xform.runtime.fleet.routes import Hop, Route, plan
+from xform.runtime.text.ct2_files import ExecutionStats
 from xform.runtime.text.translator import Translator, refuse_one_text
 
 # settings that shape the answer, not the decoding: a pivot's first hop makes one translation
-LAST_HOP_ONLY = ("num_hypotheses", "num_return_sequences", "return_alternatives", "return_scores")
+# (a step callback hears the translation the caller gets)
+LAST_HOP_ONLY = ("num_hypotheses", "num_return_sequences", "return_alternatives", "return_scores", "callback")
 
 
 def resident_bytes() -> int | None:
@@ -113,6 +116,9 @@ class FleetTranslator:
         go to both hops, but for those that shape the answer (hypotheses, scores) and
         `target_prefix`, which go to the last."""
         refuse_one_text(source, "source")
+        fleet_text.no_async(options)
+        if not isinstance(source, Sequence):
+            raise InputError(f"source: expected a list of texts, one a source, got {type(source).__name__}")
         texts = list(source)
         if not all(isinstance(t, str) for t in texts):
             raise InputError("source: texts, one a source (token lists are one bundle's; a directory of bundles "
@@ -124,7 +130,8 @@ class FleetTranslator:
             results = self.hop(hop, texts, target_prefix if last else None,
                                options if last else {k: v for k, v in options.items() if k not in LAST_HOP_ONLY})
             texts = [r.hypotheses[0] if r.hypotheses else "" for r in results]
-        return [RoutedResult(r.hypotheses, r.scores, r.confidence, r.unmet, r.promoted_beams, route=route) for r in results]
+        return [RoutedResult(r.hypotheses, r.scores, r.confidence, r.unmet, r.promoted_beams, route=route)
+                for r in results]
 
     def hop(self, hop: Hop, texts: list[str], target_prefix: Sequence[str | None] | None,
             options: dict[str, Any]) -> list[TranslationResult]:
@@ -134,6 +141,59 @@ class FleetTranslator:
         with self.pool.lease(hop.model) as loaded, loaded.lock:
             return loaded.translator.translate_batch(sources, target_prefix, src_lang=asked.src_lang,
                                                      tgt_lang=asked.tgt_lang, **options)
+
+    # -- a one-bundle Translator's other text methods, routed the same way (fleet_text.py) ----------
+    documents: Callable[..., list[str]] | None = None  # the documents door (xform.api sets it)
+
+    def translate_iterable(self, source: Iterable[Any], target_prefix: Iterable[Any] | None = None,
+                           **options: Any) -> Iterator[RoutedResult]:
+        """translate_batch over a stream of texts, `max_batch_size` (32) at a time, in order."""
+        return fleet_text.translate_iterable(self, source, target_prefix, **options)
+
+    def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
+                       **options: Any) -> ExecutionStats:
+        """A file of texts, a line an example, as a one-bundle Translator's translate_file writes it
+        (each hypothesis a line; `with_scores`: `score ||| translation`); ExecutionStats."""
+        return fleet_text.translate_file(self, input_path, output_path, target_path, **options)
+
+    def score_batch(self, source: Sequence[Any], target: Sequence[Any], **options: Any) -> list[ScoringResult]:
+        """Each target's log-likelihood, by the one bundle that translates the pair."""
+        return fleet_text.score_batch(self, source, target, **options)
+
+    def score_iterable(self, source: Iterable[Any], target: Iterable[Any], max_batch_size: int = 64,
+                       batch_type: str = "examples", **options: Any) -> Iterator[ScoringResult]:
+        """score_batch over two streams, `max_batch_size` pairs at a time."""
+        return fleet_text.score_iterable(self, source, target, max_batch_size, batch_type, **options)
+
+    def score_file(self, source_path: str | Path, target_path: str | Path, output_path: str | Path,
+                   **options: Any) -> ExecutionStats:
+        """A parallel file of texts scored: `score ||| target` a line; ExecutionStats."""
+        return fleet_text.score_file(self, source_path, target_path, output_path, **options)
+
+    def generate_tokens(self, source: str, target_prefix: str | None = None,
+                        **options: Any) -> Iterator[GenerationStepResult]:
+        """One text's translation token by token, by the one bundle that translates the pair."""
+        return fleet_text.generate_tokens(self, source, target_prefix, **options)
+
+    def translate_document(self, text: str, **options: Any) -> str:
+        """A document translated by the one bundle that translates the pair (documents/door.py)."""
+        return fleet_text.translate_documents(self, [text], **options)[0]
+
+    def translate_documents(self, texts: Sequence[str], **options: Any) -> list[str]:
+        """Documents translated by the one bundle that translates the pair."""
+        return fleet_text.translate_documents(self, texts, **options)
+
+    def translate(self, texts: Sequence[str], max_new_tokens: int | None = None, **settings: Any) -> list[str]:
+        """The Python door's translate (generate()'s keywords), routed: the hypotheses in order."""
+        if max_new_tokens is not None:
+            settings["max_new_tokens"] = max_new_tokens
+        return [h for r in self.translate_batch(texts, **settings) for h in r.hypotheses]
+
+    def __getattr__(self, name: str) -> Any:
+        why = fleet_text.refused(name)
+        if why is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise fleet_text.NotForFleet(why)
 
     def rescan(self) -> Changes:
         """Read the bundles again (a directory: bundles added and removed; any: re-exported ones):

@@ -214,7 +214,8 @@ def check(policy: "TextPolicy", request: TextRequest) -> None:
     if request.token_lists:
         taken = [name for name, value in (("src_lang", options.src_lang), ("tgt_lang", options.tgt_lang),
                                           ("replace_unknowns", options.replace_unknowns),
-                                          ("truncate", options.truncate), ("vocab_map", options.vocab_map)) if value]
+                                          ("truncate", options.truncate), ("vocab_map", options.vocab_map),
+                                          ("qe", options.qe)) if value]
         if taken:
             raise InputError(f"{', '.join(taken)} with token lists: a token list is what the model reads, languages "
                              "included (a source's language token, the target's as target_prefix); pass texts for "

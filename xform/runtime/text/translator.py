@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from xform.errors import InputError, XformError
-from xform.files import atomic_file
 from xform.runtime.decoding.controls import CT2_NAMES, ct2_settings
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.loop import Batch
@@ -38,15 +37,19 @@ from xform.runtime.decoding.request import (
     refuse_unknown,
 )
 from xform.runtime.scheduling.batching import Batching, plan
-from xform.runtime.text import token_calls
+from xform.runtime.text import ct2_files, token_calls
 from xform.runtime.text.async_results import may_run_asynchronously
+from xform.runtime.text.ct2_checks import check_call, check_iterable, not_offered
+from xform.runtime.text.ct2_files import ExecutionStats
 from xform.runtime.text.glossary import Terminology, terminology
 from xform.runtime.text.results import render
+from xform.runtime.text.step_callback import StepCallback
+from xform.runtime.text.step_callback import checked as checked_callback
 from xform.runtime.text.text_lines import LineStream
 from xform.runtime.text.text_policy import TextPolicy
 from xform.runtime.text.text_request import TextRequest, blank, convert, generation
 from xform.runtime.text.token_lists import chunks, token_lists
-from xform.runtime.text.vocab_map import VocabMap
+from xform.runtime.text.vocab_map import VocabMap, bundle_map
 
 if TYPE_CHECKING:
     from xform.runtime.session import Session
@@ -59,6 +62,7 @@ def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
     if "max_input_length" in options:
         raise InputError("max_input_length: CTranslate2's option (cut each source to N tokens) is taken by "
                          "translate_batch only; here truncate=True cuts a source longer than the model's max_len")
+    options = not_offered(options)  # CTranslate2's options xform does not build: dropped where off, else refused
     refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
     return ct2_settings(options)
 
@@ -140,6 +144,16 @@ def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> B
     return Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None, read_ahead)
 
 
+def score_chunks(lengths: list[int], max_batch_size: int, batch_type: str) -> list[list[int]]:
+    """score_batch's batches of sources of `lengths`: all at once without max_batch_size, else as
+    batching.plan groups them (examples, or padded source tokens)."""
+    if not lengths:
+        return []
+    if not max_batch_size:
+        return [list(range(len(lengths)))]
+    return plan(lengths, ct2_batching(max_batch_size, batch_type))
+
+
 class Translator:
     """Text in, text out, over a Session (`Translator(xform.load(...))`): it has a text policy
     (text_policy.py: the rules from text to ids), the one conversion of a text request
@@ -181,8 +195,8 @@ class Translator:
                         vocab_map: "VocabMap | str | Path | None" = None,
                         suppress_sequences: Sequence[str] | None = None, max_input_length: int | None = None,
                         return_end_token: bool = False, disable_unk: bool = False, glossary: Any = None,
-                        keep: str | Sequence[str] = (), qe: bool = False,
-                        **options: Any) -> list[TranslationResult]:
+                        keep: str | Sequence[str] = (), qe: bool = False, callback: Any = None,
+                        use_vmap: bool = False, **options: Any) -> list[TranslationResult]:
         """Translate texts; one TranslationResult a text, in order. `options`: CTranslate2's names
         (beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length,
         sampling_topk / topp / temperature, repetition_penalty, no_repeat_ngram_size,
@@ -205,14 +219,31 @@ class Translator:
         as the glossary writes it, each kept span as written (`<dnt>...</dnt>` marks one too),
         enforced in the beam search (a greedy request is promoted to the beam the terms need:
         `promoted_beams`); a term the length cap leaves no room for is in the result's `unmet`.
-        `qe`: each hypothesis' `confidence` in [0, 1] (docs/terminology.md's formula)."""
+        `qe`: each hypothesis' `confidence` in [0, 1] (docs/terminology.md's formula).
+        `callback` (CTranslate2's, step_callback.py): called with a GenerationStepResult for each
+        token of each example as it is decoded (greedy or sampling: beam_size 1), True ends that
+        example; `use_vmap` (CTranslate2's): the bundle's own vocabulary map (its vmap.txt, a
+        bundle exported --with-vocab-map), ignored where it has none, as CTranslate2 ignores it."""
+        if "return_log_prob" in options:
+            raise InputError("return_log_prob: generate_tokens' option (CTranslate2's translate_batch has none); "
+                             "translate_batch's callback is given each token's log_prob with return_scores=True")
+        check_call(max_batch_size=max_batch_size, batch_type=batch_type, src_lang=src_lang, tgt_lang=tgt_lang,
+                   suppress_sequences=suppress_sequences, **options)
+        stepper = self.step_callback(callback, return_scores)
+        vmap = bundle_map(self.policy) if use_vmap else None
         if token_lists(source):
             return token_calls.translate_call(
                 self, source, target_prefix, return_scores=return_scores, return_end_token=return_end_token,
                 disable_unk=disable_unk, max_batch_size=max_batch_size, limit=input_limit(max_input_length),
                 given={"src_lang": src_lang, "tgt_lang": tgt_lang, "replace_unknowns": replace_unknowns,
-                       "truncate": truncate, "vocab_map": vocab_map},
-                options={**options, "suppress_sequences": suppress_sequences})
+                       "truncate": truncate, "vocab_map": vocab_map, "qe": qe,
+                       "terminology": terminology(glossary, keep)},  # the call's own: refused with token lists
+                options={**options, "suppress_sequences": suppress_sequences}, stepper=stepper, vmap=vmap)
+        if vmap is not None:
+            if vocab_map is not None:
+                raise InputError("use_vmap and vocab_map both name a vocabulary map (the bundle's vmap.txt, and "
+                                 f"{vocab_map}): give one")
+            vocab_map = vmap
         for name, value in (("return_end_token", return_end_token), ("disable_unk", disable_unk)):
             if value:
                 raise InputError(f"{name}: CTranslate2's option for token lists (pass each source as its list of "
@@ -231,7 +262,7 @@ class Translator:
         for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang,
                                   asked.max_input_length):
             rows = [todo[j] for j in batch]
-            results.update(zip(rows, self.results(asked.part(rows))))
+            results.update(zip(rows, self.results(asked.part(rows), None if stepper is None else stepper.watch(rows))))
         n = (len(next(iter(results.values())).hypotheses) if results else
              asked.settings.get("num_return_sequences") or
              self.policy.generation_defaults.get("num_return_sequences") or 1)
@@ -241,11 +272,20 @@ class Translator:
     def ct2_generation_settings(self, options: dict[str, Any]) -> dict[str, Any]:
         return generation_settings(options)
 
-    def results(self, asked: TextRequest) -> list[TranslationResult]:
-        """A text request decoded: its TranslationResults, one a source (results.render)."""
+    def step_callback(self, callback: Any, scored: bool) -> StepCallback | None:
+        """translate_batch's `callback` over its decodes (step_callback.py), None for none."""
+        callback = checked_callback(callback)
+        if callback is None:
+            return None
+        vocab = self.policy.vocabularies
+        return StepCallback(callback, lambda i: vocab.pieces([i])[0], scored)
+
+    def results(self, asked: TextRequest, watch: Callable[[Any], None] | None = None) -> list[TranslationResult]:
+        """A text request decoded: its TranslationResults, one a source (results.render); `watch`:
+        a step callback's hook (Session.run)."""
         request = self.request(asked)
         return [TranslationResult(r.hypotheses, r.scores, r.confidence, r.unmet, r.promoted_beams)
-                for r in render(self.policy, asked, request, self.session.run(request))]
+                for r in render(self.policy, asked, request, self.session.run(request, watch=watch))]
 
     def batches(self, texts: list[str], max_batch_size: int, batch_type: str, src_lang: str | None,
                 tgt_lang: str | None, max_input_length: int = 0) -> list[list[int]]:
@@ -299,6 +339,10 @@ class Translator:
         translate_batch translates them, `max_batch_size` at a time, as CTranslate2 builds
         translate_iterable on translate_batch."""
         refuse_one_text(source, "source")
+        check_iterable(source, "source")
+        if target_prefix is not None:
+            check_iterable(target_prefix, "target_prefix")
+        check_call(max_batch_size=max_batch_size, batch_type=batch_type, src_lang=src_lang, tgt_lang=tgt_lang)
         items = iter(source)
         first = next(items, None)
         if first is None:
@@ -326,46 +370,93 @@ class Translator:
         for i, (line, p) in enumerate(with_prefixes(source, prefixes)):
             yield line, self.source_texts([p], f"target_prefix[{i}]", True)[0]
 
+    @in_callers_words
     def translate_file(self, input_path: str | Path, output_path: str | Path, target_path: str | Path | None = None,
-                       *, max_batch_size: int = 32, src_lang: str | None = None, tgt_lang: str | None = None,
-                       **options: Any) -> int:
-        """Translate a file, one line a line, into `output_path`: one translation a line (the
-        best), written atomically (a reader sees the old file or the whole new one). Returns
-        the lines translated. `target_path`: a file of target prefixes, a line a source line
-        (CTranslate2's). A line that cannot be translated raises InputError; nothing is written."""
-        n = 0
-        with open(input_path, "rb") as f, atomic_file(Path(output_path)) as out:
-            prefixes = None if target_path is None else prefix_lines(Path(target_path))
-            for result in self.translate_iterable(f, prefixes, max_batch_size=max_batch_size, src_lang=src_lang,
-                                                  tgt_lang=tgt_lang, **options):
-                out.write(result.hypotheses[0] + "\n")
-                n += 1
-        return n
+                       *, max_batch_size: int = 32, read_batch_size: int = 0, batch_type: str = "examples",
+                       with_scores: bool = False, source_tokenize_fn: Callable[[str], list[str]] | None = None,
+                       target_tokenize_fn: Callable[[str], list[str]] | None = None,
+                       target_detokenize_fn: Callable[[list[str]], str] | None = None, tokenized: bool | None = None,
+                       **options: Any) -> ExecutionStats:
+        """Translate a file, a line an example, into `output_path` (ct2_files.py): each
+        hypothesis on its line (`with_scores`: `score ||| translation`), written atomically (a
+        reader sees the old file or the whole new one). Returns CTranslate2's ExecutionStats.
+        `target_path`: a file of target prefixes, a line a source line (CTranslate2's). With
+        `source_tokenize_fn` / `target_detokenize_fn` (`target_tokenize_fn` for the prefixes),
+        each line is the token list the function makes, with CTranslate2's meanings; without,
+        a file of tokens (`tokenized=True`, or a first line with SentencePiece's "▁" or "</s>")
+        is split on spaces as CTranslate2 splits it, and a file of texts is translated with the
+        bundle's tokenizer (xform's addition). A line that cannot be translated raises
+        InputError; nothing is written. `options`: translate_batch's."""
+        return ct2_files.translate_file(self, input_path, output_path, target_path, max_batch_size=max_batch_size,
+                                        read_batch_size=read_batch_size, batch_type=batch_type,
+                                        with_scores=with_scores, source_tokenize_fn=source_tokenize_fn,
+                                        target_tokenize_fn=target_tokenize_fn,
+                                        target_detokenize_fn=target_detokenize_fn, tokenized=tokenized, **options)
+
+    def score_file(self, source_path: str | Path, target_path: str | Path, output_path: str | Path, *,
+                   max_batch_size: int = 32, read_batch_size: int = 0, batch_type: str = "examples",
+                   max_input_length: int | None = None, offset: int = 0, with_tokens_score: bool = False,
+                   source_tokenize_fn: Callable[[str], list[str]] | None = None,
+                   target_tokenize_fn: Callable[[str], list[str]] | None = None,
+                   target_detokenize_fn: Callable[[list[str]], str] | None = None, tokenized: bool | None = None,
+                   **options: Any) -> ExecutionStats:
+        """Score a parallel file (CTranslate2's score_file, ct2_files.py): a line `score |||
+        target` an example (the mean of its tokens' log-probs, the end token's included;
+        `with_tokens_score`: `||| ` and each token's), written atomically; CTranslate2's
+        ExecutionStats. Tokenize functions (all three or none), tokens and texts as translate_file
+        reads them; `options`: score_batch's."""
+        return ct2_files.score_file(self, source_path, target_path, output_path, max_batch_size=max_batch_size,
+                                    read_batch_size=read_batch_size, batch_type=batch_type,
+                                    max_input_length=max_input_length, offset=offset,
+                                    with_tokens_score=with_tokens_score, source_tokenize_fn=source_tokenize_fn,
+                                    target_tokenize_fn=target_tokenize_fn, target_detokenize_fn=target_detokenize_fn,
+                                    tokenized=tokenized, **options)
 
     @may_run_asynchronously
-    def score_batch(self, source: Sequence[Any], target: Sequence[Any], *, src_lang: str | None = None,
-                    tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
+    def score_batch(self, source: Sequence[Any], target: Sequence[Any], *, max_batch_size: int = 0,
+                    batch_type: str = "examples", max_input_length: int | None = None, offset: int = 0,
+                    src_lang: str | None = None, tgt_lang: str | None = None, **options: Any) -> list[ScoringResult]:
         """The log-likelihood of each target given its source, teacher-forced (Session.score).
         An empty source scores nothing (no tokens), as it translates to nothing. Token lists
         (CTranslate2's) score as CTranslate2 scores them (token_lists.score): the target's pieces
-        and "</s>" back, each with its log-prob."""
+        and "</s>" back, each with its log-prob. CTranslate2's `max_batch_size` / `batch_type`
+        (at most that many examples, or padded source tokens, scored at a time), `max_input_length`
+        (each source cut to N tokens, its end token kept; 0 or None: no limit) and `offset` (the
+        first N target tokens left out of the result)."""
         refuse_unknown(options, ["src_lang", "tgt_lang"], "scoring option")
+        check_call(max_batch_size=max_batch_size, batch_type=batch_type, offset=offset, src_lang=src_lang,
+                   tgt_lang=tgt_lang)
+        limit = input_limit(max_input_length)
+        refuse_one_text(source, "source")
+        refuse_one_text(target, "target")
         if token_lists(source) or token_lists(target):
             if src_lang or tgt_lang:
                 raise InputError("src_lang, tgt_lang with token lists: a token list is what the model reads, its "
                                  "language tokens included; pass texts for them")
-            return token_calls.score(self, source, target)
+            results = token_calls.score(self, source, target, limit, max_batch_size, batch_type)
+        else:
+            results = self.score_texts(source, target, src_lang, tgt_lang, limit, max_batch_size, batch_type)
+        return [ScoringResult(r.tokens[offset:], r.log_probs[offset:]) for r in results] if offset else results
+
+    def score_texts(self, source: Sequence[Any], target: Sequence[Any], src_lang: str | None, tgt_lang: str | None,
+                    limit: int, max_batch_size: int, batch_type: str) -> list[ScoringResult]:
+        """score_batch over texts: each target's ids (as the model would generate them) and their
+        log-probs, scored `max_batch_size` at a time."""
         texts, targets = self.source_texts(source, "source"), self.source_texts(target, "target")
         if len(texts) != len(targets):
             raise InputError(f"{len(texts)} sources for {len(targets)} targets: one target a source")
         todo = [i for i, t in enumerate(texts) if t.strip()]
         results = {i: ScoringResult([], []) for i in range(len(texts))}
         if todo:
-            src = self.policy.encode_batch([texts[i] for i in todo], src_lang, tgt_lang)
-            tgt, lengths = self.session.pad([self.policy.encode_target(targets[i], tgt_lang) for i in todo])
-            scored = self.session.score(src, tgt)
-            for r, (i, n) in enumerate(zip(todo, lengths)):
-                results[i] = ScoringResult([int(t) for t in tgt[r, :n]], [float(v) for v in scored["tokens"][r, :n]])
+            rows = [self.policy.encode_batch([texts[i]], src_lang, tgt_lang, max_input_length=limit)[0] for i in todo]
+            for part in score_chunks([len(r) for r in rows], max_batch_size, batch_type):
+                src, _ = self.session.pad([list(rows[j]) for j in part])
+                tgt, lengths = self.session.pad([
+                    token_calls.cut_ids(self.policy.encode_target(targets[todo[j]], tgt_lang), limit) for j in part])
+                scored = self.session.score(src, tgt)
+                for r, (j, n) in enumerate(zip(part, lengths)):
+                    results[todo[j]] = ScoringResult([int(t) for t in tgt[r, :n]],
+                                                     [float(v) for v in scored["tokens"][r, :n]])
         return [results[i] for i in range(len(texts))]
 
     def score_iterable(self, source: Iterable[Any], target: Iterable[Any], max_batch_size: int = 64,
@@ -373,10 +464,11 @@ class Translator:
         """score_batch over two streams (texts or token lists, one target a source), `max_batch_size`
         pairs at a time, as CTranslate2 builds score_iterable on score_batch; more sources than
         targets, or fewer, is refused."""
-        if batch_type not in ("examples", "tokens"):
-            raise InputError(f"batch_type: examples or tokens, got {batch_type!r}")
+        check_call(max_batch_size=max_batch_size, batch_type=batch_type)
         refuse_one_text(source, "source")
         refuse_one_text(target, "target")
+        check_iterable(source, "source")
+        check_iterable(target, "target")
         ends = object()
         sources, targets = iter(source), iter(target)
         while True:
@@ -398,6 +490,18 @@ class Translator:
         translate_batch takes it (token_lists.py): its prefix's tokens are the first steps, as
         CTranslate2 yields them. `return_log_prob`: each step's log-prob (a prefix's 0), as
         CTranslate2's: summed and divided by the steps, the translation's score."""
+        taken = [k for k in REQUEST_OPTIONS if k in options]
+        if taken:
+            raise InputError(f"{', '.join(taken)}: translate_batch's; generate_tokens takes target_prefix as its "
+                             "second argument and return_log_prob for each step's log-prob")
+        check_call(src_lang=src_lang, tgt_lang=tgt_lang)
+        if not isinstance(source, str) and not (isinstance(source, Sequence) and not isinstance(source, bytes)
+                                                and all(isinstance(t, str) for t in source)):
+            raise InputError(f"source: one text, or one token list (a list of str), got {source!r}")
+        if target_prefix is not None and not isinstance(target_prefix, str) and not (
+                isinstance(target_prefix, Sequence) and not isinstance(target_prefix, bytes)
+                and all(isinstance(t, str) for t in target_prefix)):
+            raise InputError(f"target_prefix: a text, or a token list (a list of str), got {target_prefix!r}")
         settings = generation_settings(options)
         if settings.get("num_beams", 1) != 1:
             raise InputError("generate_tokens: beam_size 1 only (beam search decides its tokens at its end)")

@@ -65,3 +65,22 @@ class VocabMap:
                 for start in range(len(pieces) - n + 1):
                     out.update(self.rules.get(tuple(pieces[start:start + n]), ()))
         return np.array(sorted(out), np.int64)
+
+
+VMAP = "vmap.txt"  # CTranslate2's name for a model's vocabulary map, in the bundle directory too
+
+
+def bundle_map(policy) -> "VocabMap | None":
+    """The bundle's own vocabulary map (CTranslate2's `use_vmap`): its `vmap.txt` (a CTranslate2
+    model's, copied beside the bundle's graphs), loaded once, checked as `vocab_map=` is (the
+    restricted decoder: export --with-vocab-map); None where the bundle has none, which
+    CTranslate2's use_vmap ignores."""
+    bundle = getattr(policy.session, "bundle", None)
+    path = None if bundle is None else Path(bundle.path) / VMAP
+    if path is None or not path.is_file():
+        return None
+    cached = getattr(policy, "_bundle_vmap", None)
+    if cached is None or cached.source != str(path):
+        cached = policy.vocab_map(path)
+        policy._bundle_vmap = cached
+    return cached
