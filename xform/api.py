@@ -224,7 +224,8 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
         raise XformError(f"pinned: a list of bundle names (str), got {pinned!r}")
     for name, value, low in (("max_loaded", max_loaded, 1), ("load_timeout", load_timeout, 0),
                              ("idle_unload", idle_unload, 0)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+        if (value is not None or name == "load_timeout") and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
             raise XformError(f"{name} must be a number >= {low}, got {value!r}")
     if compute_type not in ("default", "auto"):
         raise XformError(f"compute_type {compute_type}: a directory's bundles each keep the precision they were "

@@ -551,3 +551,20 @@ def test_ctranslate2s_options_xform_does_not_build(engines, name, on, off):
         xf.translate_batch(tokens[:1], **{name: on})
     same(ct.translate_batch(tokens, return_scores=True, **{name: off}),
          xf.translate_batch(tokens, return_scores=True, **{name: off}))
+
+
+def test_use_vmap_at_every_door_of_one_bundle(vmapped, tmp_path):
+    """The bundle's vmap.txt restricts texts (as vocab_map= of it) and the streams and files as it
+    restricts translate_batch's token lists: the same translations at each door."""
+    ct, xf, tokens = vmapped
+    want = [r.hypotheses for r in ct.translate_batch(tokens, use_vmap=True, beam_size=1)]
+    assert [r.hypotheses for r in xf.translate_iterable(iter(tokens), use_vmap=True, beam_size=1)] == want
+    source = tmp_path / "input.txt"
+    source.write_text("".join(" ".join(t) + "\n" for t in tokens), encoding="utf-8")
+    xf.translate_file(source, tmp_path / "out.txt", use_vmap=True, beam_size=1)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == [" ".join(h[0]) for h in want]
+    texts = [r.hypotheses for r in xf.translate_batch(TEXTS, use_vmap=True, beam_size=1)]
+    assert [r.hypotheses for r in xf.translate_iterable(TEXTS, use_vmap=True, beam_size=1)] == texts
+    assert all(set(h[0].replace(" ", "")) <= set("".join(VMAP_TOKENS[1:])) for h in texts)  # the map's letters
+    with pytest.raises(InputError, match="use_vmap and vocab_map both"):
+        xf.translate_batch(TEXTS, use_vmap=True, vocab_map=tmp_path / "input.txt")

@@ -359,7 +359,8 @@ def test_a_directorys_text_methods_equal_its_bundle_alone(fleet_dir, tmp_path):
 
 
 WRONG = {"max_batch_size": ["2", -1, 2.5], "batch_type": [3, "x"], "beam_size": ["2", 0, 2.5],
-         "num_hypotheses": ["2", 0], "max_decoding_length": ["5", -1], "min_decoding_length": ["1", -1], "length_penalty": ["x", [1]],
+         "num_hypotheses": ["2", 0], "max_decoding_length": ["5", -1], "min_decoding_length": ["1", -1],
+         "length_penalty": ["x", [1]],
          "sampling_topk": ["5", -1], "sampling_topp": ["x"], "sampling_temperature": ["x"], "repetition_penalty": ["x"],
          "no_repeat_ngram_size": ["2", -1], "callback": [5], "max_input_length": ["3", -1], "target_prefix": [5, [5]],
          "suppress_sequences": [5, [5]], "src_lang": [5], "tgt_lang": [5], "read_batch_size": ["x"], "offset": ["x"],

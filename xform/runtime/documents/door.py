@@ -15,7 +15,8 @@ from xform.runtime.text.translator import Translator, ct2_batching, refuse_one_t
 def translate_document(translator: Translator, text: str, *, format: str = "text",
                        memory: "str | Path | None" = None, src_lang: str | None = None, tgt_lang: str | None = None,
                        skip_target_language: bool = False, truncate: bool = False, max_batch_size: int = 32,
-                       batch_type: str = "examples", **options: Any) -> str:
+                       batch_type: str = "examples", glossary: Any = None, keep: str | Sequence[str] = (),
+                       **options: Any) -> str:
     """Translate a document: its paragraphs split into sentences (sentencex, by `src_lang`'s
     rules), decoded together, and joined back with the text's whitespace, line and paragraph
     breaks; `format` "markdown" leaves code, URLs, link targets and HTML tags as they are.
@@ -23,22 +24,28 @@ def translate_document(translator: Translator, text: str, *, format: str = "text
     bundle and these settings are not decoded again. `src_lang` "auto" (a multilingual model):
     each paragraph's language identified (py3langid); `skip_target_language`: paragraphs
     already in `tgt_lang` kept as they are. A sentence over max_len is cut at its clauses, else
-    truncated with `truncate`, else refused. `options`: translate_batch's."""
+    truncated with `truncate`, else refused. `glossary` and `keep` (else the translator's): each
+    sentence's terms enforced as translate_batch enforces them; a `<dnt>...</dnt>` span (plain
+    text, Markdown) and an HTML element with translate="no" are kept as written. `options`:
+    translate_batch's."""
     return translate_documents(translator, [text], format=format, memory=memory, src_lang=src_lang,
                                tgt_lang=tgt_lang, skip_target_language=skip_target_language, truncate=truncate,
-                               max_batch_size=max_batch_size, batch_type=batch_type, **options)[0]
+                               max_batch_size=max_batch_size, batch_type=batch_type, glossary=glossary, keep=keep,
+                               **options)[0]
 
 
 def translate_documents(translator: Translator, texts: Sequence[str], *, format: str = "text",
                         memory: "str | Path | None" = None, src_lang: str | None = None,
                         tgt_lang: str | None = None, skip_target_language: bool = False, truncate: bool = False,
-                        max_batch_size: int = 32, batch_type: str = "examples", **options: Any) -> list[str]:
+                        max_batch_size: int = 32, batch_type: str = "examples", glossary: Any = None,
+                        keep: str | Sequence[str] = (), **options: Any) -> list[str]:
     """Documents translated as translate_document does one, their sentences decoded together; an
     error names each setting as the caller gave it (CTranslate2's names included)."""
     with reworded(options):
         refuse_one_text(texts, "texts")
         gen = translator.generation(tgt_lang, options)
-        text = TextOptions(False, src_lang, tgt_lang, truncate)
+        terms = translator.terminology(glossary, keep, None if src_lang == "auto" else src_lang, tgt_lang)
+        text = TextOptions(False, src_lang, tgt_lang, truncate, terminology=terms)
         opened = TranslationMemory(memory) if memory is not None else None
         try:
             documents = DocumentTranslator(translator, gen, ct2_batching(max_batch_size, batch_type), text,

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from xform.errors import InputError, XformError
 from xform.runtime.decoding.request import ScoringResult
+from xform.runtime.fleet.routes import Hop
 from xform.runtime.text import ct2_files
 from xform.runtime.text.ct2_checks import check_call, check_iterable
 from xform.runtime.text.translator import refuse_one_text, with_prefixes
 
-if TYPE_CHECKING:
-    from xform.runtime.fleet.local import FleetTranslator
-    from xform.runtime.fleet.routes import Hop
+# `fleet` below: the FleetTranslator (local.py) whose method called the function
+FleetTranslator = Any
 
 OPEN_ONE = "open the bundle itself for it: xform.Translator(PATH)"
 # a one-bundle Translator's public names a directory of bundles does not offer, and why
@@ -80,8 +80,8 @@ def no_async(options: dict[str, Any]) -> None:
                          "open on demand); call it from several threads (calls for different bundles run together)")
 
 
-def one_hop(fleet: "FleetTranslator", what: str, src_lang: str | None, tgt_lang: str | None,
-            model: str | None) -> "Hop":
+def one_hop(fleet: FleetTranslator, what: str, src_lang: str | None, tgt_lang: str | None,
+            model: str | None) -> Hop:
     """The one bundle a call that is one model's goes to; a route through a pivot refused."""
     route = fleet.route(src_lang, tgt_lang, model)
     if len(route.hops) > 1:
@@ -90,7 +90,7 @@ def one_hop(fleet: "FleetTranslator", what: str, src_lang: str | None, tgt_lang:
     return route.hops[0]
 
 
-def translate_iterable(fleet: "FleetTranslator", source: Iterable[Any], target_prefix: Iterable[Any] | None = None,
+def translate_iterable(fleet: FleetTranslator, source: Iterable[Any], target_prefix: Iterable[Any] | None = None,
                        *, max_batch_size: int = 32, batch_type: str = "examples", read_ahead: int = 8,
                        **options: Any) -> Iterator[Any]:
     """translate_batch over a stream of texts (and of prefixes, one a source), max_batch_size at a
@@ -120,7 +120,7 @@ def files_take_texts(source_tokenize_fn: Any, target_tokenize_fn: Any, target_de
                          f"vocabulary: {OPEN_ONE})")
 
 
-def translate_file(fleet: "FleetTranslator", input_path: Any, output_path: Any, target_path: Any = None, *,
+def translate_file(fleet: FleetTranslator, input_path: Any, output_path: Any, target_path: Any = None, *,
                    source_tokenize_fn: Any = None, target_tokenize_fn: Any = None, target_detokenize_fn: Any = None,
                    tokenized: Any = None, **options: Any) -> ct2_files.ExecutionStats:
     """A file of texts translated a line an example (ct2_files.translate_file's text file)."""
@@ -128,7 +128,7 @@ def translate_file(fleet: "FleetTranslator", input_path: Any, output_path: Any, 
     return ct2_files.translate_file(fleet, input_path, output_path, target_path, tokenized=False, **options)
 
 
-def score_batch(fleet: "FleetTranslator", source: Any, target: Any, *, src_lang: str | None = None,
+def score_batch(fleet: FleetTranslator, source: Any, target: Any, *, src_lang: str | None = None,
                 tgt_lang: str | None = None, model: str | None = None, **options: Any) -> list[ScoringResult]:
     """Each target's log-likelihood by the one bundle of the pair (the source asked as it asks it)."""
     no_async(options)
@@ -140,7 +140,7 @@ def score_batch(fleet: "FleetTranslator", source: Any, target: Any, *, src_lang:
                                              src_lang=asked.src_lang, tgt_lang=asked.tgt_lang, **options)
 
 
-def score_iterable(fleet: "FleetTranslator", source: Iterable[Any], target: Iterable[Any], max_batch_size: int = 64,
+def score_iterable(fleet: FleetTranslator, source: Iterable[Any], target: Iterable[Any], max_batch_size: int = 64,
                    batch_type: str = "examples", **options: Any) -> Iterator[ScoringResult]:
     """score_batch over two streams, max_batch_size pairs at a time; unequal streams refused."""
     refuse_one_text(source, "source")
@@ -156,7 +156,7 @@ def score_iterable(fleet: "FleetTranslator", source: Iterable[Any], target: Iter
         yield from score_batch(fleet, [s for s, _ in batch], [t for _, t in batch], **options)
 
 
-def score_file(fleet: "FleetTranslator", source_path: Any, target_path: Any, output_path: Any, *,
+def score_file(fleet: FleetTranslator, source_path: Any, target_path: Any, output_path: Any, *,
                source_tokenize_fn: Any = None, target_tokenize_fn: Any = None, target_detokenize_fn: Any = None,
                tokenized: Any = None, **options: Any) -> ct2_files.ExecutionStats:
     """A parallel file of texts scored (ct2_files.score_file's text file)."""
@@ -164,7 +164,7 @@ def score_file(fleet: "FleetTranslator", source_path: Any, target_path: Any, out
     return ct2_files.score_file(fleet, source_path, target_path, output_path, tokenized=False, **options)
 
 
-def generate_tokens(fleet: "FleetTranslator", source: Any, target_prefix: Any = None, *, src_lang: str | None = None,
+def generate_tokens(fleet: FleetTranslator, source: Any, target_prefix: Any = None, *, src_lang: str | None = None,
                     tgt_lang: str | None = None, model: str | None = None, **options: Any) -> Iterator[Any]:
     """One text's translation token by token, by the one bundle of the pair (held for the stream)."""
     source = text(source, "source")
@@ -178,7 +178,7 @@ def generate_tokens(fleet: "FleetTranslator", source: Any, target_prefix: Any = 
                                                      **options)
 
 
-def translate_documents(fleet: "FleetTranslator", documents: Any, *, src_lang: str | None = None,
+def translate_documents(fleet: FleetTranslator, documents: Any, *, src_lang: str | None = None,
                         tgt_lang: str | None = None, model: str | None = None, **options: Any) -> list[str]:
     """Documents translated by the one bundle of the pair (its sentence rules and decoding)."""
     docs = texts(documents, "texts")

@@ -118,6 +118,17 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+def paired(sources: Iterator[bytes], prefixes: Iterator[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    """(source line, prefix line) of a file and its target file, one prefix a source: a file
+    shorter than the other refused (CTranslate2: "One input stream has less examples")."""
+    ends = object()
+    for i, (s, p) in enumerate(itertools.zip_longest(sources, prefixes, fillvalue=ends)):
+        if not isinstance(s, bytes) or not isinstance(p, bytes):  # one file ended first
+            raise InputError(f"target_prefix: the target file has {'fewer' if p is ends else 'more'} lines than "
+                             f"the source file (line {i}); give one prefix a source line (a blank line for none)")
+        yield s, p
+
+
 def tokenized_mode(source_tokenize_fn: Any, tokenized: Any, first: bytes | None) -> bool:
     if tokenized is not None and not isinstance(tokenized, bool):
         raise InputError(f"tokenized: True (lines of space-separated tokens), False (texts) or None (by the first "
@@ -181,7 +192,7 @@ def translate_file(translator, input_path: str | Path, output_path: str | Path, 
         for result in results:
             n_examples += 1
             best = result.hypotheses[0] if result.hypotheses else ([] if tokens else "")
-            n_tokens += len(best) if tokens else target_tokens(translator, best)
+            n_tokens += len(best) if tokens else target_tokens(translator, str(best))
             for k, hypothesis in enumerate(result.hypotheses):
                 line = render(hypothesis)
                 if not isinstance(line, str):
@@ -206,8 +217,7 @@ def translated_tokens(translator, lines: Iterator[bytes], prefixes: Iterator[byt
                       options: dict[str, Any]) -> Iterator[Any]:
     """A tokenized file's TranslationResults (token lists), read_batch_size examples at a time,
     each read batch through translate_batch (CTranslate2's meanings)."""
-    from xform.runtime.text.translator import with_prefixes
-    pairs: Iterable[tuple] = ((line, None) for line in lines) if prefixes is None else with_prefixes(lines, prefixes)
+    pairs: Iterable[tuple] = ((line, None) for line in lines) if prefixes is None else paired(lines, prefixes)
     index = itertools.count()
 
     def example(pair: tuple) -> tuple[list[str], list[str] | None]:
@@ -228,8 +238,8 @@ def translated_tokens(translator, lines: Iterator[bytes], prefixes: Iterator[byt
 def translated_texts(translator, lines: Iterator[bytes], target_path, max_batch_size: int, read_batch_size: int,
                      batch_type: str, with_scores: bool, options: dict[str, Any]) -> Iterator[Any]:
     """A text file's TranslationResults (texts) through translate_iterable (the line stream)."""
-    from xform.runtime.text.translator import prefix_lines
-    prefixes = None if target_path is None else prefix_lines(Path(target_path))
+    prefixes = None if target_path is None else (text(line, i) for i, line in
+                                                 enumerate(lines_of(target_path, "target_path")))
     read_ahead = max(1, math.ceil(read_batch_size / max_batch_size)) if read_batch_size and max_batch_size else 8
     return translator.translate_iterable(lines, prefixes, max_batch_size=max_batch_size, batch_type=batch_type,
                                          read_ahead=read_ahead, return_scores=with_scores, **options)

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from xform.errors import InputError
 from xform.runtime.decoding.request import ScoringResult, TextOptions, TranslationResult
+from xform.runtime.scheduling.batching import Batching, plan
 from xform.runtime.text.text_request import TextRequest, blank, check, prefix_ids
 from xform.runtime.text.token_lists import (
     CT2_DEFAULTS,
@@ -120,7 +121,6 @@ def score(translator, source: Any, target: Any, limit: int = 0, max_batch_size: 
     ScoringResults of the target's pieces, "</s>" last, and each one's log-prob, `max_batch_size`
     examples (or padded source tokens) at a time. An empty source scores its tokens 0, as
     CTranslate2 does."""
-    from xform.runtime.text.translator import score_chunks
     if not (token_lists(source) and token_lists(target)):
         raise InputError("score_batch: sources and targets both token lists, or both texts")
     if len(source) != len(target):
@@ -138,6 +138,17 @@ def score(translator, source: Any, target: Any, limit: int = 0, max_batch_size: 
         for r, i in enumerate(rows):
             results[i] = ScoringResult(vocab.pieces(tgt[i]), [float(v) for v in scored["tokens"][r, :n[r]]])
     return [results[i] for i in range(len(src))]
+
+
+def score_chunks(lengths: list[int], max_batch_size: int, batch_type: str) -> list[list[int]]:
+    """score_batch's batches of sources of `lengths`: all at once without max_batch_size, else as
+    batching.plan groups them (CTranslate2's batch_type: examples, or padded source tokens)."""
+    if not lengths:
+        return []
+    if not max_batch_size:
+        return [list(range(len(lengths)))]
+    tokens = batch_type == "tokens"
+    return plan(lengths, Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None))
 
 
 def cut_ids(ids: list[int], limit: int) -> list[int]:

@@ -144,15 +144,6 @@ def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> B
     return Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None, read_ahead)
 
 
-def score_chunks(lengths: list[int], max_batch_size: int, batch_type: str) -> list[list[int]]:
-    """score_batch's batches of sources of `lengths`: all at once without max_batch_size, else as
-    batching.plan groups them (examples, or padded source tokens)."""
-    if not lengths:
-        return []
-    if not max_batch_size:
-        return [list(range(len(lengths)))]
-    return plan(lengths, ct2_batching(max_batch_size, batch_type))
-
 
 class Translator:
     """Text in, text out, over a Session (`Translator(xform.load(...))`): it has a text policy
@@ -355,9 +346,14 @@ class Translator:
             for sources, prefixes in chunks(pairs, max_batch_size or 32, target_prefix is not None):
                 yield from self.translate_batch(sources, prefixes, return_scores=return_scores, **options)
             return
+        if options.get("callback") is not None:
+            raise InputError("callback: translate_batch's (and a stream of token lists', built on it); a stream of "
+                             "texts decodes windows of lines together: call translate_batch for step results")
+        options.pop("callback", None)
+        vmap = bundle_map(self.policy) if options.pop("use_vmap", False) else None  # CTranslate2's use_vmap
         gen = self.generation(tgt_lang, options)
         batching = ct2_batching(max_batch_size, batch_type, read_ahead)
-        text = TextOptions(return_scores, src_lang, tgt_lang, truncate)
+        text = TextOptions(return_scores, src_lang, tgt_lang, truncate, vocab_map=vmap)
         lines = source if target_prefix is None else self.with_prefixes(source, target_prefix)
         for i, line in enumerate(self.translate_lines(lines, gen, batching, text)):
             if line.error is not None:
@@ -449,7 +445,7 @@ class Translator:
         results = {i: ScoringResult([], []) for i in range(len(texts))}
         if todo:
             rows = [self.policy.encode_batch([texts[i]], src_lang, tgt_lang, max_input_length=limit)[0] for i in todo]
-            for part in score_chunks([len(r) for r in rows], max_batch_size, batch_type):
+            for part in token_calls.score_chunks([len(r) for r in rows], max_batch_size, batch_type):
                 src, _ = self.session.pad([list(rows[j]) for j in part])
                 tgt, lengths = self.session.pad([
                     token_calls.cut_ids(self.policy.encode_target(targets[todo[j]], tgt_lang), limit) for j in part])
