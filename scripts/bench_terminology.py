@@ -8,9 +8,9 @@ synthetic lexical task: source words s0 .. s299 each have a translation t_f(i), 
 is "notice" in general text and "termination" in this client's contracts): in training they take
 their usual translation 70% of the time and another one 30%, so the model writes the usual one.
 The client's glossary (30 of those words and 10 two-word terms of the other 20) asks for the
-other. The held-out test set: 300 new sentences of 3 to 16 words (longer than any trained), each
-holding one or two glossary terms; their references are the lexical translation with the
-glossary's terms in place.
+other. The held-out test set: 300 new sentences of 3 to 16 unambiguous words (longer than any
+trained) with one or two glossary terms put in; their references are the lexical translation
+with the glossary's terms in place.
 
 Measured, each way in one run: the share of glossary terms present in the output with and without
 the glossary, BLEU and chrF against the references (sacreBLEU), the speed of constrained beam
@@ -137,22 +137,23 @@ def glossary() -> list[tuple[list[int], list[int]]]:
 
 def test_set(terms, n: int = 300, seed: int = 2) -> tuple[list[str], list[str], list[list[str]]]:
     """(sources, references, each source's required target terms): held-out sentences of 3 to 16
-    words, each holding one or two glossary terms, translated word for word, terms as the
-    glossary says."""
-    f, rng = lexicon(), np.random.default_rng(seed)
+    words of the unambiguous words, each holding one or two glossary terms (never one inside
+    another), translated word for word, the terms as the glossary says."""
+    f, rng, other = lexicon(), np.random.default_rng(seed), alternatives()
+    plain = np.array([w for w in range(WORDS) if w not in other])
     sources, references, wanted = [], [], []
     for _ in range(n):
-        words = sentence(rng, 3, 16)
-        target = [f"t{f[w]}" for w in words]
+        words = [[int(w)] for w in rng.choice(plain, int(rng.integers(3, 17)))]  # a word or a term a slot
+        target = [[f"t{f[w[0]]}"] for w in words]
         required = []
         for _ in range(int(rng.integers(1, 3))):
             src, tgt = terms[int(rng.integers(len(terms)))]
-            at = int(rng.integers(0, len(words)))
-            words[at:at] = src
-            target[at:at] = [f"t{t}" for t in tgt]
+            at = int(rng.integers(0, len(words) + 1))
+            words.insert(at, src)
+            target.insert(at, [f"t{t}" for t in tgt])
             required.append(" ".join(f"t{t}" for t in tgt))
-        sources.append(" ".join(f"s{w}" for w in words))
-        references.append(" ".join(target))
+        sources.append(" ".join(f"s{w}" for slot in words for w in slot))
+        references.append(" ".join(t for slot in target for t in slot))
         wanted.append(required)
     return sources, references, wanted
 

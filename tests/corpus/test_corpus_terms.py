@@ -161,3 +161,17 @@ def test_the_job_s_terminology_travels_pickled_to_a_worker(demo_bundle, tmp_path
     done = worker.translate(ShardTask(Shard(0, 0, 0, 2), ["7", "12"]))
     (first, _), (second, _) = done.lines
     assert first[0][0] == "seven eleven" and 0 <= first[0][1] <= 1 and second[0][0] == "twelve"
+
+
+@pytest.mark.ray
+def test_ray_workers_take_the_glossary_and_qe(ray_cluster, demo_bundle, files, tmp_path):
+    """The job's terminology reaches a Ray actor (pickled with the job): its shards equal this
+    process's."""
+    src, glossary = files
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "local", "--glossary", glossary, "--qe")
+    assert r.exit_code == 0, r.output
+    r = corpus(demo_bundle, src, "--output-dir", tmp_path / "ray", "--glossary", glossary, "--qe", "--ray",
+               ray_cluster.address, "--workers", 1, "--threads", 1)
+    assert r.exit_code == 0, r.output
+    got = (tmp_path / "ray" / src.name).read_text()
+    assert got == (tmp_path / "local" / src.name).read_text() and got.startswith("seven eleven\t")

@@ -136,6 +136,31 @@ def test_n_best_over_http_and_grpc(served, session):
         assert r.as_numpy("translation")[0, 0].decode() == session.tokenizer.decode(ids[0])
 
 
+def test_a_glossary_and_qe_over_http_and_grpc(served, session):
+    """A request's glossary is enforced and answered with its confidence and unmet terms through
+    the real server (the front relaying to the engine); a bad glossary is a 400 naming the input."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+    server, name = served
+    want = Translator(session).translate_batch(["7"], glossary={"7": "seven eleven"}, qe=True)[0]
+    for client, mod in ((http(server), th), (grpc(server), tg)):
+        def ask(glossary: bytes):
+            inputs = request(mod, texts=["7"])
+            for input_name, dtype, value in (("glossary", "BYTES", np.array([[glossary]], dtype=object)),
+                                             ("qe", "BOOL", np.array([[True]], bool))):
+                t = mod.InferInput(input_name, list(value.shape), dtype)
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            return client.infer(name, inputs)
+        r = ask(b"7\tseven eleven\n")
+        assert r.as_numpy("translation")[0, 0].decode() == want.hypotheses[0] == "seven eleven"
+        np.testing.assert_allclose(r.as_numpy("confidence")[:, 0], want.confidence, rtol=1e-6)
+        assert r.as_numpy("unmet").tolist() == [[b""]]
+        with pytest.raises(InferenceServerException, match=r"input 'glossary' \(TSV\), line 1"):
+            ask(b"7\tseven\textra\n")
+
+
 def test_8_clients_x_50_requests_with_bad_ones_mixed(served, session):
     """HTTP and gRPC clients at once; every 7th request is malformed. All good requests answered
     right and in each client's order, every bad one answered with its error, none lost; Triton

@@ -240,20 +240,20 @@ def settings_of(inputs: dict[str, np.ndarray | None]) -> dict[str, Any]:
     return {c.name: control_value(c, inputs.get(c.tensor)) for c in controls.CONTROLS if c.tensor}
 
 
-def glossary_input(value: np.ndarray | None) -> Glossary | bool | None:
-    """The request's `glossary` (TSV text, or TBX: text starting with `<`), read; None where it
-    is absent (the model's applies), False where it is blank (none applies). A malformed one is
-    refused naming the input and its line."""
+def glossary_input(value: np.ndarray | None) -> tuple[bool, Glossary | None]:
+    """(whether the request gives a `glossary`, the glossary read: TSV text, or TBX, text
+    starting with `<`); a blank one is given and None: no glossary, not even the model's. A
+    malformed one is refused naming the input and its line."""
     if value is None:
-        return None
+        return False, None
     texts = strings("glossary", value)
     if not texts or any(t != texts[0] for t in texts):
         raise InputError("input 'glossary': one glossary per request (the same in every row)")
     data = texts[0].removeprefix("\ufeff")
     if not data.strip():
-        return False
+        return True, None
     tbx = data.lstrip().startswith("<")
-    return (Glossary.from_tbx if tbx else Glossary.from_tsv)(data, name="(TBX)" if tbx else "(TSV)")
+    return True, (Glossary.from_tbx if tbx else Glossary.from_tsv)(data, name="(TBX)" if tbx else "(TSV)")
 
 
 PAIRED: dict[tuple, tuple[Glossary, Glossary]] = {}  # the model's glossary for a language pair, made once
@@ -285,14 +285,15 @@ def request_terminology(text: Translator, inputs: dict[str, np.ndarray | None], 
                         tgt_lang: str | None) -> Terminology | None:
     """The terms a text request's translations must hold: its `glossary` (else the model's; a
     blank one: none) for the pair, and its `keep` patterns (else the model's); None for none."""
-    given = glossary_input(inputs.get("glossary"))
+    given, glossary = glossary_input(inputs.get("glossary"))
     keep = tuple(one_row("keep", inputs.get("keep")) or ()) or tuple(
         [text.keep] if isinstance(text.keep, str) else text.keep)
-    glossary = model_glossary(text) if given is None else (given or None)
+    if not given:
+        glossary = model_glossary(text)
     if glossary is None and not keep:
         return None
     src = None if src_lang == AUTO else src_lang  # a document's paragraphs: any source language
-    return Terminology(None if glossary is None else paired(glossary, src, tgt_lang, given is None), keep)
+    return Terminology(None if glossary is None else paired(glossary, src, tgt_lang, not given), keep)
 
 
 def text_request(session, inputs: dict[str, np.ndarray | None], truncate: bool,
@@ -438,7 +439,7 @@ def terms_outputs(text: Translator, job: Job, result: Result, n: int) -> dict[st
     """With qe, each row's best hypothesis' `confidence` (results.confidences; a blank row's 1:
     nothing decoded, as its score 0 says); with a terminology, the terms each row's best lacks
     (`unmet`, joined by tabs)."""
-    asked, out = job.asked, {}
+    asked, out = job.asked, dict[str, np.ndarray]()
     if asked is None:
         return out
     if asked.options.qe:

@@ -264,9 +264,9 @@ class Router:
                              "source (Marian's >>xx<<), which a document's sentences cannot carry: send sentences")
         for name in DIRECT_ONLY:
             if given.get(name) is not None and len(route.hops) > 1:
-                raise InputError(f"input {name!r}: the route {route} goes through a pivot, and a glossary's terms are of "
-                                 "the pair asked, which no hop translates: send it where a bundle translates the "
-                                 "pair (or send `keep`, which holds through both hops)")
+                raise InputError(f"input {name!r}: the route {route} goes through a pivot, and a glossary's "
+                                 "terms are of the pair asked, which no hop translates: send it where a bundle "
+                                 "translates the pair (or send `keep`, which holds through both hops)")
         passed = {k: v for k, v in given.items() if v is not None and k not in NOT_PASSED and k != "model"}
         outputs: dict[str, np.ndarray] = {}
         for i, hop in enumerate(route.hops):

@@ -77,7 +77,7 @@ def blocks(text: str) -> list[tuple[int, int, list[tuple[str, str | None, int, i
                 run.append(("raw", raw[0], raw[1], b))
                 raw, depth = None, 0
             continue
-        if kind == "start" and (tag in RAW or a in parsed.untranslated):
+        if kind == "start" and tag is not None and (tag in RAW or a in parsed.untranslated):
             raw = (tag, a)
         elif kind in ("start", "end", "startend") and tag not in INLINE and tag not in ("br", "img", "wbr", "input"):
             if run:

@@ -73,13 +73,15 @@ class DocumentResult:
 class Tally:
     """A run's counts: sentences, the distinct ones to translate, the distinct `pieces` they are
     translated as (more where a sentence over max_len is cut at its clauses), the memory's hits
-    and those decoded (pieces both)."""
+    and those decoded (pieces both); `unmet`: decoded pieces whose translation lacks a term or
+    kept span the search found no room for (or the target vocabulary cannot write)."""
     documents: int = 0
     sentences: int = 0
     distinct: int = 0
     pieces: int = 0
     remembered: int = 0
     decoded: int = 0
+    unmet: int = 0
 
 
 class DocumentTranslator:
@@ -291,6 +293,7 @@ class DocumentTranslator:
                 said = message(line.error).after(f"the sentence {unit[:60]!r}: ")
                 raise InputError(said.template).naming(*said.settings)
             out[unit] = pending[unit] = line.hypotheses[0]
+            self.tally.unmet += bool(line.unmet and line.unmet[0])
             if self.memory is not None and len(pending) >= STORE_EVERY:
                 self.memory.store(self.memory_context(language), pending)
                 pending = {}

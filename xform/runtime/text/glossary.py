@@ -575,6 +575,9 @@ def compile_keep(patterns: Sequence[str]) -> tuple[re.Pattern, ...]:
     return tuple(compiled)
 
 
+TARGETS_KEPT = 4096  # sentences whose targets a Terminology remembers
+
+
 @dataclass(frozen=True)
 class Terminology:
     """A glossary (for one language pair: `Glossary.pair`) and keep patterns: what each sentence's
@@ -619,8 +622,20 @@ class Terminology:
         return sorted(out, key=lambda c: c.start)
 
     def targets(self, text: str, kept: Sequence[tuple[int, int]] = ()) -> list[str]:
-        """The strings the translation of `text` must contain (constraints' targets), in order."""
-        return [c.target for c in self.constraints(text, kept)]
+        """The strings the translation of `text` must contain (constraints' targets), in order;
+        remembered for the last TARGETS_KEPT sentences (a request's conversion and its rendering
+        ask for the same ones)."""
+        key = (text, tuple(kept))
+        found = self.remembered.get(key)
+        if found is None:
+            if len(self.remembered) >= TARGETS_KEPT:
+                self.remembered.clear()
+            found = self.remembered[key] = [c.target for c in self.constraints(text, kept)]
+        return list(found)
+
+    @cached_property
+    def remembered(self) -> dict[tuple, list[str]]:
+        return {}
 
     def prepare(self, text: str, name: str = "<text>") -> tuple[str, list[Constraint]]:
         """A sentence with `<dnt>` tags: the text without them and its constraints."""
