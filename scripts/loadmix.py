@@ -125,7 +125,7 @@ def reference_answer(session, req: Request) -> dict:
     """The request decoded alone in-process: what the server must answer."""
     settings: dict = {"max_new_tokens": req.max_new_tokens, "num_beams": req.num_beams, "return_scores": True}
     if req.prefix is not None:
-        settings["target_prefix"] = [Translator(session).target_ids(req.prefix)]
+        settings["target_prefix"] = [Translator(session).policy.target_ids(req.prefix)]
     if req.repetition_penalty is not None:
         settings["repetition_penalty"] = req.repetition_penalty
     if req.no_repeat_ngram_size is not None:

@@ -25,7 +25,8 @@ from xform.corpus.worker import Job, LineTranslator, TextOptions
 from xform.errors import InputError
 from xform.runtime.open import open_session
 from xform.runtime.scheduling.batching import Batching
-from xform.runtime.text.translator import Translator, reworded
+from xform.runtime.text.call_words import reworded
+from xform.runtime.text.translator import Translator
 
 __all__ = ["Translate"]
 

@@ -16,7 +16,7 @@ from xform.corpus import formats
 from xform.corpus.record import RECORD
 from xform.corpus.shards import Shard, ShardTask
 from xform.corpus.worker import Job, ShardWorker, TextOptions
-from xform.runtime.text.glossary import terminology
+from xform.runtime.text.terminology import terminology
 
 SOURCES = "7\n12\n\n7 40512\n"
 

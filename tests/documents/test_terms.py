@@ -17,7 +17,7 @@ from xform.runtime.documents.markdown import markdown
 from xform.runtime.documents.memory import TranslationMemory
 from xform.runtime.documents.segmenter import clauses, sentences
 from xform.runtime.documents.translate import DocumentTranslator
-from xform.runtime.text.glossary import terminology
+from xform.runtime.text.terminology import terminology
 from xform.runtime.text.translator import Translator
 
 pytest.importorskip("sentencex", reason="documents need the documents extra (pip install -e '.[dev]')")

@@ -7,7 +7,8 @@ import unicodedata
 import pytest
 
 from xform.errors import InputError
-from xform.runtime.text.glossary import Entry, Glossary, Terminology, strip_dnt, within
+from xform.runtime.text.glossary import Entry, Glossary
+from xform.runtime.text.terminology import Terminology, strip_dnt, within
 
 TBX_BASIC = """<?xml version="1.0" encoding="UTF-8"?>
 <!DOCTYPE martif SYSTEM "TBXBasiccoreStructV02.dtd">

@@ -312,7 +312,7 @@ def test_a_parameter_the_model_does_not_take_is_refused_naming_the_key_and_the_i
     parameter (its http_server.cc, ExactMappingInput): each is refused with the input it likely
     means and the model's inputs; one named as an input was sent as a parameter."""
     from xform.errors import InputError
-    from xform.serving.handler import parameters_of, refuse_parameters
+    from xform.serving.parameters import parameters_of, refuse_parameters
     from xform.serving.tensors import inputs
     known = {t.name: t.dtype for t in inputs()}
     with pytest.raises(InputError) as e:

@@ -108,4 +108,4 @@ def main() -> None:
 
 
 # the commands register themselves on `main` as they are imported
-from xform.cli import build, corpus, decode, evaluate, serving  # noqa: E402,F401
+from xform.cli import build, corpus, decode, evaluate, score, serving  # noqa: E402,F401

@@ -63,18 +63,11 @@ def evaluate(bundle, source_file, reference_file, against, where: Placement, bat
              vocab_map, truncate, json_path, plot_path, force, qe, generation: GenerationFlags) -> None:
     """Translate --source with BUNDLE and score it with sacreBLEU (BLEU, chrF) against --reference,
     and/or side by side with a second system (--against eager or another bundle)."""
-    import importlib.util
-
     from xform.errors import InputError
     from xform.exporter import evaluate as ev
 
     ev.sacrebleu_module()  # missing: say so before any decoding
-    if reference_file is None and against is None:
-        raise click.UsageError("nothing to compare with: give --reference, --against, or both")
-    if plot_path is not None and against is None:
-        raise click.UsageError("--plot draws the differences between two systems: give --against")
-    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise XformError("--plot needs matplotlib: pip install matplotlib")
+    check_eval_flags(reference_file, against, plot_path, qe)
     inputs = [("BUNDLE", bundle), ("--source", source_file), *([("--reference", reference_file)] if reference_file
                                                                else []), *([("--vocab-map", vocab_map)] if vocab_map
                                                                            else [])]
@@ -87,8 +80,6 @@ def evaluate(bundle, source_file, reference_file, against, where: Placement, bat
     if references is not None and len(references) != len(sources):
         raise XformError(f"--reference {reference_file}: {len(references)} lines for the {len(sources)} of "
                          f"--source {source_file}; expected one translation a source line")
-    if qe and reference_file is None:
-        raise click.UsageError("--qe measures the confidence against --reference: give it")
     translator = where.open(bundle)  # the command's translators, each opened once
     other = Translator(other_session(bundle, against, where.threads)) if against is not None else None
     settings = generation.settings()
@@ -120,6 +111,20 @@ def evaluate(bundle, source_file, reference_file, against, where: Placement, bat
         err.print(f"[bold red]error:[/] {len(failed)} of {len(sources)} lines could not be translated (left out of "
                   "the scores)")
         sys.exit(1)
+
+
+def check_eval_flags(reference_file, against, plot_path, qe: bool) -> None:
+    """The flags that go together, refused before any work."""
+    import importlib.util
+
+    if reference_file is None and against is None:
+        raise click.UsageError("nothing to compare with: give --reference, --against, or both")
+    if plot_path is not None and against is None:
+        raise click.UsageError("--plot draws the differences between two systems: give --against")
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise XformError("--plot needs matplotlib: pip install matplotlib")
+    if qe and reference_file is None:
+        raise click.UsageError("--qe measures the confidence against --reference: give it")
 
 
 def report_failed(systems, source_file: Path) -> dict:

@@ -15,7 +15,7 @@ decoding) says so with a method the command calls where it checked them before.
     options.py         BatchingFlags (batching_options), TextOptions (text_options),
                        GenerationFlags (generation_options)
     documents.py       DocumentFlags (document_options)
-    decode.py          run's own: Sources, Output, CheckFlags, BenchmarkFlags
+    decode.py          run's own: Sources, Output (measure.py: CheckFlags, BenchmarkFlags)
     corpus.py          RayRun (--ray and its workers' flags)
 """
 from __future__ import annotations

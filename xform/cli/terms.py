@@ -38,7 +38,7 @@ class TermFlags:
     def applied(self, text):
         """`text` (TextOptions) with the glossary's entries for its languages and the kept patterns
         as its terminology, and qe; a glossary that cannot be read is refused naming the file."""
-        from xform.runtime.text.glossary import terminology
+        from xform.runtime.text.terminology import terminology
 
         terms = terminology(self.glossary, self.keep, text.src_lang, text.tgt_lang)
         return dataclasses.replace(text, terminology=terms, qe=self.qe)

@@ -15,7 +15,7 @@ without their own take), and `role`, which of the three models of serving/reposi
 Loading verifies the bundle (hashes, manifest version); a bundle that fails is refused and the
 reason goes to Triton's log. A request parameter the model does not take (Triton 2.51's generate
 door passes a key of its JSON body that is no input as one: a misspelt `max_new_token`) is
-refused 400 naming it and the input it likely means (handler.refuse_parameters).
+refused 400 naming it and the input it likely means (parameters.refuse_parameters).
 """
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -78,11 +78,11 @@ def declared(config) -> dict[str, str]:
 
 
 def refused(request, inputs) -> str | None:
-    """Why the request is refused for a parameter it carries (handler.refuse_parameters: a key of a
+    """Why the request is refused for a parameter it carries (parameters.refuse_parameters: a key of a
     generate body that is none of the model's `inputs`, an input sent as a parameter), or None."""
     from xform.errors import InputError
-    from xform.serving.handler import parameters_of, refuse_parameters
     from xform.serving.inflight import RELAY
+    from xform.serving.parameters import parameters_of, refuse_parameters
     try:
         refuse_parameters(parameters_of(request.parameters()), inputs, taken=(RELAY,))
     except InputError as e:
@@ -103,7 +103,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.role = params.get("role", "batch")
-        self.inputs = declared(config)  # what a request may name (refused: handler.refuse_parameters)
+        self.inputs = declared(config)  # what a request may name (refused: parameters.refuse_parameters)
         self.restart_gauge = restart_gauge.publish(pb_utils, args.get("model_instance_name", config["name"]))
         if self.role == "front":
             self.engine = params["engine"]

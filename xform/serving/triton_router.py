@@ -8,7 +8,7 @@ file is what needs Triton:
   children of tritonserver that run it, to exit); its cost is their Pss (residency.py);
 - each request is answered from a thread of a pool through its response sender, so `execute`
   never waits for a load or a decode; one carrying a parameter the router does not take (a key
-  of a generate body that is no input: handler.refuse_parameters) is refused 400 at once; a hop
+  of a generate body that is no input: parameters.refuse_parameters) is refused 400 at once; a hop
   is relayed to the engine model by BLS with the parameter inflight.RELAY, its error's kind read
   back from the message (inflight.untagged: Triton 2.51's BLS drops error codes);
 - metrics (Triton's /metrics, beside its own): xform_model_loads_total, xform_model_unloads_total,
@@ -134,7 +134,7 @@ class TritonPythonModel:
             **fleet_status.state(self.router.catalog, pool, settings, resident), "preload": self.preloading.said()})
         self.router.rescan = Rescanner(path, self.router, pool, engines)
         self.names = [t.name for t in inputs()]
-        self.inputs = declared(config)  # what a request may name (refused: handler.refuse_parameters)
+        self.inputs = declared(config)  # what a request may name (refused: parameters.refuse_parameters)
         self.threads = ThreadPoolExecutor(settings.threads, thread_name_prefix="xform-route")
         pb_utils.Logger.log_info(f"xform: {config['name']} routes over {len(catalog)} bundles: "
                                  + " | ".join(catalog.summary()))

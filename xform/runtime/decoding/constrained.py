@@ -145,14 +145,12 @@ class ConstrainedBeamSearch(BeamSearch):
         free = t >= 0
         last = t + 1 == gen.max_new_tokens  # (B, 1)
         lp = self.scored(step, logits, t, last)
-        V = lp.shape[1]
         beam, tok, acc_lp = self.gathered(lp)
         C = tok.shape[1]
         parents = (np.arange(B)[:, None] * k + beam).reshape(-1)
-        states = self.cons.advance(self.progress.take(parents), np.repeat(self.sources, C),
-                                   tok.reshape(-1))
+        states = self.cons.advance(self.progress.take(parents), np.repeat(self.sources, C), tok.reshape(-1))
         acc = (acc_lp + np.take_along_axis(self.running_scores, beam, 1)).astype(np.float32)
-        pick = self.allocate(acc, beam * V + np.maximum(tok, 0), states.bank.reshape(B, C), tok >= 0)
+        pick = self.allocate(acc, beam * lp.shape[1] + np.maximum(tok, 0), states.bank.reshape(B, C), tok >= 0)
         top_lp = np.take_along_axis(acc, pick, 1)
         top_beam = np.take_along_axis(beam, pick, 1)
         top_tok = np.maximum(np.take_along_axis(tok, pick, 1), 0)  # an absent one is never kept live

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 from xform.runtime.decoding.request import TextOptions
 from xform.runtime.documents.memory import TranslationMemory
 from xform.runtime.documents.translate import DocumentTranslator
-from xform.runtime.text.translator import Translator, ct2_batching, refuse_one_text, reworded
+from xform.runtime.text.call_words import ct2_batching, refuse_one_text, reworded
+from xform.runtime.text.translator import Translator
 
 
 def translate_document(translator: Translator, text: str, *, format: str = "text",

@@ -33,7 +33,7 @@ from xform.runtime.documents.memory import TranslationMemory
 from xform.runtime.documents.segmenter import clauses
 from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.codes import base_language, codes_for
-from xform.runtime.text.glossary import Terminology
+from xform.runtime.text.terminology import Terminology
 from xform.runtime.text.translator import Translator
 
 FORMATS = ("text", "markdown", "html")

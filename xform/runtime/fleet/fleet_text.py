@@ -20,8 +20,8 @@ from xform.errors import InputError, XformError
 from xform.runtime.decoding.request import ScoringResult
 from xform.runtime.fleet.routes import Hop
 from xform.runtime.text import ct2_files
+from xform.runtime.text.call_words import refuse_one_text, with_prefixes
 from xform.runtime.text.ct2_checks import check_call, check_iterable
-from xform.runtime.text.translator import refuse_one_text, with_prefixes
 
 # `fleet` below: the FleetTranslator (local.py) whose method called the function
 FleetTranslator = Any
@@ -30,7 +30,7 @@ OPEN_ONE = "open the bundle itself for it: xform.Translator(PATH)"
 # a one-bundle Translator's public names a directory of bundles does not offer, and why
 INTERNALS = ("batches", "ct2_generation_settings", "generation", "joined", "opened", "piece", "pieces", "request",
              "results", "score_texts", "source_texts", "step_callback", "steps", "terminology", "text_request",
-             "translate_lines", "with_prefixes")
+             "translate_lines", "translate_texts", "with_prefixes")
 RESIDENCY = ("compute_type", "device", "device_index", "load_model", "model_is_loaded", "num_active_batches",
              "num_queued_batches", "num_translators", "unload_model")
 

@@ -21,8 +21,9 @@ from xform.runtime.fleet import fleet_text
 from xform.runtime.fleet.catalog import Catalog, Changes
 from xform.runtime.fleet.pool import Pool, PoolStats, parse_size
 from xform.runtime.fleet.routes import Hop, Route, plan
+from xform.runtime.text.call_words import refuse_one_text
 from xform.runtime.text.ct2_files import ExecutionStats
-from xform.runtime.text.translator import Translator, refuse_one_text
+from xform.runtime.text.translator import Translator
 
 # settings that shape the answer, not the decoding: a pivot's first hop makes one translation
 # (a step callback hears the translation the caller gets)

@@ -74,7 +74,7 @@ NOT_OFFERED = {
     "return_logits_vocab": (False, "the vocabulary's logits are not returned (generate_tokens' return_log_prob, "
                                    "translate_batch's return_scores and callback give the tokens' log-probs)"),
     "return_attention": (False, "a TranslationResult carries no attention; session.generate(..., "
-                                "return_attention=True) returns it (a bundle exported --with-attention)"),
+                                "return_attention=True) returns it (a bundle exported with the decoder's attention)"),
     "min_alternative_expansion_prob": (0, "return_alternatives expands every alternative; a minimum probability is "
                                           "not implemented"),
     "prefix_bias_beta": (0, "a soft prefix is not implemented; a target_prefix is always hard"),

@@ -145,9 +145,9 @@ def read_size(read_batch_size: int, max_batch_size: int) -> int:
     return read_batch_size or max(max_batch_size or 32, 1) * 16
 
 
-def not_here(options: dict[str, Any], names: dict[str, str]) -> None:
-    """Options a file method takes another way (its own name for them), refused by name."""
-    for name, why in names.items():
+def not_here(options: dict[str, Any], refused: dict[str, str]) -> None:
+    """Options a file method takes another way (`refused`: each one's reason), refused by name."""
+    for name, why in refused.items():
         if name in options:
             raise InputError(f"{name}: {why}")
 

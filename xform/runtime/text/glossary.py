@@ -24,9 +24,8 @@ two characters); spaces inside a term match any run of whitespace; case-insensit
 `case_sensitive` (Python's re.IGNORECASE: simple case folding); a term's NFC and NFD forms both
 match. Of overlapping occurrences the longest wins, then the leftmost. Offsets are str indices.
 
-**Kept spans**: glossary entries whose target is their source, `keep` regular expressions, and
-`<dnt>...</dnt>` tags (`strip_dnt`); a kept span requires the source text as written, and a
-glossary match overlapping a kept span is dropped.
+**Kept spans** (terminology.py): glossary entries whose target is their source, `keep` regular
+expressions, and `<dnt>...</dnt>` tags (`strip_dnt`). TBX is read by tbx.py.
 """
 from __future__ import annotations
 
@@ -34,26 +33,28 @@ import hashlib
 import json
 import re
 import unicodedata
-import xml.parsers.expat as expat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from xform.errors import InputError
+from xform.runtime.text.tbx import (
+    CONCEPTS,
+    LANGUAGES,
+    XML_LANG,
+    lang_set_terms,
+    local,
+    parse_xml,
+    preferred,
+    refused,
+)
 
-TBX_NAMESPACE = "urn:iso:std:iso:30042:ed-2"
-XML_LANG = "http://www.w3.org/XML/1998/namespace lang"  # xml:lang, as expat names it with namespaces
 TSV_SUFFIXES = (".tsv", ".tab", ".txt")
 TBX_SUFFIXES = (".tbx", ".xml")
 HEADER = ({"source", "src", "source_term"}, {"target", "tgt", "target_term"},
           {"source_lang", "src_lang", "source_language", "source language"},
           {"target_lang", "tgt_lang", "target_language", "target language"})
-CONCEPTS = {"termEntry", "conceptEntry"}
-LANGUAGES = {"langSet", "langSec"}
-GROUPS = {"tig", "ntig", "termSec"}
-PREFERRED, DEPRECATED = "preferredterm", ("deprecatedterm", "supersededterm")
-DNT = re.compile(r"<(/?)dnt>", re.IGNORECASE)
 # scripts written without spaces between words: a word boundary between any two of their characters
 CONTINUOUS = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x3040, 0x30FF), (0x31F0, 0x31FF),
               (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xFF66, 0xFF9F), (0x20000, 0x3134F))
@@ -83,26 +84,6 @@ class Match:
     start: int
     end: int
     entry: Entry
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """What a sentence's translation must contain: `target`, as written. `kind` "term" (a glossary
-    entry's target) or "keep" (the source span itself); `source` is text[start:end]; `entry` the
-    glossary entry, `pattern` the keep pattern ("<dnt>" for a tag) that asked for it."""
-
-    start: int
-    end: int
-    source: str
-    target: str
-    kind: str
-    entry: Entry | None = None
-    pattern: str | None = None
-
-
-def refused(where: str, what: str) -> InputError:
-    """An InputError naming the glossary setting ({glossary}, a door's flag or keyword) and where."""
-    return InputError(f"{{glossary}} {where}: {what}").naming("glossary")
 
 
 def language(code: str | None) -> str | None:
@@ -417,249 +398,3 @@ def select(candidates: list) -> list:
             taken.append((c.start, c.end))
             chosen.append(c)
     return sorted(chosen, key=lambda c: c.start)
-
-
-def preferred(terms: list[tuple[str, str, int]]) -> str | None:
-    """The term a language's section is translated into: the first preferred one, else the first
-    neither deprecated nor superseded."""
-    for term, status, _ in terms:
-        if status.startswith(PREFERRED):
-            return term
-    return next((term for term, status, _ in terms if not status.startswith(DEPRECATED)), None)
-
-
-# -- XML -----------------------------------------------------------------------------------------
-@dataclass
-class Node:
-    tag: str
-    attrs: dict
-    line: int
-    children: list["Node"] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-
-    def iter(self, tags: set[str]):
-        """Descendants whose local name is in tags (not below one that is)."""
-        for child in self.children:
-            if local(child.tag) in tags:
-                yield child
-            else:
-                yield from child.iter(tags)
-
-    def all_text(self) -> str:
-        return "".join(self.text) + "".join(c.all_text() for c in self.children)
-
-
-def local(tag: str) -> str:
-    return tag.rsplit(" ", 1)[-1]
-
-
-class Refused(Exception):
-    pass
-
-
-def parse_xml(data: bytes | str, name: str) -> Node:
-    """The element tree of an XML document (expat; entity declarations and external entities
-    refused, nothing of a DOCTYPE loaded), each element with its line."""
-    parser = expat.ParserCreate(namespace_separator=" ")
-    stack: list[Node] = []
-    roots: list[Node] = []
-
-    def start(tag, attrs):
-        node = Node(tag, attrs, parser.CurrentLineNumber)
-        (stack[-1].children if stack else roots).append(node)
-        stack.append(node)
-
-    def end(tag):
-        stack.pop()
-
-    def chars(data):
-        if stack:
-            if stack[-1].children:  # text after a child: kept in order as a text-only child
-                stack[-1].children.append(Node("", {}, parser.CurrentLineNumber, text=[data]))
-            else:
-                stack[-1].text.append(data)
-
-    def no_entities(*args):
-        raise Refused("an entity declaration (refused: entities are not read from glossaries)")
-
-    def no_external(*args):
-        raise Refused("an external entity (refused: nothing outside the file is read)")
-
-    def skipped(entity, is_parameter):
-        raise Refused(f"an undefined entity &{entity}; (refused: entities are not read from glossaries)")
-
-    parser.StartElementHandler, parser.EndElementHandler, parser.CharacterDataHandler = start, end, chars
-    parser.EntityDeclHandler = parser.UnparsedEntityDeclHandler = no_entities
-    parser.ExternalEntityRefHandler = no_external
-    parser.SkippedEntityHandler = skipped
-    try:
-        parser.Parse(data.encode("utf-8") if isinstance(data, str) else data, True)
-    except Refused as e:
-        raise refused(f"{name}, line {parser.CurrentLineNumber}", str(e)) from None
-    except expat.ExpatError as e:
-        raise refused(f"{name}, line {e.lineno}", f"not well-formed XML ({expat.ErrorString(e.code)}, "
-                                                  f"column {e.offset + 1})") from None
-    return roots[0]
-
-
-def lang_set_terms(lang_set: Node):
-    """(term, administrative status lower-cased, line) of each term group of a language section."""
-    for child in lang_set.children:
-        tag = local(child.tag)
-        if tag == "term":
-            yield " ".join(child.all_text().split()), "", child.line
-        elif tag in GROUPS:
-            term = next(iter_local(child, "term"), None)
-            if term is None:
-                continue
-            yield " ".join(term.all_text().split()), status_of(child), term.line
-
-
-def iter_local(node: Node, tag: str):
-    for child in node.children:
-        if local(child.tag) == tag:
-            yield child
-        yield from iter_local(child, tag)
-
-
-def status_of(group: Node) -> str:
-    for node in iter_local(group, "termNote"):
-        if node.attrs.get("type") == "administrativeStatus":
-            return node.all_text().strip().casefold()
-    node = next(iter_local(group, "administrativeStatus"), None)  # TBX v3 DCT style
-    return node.all_text().strip().casefold() if node is not None else ""
-
-
-# -- do not translate ---------------------------------------------------------------------------
-def strip_dnt(text: str, name: str = "<text>") -> tuple[str, list[tuple[int, int]]]:
-    """`text` with its `<dnt>...</dnt>` tags removed, and the (start, end) of each tagged span in
-    the clean text (empty ones dropped). A tag left open, closed without opening or nested is
-    refused, naming `name` and the line."""
-    out, spans, at, opened = [], [], 0, None  # opened: (offset in the clean text, line)
-    clean_len = 0
-    for m in DNT.finditer(text):
-        line = text.count("\n", 0, m.start()) + 1
-        out.append(text[at:m.start()])
-        clean_len += m.start() - at
-        at = m.end()
-        closing = m.group(1) == "/"
-        if not closing:
-            if opened is not None:
-                raise InputError(f"{name}, line {line}: a <dnt> inside another (opened on line {opened[1]})")
-            opened = (clean_len, line)
-        else:
-            if opened is None:
-                raise InputError(f"{name}, line {line}: a </dnt> without its <dnt>")
-            if clean_len > opened[0]:
-                spans.append((opened[0], clean_len))
-            opened = None
-    if opened is not None:
-        raise InputError(f"{name}, line {opened[1]}: a <dnt> never closed")
-    out.append(text[at:])
-    return "".join(out), spans
-
-
-def within(spans: Iterable[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of a whole text as offsets in its part text[start:end] (a sentence), cut to it."""
-    return [(max(s, start) - start, min(e, end) - start) for s, e in spans if min(e, end) > max(s, start)]
-
-
-def compile_keep(patterns: Sequence[str]) -> tuple[re.Pattern, ...]:
-    """The `keep` regular expressions, each compile-checked: a bad one is refused by name."""
-    compiled = []
-    for p in patterns:
-        try:
-            compiled.append(re.compile(p))
-        except (re.error, TypeError) as e:
-            raise InputError(f"the {{keep}} pattern {p!r} is not a regular expression: {e}").naming("keep") from None
-    return tuple(compiled)
-
-
-TARGETS_KEPT = 4096  # sentences whose targets a Terminology remembers
-
-
-@dataclass(frozen=True)
-class Terminology:
-    """A glossary (for one language pair: `Glossary.pair`) and keep patterns: what each sentence's
-    translation must contain. The one object a door holds; `fingerprint` goes into a translation
-    memory's key."""
-
-    glossary: Glossary | None = None
-    keep: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        object.__setattr__(self, "keep", tuple(self.keep))
-        compile_keep(self.keep)
-
-    @cached_property
-    def patterns(self) -> tuple[re.Pattern, ...]:
-        return compile_keep(self.keep)
-
-    def __bool__(self) -> bool:
-        return bool(self.keep) or bool(self.glossary and self.glossary.entries)
-
-    def constraints(self, text: str, kept: Sequence[tuple[int, int]] = ()) -> list[Constraint]:
-        """What the translation of the sentence `text` must contain, in source order: kept spans
-        (`kept`: those of `<dnt>` tags, as strip_dnt gives them; keep patterns' matches; glossary
-        entries whose target is their source), overlapping ones merged, as written; then the
-        glossary's other terms not overlapping a kept span, as their targets. A term twice gives
-        its target twice."""
-        keeps: list[tuple[int, int, str | None]] = [(s, e, "<dnt>") for s, e in kept if e > s]
-        keeps += [(m.start(), m.end(), p.pattern) for p in self.patterns for m in p.finditer(text)
-                  if m.end() > m.start()]
-        terms = self.glossary.matches(text) if self.glossary is not None else []
-        keeps += [(m.start, m.end, None) for m in terms if m.entry.kept]
-        merged: list[list] = []  # [start, end, pattern, entry]
-        for s, e, p in sorted(keeps, key=lambda k: (k[0], -k[1])):
-            if merged and s < merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e, p])
-        entry_at = {(m.start, m.end): m.entry for m in terms if m.entry.kept}
-        out = [Constraint(s, e, text[s:e], text[s:e], "keep", entry_at.get((s, e)), p) for s, e, p in merged]
-        out += [Constraint(m.start, m.end, text[m.start:m.end], m.entry.target, "term", m.entry)
-                for m in terms if not m.entry.kept and all(m.end <= s or m.start >= e for s, e, _ in merged)]
-        return sorted(out, key=lambda c: c.start)
-
-    def targets(self, text: str, kept: Sequence[tuple[int, int]] = ()) -> list[str]:
-        """The strings the translation of `text` must contain (constraints' targets), in order;
-        remembered for the last TARGETS_KEPT sentences (a request's conversion and its rendering
-        ask for the same ones)."""
-        key = (text, tuple(kept))
-        found = self.remembered.get(key)
-        if found is None:
-            if len(self.remembered) >= TARGETS_KEPT:
-                self.remembered.clear()
-            found = self.remembered[key] = [c.target for c in self.constraints(text, kept)]
-        return list(found)
-
-    @cached_property
-    def remembered(self) -> dict[tuple, list[str]]:
-        return {}
-
-    def prepare(self, text: str, name: str = "<text>") -> tuple[str, list[Constraint]]:
-        """A sentence with `<dnt>` tags: the text without them and its constraints."""
-        clean, spans = strip_dnt(text, name)
-        return clean, self.constraints(clean, spans)
-
-    def fingerprint(self) -> str:
-        """A stable hash of the glossary's entries and the keep patterns ("" with neither)."""
-        if not self:
-            return ""
-        blob = json.dumps({"glossary": self.glossary.fingerprint() if self.glossary else None,
-                           "keep": list(self.keep)})
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
-
-
-def terminology(glossary: "Glossary | str | Path | Mapping[str, str] | Iterable | None" = None,
-                keep: "str | Sequence[str]" = (), src_lang: str | None = None,
-                tgt_lang: str | None = None) -> Terminology | None:
-    """What a door was given, as the Terminology of one language pair: `glossary` a file (TSV or
-    TBX), a Glossary, {source: target} or entries; `keep` a regular expression or several. None
-    where neither is given."""
-    if glossary is None and not keep:
-        return None
-    if isinstance(glossary, (str, Path)):
-        glossary = Glossary.load(glossary)
-    chosen = None if glossary is None else Glossary.of(glossary).pair(src_lang, tgt_lang)
-    return Terminology(chosen, (keep,) if isinstance(keep, str) else tuple(keep))

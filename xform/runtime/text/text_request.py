@@ -25,7 +25,7 @@ import numpy as np
 from xform.errors import InputError, SettingError
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.request import Request, TextOptions
-from xform.runtime.text.glossary import strip_dnt
+from xform.runtime.text.terminology import strip_dnt
 from xform.runtime.text.text_policy import WITH_ATTENTION
 from xform.runtime.text.token_lists import cut, decoding_settings
 
@@ -137,6 +137,8 @@ def convert(policy: "TextPolicy", request: TextRequest) -> Request:
     check(policy, request)
     request = dataclasses.replace(request, sources=tuple(marked(s, options, f"source[{i}]")
                                                          for i, s in enumerate(request.sources)))
+    # the target language's rule before any source is read (a language refused as the door asked it)
+    gen = None if request.token_lists else generation(policy, request)
     try:
         rows = [source_ids(policy, s, options, request.max_input_length, f"source[{i}]")
                 for i, s in enumerate(request.sources)]
@@ -145,7 +147,8 @@ def convert(policy: "TextPolicy", request: TextRequest) -> Request:
     except InputError as e:
         raise SourceError.of(e) from None
     prefixes = prefix_ids(policy, request)
-    gen = generation(policy, request, max((len(p) for p in prefixes or []), default=0))
+    if gen is None:  # token lists: CTranslate2's lengths count the prefix
+        gen = generation(policy, request, max((len(p) for p in prefixes or []), default=0))
     texts = request.texts
     vocabulary = None
     vocab_map = policy.vocab_map(options.vocab_map)
@@ -187,7 +190,7 @@ def marked(source: Source, options: TextOptions, name: str) -> Source:
 
 def required(source: Source, options: TextOptions) -> list[str]:
     """What the translation of a (marked) source must hold, as written, in source order: its
-    kept spans and its glossary terms' targets (glossary.Terminology); none without a terminology."""
+    kept spans and its glossary terms' targets (terminology.Terminology); none without a terminology."""
     terms = options.terminology
     if terms is None or not isinstance(source, (str, Marked)) or blank(source):
         return []

@@ -13,17 +13,12 @@ one way: a Translator holds its Session (`Translator(session)`), the session nev
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import itertools
-from contextlib import contextmanager
-from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from xform.errors import InputError, XformError
-from xform.runtime.decoding.controls import CT2_NAMES, ct2_settings
+from xform.errors import InputError
 from xform.runtime.decoding.generation import GenerationConfig
 from xform.runtime.decoding.loop import Batch
 from xform.runtime.decoding.request import (
@@ -39,12 +34,22 @@ from xform.runtime.decoding.request import (
 from xform.runtime.scheduling.batching import Batching, plan
 from xform.runtime.text import ct2_files, token_calls
 from xform.runtime.text.async_results import may_run_asynchronously
-from xform.runtime.text.ct2_checks import check_call, check_iterable, not_offered
+from xform.runtime.text.call_words import (
+    ct2_batching,
+    generation_settings,
+    in_callers_words,
+    input_limit,
+    one_map,
+    refuse_one_text,
+    refuse_token_options,
+    with_prefixes,
+)
+from xform.runtime.text.ct2_checks import check_call, check_iterable
 from xform.runtime.text.ct2_files import ExecutionStats
-from xform.runtime.text.glossary import Terminology, terminology
 from xform.runtime.text.results import render
 from xform.runtime.text.step_callback import StepCallback
 from xform.runtime.text.step_callback import checked as checked_callback
+from xform.runtime.text.terminology import Terminology, terminology
 from xform.runtime.text.text_lines import LineStream
 from xform.runtime.text.text_policy import TextPolicy
 from xform.runtime.text.text_request import TextRequest, blank, convert, generation
@@ -53,96 +58,6 @@ from xform.runtime.text.vocab_map import VocabMap, bundle_map
 
 if TYPE_CHECKING:
     from xform.runtime.session import Session
-
-
-def generation_settings(options: dict[str, Any]) -> dict[str, Any]:
-    """A translator method's options as generation settings (controls.ct2_settings): CTranslate2's
-    names, the generation config's and the request's; another name is refused with the nearest.
-    CTranslate2's max_input_length, which only translate_batch takes, is refused saying so."""
-    if "max_input_length" in options:
-        raise InputError("max_input_length: CTranslate2's option (cut each source to N tokens) is taken by "
-                         "translate_batch only; here truncate=True cuts a source longer than the model's max_len")
-    options = not_offered(options)  # CTranslate2's options xform does not build: dropped where off, else refused
-    refuse_unknown(options, [*CT2_NAMES, *(f.name for f in fields(GenerationConfig)), *REQUEST_OPTIONS])
-    return ct2_settings(options)
-
-
-@contextmanager
-def reworded(options: Mapping[str, Any]) -> Iterator[None]:
-    """An error inside about a setting the caller gave by CTranslate2's name (max_decoding_length
-    for max_new_tokens, beam_size, ...) names it by that name, as the caller wrote it."""
-    given = {CT2_NAMES[k]: k for k in options if k in CT2_NAMES}
-    try:
-        yield
-    except XformError as e:
-        if given and set(e.settings) & set(given):
-            e.args = (e.render(lambda s: "{" + given.get(s, s) + "}"),
-                      *(given.get(a, a) if isinstance(a, str) else a for a in e.args[1:]))
-            e.settings = tuple(given.get(s, s) for s in e.settings)
-        raise
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def in_callers_words(method: F) -> F:
-    """A CTranslate2-named method whose errors name each setting as its caller did (`reworded`)."""
-    if inspect.isgeneratorfunction(method):
-        @functools.wraps(method)
-        def stream(self, *args, **kwargs):
-            with reworded(kwargs):
-                yield from method(self, *args, **kwargs)
-        return stream  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with reworded(kwargs):
-            return method(self, *args, **kwargs)
-    return call  # type: ignore[return-value]
-
-
-def refuse_one_text(items: Any, name: str) -> None:
-    """A str or bytes where a list of texts belongs (it would translate each character): refused."""
-    if isinstance(items, (str, bytes)):
-        raise InputError(f"{name}: expected a list of texts, one a source, got a {type(items).__name__} (it would "
-                         "translate each character): wrap one text in a list, [text]")
-
-
-def prefix_lines(path: Path) -> Iterator[str]:
-    """A file's lines as target prefixes (UTF-8, the line end dropped)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\r\n")
-
-
-def with_prefixes(source: Iterable, prefixes: Iterable) -> Iterator[tuple]:
-    """(source, prefix) pairs of two streams, one prefix a source: more or fewer is refused."""
-    ends = object()
-    prefix_iter = iter(prefixes)
-    for i, line in enumerate(source):
-        p = next(prefix_iter, ends)
-        if p is ends:
-            raise InputError(f"target_prefix: {i} prefixes for more sources; give one a source (None for none)")
-        yield line, p
-    if next(prefix_iter, ends) is not ends:
-        raise InputError("target_prefix: more prefixes than sources; give one a source")
-
-
-def input_limit(max_input_length: Any) -> int:
-    """CTranslate2's max_input_length checked: an integer >= 0 (0 or None: no limit)."""
-    if max_input_length is None:
-        return 0
-    if isinstance(max_input_length, bool) or not isinstance(max_input_length, int) or max_input_length < 0:
-        raise InputError(f"max_input_length must be an integer >= 0 (the source tokens kept; 0: no limit), got "
-                         f"{max_input_length!r}")
-    return max_input_length
-
-
-def ct2_batching(max_batch_size: int, batch_type: str, read_ahead: int = 8) -> Batching:
-    """CTranslate2's max_batch_size and batch_type as a Batching: examples, or padded source tokens."""
-    tokens = batch_type == "tokens"
-    return Batching(batch_type, None if tokens else max_batch_size, max_batch_size if tokens else None, read_ahead)
-
 
 
 class Translator:
@@ -159,7 +74,7 @@ class Translator:
 
     def terminology(self, glossary: Any, keep: str | Sequence[str], src_lang: str | None,
                     tgt_lang: str | None) -> Terminology | None:
-        """A call's terminology (glossary.terminology): its glossary and keep patterns, else the
+        """A call's terminology (terminology.terminology): its glossary and keep patterns, else the
         translator's, for the call's language pair."""
         if glossary is None and not keep:
             glossary, keep = self.glossary, self.keep
@@ -211,10 +126,8 @@ class Translator:
         enforced in the beam search (a greedy request is promoted to the beam the terms need:
         `promoted_beams`); a term the length cap leaves no room for is in the result's `unmet`.
         `qe`: each hypothesis' `confidence` in [0, 1] (docs/terminology.md's formula).
-        `callback` (CTranslate2's, step_callback.py): called with a GenerationStepResult for each
-        token of each example as it is decoded (greedy or sampling: beam_size 1), True ends that
-        example; `use_vmap` (CTranslate2's): the bundle's own vocabulary map (its vmap.txt, a
-        bundle exported --with-vocab-map), ignored where it has none, as CTranslate2 ignores it."""
+        `callback` (CTranslate2's, step_callback.py): each token's GenerationStepResult as decoded
+        (beam_size 1), True ends that example; `use_vmap` (CTranslate2's): the bundle's vmap.txt."""
         if "return_log_prob" in options:
             raise InputError("return_log_prob: generate_tokens' option (CTranslate2's translate_batch has none); "
                              "translate_batch's callback is given each token's log_prob with return_scores=True")
@@ -230,34 +143,32 @@ class Translator:
                        "truncate": truncate, "vocab_map": vocab_map, "qe": qe,
                        "terminology": terminology(glossary, keep)},  # the call's own: refused with token lists
                 options={**options, "suppress_sequences": suppress_sequences}, stepper=stepper, vmap=vmap)
-        if vmap is not None:
-            if vocab_map is not None:
-                raise InputError("use_vmap and vocab_map both name a vocabulary map (the bundle's vmap.txt, and "
-                                 f"{vocab_map}): give one")
-            vocab_map = vmap
-        for name, value in (("return_end_token", return_end_token), ("disable_unk", disable_unk)):
-            if value:
-                raise InputError(f"{name}: CTranslate2's option for token lists (pass each source as its list of "
-                                 "tokens); a text's translation is text, with no end token or <unk> in it")
-        texts = self.source_texts(source, "source")
+        refuse_token_options(return_end_token=return_end_token, disable_unk=disable_unk)
         prefixes = None if target_prefix is None else self.source_texts(target_prefix, "target_prefix", True)
-        terms = self.terminology(glossary, keep, src_lang, tgt_lang)
-        asked = TextRequest(tuple(texts), None if prefixes is None else tuple(prefixes),
-                            tuple(suppress_sequences or ()), TextOptions(return_scores, src_lang, tgt_lang, truncate,
-                                                                         replace_unknowns=replace_unknowns,
-                                                                         vocab_map=vocab_map, terminology=terms,
-                                                                         qe=qe),
-                            generation_settings(options), max_input_length=input_limit(max_input_length))
+        text = TextOptions(return_scores, src_lang, tgt_lang, truncate, replace_unknowns=replace_unknowns,
+                           vocab_map=one_map(vocab_map, vmap), terminology=self.terminology(glossary, keep, src_lang,
+                                                                                            tgt_lang), qe=qe)
+        return self.translate_texts(TextRequest(tuple(self.source_texts(source, "source")),
+                                                None if prefixes is None else tuple(prefixes),
+                                                tuple(suppress_sequences or ()), text, generation_settings(options),
+                                                max_input_length=input_limit(max_input_length)),
+                                    max_batch_size, batch_type, stepper)
+
+    def translate_texts(self, asked: TextRequest, max_batch_size: int, batch_type: str,
+                        stepper: StepCallback | None = None) -> list[TranslationResult]:
+        """translate_batch's texts: the blank ones answered without decoding (empty hypotheses, log-prob
+        0), the others decoded in translate_batch's batches."""
+        texts, text = list(asked.sources), asked.options
         todo = [i for i, t in enumerate(texts) if not blank(t)]
         results: dict[int, TranslationResult] = {}
-        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, src_lang, tgt_lang,
+        for batch in self.batches([texts[i] for i in todo], max_batch_size, batch_type, text.src_lang, text.tgt_lang,
                                   asked.max_input_length):
             rows = [todo[j] for j in batch]
             results.update(zip(rows, self.results(asked.part(rows), None if stepper is None else stepper.watch(rows))))
         n = (len(next(iter(results.values())).hypotheses) if results else
              asked.settings.get("num_return_sequences") or
              self.policy.generation_defaults.get("num_return_sequences") or 1)
-        blank_result = TranslationResult([""] * n, [0.0] * n if return_scores else [])  # nothing decoded: log-prob 0
+        blank_result = TranslationResult([""] * n, [0.0] * n if text.scores else [])
         return [results.get(i, blank_result) for i in range(len(texts))]
 
     def ct2_generation_settings(self, options: dict[str, Any]) -> dict[str, Any]:
