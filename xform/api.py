@@ -79,7 +79,7 @@ class Translator(TextTranslator):
                  max_loaded: int | None = None, memory_budget: int | str | None = None, pinned: Iterable[str] = (),
                  pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None,
                  max_queued_batches: int = 0, flash_attention: bool = False, tensor_parallel: bool = False,
-                 files: Any = None):
+                 files: Any = None, glossary: Any = None, keep: str | Sequence[str] = ()):
         from xform.runtime.bundle import Bundle
         one_process(device_index, inter_threads)
         ct2_only(max_queued_batches, flash_attention, tensor_parallel, files)
@@ -96,7 +96,7 @@ class Translator(TextTranslator):
                              f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
                              "precision with `xform export --precision fp16 / int8`")
         self.opening = (bundle, backend, device, intra_threads or None, allow_tf32, cuda_graph)
-        super().__init__(self.opened())
+        super().__init__(self.opened(), glossary=glossary, keep=keep)
 
     def translate_document(self, text: str, **options: Any) -> str:
         """A document translated (documents/door.py: sentences decoded together, layout kept)."""
@@ -214,9 +214,14 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
           allow_tf32: bool = False, cuda_graph: bool | None = None, *, max_loaded: int | None = None,
           memory_budget: int | str | None = None, pinned: Iterable[str] = (), pivot: str | None = "en",
           load_timeout: float = 60.0, idle_unload: float | None = None, max_queued_batches: int = 0,
-          flash_attention: bool = False, tensor_parallel: bool = False, files: Any = None) -> FleetTranslator:
+          flash_attention: bool = False, tensor_parallel: bool = False, files: Any = None, glossary: Any = None,
+          keep: Any = ()) -> FleetTranslator:
     """`Translator(DIR)`: a FleetTranslator whose bundles open with the Translator's settings."""
     one_process(device_index, inter_threads)
+    if glossary is not None or keep:
+        raise XformError("glossary, keep: a translator's own terms are one language pair's, and a directory's "
+                         "bundles translate many (some through a pivot); open the pair's bundle with them: "
+                         "xform.Translator(PATH, glossary=...)")
     ct2_only(max_queued_batches, flash_attention, tensor_parallel, files)
     for one in [bundles] if isinstance(bundles, (str, Path)) else bundles:
         opening(one, intra_threads)

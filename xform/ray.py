@@ -26,6 +26,7 @@ from xform.errors import InputError
 from xform.runtime.open import open_session
 from xform.runtime.scheduling.batching import Batching
 from xform.runtime.text.call_words import reworded
+from xform.runtime.text.terminology import terminology
 from xform.runtime.text.translator import Translator
 
 __all__ = ["Translate"]
@@ -33,13 +34,15 @@ __all__ = ["Translate"]
 
 class Translate:
     """For `Dataset.map_batches(Translate, fn_constructor_kwargs={"bundle": ...}, concurrency=N)`.
-    `prefix_column`: a column of target prefixes (a text or None a row) each translation continues."""
+    `prefix_column`: a column of target prefixes (a text or None a row) each translation continues;
+    `glossary` / `keep` / `qe` as translate_batch's (docs/terminology.md): a `confidence` column."""
 
     def __init__(self, bundle: str | Path, column: str = "text", output_column: str = "translation",
                  error_column: str | None = "error", *, backend: str = "ort", device: str | None = None,
                  threads: int | None = None, src_lang: str | None = None, tgt_lang: str | None = None,
                  truncate: bool = False, return_scores: bool = False, batch_size: int | None = None,
-                 max_batch_tokens: int | None = None, prefix_column: str | None = None, **options: Any):
+                 max_batch_tokens: int | None = None, prefix_column: str | None = None, glossary: Any = None,
+                 keep: str | tuple[str, ...] = (), qe: bool = False, **options: Any):
         self.column, self.output_column, self.error_column = column, output_column, error_column
         self.prefix_column = prefix_column
         session = open_session(bundle, backend, device, threads)
@@ -48,7 +51,8 @@ class Translate:
         with reworded(options):  # an error names a setting as the caller did (beam_size, ...)
             gen = text_layer.generation(tgt_lang, dict(options))
         batching = Batching("tokens" if max_batch_tokens else "examples", batch_size, max_batch_tokens)
-        text = TextOptions(scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang, truncate=truncate)
+        text = TextOptions(scores=return_scores, src_lang=src_lang, tgt_lang=tgt_lang, truncate=truncate,
+                           terminology=terminology(glossary, keep, src_lang, tgt_lang), qe=qe)
         self.translator = LineTranslator(text_layer, Job(str(bundle), gen, text, batching, backend, device, threads))
         self.n = gen.num_return_sequences
 
@@ -75,6 +79,9 @@ class Translate:
         if self.translator.job.text.scores:
             scores = [[None if isinstance(x, str) else x[1] for x in t] for t in best]
             out["score"] = column([s[0] if self.n == 1 else s for s in scores])
+        if self.translator.job.text.qe:  # the confidence is each translation's last part
+            sure = [[None if isinstance(x, str) else x[-1] for x in t] for t in best]
+            out["confidence"] = column([c[0] if self.n == 1 else c for c in sure])
         if self.error_column is not None:
             out[self.error_column] = column([e for _, e in done.lines])
         return out

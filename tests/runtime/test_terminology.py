@@ -150,3 +150,15 @@ def test_one_conversion_builds_every_text_request():
                      if re.search(r"\bsession\.request\(", p.read_text()))
     # the benchmark decodes ids, not text (the exporter's check builds its Requests of ids itself)
     assert callers == ["runtime/bench.py", "runtime/text/text_request.py"]
+
+
+def test_the_python_and_ray_doors_take_a_glossary_and_give_the_confidence(demo_bundle):
+    translator = xform.Translator(demo_bundle, glossary={"7": "eleven"})
+    assert holds(translator.translate_batch(["7"])[0].hypotheses[0], "eleven")
+    with pytest.raises(xform.errors.XformError, match="glossary, keep: a translator's own terms"):
+        xform.Translator([demo_bundle], glossary={"7": "eleven"})
+    from xform.ray import Translate  # the class Ray Data maps batches through, called as Ray would
+    out = Translate(demo_bundle, glossary={"7": "eleven"}, qe=True)({"text": np.array(["7", "40512", None],
+                                                                                      dtype=object)})
+    assert holds(out["translation"][0], "eleven") and out["translation"][2] == ""
+    assert 0.0 <= out["confidence"][1] <= 1.0 and out["confidence"][2] is None
