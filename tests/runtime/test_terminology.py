@@ -162,3 +162,28 @@ def test_the_python_and_ray_doors_take_a_glossary_and_give_the_confidence(demo_b
                                                                                       dtype=object)})
     assert holds(out["translation"][0], "eleven") and out["translation"][2] == ""
     assert 0.0 <= out["confidence"][1] <= 1.0 and out["confidence"][2] is None
+
+
+def test_qe_report_lists_the_translations_below_the_threshold(demo_bundle, tmp_path):
+    (tmp_path / "in.txt").write_text("7\n0000000000000000\n40512\n")
+    report = tmp_path / "low.tsv"
+    args = ["run", str(demo_bundle), "--input-file", str(tmp_path / "in.txt"), "--qe-report", str(report)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in report.read_text().splitlines()]
+    assert rows[0] == ["line", "sentence", "translation", "confidence"]
+    assert [row[:2] for row in rows[1:]] == [[f"{tmp_path / 'in.txt'}:2", "0000000000000000"]]  # noise only
+    assert float(rows[1][3]) < 0.5 and "1 translations with a confidence below 0.5" in r.stderr
+    assert CliRunner().invoke(main, args).exit_code == 1  # its report is not replaced without --force
+    assert CliRunner().invoke(main, [*args, "--force"]).exit_code == 0
+    (tmp_path / "notes.txt").write_text("mine\n")
+    kept = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "notes.txt"), "--force"])
+    assert kept.exit_code == 1 and "is not a confidence report xform wrote" in kept.output
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    (tmp_path / "doc.txt").write_text("0000000000000000.\n\n40512.\n")
+    r = CliRunner().invoke(main, ["run", str(demo_bundle), "--input-file", str(tmp_path / "doc.txt"), "--documents",
+                                  "--qe-report", str(tmp_path / "doc.tsv"), "--qe-below", "1"])
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in (tmp_path / "doc.tsv").read_text().splitlines()[1:]]
+    assert [row[0].rsplit(":", 1)[1] for row in rows] == ["1", "3"]  # each sentence by its line
+    assert float(rows[0][3]) < float(rows[1][3])

@@ -28,7 +28,8 @@ from xform.cli.options import (
     warn_unjudged,
     write_json,
 )
-from xform.cli.terms import TermFlags, term_options
+from xform.cli.qe_report import check_report_target, write_report
+from xform.cli.terms import TermFlags, run_term_options
 from xform.errors import XformError
 from xform.runtime.decoding.request import TextOptions
 
@@ -135,7 +136,7 @@ def write_translations(results, n: int, report: dict, checked: CheckedLines, tex
                 entry["token_scores"] = line.token_scores[k]
                 rest += "\t" + " ".join(f"{v:.4f}" for v in line.token_scores[k])
             if qe:
-                entry["confidence"] = line.confidence[k] if line.confidence else None
+                entry["confidence"], entry["line"] = (line.confidence[k] if line.confidence else None), label
                 rest += f"\t{line.confidence[k]:.3f}" if line.confidence else "\t"
             if line.unmet and line.unmet[k]:
                 entry["unmet"] = line.unmet[k]
@@ -263,7 +264,7 @@ class Output:
 @text_options
 @document_options
 @generation_options
-@term_options
+@run_term_options
 @pass_placement("backend", "device", "threads", "allow_tf32", "uncaptured")
 @pass_group("sources", Sources.of, ["texts", "input_file", "target_prefixes"])
 @pass_group("check", CheckFlags.of, ["check", "check_lines", "atol", "rtol"])
@@ -291,6 +292,8 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
                    *([("--input-file", sources.input_file)] if sources.reads_file else [])]
     if json_path is not None:
         check_json_target(json_path, force, json_inputs)
+    if terms.qe_report is not None:
+        check_report_target(terms.qe_report, force, json_inputs)
     settings = generation.settings()
     lines = batching.checked()
     translator = where.open(bundle)  # the command's one translator
@@ -318,8 +321,20 @@ def run(bundle: Path, where: Placement, sources: Sources, check: CheckFlags, out
         report["benchmark"] = run_benchmark(session, where.backend, gen, benchmark)
     if json_path is not None:
         write_json(json_path, report, force, json_inputs)
+    if terms.qe_report is not None:
+        low = write_report(terms.qe_report, reviewed(report), terms.qe_below, force, json_inputs)
+        err.print(f"{low} translations with a confidence below {terms.qe_below}: {terms.qe_report}")
     if failed:
         sys.exit(1)
+
+
+def reviewed(report: dict) -> list:
+    """What --qe-report judges, from what --json records: each translated line (FILE:LINE, --text N)
+    or each document's sentence (DOCUMENT:LINE) with its translation and confidence."""
+    rows = [(e["line"], e["source"], e["target"], e.get("confidence")) for e in report.get("translations", [])
+            if "line" in e]
+    return rows + [(f"{d['name']}:{s['line']}", s["source"], s["target"], s["confidence"])
+                   for d in report.get("documents", []) for s in d.get("scored", [])]
 
 
 def translate_lines(translator, sources: Sources, output: Output, gen, batching, text, report: dict,

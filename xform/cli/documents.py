@@ -146,6 +146,8 @@ def run_documents(translator, sources, output: Path | None, gen, batching, text,
     with progress_bar(sources.input_file is not None, "sentences", "translated", lambda: None) as on_batch:
         results, tally = translate_documents(translator, docs, gen, batching, text, flags, force, on_batch)
     record = {"documents": [{"name": r.name, "sentences": r.sentences, "kept": r.kept, "languages": r.languages,
+                             **({"scored": [{"line": n, "source": s, "target": t, "confidence": c}
+                                            for n, s, t, c in r.scored]} if text.qe else {}),
                              "paragraphs": r.paragraphs, "kept_paragraphs": r.kept_paragraphs} for r in results],
               "tally": vars(tally)}
     if output is not None:

@@ -67,6 +67,9 @@ class DocumentResult:
     paragraphs: int = 0
     kept_paragraphs: int = 0
     target: str | None = None
+    # with qe: each translated sentence's (line, sentence, translation, confidence: the lowest of
+    # its pieces'; None where the memory held it or it was decoded for its alignment)
+    scored: list[tuple[int, str, str, float | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +108,8 @@ class DocumentTranslator:
         self.detector = self.language_detector()
         self.aligns = can_align(translator, self.options)  # marks placed around the words they became
         self.tally = Tally()
+        self.sure: dict[str, float] = {}  # with qe: each decoded piece's confidence
+        self.pieces_of: dict[str, list[str]] = {}  # a sentence's pieces within max_len (fitted)
         self.context: dict[str | None, str] = {}
 
     def language_detector(self) -> Detector | None:
@@ -226,7 +231,19 @@ class DocumentTranslator:
         return DocumentResult(document.name, document.render(translations), len(document.segments),
                               translations.count(None), dict(paragraphs), len(of_paragraph),
                               list(of_paragraph.values()).count(False),
-                              self.target_language() if self.skip_target_language else None)
+                              self.target_language() if self.skip_target_language else None,
+                              self.scored(document, languages, done) if self.options.qe else [])
+
+    def scored(self, document: Document, languages: list, done: dict) -> list[tuple[int, str, str, float | None]]:
+        """Each translated sentence's line, source, translation and confidence (DocumentResult.scored)."""
+        return [(s.line, s.source, done[lang][0][s.source], self.confidence(s.source))
+                for s, lang in zip(document.segments, languages) if lang is not False]
+
+    def confidence(self, source: str) -> float | None:
+        """A sentence's confidence: its one piece's, or the lowest of its clauses' (None: not decoded here)."""
+        pieces = self.pieces_of.get(source, [source])
+        values = [self.sure.get(p) for p in pieces]
+        return None if any(v is None for v in values) else min(v for v in values if v is not None)
 
     # -- the sentences of one source language ---------------------------------------------------
     def translated(self, language: str | None, sources: dict[str, list[str]], marked: set[str]
@@ -235,6 +252,7 @@ class DocumentTranslator:
         decoded, joined by a space) and, for a whole sentence with marks where the bundle can say,
         its word alignment (from the memory, else decoded with the attention)."""
         pieces = {source: self.fitted(source, language, where) for source, where in sources.items()}
+        self.pieces_of.update(pieces)
         units = list(dict.fromkeys(p for ps in pieces.values() for p in ps))
         self.tally.distinct += len(pieces)
         self.tally.pieces += len(units)
@@ -284,7 +302,7 @@ class DocumentTranslator:
             self.on_total(len(units))
         text = TextOptions(False, language, self.options.tgt_lang, self.options.truncate,
                            replace_unknowns=self.options.replace_unknowns, vocab_map=self.options.vocab_map,
-                           terminology=self.terminology)
+                           terminology=self.terminology, qe=self.options.qe)
         out: dict[str, str] = {}
         pending: dict[str, str] = {}
         for unit, line in zip(units, self.translator.translate_lines(units, self.gen, self.batching, text,
@@ -293,6 +311,8 @@ class DocumentTranslator:
                 said = message(line.error).after(f"the sentence {unit[:60]!r}: ")
                 raise InputError(said.template).naming(*said.settings)
             out[unit] = pending[unit] = line.hypotheses[0]
+            if line.confidence:
+                self.sure[unit] = line.confidence[0]
             self.tally.unmet += bool(line.unmet and line.unmet[0])
             if self.memory is not None and len(pending) >= STORE_EVERY:
                 self.memory.store(self.memory_context(language), pending)
