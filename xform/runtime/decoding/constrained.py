@@ -185,17 +185,7 @@ class ConstrainedBeamSearch(BeamSearch):
         if incomplete.any():
             met = self.cons.met(top_state, top_src).reshape(B, K, -1)
             self.merge_pool(top_lp, top_seq, top_seq_tok, top_seq_attn, incomplete, length, met)
-        self.improvable &= self.can_improve(length, t) | ~free
-        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
-                  | last[:, 0])
-        if frozen.all() or hits.all():
-            return None, None
-        beam_idx = np.arange(B)[:, None] * k + parent  # (B, k): the row each next row continues
-        tokens = self.running[:, :, step]
-        if frozen.any():
-            self.retire(frozen)
-            beam_idx, tokens = beam_idx[~frozen], tokens[~frozen]
-        return tokens.reshape(-1), beam_idx.reshape(-1)
+        return self.next_rows(step, length, t, last, hits, parent)
 
     def merge_pool(self, top_lp: np.ndarray, top_seq: np.ndarray, top_seq_tok: np.ndarray | None,
                    top_seq_attn: np.ndarray | None, new: np.ndarray, length: np.ndarray, met: np.ndarray) -> None:

@@ -391,11 +391,17 @@ class BeamSearch:
         length = np.maximum(t + 1, 1)
         self.merge_finished(top_lp, top_seq, top_seq_tok if self.want_scores else None,
                             top_seq_attn if attention is not None else None, hits, length)
-        self.improvable &= self.can_improve(length, t) | ~free
-        # a source whose finished hypotheses can no longer change leaves the batch, its beams with it:
-        # no running beam can beat its worst hypothesis, or (early_stopping True) it has k of them,
-        # or it reached its length limit
-        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (gen.early_stopping is True))
+        return self.next_rows(step, length, t, last, hits, parent)
+
+    def next_rows(self, step: int, length: np.ndarray, t: np.ndarray, last: np.ndarray, hits: np.ndarray,
+                  parent: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The next step's tokens and the row each continues (`parent`: each running beam's), once
+        the sources whose finished hypotheses can no longer change have left the batch, their beams
+        with them: no running beam can beat its worst hypothesis, or (early_stopping True) it has k
+        of them, or it reached its length limit. (None, None): every source is done."""
+        B, k = len(self.sources), self.k
+        self.improvable &= self.can_improve(length, t) | ~(t >= 0)
+        frozen = (~self.improvable[:, 0] | (self.finished.all(axis=1) & (self.gen.early_stopping is True))
                   | last[:, 0])
         if frozen.all() or hits.all():
             return None, None
