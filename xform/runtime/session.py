@@ -21,7 +21,7 @@ from xform.runtime.decoding.constraints import check_constraints, constrained_ge
 from xform.runtime.decoding.generation import GenerationConfig, decode_cap, int_id
 from xform.runtime.decoding.loop import Batch, Decode
 from xform.runtime.decoding.processors import Processors, Special, log_softmax
-from xform.runtime.decoding.request import REQUEST_OPTIONS, Request, Result, refuse_unknown
+from xform.runtime.decoding.request import REQUEST_OPTIONS, Request, Result, one_a_source, refuse_unknown
 
 __all__ = ["Session"]
 
@@ -254,12 +254,7 @@ class Session:
         shorter than the position table (max_new_tokens is cut to what remains of it)."""
         if target_prefix is None:
             return None
-        if isinstance(target_prefix, (str, bytes)) or not hasattr(target_prefix, "__len__"):
-            raise SettingError("target_prefix must be a list of id lists, one a source, got "
-                               f"{type(target_prefix).__name__}", "target_prefix")
-        if len(target_prefix) != batch:
-            raise SettingError(f"target_prefix has {len(target_prefix)} entries for {batch} sources: give one a "
-                               "source (an empty one for none)", "target_prefix")
+        one_a_source(target_prefix, batch, "target_prefix", "id lists", "target_prefix")
         vocab, out = self.config.tgt_vocab_size, []
         for i, p in enumerate(target_prefix):
             try:

@@ -28,6 +28,7 @@ import numpy as np
 
 from xform.errors import SettingError
 from xform.runtime.decoding.generation import GenerationConfig, int_id
+from xform.runtime.decoding.request import one_a_source
 
 # per source, its phrases: each a tuple of target ids (Request.constraints)
 Phrases = tuple[tuple[tuple[int, ...], ...], ...]
@@ -242,12 +243,7 @@ def check_constraints(constraints: Any, batch: int, vocab: int, never: set[int],
     max_new_tokens. None, or no phrase at all: none."""
     if constraints is None:
         return None
-    if isinstance(constraints, (str, bytes)) or not hasattr(constraints, "__len__"):
-        raise SettingError("{constraints} must be a list of phrase lists, one a source, got "
-                           f"{type(constraints).__name__}", "constraints")
-    if len(constraints) != batch:
-        raise SettingError(f"{{constraints}} has {len(constraints)} entries for {batch} sources: give one a "
-                           "source (an empty one for none)", "constraints")
+    one_a_source(constraints, batch, "{constraints}", "phrase lists", "constraints")
     out = tuple(tuple(check_phrase(p, i, j, vocab, never, gen.max_new_tokens) for j, p in enumerate(phrases_of(c, i)))
                 for i, c in enumerate(constraints))
     return out if any(out) else None

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from xform.errors import InputError
+from xform.errors import InputError, SettingError
 from xform.runtime.decoding.generation import GenerationConfig
 
 # a request's options that are not generation settings (Session.request)
@@ -35,6 +35,16 @@ def refuse_unknown(given: Iterable[str], known: Iterable[str], what: str = "deco
                 for u in unknown]
         raise InputError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(said)}; known: "
                          f"{', '.join(known)}")
+
+
+def one_a_source(value: Any, batch: int, label: str, what: str, setting: str) -> None:
+    """A request option given per source (target prefixes, constraints) checked as one: a list of
+    `what`, one a source; else a SettingError naming `setting` (`label`: how the message names it)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise SettingError(f"{label} must be a list of {what}, one a source, got {type(value).__name__}", setting)
+    if len(value) != batch:
+        raise SettingError(f"{label} has {len(value)} entries for {batch} sources: give one a source (an empty one "
+                           "for none)", setting)
 
 
 @dataclass(frozen=True, eq=False)
