@@ -210,11 +210,13 @@ def export_xform(hf: Path, work: Path, precision: str) -> Path:
     from xform.runtime.bundle import Bundle
 
     out = work / f"xform-{precision}"
+    activations, _, weights = precision.partition("-")  # "fp16-int4": fp16 with export --weights int4
     try:
         Bundle.open(out)  # reused while this xform reads it; an older bundle format is re-exported
     except BundleError:
         # random weights: a reduced precision's figures are recorded, not judged (--no-judgement)
-        export_bundle(hf, out, precision=precision, force=True, judge=precision == "fp32")
+        export_bundle(hf, out, precision=activations, force=True, judge=precision == "fp32",
+                      weights=weights or None)
     return out
 
 

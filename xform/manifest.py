@@ -38,6 +38,8 @@ OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform update
                 3: "decoded every row at one position; this xform gives each row its own, so that requests join a "
                    "running batch"}
 PRECISIONS = ("fp32", "fp16", "int8")
+# weight-only quantization (export --weights): MatMul weights' bits, over fp32 or fp16 activations
+WEIGHT_BITS = {"int8": 8, "int4": 4}
 SHARED_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1}  # dtype -> bytes per element
 MAX_DIM = 1 << 31
 # generation defaults the runtime reads itself (generation.decode_cap, Session's forced first token);
@@ -221,6 +223,9 @@ class Manifest:
     # the (source, target) pairs the bundle translates, as its user declared them (export --languages);
     # None: what its tokenizer says (runtime/text/languages.py). Not hashed, so no format change
     languages: tuple[tuple[str, str], ...] | None = None
+    # export --weights: {"name": "int4", "bits": 4, "block_size": 32, ...} (exporter/weights.py); None:
+    # the precision's own weights. Older readers keep it as an unknown key, and run the graphs all the same
+    weights: dict[str, Any] | None = None
     version: int = VERSION
     # keys this xform does not know (a later, compatible writer's): kept, and written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
@@ -260,6 +265,7 @@ class Manifest:
             **({"verification": self.verification} if self.verification is not None else {}),
             "files": self.files,
             **({"languages": [list(p) for p in self.languages]} if self.languages is not None else {}),
+            **({"weights": self.weights} if self.weights is not None else {}),
             **self.extra,
         }
 
@@ -303,7 +309,7 @@ class Manifest:
             shared_weights=shared, attention_layer=layer, generation=generation,
             tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
             verification=r.mapping("verification", optional=True), files=r.strings("files"),
-            languages=_read_languages(r))
+            languages=_read_languages(r), weights=_read_weights(r, precision))
         written = manifest.to_json()  # the keys this xform writes: the rest is kept as it came
         manifest.extra = {k: v for k, v in data.items() if k not in written}
         return manifest
@@ -426,6 +432,20 @@ def _read_languages(r: "_Reader") -> tuple[tuple[str, str], ...] | None:
         raise r.fail("languages", "a non-empty list of [source, target] pairs of language codes (two different "
                                   "codes without spaces)")
     return pairs
+
+
+def _read_weights(r: "_Reader", precision: str) -> dict[str, Any] | None:
+    """The weight-only quantization record (export --weights), or None."""
+    weights = r.mapping("weights", optional=True)
+    if weights is None:
+        return None
+    w = _Reader(r.where, weights, "weights")
+    name, bits = w.text("name"), w.integer("bits", 1, 8)
+    if WEIGHT_BITS.get(name) != bits or precision not in ("fp32", "fp16"):
+        raise r.fail("weights", f"name and bits one of {WEIGHT_BITS} over an fp32 or fp16 bundle (this one "
+                                f"{precision})")
+    w.integer("block_size", 16)
+    return weights
 
 
 def _read_generation(r: "_Reader", where: str, config: TransformerConfig) -> dict[str, Any]:

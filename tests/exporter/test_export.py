@@ -113,7 +113,7 @@ def test_force_replaces(tmp_path, checkpoint_dir):
 
 def test_tolerance_failure_fails_and_leaves_nothing(tmp_path, checkpoint_dir, monkeypatch):
     from xform.runtime.compare import Tolerance
-    monkeypatch.setattr(export_mod, "tolerance_for", lambda p: Tolerance(0.0, 0.0, 1.0, "impossible"))
+    monkeypatch.setattr(export_mod, "tolerance_for", lambda p, **_: Tolerance(0.0, 0.0, 1.0, "impossible"))
     with pytest.raises(ToleranceError, match="exceeds atol 0"):
         export_bundle(checkpoint_dir, tmp_path / "b")
     assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ from rich.markup import escape
 from xform.cli import err, handle_errors, main, out, stages
 from xform.cli.flags import said
 from xform.errors import XformError
-from xform.manifest import PRECISIONS, Manifest, language_pairs
+from xform.manifest import PRECISIONS, WEIGHT_BITS, Manifest, language_pairs
 from xform.models import STATE_DICT_ARCHS as ARCHS
 from xform.models.vocab import TOKENIZE, VocabFiles
 
@@ -35,6 +35,10 @@ def language_option(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
               help="fp16: fp16 weights, matmuls and K/V; LayerNorm, softmax and logits in fp32 (for GPUs). "
                    "int8: int8 MatMul weights by ONNX Runtime dynamic quantization (for the CPU).")
+@click.option("--weights", type=click.Choice(list(WEIGHT_BITS)), default=None,
+              help="Weight-only quantization over --precision fp32 / fp16 activations: every MatMul weight (the "
+                   "output projection too) blockwise int8 or int4 as ONNX Runtime's MatMulNBits, for the "
+                   "memory-bound decoder step on CUDA (and the CPU). Judged by translations: give --sample-file.")
 @click.option("--opset", type=int, default=None,
               help="ONNX opset (default 17; 18 with --exporter dynamo, the oldest it writes).")
 @click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
@@ -96,7 +100,7 @@ def language_option(ctx: click.Context, param: click.Parameter, value: str | Non
                    "PyTorch. Without it, random token ids, on which fp16 / int8 are judged for gross breakage "
                    "only (a warning says so).")
 @click.option("--no-judgement", "no_judgement", is_flag=True,
-              help="fp16 / int8 for a speed benchmark on random weights: the check's figures are recorded, "
+              help="fp16 / int8 / --weights for a speed benchmark on random weights: the check's figures are recorded, "
                    "nothing is refused; the manifest says the export was not judged and `run` warns.")
 @click.option("--attention-layer", type=int, default=None,
               help="With --with-attention: which decoder layer (0-based; negative counts from the end; default "
@@ -106,7 +110,8 @@ def language_option(ctx: click.Context, param: click.Parameter, value: str | Non
                    "over many bundles: xform.Translator(DIR)); default: what its tokenizer says "
                    "(docs/python.md).")
 @handle_errors
-def export(model: str, output: Path, precision: str, opset: int | None, exporter: str, force: bool, arch: str | None,
+def export(model: str, output: Path, precision: str, weights: str | None, opset: int | None, exporter: str, force: bool,
+           arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
            attention_layer: int | None, sample_file: Path | None, no_judgement: bool,
@@ -142,9 +147,9 @@ def export(model: str, output: Path, precision: str, opset: int | None, exporter
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
-                               judge=not no_judgement, languages=languages,
+                               judge=not no_judgement, languages=languages, weights=weights,
                                progress=stage)
-    print_export(result, precision, exporter)
+    print_export(result, precision + (f" + {weights} weights" if weights else ""), exporter)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)
     out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {said(why)}. Change it with "

@@ -64,7 +64,7 @@ def check(bundle_dir: str | Path, backend: str = "ort", device: str | None = Non
         src_ids = TextPolicy(session).encode_texts(texts, src_lang)
     # fp32 matmuls in TF32 (--allow-tf32, engines built --tf32): judged as TF32 (compare.py)
     tf32 = bool(getattr(session.backend, "tf32", False)) and session.bundle.precision == "fp32"
-    tol = tolerance_for(session.bundle.precision, tf32)
+    tol = tolerance_for(session.bundle.precision, tf32, session.bundle.weights)
     sources = "sentences" if src_ids is not None else "random"
     if src_ids is None:
         batch = max(batch, DECODE_SOURCES) if tol.by_decodes else batch  # judging translations needs many
@@ -133,7 +133,7 @@ def compare_forced(session: Session, reference: Session, src_ids: np.ndarray, sr
     for rows in row_chunks(tokens.shape, session.config.tgt_vocab_size):
         got_choice, got_logits, ref_choice, ref_logits = forced_both(session, reference, src_ids, src_lengths,
                                                                      tokens, rows)
-        parts.append((rows.start, compare_steps(session.backend_name, session.bundle.precision, got_logits,
+        parts.append((rows.start, compare_steps(session.backend_name, session.bundle.precision_label, got_logits,
                                                 ref_logits, got_choice, ref_choice, active[rows], atol, rtol,
                                                 min_agreement)))
     return merge_steps(parts)

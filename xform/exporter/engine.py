@@ -264,15 +264,23 @@ def engine_target(gpu: dict | None, flavor: str) -> dict:
                                   "RTX GPU of compute capability 8.0 or newer)"}
 
 
+def refuse_onnxruntime_only(bundle: Bundle) -> None:
+    """Refuse a bundle whose graphs hold ONNX Runtime's own quantized operators."""
+    if bundle.precision == "int8":
+        raise XformError(f"{bundle.path}: an int8 bundle holds ONNX Runtime's dynamic quantization, which TensorRT "
+                         "does not build; build engines from an fp32 or fp16 export (xform export --precision fp16)")
+    if bundle.weights is not None:
+        raise XformError(f"{bundle.path}: its MatMul weights are {bundle.weights} (export --weights: ONNX Runtime's "
+                         "MatMulNBits), which TensorRT does not parse; build engines from an export without --weights")
+
+
 def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,
                   options: BuildOptions | None = None, force: bool = False,
                   progress: Callable[[str, str, int, int], None] | None = None,
                   **range_flags) -> dict[str, EngineEntry]:
     """Build the encoder and decoder engines of a bundle and record them in its manifest."""
     bundle = Bundle.open(bundle_dir)  # refuses files that fail their hashes
-    if bundle.precision == "int8":
-        raise XformError(f"{bundle.path}: an int8 bundle holds ONNX Runtime's dynamic quantization, which TensorRT "
-                         "does not build; build engines from an fp32 or fp16 export (xform export --precision fp16)")
+    refuse_onnxruntime_only(bundle)
     trt, flavor = import_tensorrt(flavor)
     options = options or BuildOptions()
     gpu = check_build(options, flavor)

@@ -24,6 +24,7 @@ from xform.errors import CheckpointError, ToleranceError, XformError
 from xform.exporter.beam_graph import share_decoder_data
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
+from xform.exporter.weights import WeightPlan, quantize_weights, weight_plan
 from xform.files import atomic_directory, check_target
 from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry, language_pairs, not_ours
 from xform.models.checkpoint import save_checkpoint
@@ -175,7 +176,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript",
                   sample_file: Path | None = None, judge: bool = True,
-                  languages: "list[tuple[str, str]] | None" = None) -> ExportResult:
+                  languages: "list[tuple[str, str]] | None" = None, weights: str | None = None) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
@@ -183,14 +184,15 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     torchscript (the default) or dynamo (torch.export + onnxscript; opset 18 or newer, its default).
     `sample_file` (--sample-file): sentences of the user's (or ids, one source a line, for a model
     without a tokenizer) the check judges the export on; without one, random sources, on which a
-    reduced precision is judged for gross breakage only. `judge` False (--no-judgement, fp16 / int8
-    only): the reduced precision's check figures are recorded but refuse nothing, for speed
+    reduced precision is judged for gross breakage only. `judge` False (--no-judgement, fp16 / int8 /
+    --weights only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18). `languages` (--languages): the (source, target)
-    pairs it translates, for routing by language (runtime/text/languages.py)."""
+    pairs it translates, for routing by language (runtime/text/languages.py). `weights` (--weights int8 /
+    int4): MatMul weights weight-only quantized (exporter/weights.py) over fp32 or fp16 activations."""
     out = Path(out)
     pairs = declared_languages(languages)
-    opset, versions = export_options(precision, opset, exporter, judge, sample_file)
+    opset, versions, plan = export_options(precision, opset, exporter, judge, sample_file, weights)
     # before any work, and nothing of theirs is touched
     check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
     progress("loading model")
@@ -200,7 +202,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     generation = generation_defaults(loaded, max_new_tokens)
     attention_layer = decoder_layer(attention_layer, cfg.n_decoder_layers)
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
-    tol = tolerance_for(precision)
+    tol = tolerance_for(precision, weights=weights)
     # the fused beam step after the decoder: its weights are the decoder's bytes (beam_graph.py)
     graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
     with atomic_directory(out, force, not_ours) as tmp:
@@ -208,10 +210,11 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         for graph in graphs:
             progress(f"exporting {graph} ({precision})")
             write_graph(graph_model, graph, specs[graph], tmp, precision, opset,
-                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter)
+                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter, plan)
         write_files(tmp, model, loaded, vocab_map)
         manifest = Manifest(
-            precision=precision, opset=opset, precision_plan=PRECISION_PLANS[precision], config=cfg,
+            precision=precision, opset=opset, config=cfg, weights=plan.to_json() if plan else None,
+            precision_plan=PRECISION_PLANS[precision] + (plan.plan if plan else ""),
             source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
             output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
             # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
@@ -222,7 +225,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             tolerance=tolerance_record(tol), versions=versions, languages=pairs)
         manifest.write(tmp)
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
-        manifest.tolerance["judged_on"] = judged_on(sample_file, judge, precision,
+        manifest.tolerance["judged_on"] = judged_on(sample_file, judge, precision if plan is None else "weights",
                                                     manifest.verification["check"]["batch"])
         manifest.write(tmp)
     log.info("exported %s", out)
@@ -263,14 +266,16 @@ def declared_languages(languages: "list[tuple[str, str]] | None") -> tuple[tuple
 UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
 
 
-def export_options(precision: str, opset: int | None, exporter: str, judge: bool,
-                   sample_file: Path | None) -> tuple[int, dict]:
-    """The flags checked before any work: the opset to write and the versions to record."""
+def export_options(precision: str, opset: int | None, exporter: str, judge: bool, sample_file: Path | None,
+                   weights: str | None = None) -> tuple[int, dict, WeightPlan | None]:
+    """The flags checked before any work: the opset to write, the versions to record and the
+    weight-only quantization's plan."""
+    plan = weight_plan(weights, precision)
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
-    if not judge and (precision == "fp32" or sample_file is not None):
-        raise XformError("--no-judgement goes with --precision fp16 / int8 and no --sample-file (fp32 graphs are "
-                         "always verified; a sample file is there to judge)")
+    if not judge and ((precision == "fp32" and plan is None) or sample_file is not None):
+        raise XformError("--no-judgement goes with --precision fp16 / int8 or --weights, and no --sample-file (fp32 "
+                         "graphs are always verified; a sample file is there to judge)")
     if exporter not in EXPORTERS:
         raise XformError(f"--exporter {exporter!r}: choose from {', '.join(EXPORTERS)}")
     least = DYNAMO_MIN_OPSET if exporter == "dynamo" else MIN_OPSET
@@ -288,7 +293,7 @@ def export_options(precision: str, opset: int | None, exporter: str, judge: bool
             raise XformError("--exporter dynamo needs onnxscript: pip install 'xform[dynamo]' "
                              "(or pip install onnxscript)") from None
         versions["onnxscript"] = onnxscript.__version__
-    return opset, versions
+    return opset, versions, plan
 
 
 def export_inputs(model_ref, vocab: VocabFiles | None, sample_file: Path | None) -> list[tuple[str, Path]]:
@@ -337,11 +342,14 @@ def decoder_layer(attention_layer: int | None, n: int) -> int | None:
 
 
 def write_graph(graph_model, graph: str, spec, tmp: Path, precision: str, opset: int, layer: int | None,
-                exporter: str) -> None:
-    """One graph into the bundle being written: exported (int8: then quantized), checked."""
+                exporter: str, weights: WeightPlan | None = None) -> None:
+    """One graph into the bundle being written: exported (int8, --weights: then quantized), checked."""
     if precision == "int8" and graph not in WEIGHTLESS:
         export_graph(graph_model, graph, spec, tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
         quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
+    elif weights is not None and graph not in WEIGHTLESS:
+        export_graph(graph_model, graph, spec, tmp / f".{graph}.full.onnx", opset, layer, exporter)
+        quantize_weights(tmp / f".{graph}.full.onnx", tmp / f"{graph}.onnx", weights)
     else:
         export_graph(graph_model, graph, spec, tmp / f"{graph}.onnx", opset, layer, exporter)
     if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
@@ -414,13 +422,13 @@ def verify_bundle(model, bundle: Bundle, tol, sample_file: Path | None = None, j
           else f"on {report.batch} random sources, judged for gross breakage only")
     if not judge:
         log.warning("%s export not judged (--no-judgement): its figures are recorded, its quality is unknown",
-                    bundle.precision)
+                    bundle.precision_label)
         return figures
-    refuse_failed(report, bundle.precision, on)
+    refuse_failed(report, bundle.precision_label, on)
     if report.gross_only:
         log.warning("%s export judged on random token ids, which a trained model never sees: only gross breakage "
                     "is judged (NaNs, scale errors). Give --sample-file with sentences of yours to judge its "
-                    "translations", bundle.precision)
+                    "translations", bundle.precision_label)
     figures["onnxruntime"] = onnxruntime.__version__
     return figures
 

@@ -153,7 +153,7 @@ def benchmark(session: Session, batch: int = 1, src_len: int = 32, new_tokens: i
     lat = np.array(step_times) * 1e3
     med = float(np.median(iter_times))
     return BenchResult(
-        backend=session.backend_name, precision=session.bundle.precision if session.bundle else "fp32",
+        backend=session.backend_name, precision=session.bundle.precision_label if session.bundle else "fp32",
         strategy=f"beam {gen.num_beams}" if gen.strategy == "beam" else gen.strategy, batch=batch, src_len=src_len,
         new_tokens=new_tokens, warmup=warmup, iters=iters,
         tokens_per_s=batch * new_tokens / med, latency_ms_p50=float(np.percentile(lat, 50)),

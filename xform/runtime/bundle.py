@@ -95,6 +95,16 @@ class Bundle:
     def precision(self) -> str:
         return self.manifest.precision
 
+    @property
+    def weights(self) -> str | None:
+        """The weight-only quantization of export --weights (int8 / int4), None without one."""
+        return self.manifest.weights["name"] if self.manifest.weights else None
+
+    @property
+    def precision_label(self) -> str:
+        """The precision as reports say it: "fp16", or "fp16 + int4 weights"."""
+        return self.precision + (f" + {self.weights} weights" if self.weights else "")
+
     def has_graph(self, graph: str) -> bool:
         return graph in self.manifest.graphs
 

@@ -268,6 +268,22 @@ TF32_TOLERANCE = Tolerance(0.0, 1e-2, 0.99, "fp32 with TF32 matmuls (inputs roun
                            "fp16's tolerance; fp32 alone holds atol 1e-4", 0.0, 2e-2)
 
 
-def tolerance_for(precision: str, tf32: bool = False) -> Tolerance:
-    """The bundle precision's tolerance; an fp32 bundle run with TF32 matmuls gets TF32_TOLERANCE."""
+# export --weights (exporter/weights.py): MatMul weights blockwise int8 / int4, activations in the bundle's
+# precision. Judged by translations, as int8 is: int4's rounding (1/16 of a block's range) moves logits
+# far more than fp16 does, and a faithful model's translations barely
+WEIGHT_TOLERANCES: dict[str, Tolerance] = {
+    "int8": Tolerance(0.0, 1e-1, 0.90, "int8 weights (weight-only, blockwise), activations unquantized: judged by "
+                                      "translations; logit errors reported, not judged", 0.0, 0.2,
+                      by_decodes=True, min_decode_agreement=0.90, max_logprob_drop=0.10),
+    "int4": Tolerance(0.0, 2e-1, 0.85, "int4 weights (weight-only, blockwise), activations unquantized: judged by "
+                                      "translations; logit errors reported, not judged", 0.0, 0.4,
+                      by_decodes=True, min_decode_agreement=0.80, max_logprob_drop=0.20),
+}
+
+
+def tolerance_for(precision: str, tf32: bool = False, weights: str | None = None) -> Tolerance:
+    """The bundle precision's tolerance; an fp32 bundle run with TF32 matmuls gets TF32_TOLERANCE,
+    a weight-only quantized one (`weights` int8 / int4) its weights' tolerance."""
+    if weights is not None:
+        return WEIGHT_TOLERANCES[weights]
     return TF32_TOLERANCE if tf32 and precision == "fp32" else TOLERANCES[precision]

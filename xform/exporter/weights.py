@@ -1,0 +1,116 @@
+"""Weight-only quantization (`xform export --weights int8 / int4`): every MatMul weight as ONNX
+Runtime's `com.microsoft.MatMulNBits`, blockwise symmetric int8 or int4 with one scale a block of
+BLOCK_SIZE input channels; activations, LayerNorm, softmax and the K/V cache keep the bundle's
+precision (fp32 or fp16). The decoder step at small batches reads every weight each step: a
+quarter (int8) or an eighth (int4) of fp32's bytes, which ONNX Runtime's CUDA and CPU kernels
+dequantize as they multiply. Judged, like every reduced precision, by translations
+(compare.py's weight-only tolerances).
+
+The output projection is traced as a Gemm (transB), which the quantizer does not take: it is
+rewritten as MatMul + Add first, over its own transposed copy of the weight (a tied embedding
+table keeps its fp32 or fp16 bytes for the Gather).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from xform.errors import XformError
+from xform.manifest import WEIGHT_BITS
+
+BLOCK_SIZE = 32  # input channels a scale covers (ONNX Runtime's quantizer defaults to 128: coarser)
+OPERATOR = "com.microsoft.MatMulNBits"
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """What the manifest records of a weight-only export (manifest `weights`)."""
+    name: str
+    bits: int
+    block_size: int = BLOCK_SIZE
+    symmetric: bool = True
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
+                "operator": OPERATOR}
+
+    @property
+    def plan(self) -> str:
+        return (f"; MatMul weights {self.name} (weight-only: {OPERATOR}, symmetric, one scale per {self.block_size} "
+                "input channels, the output projection included; activations keep the precision above)")
+
+
+def weight_plan(weights: str | None, precision: str) -> WeightPlan | None:
+    """--weights as a plan (None: full-precision weights), refused where it has no meaning."""
+    if weights is None:
+        return None
+    if weights not in WEIGHT_BITS:
+        raise XformError(f"--weights {weights!r}: choose from {', '.join(WEIGHT_BITS)} (weight-only, {OPERATOR})")
+    if precision == "int8":
+        raise XformError("--weights goes with --precision fp32 or fp16 (the activations' precision); --precision "
+                         "int8 already quantizes the weights, with its activations")
+    return WeightPlan(weights, WEIGHT_BITS[weights])
+
+
+def gemms_as_matmuls(model: onnx.ModelProto) -> int:
+    """Each Gemm over a constant 2-D weight (alpha = beta = 1, A not transposed) as MatMul + Add,
+    its weight a new (K, N) initializer of its own; returns how many were rewritten."""
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes, rewritten = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        weight = np.ascontiguousarray(weight.T if attrs.get("transB", 0) else weight)
+        name = f"{node.input[1]}.matmul_weight"
+        model.graph.initializer.append(numpy_helper.from_array(weight, name))
+        product = f"{node.output[0]}.product"
+        nodes.append(onnx.helper.make_node("MatMul", [node.input[0], name], [product if len(node.input) > 2
+                                                                             else node.output[0]],
+                                           name=f"{node.name}.matmul"))
+        if len(node.input) > 2 and node.input[2]:
+            nodes.append(onnx.helper.make_node("Add", [product, node.input[2]], [node.output[0]],
+                                               name=f"{node.name}.bias"))
+        else:
+            nodes[-1].output[0] = node.output[0]
+        rewritten += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return rewritten
+
+
+def quantize_weights(source: Path, out: Path, plan: WeightPlan) -> int:
+    """`source` (a graph in the bundle's layout) with its MatMul weights as MatMulNBits, written to
+    `out` in the same layout; `source` and its data file removed. Returns how many MatMuls now
+    read quantized weights."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from xform.exporter.external_data import save_with_external_data
+
+    model = onnx.load(str(source))
+    gemms_as_matmuls(model)
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.INFO))  # the quantizer logs each node it visits
+    try:
+        quantizer = MatMulNBitsQuantizer(model, bits=plan.bits, block_size=plan.block_size,
+                                         is_symmetric=plan.symmetric)
+        quantizer.process()
+    finally:
+        logging.disable(before)
+    quantized = quantizer.model.model
+    quantized.graph.ClearField("value_info")  # the quantizer's shapes for removed tensors
+    save_with_external_data(quantized, out)
+    for p in (source, source.with_name(f"{source.name}.data")):
+        p.unlink(missing_ok=True)
+    return sum(n.op_type == "MatMulNBits" for n in quantized.graph.node)
+
+
+__all__ = ["BLOCK_SIZE", "WeightPlan", "weight_plan", "quantize_weights", "gemms_as_matmuls"]
