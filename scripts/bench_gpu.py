@@ -12,9 +12,11 @@ the same 32-token random sources, exactly --new-tokens (64) new tokens a hypothe
   with TF32 off, as xform runs it by default); `xform-graph` (named in --engines): the same with
   the decoder step captured as a CUDA graph (xform/runtime/backends/cuda_graphs.py), and
   `xform-graph-cand` with beams through the captured decoder + the candidates graph;
-- xform fp16-int4 / fp16-int8 / fp32-int4 ... (named in --engines; any engine kind of xform's):
-  the bundle exported with `--weights int4 / int8` (MatMul weights as ONNX Runtime's MatMulNBits,
-  activations in the named precision; exporter/weights.py);
+- xform fp16-int4 / fp16-int8 / fp16-fused / fp16-int4-fused ... (named in --engines; any engine
+  kind of xform's): the bundle exported with `--weights int4 / int8` (MatMul weights as ONNX
+  Runtime's MatMulNBits, activations in the named precision; exporter/weights.py) and / or `--fuse`
+  (`fused`: attention,qkv,skip_layer_norm; `fusedx`: cross_attention,skip_layer_norm;
+  exporter/fused.py), bench_peers.VARIANTS;
 - transformers fp32 / fp16: eager `generate` with the KV cache (TF32 off for fp32, as for xform);
 - CTranslate2 fp32 / fp16 where its wheel imports and sees the device (`--shape base` only: it
   converts the model with its synthetic vocabulary).

@@ -204,19 +204,25 @@ def convert_ct2(hf: Path, work: Path) -> Path:
     return out
 
 
+# the export variants a precision may name after a dash (bench_gpu.py's "xform fp16-int4-fused")
+VARIANTS = {"int8": {"weights": "int8"}, "int4": {"weights": "int4"},
+            "fused": {"fuse": "attention,qkv,skip_layer_norm"}, "fusedx": {"fuse": "cross_attention,skip_layer_norm"}}
+
+
 def export_xform(hf: Path, work: Path, precision: str) -> Path:
     from xform.errors import BundleError
     from xform.exporter.export import export_bundle
     from xform.runtime.bundle import Bundle
 
     out = work / f"xform-{precision}"
-    activations, _, weights = precision.partition("-")  # "fp16-int4": fp16 with export --weights int4
+    # "fp16-int4-fused": fp16 with export --weights int4 and --fuse (VARIANTS)
+    activations, *variant = precision.split("-")
+    options = {k: v for part in variant for k, v in VARIANTS[part].items()}
     try:
         Bundle.open(out)  # reused while this xform reads it; an older bundle format is re-exported
     except BundleError:
         # random weights: a reduced precision's figures are recorded, not judged (--no-judgement)
-        export_bundle(hf, out, precision=activations, force=True, judge=precision == "fp32",
-                      weights=weights or None)
+        export_bundle(hf, out, precision=activations, force=True, judge=precision == "fp32", **options)
     return out
 
 

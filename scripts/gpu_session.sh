@@ -6,6 +6,8 @@
 #
 # profile: bench_gpu at batch 32 and 256 (xform's default, captured, against transformers fp16) and
 # scripts/profile_decode.py on CUDA (about 4 minutes).
+# variants: issue 57's fused (--fuse) and weight-only (--weights) exports: their CUDA tests, `run --device cuda
+# --check` of each on the demo, and bench_gpu's Marian-base grid for each against fp16 and transformers fp16.
 # step: the device tests (the captured step among them), scripts/bench_gpu.py for xform with and without
 # capture against transformers fp16 at batch 1, 16, 64, and scripts/bench_cuda_step.py (about 9 minutes).
 # quick: the ONNX Runtime CUDA tests (the device tests on the real provider, DeviceCache on CUDA memory)
@@ -13,7 +15,7 @@
 # scripts/bench_gpu.py (Marian-base, batch 1 to 256, greedy and beam 4: about 6 minutes on an H100).
 # Every log goes to OUT; the exit status is the first failure's.
 set -u
-OUT=${1:?usage: gpu_session.sh OUT [profile|step|quick|full]}; MODE=${2:-quick}
+OUT=${1:?usage: gpu_session.sh OUT [profile|step|variants|quick|full]}; MODE=${2:-quick}
 mkdir -p "$OUT"; status=0
 step() { local name=$1; shift; echo "== $name: $*" | tee -a "$OUT/summary.txt"
          "$@" >"$OUT/$name.log" 2>&1; local rc=$?; echo "   exit $rc" | tee -a "$OUT/summary.txt"
@@ -31,6 +33,21 @@ if [ "$MODE" = profile ]; then  # the captured default: the grid's missing rows,
        $B/xform-\$p --device cuda --batch \$b --beams 1 --iters 2; done; done; python3 scripts/profile_decode.py \
        $B/xform-fp16 --device cuda --batch 32 --beams 4 --iters 2; python3 scripts/profile_decode.py \
        $B/xform-fp16 --device cuda --batch 1 --beams 1 --iters 2 --no-cuda-graph"
+  exit $status
+fi
+if [ "$MODE" = variants ]; then  # issue 57 items 2 and 3: the fused and weight-only exports on CUDA (about 8 minutes)
+  step pytest timeout 170 python3 -m pytest -q -p no:cacheprovider tests/exporter/test_weights.py \
+       tests/exporter/test_fused_bundle.py tests/runtime/test_cuda_graphs.py -k "cuda or gpu or captured" -rs
+  for v in "--fuse attention,qkv,skip_layer_norm" "--fuse cross_attention,skip_layer_norm" "--weights int4" \
+           "--weights int8"; do
+    name=$(echo "$v" | tr -c 'a-z0-9\n' '_')
+    step "export$name" python3 -m xform export demo -o "$W/v$name" --precision fp16 $v --force
+    step "check$name" python3 -m xform run "$W/v$name" --device cuda --check --text 01234567 --text 7654 --text 40512
+    step "check$name-beam4" python3 -m xform run "$W/v$name" --device cuda --check --num-beams 4 --text 01234567
+  done
+  step bench_gpu timeout 330 python3 scripts/bench_gpu.py --work "$W" --out "$W/out" --iters 2 --batches 1,64,256 \
+       --engines "xform fp16,xform fp16-fused,xform fp16-fusedx,xform fp16-int4,xform fp16-int8,transformers fp16"
+  cp "$W/out/bench_gpu.json" "$OUT/" 2>/dev/null
   exit $status
 fi
 if [ "$MODE" = step ]; then  # issue 41 item 4: the captured step, verified and measured; 7 files to OUT

@@ -40,6 +40,8 @@ OLD_VERSIONS = {1: "returned a whole new K/V cache every step; this xform update
 PRECISIONS = ("fp32", "fp16", "int8")
 # weight-only quantization (export --weights): MatMul weights' bits, over fp32 or fp16 activations
 WEIGHT_BITS = {"int8": 8, "int4": 4}
+# the decoder graphs' fusions into ONNX Runtime's com.microsoft operators (export --fuse; exporter/fused.py)
+FUSIONS = ("self_attention", "cross_attention", "qkv", "skip_layer_norm")
 SHARED_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1}  # dtype -> bytes per element
 MAX_DIM = 1 << 31
 # generation defaults the runtime reads itself (generation.decode_cap, Session's forced first token);
@@ -226,6 +228,8 @@ class Manifest:
     # export --weights: {"name": "int4", "bits": 4, "block_size": 32, ...} (exporter/weights.py); None:
     # the precision's own weights. Older readers keep it as an unknown key, and run the graphs all the same
     weights: dict[str, Any] | None = None
+    # export --fuse: the decoder graphs' fusions (FUSIONS), () for the plain graphs; read as weights is
+    fusions: tuple[str, ...] = ()
     version: int = VERSION
     # keys this xform does not know (a later, compatible writer's): kept, and written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
@@ -266,6 +270,7 @@ class Manifest:
             "files": self.files,
             **({"languages": [list(p) for p in self.languages]} if self.languages is not None else {}),
             **({"weights": self.weights} if self.weights is not None else {}),
+            **({"fusions": list(self.fusions)} if self.fusions else {}),
             **self.extra,
         }
 
@@ -309,7 +314,7 @@ class Manifest:
             shared_weights=shared, attention_layer=layer, generation=generation,
             tokenizer=tok, tolerance=r.mapping("tolerance"), versions=r.strings("versions"), engines=engines,
             verification=r.mapping("verification", optional=True), files=r.strings("files"),
-            languages=_read_languages(r), weights=_read_weights(r, precision))
+            languages=_read_languages(r), weights=_read_weights(r, precision), fusions=_read_fusions(r))
         written = manifest.to_json()  # the keys this xform writes: the rest is kept as it came
         manifest.extra = {k: v for k, v in data.items() if k not in written}
         return manifest
@@ -446,6 +451,14 @@ def _read_weights(r: "_Reader", precision: str) -> dict[str, Any] | None:
                                 f"{precision})")
     w.integer("block_size", 16)
     return weights
+
+
+def _read_fusions(r: "_Reader") -> tuple[str, ...]:
+    """The decoder graphs' fusions (export --fuse), () when there are none."""
+    fusions = r.data.get("fusions", [])
+    if not (isinstance(fusions, list) and all(f in FUSIONS for f in fusions) and len(set(fusions)) == len(fusions)):
+        raise r.fail("fusions", f"a list of distinct fusions of {list(FUSIONS)}")
+    return tuple(fusions)
 
 
 def _read_generation(r: "_Reader", where: str, config: TransformerConfig) -> dict[str, Any]:

@@ -39,6 +39,11 @@ def language_option(ctx: click.Context, param: click.Parameter, value: str | Non
               help="Weight-only quantization over --precision fp32 / fp16 activations: every MatMul weight (the "
                    "output projection too) blockwise int8 or int4 as ONNX Runtime's MatMulNBits, for the "
                    "memory-bound decoder step on CUDA (and the CPU). Judged by translations: give --sample-file.")
+@click.option("--fuse", "fuse", default=None, metavar="FUSION[,FUSION...]",
+              help="For ONNX Runtime on CUDA: the decoder graphs' attention as its fused MultiHeadAttention "
+                   "(self_attention, cross_attention; attention: both), the self-attention's q/k/v projections "
+                   "as one MatMul (qkv), residual Add + LayerNorm as SkipLayerNormalization (skip_layer_norm). "
+                   "Verified like every graph; recorded in the manifest (docs/gpu.md).")
 @click.option("--opset", type=int, default=None,
               help="ONNX opset (default 17; 18 with --exporter dynamo, the oldest it writes).")
 @click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
@@ -110,8 +115,8 @@ def language_option(ctx: click.Context, param: click.Parameter, value: str | Non
                    "over many bundles: xform.Translator(DIR)); default: what its tokenizer says "
                    "(docs/python.md).")
 @handle_errors
-def export(model: str, output: Path, precision: str, weights: str | None, opset: int | None, exporter: str, force: bool,
-           arch: str | None,
+def export(model: str, output: Path, precision: str, weights: str | None, fuse: str | None, opset: int | None,
+           exporter: str, force: bool, arch: str | None,
            n_layers: int | None, src_vocab: Path | None, tgt_vocab: Path | None, tokenize: str | None,
            src_bos: bool, decode_cap: int | None, with_attention: bool, with_vocab_map: bool,
            attention_layer: int | None, sample_file: Path | None, no_judgement: bool,
@@ -147,9 +152,10 @@ def export(model: str, output: Path, precision: str, weights: str | None, opset:
                                arch=arch, hparams=hparams, vocab=vocab, max_new_tokens=decode_cap,
                                attention_layer=(-1 if attention_layer is None else attention_layer)
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
-                               judge=not no_judgement, languages=languages, weights=weights,
+                               judge=not no_judgement, languages=languages, weights=weights, fuse=fuse,
                                progress=stage)
-    print_export(result, precision + (f" + {weights} weights" if weights else ""), exporter)
+    print_export(result, precision + (f" + {weights} weights" if weights else "")
+                 + (f", fused: {', '.join(result.manifest.fusions)}" if result.manifest.fusions else ""), exporter)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)
     out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {said(why)}. Change it with "

@@ -272,6 +272,10 @@ def refuse_onnxruntime_only(bundle: Bundle) -> None:
     if bundle.weights is not None:
         raise XformError(f"{bundle.path}: its MatMul weights are {bundle.weights} (export --weights: ONNX Runtime's "
                          "MatMulNBits), which TensorRT does not parse; build engines from an export without --weights")
+    if bundle.fusions:
+        raise XformError(f"{bundle.path}: its decoder graphs hold ONNX Runtime's fused operators (export --fuse "
+                         f"{','.join(bundle.fusions)}), which TensorRT does not parse; build engines from an export "
+                         "without --fuse")
 
 
 def build_engines(bundle_dir: str | Path, flavor: str = "auto", ranges: ProfileRanges | None = None,

@@ -13,7 +13,7 @@ import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import onnx
 import torch
@@ -22,6 +22,7 @@ from xform import __version__
 from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, REORDER, RESTRICTED, WEIGHTLESS, signature_for
 from xform.errors import CheckpointError, ToleranceError, XformError
 from xform.exporter.beam_graph import share_decoder_data
+from xform.exporter.fused import FUSED_GRAPHS, check_fusions
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
 from xform.exporter.weights import WeightPlan, quantize_weights, weight_plan
@@ -160,14 +161,15 @@ def check_graph(path: Path) -> None:
         raise XformError(f"{path.name}: the exported graph fails onnx.checker: {e}") from None
 
 
-def judged_on(sample_file: Path | None, judge: bool, precision: str, batch: int) -> str:
+def judged_on(sample_file: Path | None, judge: bool, tol, batch: int) -> str:
     """What the export's check judged it on, for the manifest's tolerance.judged_on."""
     from xform.exporter.check import sample_used
     if sample_file:
         return f"--sample-file {Path(sample_file).name} ({sample_used(Path(sample_file), batch)})"
     if not judge:
         return UNJUDGED
-    return "random sources" + (" (gross breakage only)" if precision != "fp32" else "")
+    # a reduced precision (any tolerance short of fp32's identical tokens) is judged for gross breakage only
+    return "random sources" + (" (gross breakage only)" if tol.min_token_agreement < 1.0 else "")
 
 
 def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32", opset: int | None = None,
@@ -176,7 +178,8 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
                   max_new_tokens: int | None = None, attention_layer: int | None = None, vocab_map: bool = False,
                   progress: Callable[[str], None] = lambda msg: None, exporter: str = "torchscript",
                   sample_file: Path | None = None, judge: bool = True,
-                  languages: "list[tuple[str, str]] | None" = None, weights: str | None = None) -> ExportResult:
+                  languages: "list[tuple[str, str]] | None" = None, weights: str | None = None,
+                  fuse: str | Iterable[str] | None = None) -> ExportResult:
     """Export a model to a bundle at `out`. `attention_layer` (--with-attention): the decoder
     graph also returns that decoder layer's cross-attention (negative counts from the last), for
     alignments and --replace-unknowns. `vocab_map` (--with-vocab-map): also the restricted decoder
@@ -188,11 +191,11 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     --weights only): the reduced precision's check figures are recorded but refuse nothing, for speed
     benchmarks on random weights; the manifest's `tolerance.judged_on` says so and `run` warns.
     `opset` None: the exporter's default (17 / 18). `languages` (--languages): the (source, target)
-    pairs it translates, for routing by language (runtime/text/languages.py). `weights` (--weights int8 /
-    int4): MatMul weights weight-only quantized (exporter/weights.py) over fp32 or fp16 activations."""
+    pairs it translates (runtime/text/languages.py). `weights` (--weights int8 / int4): weight-only MatMul
+    weights (weights.py); `fuse` (--fuse): decoder graphs with ONNX Runtime's fused operators (fused.py)."""
     out = Path(out)
     pairs = declared_languages(languages)
-    opset, versions, plan = export_options(precision, opset, exporter, judge, sample_file, weights)
+    opset, versions, variant = export_options(precision, opset, exporter, judge, sample_file, weights, fuse)
     # before any work, and nothing of theirs is touched
     check_target(out, force, "bundle", not_ours, export_inputs(model_ref, vocab, sample_file))
     progress("loading model")
@@ -202,7 +205,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
     generation = generation_defaults(loaded, max_new_tokens)
     attention_layer = decoder_layer(attention_layer, cfg.n_decoder_layers)
     specs = signature_for(cfg.to_dict(), kv_dtype=KV_DTYPES[precision], attention=attention_layer is not None)
-    tol = tolerance_for(precision, weights=weights)
+    tol = tolerance_for(precision, weights=variant.weights.name if variant.weights else None)
     # the fused beam step after the decoder: its weights are the decoder's bytes (beam_graph.py)
     graphs = GRAPHS + (DECODER_BEAM,) + ((RESTRICTED,) if vocab_map else ())
     with atomic_directory(out, force, not_ours) as tmp:
@@ -210,11 +213,10 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
         for graph in graphs:
             progress(f"exporting {graph} ({precision})")
             write_graph(graph_model, graph, specs[graph], tmp, precision, opset,
-                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter, plan)
+                        attention_layer if graph in (DECODER, DECODER_BEAM) else None, exporter, variant)
         write_files(tmp, model, loaded, vocab_map)
         manifest = Manifest(
-            precision=precision, opset=opset, config=cfg, weights=plan.to_json() if plan else None,
-            precision_plan=PRECISION_PLANS[precision] + (plan.plan if plan else ""),
+            precision=precision, opset=opset, config=cfg, **variant.manifest_fields(precision),
             source=loaded.source, graphs={g: GraphEntry(f"{g}.onnx", specs[g]) for g in graphs},
             output_table=OUTPUT_TABLE if vocab_map else None, shared_weights=shared_weights(tmp),
             # the decoder layer whose cross-attention the decoder graph returns (--with-attention)
@@ -225,7 +227,7 @@ def export_bundle(model_ref: str | Path, out: str | Path, precision: str = "fp32
             tolerance=tolerance_record(tol), versions=versions, languages=pairs)
         manifest.write(tmp)
         manifest.verification = verify_bundle(model, Bundle.open(tmp), tol, sample_file, judge, progress)
-        manifest.tolerance["judged_on"] = judged_on(sample_file, judge, precision if plan is None else "weights",
+        manifest.tolerance["judged_on"] = judged_on(sample_file, judge, tol,
                                                     manifest.verification["check"]["batch"])
         manifest.write(tmp)
     log.info("exported %s", out)
@@ -266,11 +268,40 @@ def declared_languages(languages: "list[tuple[str, str]] | None") -> tuple[tuple
 UNJUDGED = "not judged (--no-judgement: figures recorded for a speed benchmark, quality unknown)"
 
 
+@dataclass(frozen=True)
+class GraphVariant:
+    """How the graphs differ from their precision's plain ones: --weights and --fuse."""
+    weights: WeightPlan | None = None
+    fusions: tuple[str, ...] = ()
+
+    def fusions_of(self, graph: str) -> tuple[str, ...]:
+        return self.fusions if graph in FUSED_GRAPHS else ()
+
+    def manifest_fields(self, precision: str) -> dict:
+        return {"weights": self.weights.to_json() if self.weights else None, "fusions": self.fusions,
+                "precision_plan": PRECISION_PLANS[precision] + (self.weights.plan if self.weights else "")}
+
+
+PLAIN = GraphVariant()
+
+
+def graph_variant(precision: str, exporter: str, weights: str | None, fuse: str | Iterable[str] | None
+                  ) -> GraphVariant:
+    """--weights and --fuse checked before any work."""
+    fusions = check_fusions(fuse)
+    if fusions and exporter != "torchscript":
+        raise XformError(f"--fuse goes with --exporter torchscript (the default): its fused operators are traced "
+                         f"through TorchScript's custom symbolics; found --exporter {exporter}")
+    return GraphVariant(weight_plan(weights, precision), fusions)
+
+
 def export_options(precision: str, opset: int | None, exporter: str, judge: bool, sample_file: Path | None,
-                   weights: str | None = None) -> tuple[int, dict, WeightPlan | None]:
+                   weights: str | None = None, fuse: str | Iterable[str] | None = None
+                   ) -> tuple[int, dict, GraphVariant]:
     """The flags checked before any work: the opset to write, the versions to record and the
-    weight-only quantization's plan."""
-    plan = weight_plan(weights, precision)
+    graphs' variant (--weights, --fuse)."""
+    variant = graph_variant(precision, exporter, weights, fuse)
+    plan = variant.weights
     if precision not in PRECISIONS:
         raise XformError(f"--precision {precision!r} is not supported; choose from {PRECISIONS}")
     if not judge and ((precision == "fp32" and plan is None) or sample_file is not None):
@@ -293,7 +324,7 @@ def export_options(precision: str, opset: int | None, exporter: str, judge: bool
             raise XformError("--exporter dynamo needs onnxscript: pip install 'xform[dynamo]' "
                              "(or pip install onnxscript)") from None
         versions["onnxscript"] = onnxscript.__version__
-    return opset, versions, plan
+    return opset, versions, variant
 
 
 def export_inputs(model_ref, vocab: VocabFiles | None, sample_file: Path | None) -> list[tuple[str, Path]]:
@@ -342,16 +373,18 @@ def decoder_layer(attention_layer: int | None, n: int) -> int | None:
 
 
 def write_graph(graph_model, graph: str, spec, tmp: Path, precision: str, opset: int, layer: int | None,
-                exporter: str, weights: WeightPlan | None = None) -> None:
-    """One graph into the bundle being written: exported (int8, --weights: then quantized), checked."""
+                exporter: str, variant: GraphVariant = PLAIN) -> None:
+    """One graph into the bundle being written: exported (--fuse: with fused operators; int8,
+    --weights: then quantized), checked."""
+    weights, fusions = variant.weights, variant.fusions_of(graph)
     if precision == "int8" and graph not in WEIGHTLESS:
-        export_graph(graph_model, graph, spec, tmp / f".{graph}.fp32.onnx", opset, layer, exporter)
+        export_graph(graph_model, graph, spec, tmp / f".{graph}.fp32.onnx", opset, layer, exporter, fusions)
         quantize_graph(tmp / f".{graph}.fp32.onnx", tmp / f"{graph}.onnx")
     elif weights is not None and graph not in WEIGHTLESS:
-        export_graph(graph_model, graph, spec, tmp / f".{graph}.full.onnx", opset, layer, exporter)
+        export_graph(graph_model, graph, spec, tmp / f".{graph}.full.onnx", opset, layer, exporter, fusions)
         quantize_weights(tmp / f".{graph}.full.onnx", tmp / f"{graph}.onnx", weights)
     else:
-        export_graph(graph_model, graph, spec, tmp / f"{graph}.onnx", opset, layer, exporter)
+        export_graph(graph_model, graph, spec, tmp / f"{graph}.onnx", opset, layer, exporter, fusions)
     if graph == DECODER_BEAM:  # stored once: its initializers point into the decoder's data file
         share_decoder_data(tmp / f"{graph}.onnx", tmp / f"{DECODER}.onnx")
     check_graph(tmp / f"{graph}.onnx")

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from xform.contract import CANDIDATES, DECODER, DECODER_BEAM, ENCODER, GRAPHS, REORDER, RESTRICTED, GraphSpec
+from xform.errors import XformError
 from xform.exporter.beam_graph import BeamStepGraph
 from xform.exporter.external_data import all_tensors, gather_external_data, save_with_external_data
 from xform.exporter.steps import cached_step, greedy_choice, rank_candidates
@@ -154,16 +155,25 @@ def example_inputs(model: Seq2SeqTransformer, graph: str, batch: int = 2, src_le
 
 
 def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: Path, opset: int,
-                 attention_layer: int | None = None, exporter: str = "torchscript") -> None:
+                 attention_layer: int | None = None, exporter: str = "torchscript",
+                 fusions: tuple[str, ...] = ()) -> None:
     """Trace one graph to `path` with the contract's names and dynamic axes, by `exporter`. The
     trace goes to a file in a scratch directory beside `path`, never to memory: a graph over
     protobuf's 2 GB (an NLLB-200-sized embedding table) is written by the exporter as external data
-    there, and is moved into the bundle's layout piece by piece rather than loaded whole."""
+    there, and is moved into the bundle's layout piece by piece rather than loaded whole.
+    `fusions` (export --fuse, a decoder graph, TorchScript): traced with ONNX Runtime's fused
+    operators (fused.py)."""
+    from xform.exporter import fused
+
+    if fusions and (graph not in fused.FUSED_GRAPHS or exporter != "torchscript"):
+        raise XformError(f"--fuse applies to the decoder graphs ({', '.join(fused.FUSED_GRAPHS)}) traced by "
+                         f"torchscript, not {graph!r} by {exporter}")
     module = graph_module(model, graph, attention_layer)
     module.eval()
+    fusing = fused.fused_export(model, fusions) if fusions else contextlib.nullcontext()
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.trace.") as scratch:
         traced = Path(scratch) / path.name
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), fusing:
             warnings.simplefilter("ignore")  # TracerWarnings about shape-derived python ints are expected
             if exporter == "dynamo":
                 with quiet("torch.onnx._internal.exporter._registration"):  # "torchvision is not installed"
@@ -177,8 +187,11 @@ def export_graph(model: Seq2SeqTransformer, graph: str, spec: GraphSpec, path: P
                     module, example_inputs(model, graph), str(traced), dynamo=False, opset_version=opset,
                     input_names=spec.input_names, output_names=spec.output_names,
                     dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+                    custom_opsets=fused.CUSTOM_OPSETS if fusions else None,
                 )
         proto = onnx.load(str(traced), load_external_data=False)
+        if fusions:
+            fused.fused_graph(proto, spec, fusions, Path(scratch))
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto)):
             gather_external_data(proto, Path(scratch), path)
         else:

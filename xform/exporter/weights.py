@@ -24,6 +24,11 @@ from xform.errors import XformError
 from xform.manifest import WEIGHT_BITS
 
 BLOCK_SIZE = 32  # input channels a scale covers (ONNX Runtime's quantizer defaults to 128: coarser)
+# MatMulNBits' accuracy_level 4: on the CPU its activations are quantized to int8 per block and the
+# product taken in int8 (MLAS), which on this 2-core EPYC took Marian-base's decoder step from 7.6 to
+# 4.4 ms (int4) and from 165 to 6.5 ms (int8: level 0 dequantizes every weight each run); the CUDA
+# kernels ignore it (fp16 / fp32 activations). docs/benchmarks.md "Weight-only int8 / int4"
+ACCURACY_LEVEL = 4
 OPERATOR = "com.microsoft.MatMulNBits"
 
 
@@ -34,15 +39,17 @@ class WeightPlan:
     bits: int
     block_size: int = BLOCK_SIZE
     symmetric: bool = True
+    accuracy_level: int = ACCURACY_LEVEL
 
     def to_json(self) -> dict:
         return {"name": self.name, "bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
-                "operator": OPERATOR}
+                "accuracy_level": self.accuracy_level, "operator": OPERATOR}
 
     @property
     def plan(self) -> str:
         return (f"; MatMul weights {self.name} (weight-only: {OPERATOR}, symmetric, one scale per {self.block_size} "
-                "input channels, the output projection included; activations keep the precision above)")
+                "input channels, the output projection included; activations keep the precision above, on the "
+                f"CPU quantized to int8 per block for the product: accuracy_level {self.accuracy_level})")
 
 
 def weight_plan(weights: str | None, precision: str) -> WeightPlan | None:
@@ -101,7 +108,7 @@ def quantize_weights(source: Path, out: Path, plan: WeightPlan) -> int:
     logging.disable(max(before, logging.INFO))  # the quantizer logs each node it visits
     try:
         quantizer = MatMulNBitsQuantizer(model, bits=plan.bits, block_size=plan.block_size,
-                                         is_symmetric=plan.symmetric)
+                                         is_symmetric=plan.symmetric, accuracy_level=plan.accuracy_level)
         quantizer.process()
     finally:
         logging.disable(before)

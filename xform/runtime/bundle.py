@@ -101,6 +101,11 @@ class Bundle:
         return self.manifest.weights["name"] if self.manifest.weights else None
 
     @property
+    def fusions(self) -> tuple[str, ...]:
+        """The decoder graphs' fusions into ONNX Runtime's operators (export --fuse), () for none."""
+        return self.manifest.fusions
+
+    @property
     def precision_label(self) -> str:
         """The precision as reports say it: "fp16", or "fp16 + int4 weights"."""
         return self.precision + (f" + {self.weights} weights" if self.weights else "")
