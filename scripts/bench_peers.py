@@ -222,7 +222,8 @@ def export_xform(hf: Path, work: Path, precision: str) -> Path:
         Bundle.open(out)  # reused while this xform reads it; an older bundle format is re-exported
     except BundleError:
         # random weights: a reduced precision's figures are recorded, not judged (--no-judgement)
-        export_bundle(hf, out, precision=activations, force=True, judge=precision == "fp32", **options)
+        judge = activations == "fp32" and "weights" not in options  # fp32 graphs, fused or not, are verified
+        export_bundle(hf, out, precision=activations, force=True, judge=judge, **options)
     return out
 
 

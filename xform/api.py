@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from xform.errors import XformError
+from xform.runtime.bundle import Bundle
 from xform.runtime.documents.door import translate_document, translate_documents
 from xform.runtime.fleet.catalog import holds_bundles
 from xform.runtime.fleet.local import FleetTranslator
@@ -80,7 +81,6 @@ class Translator(TextTranslator):
                  pivot: str | None = "en", load_timeout: float = 60.0, idle_unload: float | None = None,
                  max_queued_batches: int = 0, flash_attention: bool = False, tensor_parallel: bool = False,
                  files: Any = None, glossary: Any = None, keep: str | Sequence[str] = ()):
-        from xform.runtime.bundle import Bundle
         one_process(device_index, inter_threads)
         ct2_only(max_queued_batches, flash_attention, tensor_parallel, files)
         opening(model_path, intra_threads)
@@ -91,10 +91,10 @@ class Translator(TextTranslator):
             raise XformError(f"{', '.join(given)}: for a directory of bundles; {model_path} is one bundle")
         bundle = Bundle.open(model_path)  # its precision is refused before any graph loads
         compute_type = device_compute_type(compute_type, device)
-        if compute_type not in ("default", "auto") and COMPUTE_TYPES.get(compute_type) != bundle.precision:
-            raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision} bundle "
-                             f"(compute_type default or {_ct2_name(bundle.precision)}); export another "
-                             "precision with `xform export --precision fp16 / int8`")
+        if compute_type not in ("default", "auto", *compute_types_of(bundle)):
+            raise XformError(f"compute_type {compute_type}: {model_path} is a {bundle.precision_label} bundle "
+                             f"(compute_type default or {_ct2_name(bundle)}); export another "
+                             "precision with `xform export --precision fp16 / int8` (or --weights int8 / int4)")
         self.opening = (bundle, backend, device, intra_threads or None, allow_tf32, cuda_graph)
         super().__init__(self.opened(), glossary=glossary, keep=keep)
 
@@ -122,7 +122,7 @@ class Translator(TextTranslator):
 
     @property
     def compute_type(self) -> str:
-        return _ct2_name(self.opening[0].precision)
+        return _ct2_name(self.opening[0])
 
     @property
     def num_translators(self) -> int:
@@ -245,5 +245,16 @@ def fleet(bundles: str | Path | Sequence[str | Path], device: str = "cpu", devic
     return translator
 
 
-def _ct2_name(precision: str) -> str:
-    return next(k for k, v in COMPUTE_TYPES.items() if v == precision)
+def _ct2_name(bundle: Bundle) -> str:
+    """The bundle's compute type in CTranslate2's words: fp16 with int8 weights is its int8_float16
+    (int4 weights, which CTranslate2 does not have, int4_float16 in the same pattern)."""
+    if bundle.weights:
+        return f"{bundle.weights}_{'float16' if bundle.precision == 'fp16' else 'float32'}"
+    return next(k for k, v in COMPUTE_TYPES.items() if v == bundle.precision)
+
+
+def compute_types_of(bundle: Bundle) -> tuple[str, ...]:
+    """The compute_type names that ask for this bundle (besides default / auto)."""
+    if bundle.weights:
+        return (_ct2_name(bundle),)
+    return tuple(k for k, v in COMPUTE_TYPES.items() if v == bundle.precision)

@@ -181,3 +181,14 @@ def test_weight_only_bundles_on_cuda(bundles, key):
     assert report.passed, report.to_dict()
     exact = np.mean([t == to_words(int(s)) for s, t in zip(texts, Translator(session).translate(texts))])
     assert exact >= 0.9, exact
+
+
+def test_the_translator_names_weight_only_bundles_in_ctranslate2s_words(bundles):
+    """fp16 activations over int8 weights are CTranslate2's int8_float16: the name asks for the bundle, and
+    the bundle's compute_type says it; a precision's plain name does not."""
+    t = xform.Translator(bundles[("fp32", "int8")], compute_type="int8_float32")
+    assert t.compute_type == "int8_float32"
+    assert xform.Translator(bundles[("fp16", "int4")]).compute_type == "int4_float16"
+    with pytest.raises(XformError, match=r"compute_type float32: .* is a fp32 \+ int8 weights bundle \(compute_type "
+                                         r"default or int8_float32\)"):
+        xform.Translator(bundles[("fp32", "int8")], compute_type="float32")
