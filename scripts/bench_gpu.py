@@ -12,6 +12,7 @@ the same 32-token random sources, exactly --new-tokens (64) new tokens a hypothe
   with TF32 off, as xform runs it by default); `xform-graph` (named in --engines): the same with
   the decoder step captured as a CUDA graph (xform/runtime/backends/cuda_graphs.py), and
   `xform-graph-cand` with beams through the captured decoder + the candidates graph;
+  `xform-graph-reorder` with the beam reorder graph captured too (cuda_graphs.CAPTURE_REORDER);
 - xform fp16-int4 / fp16-int8 / fp16-fused / fp16-int4-fused ... (named in --engines; any engine
   kind of xform's): the bundle exported with `--weights int4 / int8` (MatMul weights as ONNX
   Runtime's MatMulNBits, activations in the named precision; exporter/weights.py) and / or `--fuse`
@@ -87,7 +88,8 @@ def sources(vocab: int, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 # -- the engines: each (src, lens, beams, new_tokens, on_step) -> ids (B, new_tokens) ---------------------
-def xform_engine(bundle: Path, device: str, capture: bool = False, fused_beams: bool = True):
+def xform_engine(bundle: Path, device: str, capture: bool = False, fused_beams: bool = True,
+                 capture_reorder: bool = False):
     """xform on ONNX Runtime; `capture`: the decoder step captured as a CUDA graph (engines
     "xform-graph" and "xform-graph-cand", the backend's cuda_graphs.py whatever its default; this
     process's alone); without `fused_beams`, beams through decoder + candidates graphs."""
@@ -95,6 +97,7 @@ def xform_engine(bundle: Path, device: str, capture: bool = False, fused_beams: 
     from xform.runtime.backends import ort_backend
     from xform.runtime.decoding.generation import GenerationConfig
     ort_backend.CAPTURE = capture
+    ort_backend.CAPTURE_REORDER = capture_reorder
     session = xform.load(bundle, backend="ort", device=device)
     session.backend.fused_beams = session.backend.fused_beams and fused_beams
 
@@ -147,9 +150,9 @@ def ct2_engine(model: Path, device: str, precision: str):
 
 def make_engine(name: str, paths: dict, device: str):
     kind, precision = name.rsplit(" ", 1)
-    if kind in ("xform", "xform-graph", "xform-graph-cand"):
+    if kind in ("xform", "xform-graph", "xform-graph-cand", "xform-graph-reorder"):
         return xform_engine(paths[f"xform-{precision}"], device, capture=kind != "xform",
-                            fused_beams=kind != "xform-graph-cand")
+                            fused_beams=kind != "xform-graph-cand", capture_reorder=kind == "xform-graph-reorder")
     if kind == "transformers":
         return transformers_engine(paths["hf"], device, precision)
     if kind == "ctranslate2":

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import xform
+from tests.conftest import requires_gpu
 from tests.runtime.cuda_double import emulate_cuda
-from tests.runtime.test_ort_device import TEXTS
-from xform.contract import DECODER, DECODER_BEAM
+from tests.runtime.test_ort_device import TEXTS, real_cuda
+from xform.contract import DECODER, DECODER_BEAM, REORDER
 from xform.errors import XformError
 from xform.runtime.backends import cuda_graphs, ort_backend
 from xform.runtime.backends.ort_backend import OrtBackend
@@ -138,3 +139,64 @@ def test_captured_by_default_on_cuda_and_off_when_asked(demo_bundle, cuda_defaul
     assert cuda_default.providers and all("enable_cuda_graph" not in p[0][1] for p in cuda_default.providers)
     with pytest.raises(XformError, match="ONNX Runtime's on CUDA"):
         xform.load(demo_bundle, backend="torch", cuda_graph=True)
+
+
+@pytest.fixture(params=["double", pytest.param("gpu", marks=requires_gpu)])
+def reorder_captured(request, monkeypatch):
+    """The decoder step and the beam reorder captured (cuda_graphs.CAPTURE_REORDER), on the double or,
+    where a GPU is lent, on the real provider (None)."""
+    monkeypatch.setattr(ort_backend, "CAPTURE", True)
+    monkeypatch.setattr(ort_backend, "CAPTURE_REORDER", True)
+    if request.param == "gpu":
+        real_cuda()
+        return None
+    return emulate_cuda(monkeypatch)
+
+
+@pytest.mark.parametrize("beams", [2, 5])
+def test_a_captured_reorder_equals_the_host_path(marians, reorder_captured, beams):
+    """With the reorder graph captured too, each direction between the cache's two buffer sets (at a
+    capacity, a row count) is one graph id, replayed with beam_idx written into its device buffer
+    before the run: hypotheses and scores equal the host path's over beams 2 and 5, rows leaving as
+    sources end (new row counts: new layouts) and a second decode replaying the first's layouts."""
+    from tests.marian_fixtures import sources
+    _, model, bundle = marians["swish-scaled"]
+    src, _ = sources(model.config, [7, 3, 9, 5], seed=beams)
+    host = xform.load(bundle, backend="ort", cache_capacity=32)
+    dev = xform.load(bundle, backend="ort", device="cuda", cache_capacity=32)
+    kw = dict(max_new_tokens=14, num_beams=beams, num_return_sequences=min(beams, 2), return_scores=True)
+    want = host.generate(src.numpy(), **kw)
+    for _ in range(2):
+        got = dev.generate(src.numpy(), **kw)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
+    assert dev.backend.capture_reorder and len(dev.backend.graphs[REORDER].ids) >= 2
+    if reorder_captured is not None:
+        assert dev.backend.sessions[REORDER].capture and dev.backend.sessions[REORDER].captured
+
+
+def test_one_graph_id_for_both_reorder_directions_decodes_stale_memory(marians, reorder_captured, monkeypatch):
+    """The mutation: the reorder's layouts all run as one graph id, so a replay gathers from and into
+    the buffer sets of its capture whatever the step's direction: the hypotheses go wrong."""
+    if reorder_captured is None:
+        pytest.skip("a mutation of the double's replay: shown on the double")
+    from tests.marian_fixtures import sources
+    real = cuda_graphs.CapturedGraphs.options
+    monkeypatch.setattr(cuda_graphs.CapturedGraphs, "options",
+                        lambda self, binding: self.run_options("1") if binding.layout[0][1] == "beam_idx"
+                        else real(self, binding))
+    _, model, bundle = marians["swish-scaled"]
+    src, _ = sources(model.config, [7, 3, 9, 5], seed=4)
+    host = xform.load(bundle, backend="ort", cache_capacity=32)
+    dev = xform.load(bundle, backend="ort", device="cuda", cache_capacity=32)
+    kw = dict(max_new_tokens=14, num_beams=4, min_new_tokens=14)
+    want, got = host.generate(src.numpy(), **kw), dev.generate(src.numpy(), **kw)
+    assert got.shape != want.shape or (got != want).any()
+
+
+def test_the_reorder_is_captured_only_when_asked(demo_bundle, captured):
+    """CAPTURE_REORDER off (the default until a GPU measures it): the reorder session opens without
+    enable_cuda_graph, the decoder's with it."""
+    dev = xform.load(demo_bundle, backend="ort", device="cuda")
+    assert not cuda_graphs.CAPTURE_REORDER and not dev.backend.capture_reorder
+    assert not dev.backend.sessions[REORDER].capture

@@ -17,7 +17,9 @@ with other addresses or shapes silently decodes stale memory). So:
 
 A session keeps at most LIMIT captured graphs; a layout beyond them runs uncaptured (id -1).
 
-Only the decoder graph is captured. ONNX Runtime 1.31 refuses to capture the fused beam graph
+The decoder graph is captured, and with CAPTURE_REORDER the beam reorder graph (its Gathers over
+device buffers: the cache's two sets and beam_idx, written before each run). ONNX Runtime 1.31
+refuses to capture the fused beam graph
 (decoder + candidates): its TopK reads k from the CPU, which puts Memcpy nodes in the graph (the
 H100, 2026-11-26).
 """
@@ -30,6 +32,11 @@ import numpy as np
 from xform.errors import XformError
 
 CAPTURE = True  # OrtBackend's default on CUDA (cuda_graph=None): 2.3-3x the tokens/s on the H100
+# the beam reorder graph captured too, one graph id a layout (a capacity, a row count, a direction between
+# the cache's two buffer sets): its 2 x layers Gathers one launch instead of an uncaptured session run (0.61
+# of a 4.48 ms beam step at 32 sources on the H100, docs/benchmarks.md). Off until a GPU measures it
+# (scripts/gpu_session.sh variants: bench_gpu's "xform-graph-reorder"); verified on the CUDA double
+CAPTURE_REORDER = False
 LIMIT = 64  # captured graphs a session keeps; past them a layout runs as before (gpu_graph_id -1)
 UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run neither captured nor replayed
 

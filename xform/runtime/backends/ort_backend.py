@@ -57,6 +57,7 @@ from xform.runtime.backends.cache import (
 from xform.runtime.backends.cuda import CudaOps, device_ops
 from xform.runtime.backends.cuda_graphs import (
     CAPTURE,
+    CAPTURE_REORDER,
     CapturedGraphs,
     LayoutBinding,
     capture_providers,
@@ -92,6 +93,7 @@ class OrtBackend(Restriction, BeamOps):
         self.ort_device = "cuda" if device == "cuda" else "cpu"
         # the decoder step captured as a CUDA graph (cuda_graphs.py): its graph ids by binding layout
         self.capture = capture_wanted(device, CAPTURE if cuda_graph is None else cuda_graph, cuda_graph is None)
+        self.capture_reorder = self.capture and CAPTURE_REORDER  # the beam reorder graph too (cuda_graphs.py)
         self.graphs: dict[str, CapturedGraphs] = {}
         self.shared = shared_weights(ort, bundle, self.ort_device)  # kept alive here: the sessions read them
         self.bundle, self.threads, self.providers = bundle, threads, providers
@@ -191,7 +193,8 @@ class OrtBackend(Restriction, BeamOps):
                 opts.add_initializer(w.graphs[graph], w.value)
         if self.ort_device == "cpu":
             one_cpu_arena(ort, opts)
-        captured = self.capture and graph == DECODER  # DECODER_BEAM's TopK reads k on the CPU: refused
+        # DECODER_BEAM's TopK reads k on the CPU: refused
+        captured = self.capture and graph == DECODER or self.capture_reorder and graph == REORDER
         return session(ort, self.bundle.graph_file(graph), opts,
                        capture_providers(self.tf32) if captured else self.providers)
 

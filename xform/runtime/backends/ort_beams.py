@@ -10,9 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xform.contract import CANDIDATES, DECODER_BEAM
+from xform.contract import CANDIDATES, DECODER_BEAM, REORDER
 from xform.runtime.backends.cache import Cache, Rows, compact_sources
 from xform.runtime.backends.cuda import CudaOps
+from xform.runtime.backends.cuda_graphs import CapturedGraphs, LayoutBinding
 from xform.runtime.backends.ort_files import bind_host
 from xform.runtime.backends.step_inputs import StepInputs
 
@@ -38,6 +39,9 @@ class BeamOps:
     ort_device: str
     vocab: int
     reorder: Any
+    ort: Any
+    capture_reorder: bool
+    graphs: dict[str, CapturedGraphs]
     cache_names: list[str]
     reordered_names: list[str]
     step_binding: Callable[[str], Any]
@@ -114,11 +118,15 @@ class BeamOps:
         key = ("reorder", src[0], dst[0], tuple(shape), len(rows), idx)
         rb = self.bound.get(key)
         if rb is None:
-            rb = self.bound[key] = self.reorder.io_binding()
+            rb = self.reorder.io_binding()
+            rb = self.bound[key] = LayoutBinding(rb) if self.capture_reorder else rb  # its layout: its graph id
             rb.bind_input("beam_idx", self.ort_device, 0, np.int64, [len(rows)], idx)
             self.bind_tensors(rb, "input", self.cache_names, src, shape)
             self.bind_tensors(rb, "output", self.reordered_names, dst, (len(rows), *shape[1:]))
         self.ops.upload(idx, rows)
         self.ops.sync()  # the indices on the device before the graph reads them
-        self.reorder.run_with_iobinding(rb)
+        if isinstance(rb, LayoutBinding):  # captured: replayed as its layout's graph id
+            self.reorder.run_with_iobinding(rb, self.graphs.setdefault(REORDER, CapturedGraphs(self.ort)).options(rb))
+        else:
+            self.reorder.run_with_iobinding(rb)
         rb.synchronize_outputs()
