@@ -19,6 +19,7 @@ the same 32-token random sources, exactly --new-tokens (64) new tokens a hypothe
   (`fused`: attention,qkv,skip_layer_norm; `fusedx`: cross_attention,skip_layer_norm;
   exporter/fused.py), bench_peers.VARIANTS;
 - transformers fp32 / fp16: eager `generate` with the KV cache (TF32 off for fp32, as for xform);
+- ort-beamsearch fp32 / fp16 (named in --engines): ONNX Runtime's BeamSearch operator, scripts/ort_beamsearch.py;
 - CTranslate2 fp32 / fp16 where its wheel imports and sees the device (`--shape base` only: it
   converts the model with its synthetic vocabulary).
 
@@ -155,6 +156,10 @@ def make_engine(name: str, paths: dict, device: str):
                             fused_beams=kind != "xform-graph-cand", capture_reorder=kind == "xform-graph-reorder")
     if kind == "transformers":
         return transformers_engine(paths["hf"], device, precision)
+    if kind == "ort-beamsearch":  # built once per model and precision (scripts/ort_beamsearch.py)
+        import ort_beamsearch
+        out = paths["work"] / f"ort-beamsearch-{precision}" / paths["hf"].name
+        return ort_beamsearch.engine(ort_beamsearch.cached_build(paths["hf"], out, precision), device)
     if kind == "ctranslate2":
         if "ct2" not in paths:
             import bench_peers
