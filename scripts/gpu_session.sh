@@ -6,8 +6,9 @@
 #
 # profile: bench_gpu at batch 32 and 256 (xform's default, captured, against transformers fp16) and
 # scripts/profile_decode.py on CUDA (about 4 minutes).
-# variants: issue 57's fused (--fuse) and weight-only (--weights) exports: their CUDA tests, `run --device cuda
-# --check` of each on the demo, and bench_gpu's Marian-base grid for each against fp16 and transformers fp16.
+# variants: issue 57's fused (--fuse) and weight-only (--weights) exports and the captured reorder: their CUDA
+# tests, `run --device cuda --check` of each on the demo, and bench_gpu's Marian-base grid for each against the
+# captured default, ONNX Runtime's BeamSearch operator (scripts/ort_beamsearch.py) and transformers fp16.
 # step: the device tests (the captured step among them), scripts/bench_gpu.py for xform with and without
 # capture against transformers fp16 at batch 1, 16, 64, and scripts/bench_cuda_step.py (about 9 minutes).
 # quick: the ONNX Runtime CUDA tests (the device tests on the real provider, DeviceCache on CUDA memory)
@@ -37,7 +38,7 @@ if [ "$MODE" = profile ]; then  # the captured default: the grid's missing rows,
 fi
 if [ "$MODE" = variants ]; then  # issue 57 items 2 and 3: the fused and weight-only exports on CUDA (about 8 minutes)
   step pytest timeout 120 python3 -m pytest -q -p no:cacheprovider tests/exporter/test_weights.py \
-       tests/exporter/test_fused_bundle.py tests/runtime/test_cuda_graphs.py -rs
+       tests/exporter/test_fused_bundle.py tests/runtime/test_cuda_graphs.py -k "cuda or gpu" -rs
   for v in "--fuse attention,qkv,skip_layer_norm" "--fuse cross_attention,skip_layer_norm" "--weights int4" \
            "--weights int8"; do
     name=$(echo "$v" | tr -c 'a-z0-9\n' '_')
@@ -46,7 +47,7 @@ if [ "$MODE" = variants ]; then  # issue 57 items 2 and 3: the fused and weight-
     step "check$name-beam4" python3 -m xform run "$W/v$name" --device cuda --check --num-beams 4 --text 01234567
   done
   step bench_gpu timeout 380 python3 scripts/bench_gpu.py --work "$W" --out "$W/out" --iters 1 --batches 1,64,256 \
-       --engines "xform-graph fp16,xform-graph-reorder fp16,xform-graph fp16-fused,xform-graph fp16-fusedx,xform-graph fp16-int4,transformers fp16"
+       --engines "xform-graph fp16,xform-graph-reorder fp16,xform-graph fp16-fused,xform-graph fp16-int4,ort-beamsearch fp16,transformers fp16"
   cp "$W/out/bench_gpu.json" "$OUT/" 2>/dev/null
   exit $status
 fi

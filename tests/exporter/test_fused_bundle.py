@@ -87,6 +87,17 @@ def test_fusions_are_refused_where_they_cannot_run(pair, tmp_path):
     assert refused.exit_code != 0 and "ONNX Runtime's fused operators (export --fuse" in refused.output
 
 
+def test_fused_graphs_with_weight_only_quantization(tmp_path):
+    """--fuse and --weights together: the fused attention over MatMulNBits projections, verified and
+    translating; --precision int8 with --fuse is refused (the CPU's precision, the GPU's graphs)."""
+    bundle = export_bundle("demo", tmp_path / "fw", fuse=ALL, weights="int8").path
+    got = ops(bundle / "decoder.onnx")
+    assert got["MultiHeadAttention"] > 0 and got["MatMulNBits"] > 0 and got["SkipLayerNormalization"] > 0
+    assert json.loads((bundle / "manifest.json").read_text())["verification"]["check"]["passed"]
+    with pytest.raises(XformError, match="--fuse goes with --precision fp32 or fp16"):
+        export_bundle("demo", tmp_path / "f8", precision="int8", fuse="attention")
+
+
 def test_cli_export_fuse(tmp_path):
     result = CliRunner().invoke(main, ["export", "demo", "-o", str(tmp_path / "f"), "--fuse", "cross_attention"])
     assert result.exit_code == 0, result.output

@@ -16,7 +16,7 @@ import xform
 from tests.conftest import requires_gpu
 from xform.cli import main
 from xform.errors import BundleError, ToleranceError, XformError
-from xform.exporter import export
+from xform.exporter import export, weights
 from xform.exporter.export import export_bundle
 from xform.exporter.external_data import save_with_external_data
 from xform.exporter.weights import gemms_as_matmuls
@@ -192,3 +192,24 @@ def test_the_translator_names_weight_only_bundles_in_ctranslate2s_words(bundles)
     with pytest.raises(XformError, match=r"compute_type float32: .* is a fp32 \+ int8 weights bundle \(compute_type "
                                          r"default or int8_float32\)"):
         xform.Translator(bundles[("fp32", "int8")], compute_type="float32")
+
+
+def test_a_weight_left_unquantized_is_refused(tmp_path, monkeypatch):
+    """The manifest says every MatMul weight is quantized: an output projection left a Gemm (the
+    mutation: no Gemm rewritten) fails the export naming the graph, leaving nothing."""
+    monkeypatch.setattr(weights, "gemms_as_matmuls", lambda model: 0)
+    with pytest.raises(XformError, match=r"encoder: --weights int4 left 1 product\(s\) over full-precision|"
+                                         r"decoder: --weights int4 left 1 product\(s\) over full-precision"):
+        export_bundle("demo", tmp_path / "w", weights="int4")
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_older_onnxruntime_is_refused_before_any_work(tmp_path, monkeypatch):
+    import onnxruntime
+    monkeypatch.setattr(onnxruntime, "__version__", "1.21.1")
+    with pytest.raises(XformError, match=r"--weights needs onnxruntime 1.22 or newer .* found 1.21.1"):
+        export_bundle("demo", tmp_path / "w", weights="int8")
+    with pytest.raises(XformError, match=r"--fuse needs onnxruntime 1.20 or newer"):
+        monkeypatch.setattr(onnxruntime, "__version__", "1.19.2")
+        export_bundle("demo", tmp_path / "f", fuse="attention")
+    assert not (tmp_path / "w").exists() and not (tmp_path / "f").exists()

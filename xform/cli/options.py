@@ -124,7 +124,7 @@ def warn_unjudged(session) -> None:
     """A bundle exported --no-judgement (a speed benchmark's) says so on stderr: its quality is unknown."""
     judged_on = session.bundle.manifest.tolerance.get("judged_on", "") if session.bundle is not None else ""
     if judged_on.startswith("not judged"):
-        err.print(f"[bold yellow]warning:[/] {session.bundle.path}: {session.bundle.manifest.precision} export "
+        err.print(f"[bold yellow]warning:[/] {session.bundle.path}: {session.bundle.precision_label} export "
                   f"{judged_on}; export it with --sample-file to judge its translations")
 
 

@@ -25,7 +25,7 @@ from xform.exporter.beam_graph import share_decoder_data
 from xform.exporter.fused import FUSED_GRAPHS, check_fusions
 from xform.exporter.graphs import DEFAULT_OPSET, DYNAMO_MIN_OPSET, EXPORTERS, GRAPHS, MIN_OPSET, export_graph
 from xform.exporter.verify import verify_graphs, verify_greedy
-from xform.exporter.weights import WeightPlan, quantize_weights, weight_plan
+from xform.exporter.weights import WeightPlan, needs_onnxruntime, quantize_weights, weight_plan
 from xform.files import atomic_directory, check_target
 from xform.manifest import PRECISIONS, GraphEntry, Manifest, SharedWeight, TokenizerEntry, language_pairs, not_ours
 from xform.models.checkpoint import save_checkpoint
@@ -292,6 +292,11 @@ def graph_variant(precision: str, exporter: str, weights: str | None, fuse: str 
     if fusions and exporter != "torchscript":
         raise XformError(f"--fuse goes with --exporter torchscript (the default): its fused operators are traced "
                          f"through TorchScript's custom symbolics; found --exporter {exporter}")
+    if fusions and precision == "int8":
+        raise XformError("--fuse goes with --precision fp32 or fp16 (graphs for ONNX Runtime on CUDA); --precision "
+                         "int8 is the CPU's, whose plain graphs are faster there (docs/benchmarks.md)")
+    if fusions:
+        needs_onnxruntime("--fuse", (1, 20))  # MultiHeadAttention's attention_bias input
     return GraphVariant(weight_plan(weights, precision), fusions)
 
 

@@ -49,17 +49,18 @@ import onnx
 import torch
 from torch import Tensor
 
+from xform import manifest
 from xform.contract import DECODER, DECODER_BEAM, RESTRICTED, GraphSpec
 from xform.errors import XformError
 from xform.models.layers import Attention, DecoderLayer, LayerKV
 from xform.models.transformer import Seq2SeqTransformer
 
-FUSIONS = {
-    "self_attention": "each self-attention as one com.microsoft MultiHeadAttention over the cache as its past",
-    "cross_attention": "each cross-attention as one com.microsoft MultiHeadAttention, a source's rows its queries",
-    "qkv": "the self-attention's q, k and v projections as one MatMul (with self_attention)",
-    "skip_layer_norm": "each residual Add + LayerNormalization as one com.microsoft SkipLayerNormalization",
-}
+FUSIONS = dict(zip(manifest.FUSIONS, (  # the names the manifest records, in its order
+    "each self-attention as one com.microsoft MultiHeadAttention over the cache as its past",
+    "each cross-attention as one com.microsoft MultiHeadAttention, a source's rows its queries",
+    "the self-attention's q, k and v projections as one MatMul (with self_attention)",
+    "each residual Add + LayerNormalization as one com.microsoft SkipLayerNormalization",
+)))
 SHORTHANDS = {"attention": ("self_attention", "cross_attention")}
 NEEDS = {"qkv": "self_attention"}
 FUSED_GRAPHS = (DECODER, DECODER_BEAM, RESTRICTED)  # the graphs with decoder layers; the encoder stays plain

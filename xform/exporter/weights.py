@@ -61,24 +61,37 @@ def weight_plan(weights: str | None, precision: str) -> WeightPlan | None:
     if precision == "int8":
         raise XformError("--weights goes with --precision fp32 or fp16 (the activations' precision); --precision "
                          "int8 already quantizes the weights, with its activations")
+    needs_onnxruntime("--weights", (1, 22))  # its MatMulNBits quantizer with 8 bits (matmul_nbits_quantizer)
     return WeightPlan(weights, WEIGHT_BITS[weights])
+
+
+def needs_onnxruntime(flag: str, least: tuple[int, int]) -> None:
+    """Refuse `flag` before any work where the installed onnxruntime is older than `least`."""
+    import onnxruntime
+
+    found = tuple(int(p) for p in onnxruntime.__version__.split(".")[:2])
+    if found < least:
+        raise XformError(f"{flag} needs onnxruntime {least[0]}.{least[1]} or newer (its contrib operators and "
+                         f"quantizer); found {onnxruntime.__version__}: pip install -U onnxruntime")
 
 
 def gemms_as_matmuls(model: onnx.ModelProto) -> int:
     """Each Gemm over a constant 2-D weight (alpha = beta = 1, A not transposed) as MatMul + Add,
     its weight a new (K, N) initializer of its own; returns how many were rewritten."""
     inits = {i.name: i for i in model.graph.initializer}
-    nodes, rewritten = [], 0
+    nodes, rewritten, made = [], 0, set()
     for node in model.graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if (node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0)
                 or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
             nodes.append(node)
             continue
-        weight = numpy_helper.to_array(inits[node.input[1]])
-        weight = np.ascontiguousarray(weight.T if attrs.get("transB", 0) else weight)
-        name = f"{node.input[1]}.matmul_weight"
-        model.graph.initializer.append(numpy_helper.from_array(weight, name))
+        name = f"{node.input[1]}.matmul_weight{'_t' if attrs.get('transB', 0) else ''}"
+        if name not in made:  # one (K, N) copy however many Gemms read the weight
+            weight = numpy_helper.to_array(inits[node.input[1]])
+            weight = np.ascontiguousarray(weight.T if attrs.get("transB", 0) else weight)
+            model.graph.initializer.append(numpy_helper.from_array(weight, name))
+            made.add(name)
         product = f"{node.output[0]}.product"
         nodes.append(onnx.helper.make_node("MatMul", [node.input[0], name], [product if len(node.input) > 2
                                                                              else node.output[0]],
@@ -114,10 +127,23 @@ def quantize_weights(source: Path, out: Path, plan: WeightPlan) -> int:
         logging.disable(before)
     quantized = quantizer.model.model
     quantized.graph.ClearField("value_info")  # the quantizer's shapes for removed tensors
+    left = full_weight_products(quantized)
+    if left:  # the manifest says every weight is quantized: a graph where one is not is refused
+        raise XformError(f"{source.name.strip('.').removesuffix('.full.onnx')}: --weights {plan.name} left "
+                         f"{len(left)} product(s) over full-precision weights ({', '.join(left[:3])}), which "
+                         f"MatMulNBits does not take; export without --weights")
     save_with_external_data(quantized, out)
     for p in (source, source.with_name(f"{source.name}.data")):
         p.unlink(missing_ok=True)
     return sum(n.op_type == "MatMulNBits" for n in quantized.graph.node)
+
+
+def full_weight_products(model: onnx.ModelProto) -> list[str]:
+    """The MatMul / Gemm nodes still reading a 2-D floating-point initializer as their weight."""
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    inits = {i.name: i for i in model.graph.initializer if i.data_type in floats and len(i.dims) == 2}
+    return [n.name or n.output[0] for n in model.graph.node
+            if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits]
 
 
 __all__ = ["BLOCK_SIZE", "WeightPlan", "weight_plan", "quantize_weights", "gemms_as_matmuls"]

@@ -383,12 +383,19 @@ class OrtBackend(Restriction, BeamOps):
     def run_step(self, session, graph: str, dec) -> None:
         """Run a decoder-step graph's binding; captured, as the graph id of its layout."""
         if isinstance(dec, LayoutBinding):
-            session.run_with_iobinding(dec, self.graphs.setdefault(graph, CapturedGraphs(self.ort)).options(dec))
+            session.run_with_iobinding(dec, self.captured_options(graph, dec))
             dec.synchronize_outputs()
             self.inputs.fetch(dec)
             return
         session.run_with_iobinding(dec)
         dec.synchronize_outputs()
+
+    def captured_options(self, graph: str, binding: LayoutBinding):
+        """The RunOptions of a captured session's binding: its layout's graph id (cuda_graphs.py)."""
+        graphs = self.graphs.get(graph)
+        if graphs is None:
+            graphs = self.graphs[graph] = CapturedGraphs(self.ort)
+        return graphs.options(binding)
 
     def bind_kv(self, dec) -> None:
         """The cross K/V and the cache in, the new position's K/V out."""

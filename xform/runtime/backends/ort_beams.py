@@ -13,7 +13,7 @@ import numpy as np
 from xform.contract import CANDIDATES, DECODER_BEAM, REORDER
 from xform.runtime.backends.cache import Cache, Rows, compact_sources
 from xform.runtime.backends.cuda import CudaOps
-from xform.runtime.backends.cuda_graphs import CapturedGraphs, LayoutBinding
+from xform.runtime.backends.cuda_graphs import LayoutBinding
 from xform.runtime.backends.ort_files import bind_host
 from xform.runtime.backends.step_inputs import StepInputs
 
@@ -39,9 +39,8 @@ class BeamOps:
     ort_device: str
     vocab: int
     reorder: Any
-    ort: Any
     capture_reorder: bool
-    graphs: dict[str, CapturedGraphs]
+    captured_options: Callable[[str, LayoutBinding], Any]
     cache_names: list[str]
     reordered_names: list[str]
     step_binding: Callable[[str], Any]
@@ -126,7 +125,7 @@ class BeamOps:
         self.ops.upload(idx, rows)
         self.ops.sync()  # the indices on the device before the graph reads them
         if isinstance(rb, LayoutBinding):  # captured: replayed as its layout's graph id
-            self.reorder.run_with_iobinding(rb, self.graphs.setdefault(REORDER, CapturedGraphs(self.ort)).options(rb))
+            self.reorder.run_with_iobinding(rb, self.captured_options(REORDER, rb))
         else:
             self.reorder.run_with_iobinding(rb)
         rb.synchronize_outputs()
