@@ -339,3 +339,23 @@ def test_only_decoder_graphs_fuse(tmp_path):
     spec = signature_for(model.cfg.to_dict())[ENCODER]
     with pytest.raises(XformError, match="--fuse applies to the decoder graphs .* not 'encoder' by torchscript"):
         export_graph(model, ENCODER, spec, tmp_path / "encoder.onnx", 17, fusions=("self_attention",))
+
+
+def test_fp16_norms_fuse_when_the_trace_shares_equal_weights(tmp_path):
+    """A fresh model's LayerNorms hold equal gammas (ones) and betas (zeros): the trace keeps one
+    initializer and puts Identity nodes in front of the others. The fp16 fusion follows them: every
+    norm fuses (on Marian-base fp16 one of 18 did before), and the outputs equal the plain graph's."""
+    model = model_for("post-norm")
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            torch.nn.init.ones_(module.weight)
+            torch.nn.init.zeros_(module.bias)
+    model16 = to_fp16(model)
+    plain, fused, counts = export_pair(model16, DECODER, tmp_path, "fresh", "skip_layer_norm", kv_dtype="float16")
+    ops = node_counts(onnx.load(str(plain), load_external_data=False))
+    assert any(n.op_type == "Identity" for n in onnx.load(str(plain), load_external_data=False).graph.node)
+    assert counts.get("SkipLayerNormalization") == ops["LayerNormalization"] and "LayerNormalization" not in counts
+    f = feeds(model, 2, 2, 13, [9, 4], np.float16)
+    want, got = run(plain, f), run(fused, f)
+    scale = float(np.abs(want["logits"].astype(np.float32)).max())
+    assert float(np.abs(got["logits"].astype(np.float32) - want["logits"]).max()) <= FP16_RTOL * scale

@@ -322,10 +322,11 @@ class SkipLayerNormFusion:
             return
         weights = list(norm.input[1:3])
         if narrow is not None:
-            if not all(w in self.initializers for w in weights):
+            stored = [self.initializer_of(w) for w in weights]
+            if None in stored:
                 return
-            self.rounded.update(weights)
-            weights = [self.half(w) for w in weights]
+            self.rounded.update(cast(list[str], stored))
+            weights = [self.half(cast(str, w)) for w in stored]
         widen_kept = widen is not None and not self.only_reader(widen.output[0], norm)
         inner = [n for n in (widen, norm) if n is not None]
         sum_read = widen_kept or add.output[0] in self.outputs or any(
@@ -336,6 +337,16 @@ class SkipLayerNormFusion:
             [out, *(["", "", add.output[0]] if sum_read else [])],
             name=f"{norm.name}/SkipLayerNormalization", domain=MS_DOMAIN, epsilon=attrs.get("epsilon", 1e-5))
         self.dropped.update(id(n) for n in (norm, narrow, None if widen_kept else widen) if n is not None)
+
+    def initializer_of(self, name: str) -> str | None:
+        """The initializer `name` is, through the Identity nodes the trace puts in front of equal
+        tensors (every LayerNorm's gamma of a fresh model, say); None if it is computed."""
+        while name not in self.initializers:
+            producer = self.producer.get(name)
+            if producer is None or producer.op_type != "Identity":
+                return None
+            name = producer.input[0]
+        return name
 
     def half(self, name: str) -> str:
         """An fp16 copy of the fp32 initializer `name` (gamma or beta), added once."""
