@@ -239,6 +239,11 @@ class Manifest:
 
     # -- what readers ask ----------------------------------------------------------------------
     @property
+    def precision_label(self) -> str:
+        """The precision as reports say it: "fp16", or "fp16 + int4 weights" (export --weights)."""
+        return self.precision + (f" + {self.weights['name']} weights" if self.weights else "")
+
+    @property
     def kv_dtype(self) -> str:
         """The K/V cache's dtype (float16 in fp16 bundles)."""
         return cache_dtype(self.graphs[DECODER].signature)

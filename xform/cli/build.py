@@ -154,8 +154,8 @@ def export(model: str, output: Path, precision: str, weights: str | None, fuse: 
                                if with_attention else None, vocab_map=with_vocab_map, sample_file=sample_file,
                                judge=not no_judgement, languages=languages, weights=weights, fuse=fuse,
                                progress=stage)
-    print_export(result, precision + (f" + {weights} weights" if weights else "")
-                 + (f", fused: {', '.join(result.manifest.fusions)}" if result.manifest.fusions else ""), exporter)
+    fused = f", fused: {', '.join(result.manifest.fusions)}" if result.manifest.fusions else ""
+    print_export(result, result.manifest.precision_label + fused, exporter)
     print_text_report(result.path, result.manifest)
     cap, why = decode_cap_of(result.manifest)
     out.print(f"decoding stops after {cap} new tokens unless end-of-sentence comes first: {said(why)}. Change it with "

@@ -33,7 +33,7 @@ from xform.models.importers import LoadedModel, resolve_model
 from xform.models.transformer import to_fp16
 from xform.models.vocab import VocabFiles, vocab_tokenizer
 from xform.runtime.bundle import Bundle
-from xform.runtime.compare import GROSS_TOKEN_AGREEMENT, tolerance_for
+from xform.runtime.compare import GROSS_TOKEN_AGREEMENT, Tolerance, tolerance_for
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "float32"}
@@ -161,7 +161,7 @@ def check_graph(path: Path) -> None:
         raise XformError(f"{path.name}: the exported graph fails onnx.checker: {e}") from None
 
 
-def judged_on(sample_file: Path | None, judge: bool, tol, batch: int) -> str:
+def judged_on(sample_file: Path | None, judge: bool, tol: Tolerance, batch: int) -> str:
     """What the export's check judged it on, for the manifest's tolerance.judged_on."""
     from xform.exporter.check import sample_used
     if sample_file:

@@ -92,15 +92,11 @@ def gemms_as_matmuls(model: onnx.ModelProto) -> int:
             weight = np.ascontiguousarray(weight.T if attrs.get("transB", 0) else weight)
             model.graph.initializer.append(numpy_helper.from_array(weight, name))
             made.add(name)
-        product = f"{node.output[0]}.product"
-        nodes.append(onnx.helper.make_node("MatMul", [node.input[0], name], [product if len(node.input) > 2
-                                                                             else node.output[0]],
-                                           name=f"{node.name}.matmul"))
-        if len(node.input) > 2 and node.input[2]:
-            nodes.append(onnx.helper.make_node("Add", [product, node.input[2]], [node.output[0]],
-                                               name=f"{node.name}.bias"))
-        else:
-            nodes[-1].output[0] = node.output[0]
+        bias = node.input[2] if len(node.input) > 2 else ""
+        product = f"{node.output[0]}.product" if bias else node.output[0]
+        nodes.append(onnx.helper.make_node("MatMul", [node.input[0], name], [product], name=f"{node.name}.matmul"))
+        if bias:
+            nodes.append(onnx.helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}.bias"))
         rewritten += 1
     del model.graph.node[:]
     model.graph.node.extend(nodes)

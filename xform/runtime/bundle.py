@@ -107,8 +107,8 @@ class Bundle:
 
     @property
     def precision_label(self) -> str:
-        """The precision as reports say it: "fp16", or "fp16 + int4 weights"."""
-        return self.precision + (f" + {self.weights} weights" if self.weights else "")
+        """The precision as reports say it (Manifest.precision_label)."""
+        return self.manifest.precision_label
 
     def has_graph(self, graph: str) -> bool:
         return graph in self.manifest.graphs
